@@ -1,0 +1,103 @@
+"""``phalanx.train``: the Python API. The CLI is a thin wrapper over it."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from phalanx.config import RunConfig
+from phalanx.data import Dataset, load_data
+from phalanx.errors import ConfigError
+from phalanx.metrics import EventLog, read_events
+from phalanx.models import build_model, count_parameters
+from phalanx.parallel import strategy_module
+from phalanx.parallel.base import Job, evaluate
+
+
+@dataclass
+class RunResult:
+    summary: dict[str, Any]
+    history: list[dict[str, Any]]
+    model: nn.Module
+    out: Path
+
+
+def make_job(cfg: RunConfig, model: str | Callable[[], nn.Module] | None = None,
+             data: tuple[Dataset, Dataset] | None = None) -> Job:
+    train_set, test_set = data if data is not None else load_data(cfg.data, cfg.data_dir, cfg.seed)
+    train_set, test_set = train_set.subset(cfg.train_limit), test_set.subset(cfg.test_limit)
+    if model is None or isinstance(model, str):
+        name = model or cfg.model
+        cfg.model = name
+        model_fn = functools.partial(build_model, name, train_set.input_shape, train_set.num_classes)
+        model_fn()  # fail early, in this process, on a model/data mismatch
+    elif callable(model):
+        model_fn = model
+        cfg.model = getattr(model, "__name__", type(model).__name__)
+    else:
+        raise ConfigError(f"model: expected a name or a callable returning nn.Module, got {model!r}")
+    return Job(cfg, model_fn, train_set, test_set, Path(cfg.out))
+
+
+def train(model: str | Callable[[], nn.Module] | None = None,
+          data: str | tuple[Dataset, Dataset] | None = None, *,
+          config: RunConfig | None = None, **options: Any) -> RunResult:
+    """Train a model with a strategy and return its summary and history.
+
+    ``model`` is a model name (``mlp``, ``lenet5``, ``resnet``) or a factory returning any
+    ``nn.Module`` (picklable when the strategy starts processes). ``data`` is a data-set
+    name or a ``(train, test)`` pair of :class:`~phalanx.data.Dataset`. Every other option
+    is a :class:`~phalanx.config.RunConfig` field (``strategy``, ``rule``, ``workers``, ...).
+    """
+    if config is None:
+        values = dict(options)
+        if isinstance(data, str):
+            values["data"] = data
+        if isinstance(model, str):
+            values["model"] = model
+        cfg = RunConfig.from_mapping(values, source="phalanx.train")
+    else:
+        cfg = config
+    cfg.validate()
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available on this machine")
+    job = make_job(cfg, model, data if isinstance(data, tuple) else None)
+    out = job.run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    events_path = out / "events.jsonl"
+    if events_path.exists():
+        events_path.unlink()  # a new run in the same folder starts a new log
+    (out / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    tb_dir = out / "tensorboard" if cfg.tensorboard else None
+    module = strategy_module(cfg.strategy)
+    t0 = time.perf_counter()
+    with EventLog(events_path, rank=-1, role="driver", tensorboard_dir=tb_dir) as log:
+        log.log("start", strategy=cfg.strategy, workers=cfg.workers, model=cfg.model,
+                data=cfg.data, parameters=count_parameters(job.model_fn()))
+        outcome = module.run(job, log)
+        wall = time.perf_counter() - t0
+        test_loss, test_acc = evaluate(outcome.model, job.test)
+        summary: dict[str, Any] = {
+            "strategy": cfg.strategy,
+            "model": cfg.model,
+            "data": cfg.data,
+            "workers": cfg.workers,
+            "test_accuracy": test_acc,
+            "test_loss": test_loss,
+            "train_samples": outcome.train_samples,
+            "steps": outcome.steps,
+            "wall_s": wall,
+            "samples_per_s": outcome.train_samples / wall if wall > 0 else 0.0,
+            **outcome.stats,
+        }
+        log.log("summary", **summary)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return RunResult(summary, read_events(events_path), outcome.model, out)

@@ -1,0 +1,151 @@
+"""The ``phalanx`` command: train, models, demo, simulate, compare, experiments.
+
+Every user error (bad flag, bad value, bad file) prints one line
+``phalanx: error: ...`` and exits 2; nothing prints a traceback for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+
+from phalanx.config import RunConfig, load_config_file, parse_slow_workers
+from phalanx.errors import PhalanxError
+
+# modules that add sub-commands: each has register(subparsers)
+COMMAND_MODULES = ("phalanx.cluster.cli", "phalanx.experiments.cli")
+
+_HELP = {
+    "model": "model name (mlp, lenet5, resnet)",
+    "data": "data set (fashion-mnist, mnist, idx, cifar10, digits, synthetic)",
+    "data_dir": "directory with IDX or CIFAR-10 binary files",
+    "strategy": "training strategy (single, sync, average, bsp, asp, ssp, softsync, downpour, "
+                "dc-asgd, hogwild, model-parallel, pipeline, hybrid)",
+    "slow_workers": "slow chosen workers by a factor, e.g. 0:3.0,2:1.5",
+    "out": "output directory (config.json, events.jsonl, summary.json)",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (no usage block)
+        sys.stderr.write(f"phalanx: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def add_run_config_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per :class:`RunConfig` field; defaults stay None so a --config file can
+    supply values and only flags given on the command line override it."""
+    p.add_argument("--config", help="JSON or YAML file of settings (flags override it)")
+    for f in dataclasses.fields(RunConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = _HELP.get(f.name, "") + (f" (default {default})" if default not in ("", None)
+                                             and f.name not in ("slow_workers",) else "")
+        if kind == "bool":
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=help_text)
+        elif f.name == "slow_workers":
+            p.add_argument(flag, dest=f.name, default=None, help=_HELP["slow_workers"])
+        else:
+            conv = {"int": int, "float": float}.get(kind, str)
+            p.add_argument(flag, dest=f.name, type=conv, default=None, help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    values = load_config_file(args.config) if getattr(args, "config", None) else {}
+    source = f"--config {args.config}" if values else "flags"
+    cfg = RunConfig.from_mapping(values, source=source)
+    for f in dataclasses.fields(RunConfig):
+        value = getattr(args, f.name, None)
+        if value is None:
+            continue
+        if f.name == "slow_workers":
+            value = parse_slow_workers(value)
+        setattr(cfg, f.name, value)
+    return cfg.validate()
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from phalanx.api import train
+
+    cfg = config_from_args(args)
+    result = train(config=cfg)
+    s = result.summary
+    print(f"test_accuracy {s['test_accuracy']:.4f}  test_loss {s['test_loss']:.4f}  "
+          f"samples/s {s['samples_per_s']:.0f}  wall {s['wall_s']:.1f}s  -> {result.out}")
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from phalanx.models import MODELS, build_model, count_parameters
+
+    shape = tuple(int(v) for v in args.input_shape.split("x"))
+    print(f"{'model':10s} {'parameters':>12s}   (input {args.input_shape}, {args.classes} classes)")
+    for name in MODELS:
+        print(f"{name:10s} {count_parameters(build_model(name, shape, args.classes)):12,d}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from phalanx.api import train
+
+    cfg = RunConfig(model="lenet5", data="fashion-mnist", epochs=args.epochs, rule="momentum",
+                    lr=0.02, batch_size=64, out=args.out).validate()
+    print(f"phalanx demo: LeNet-5 on Fashion-MNIST, {args.epochs} epoch(s), single worker, "
+          f"momentum SGD -> {args.out}", flush=True)
+    s = train(config=cfg).summary
+    print(json.dumps({k: s[k] for k in ("test_accuracy", "test_loss", "train_samples", "wall_s",
+                                        "samples_per_s")}, indent=2))
+    print(f"test accuracy: {s['test_accuracy']:.4f}  (summary in {args.out}/summary.json)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="phalanx", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("train", help="train one model with one strategy")
+    add_run_config_flags(p)
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("models", help="list models with their parameter counts")
+    p.add_argument("--input-shape", default="1x28x28", help="CxHxW (default 1x28x28)")
+    p.add_argument("--classes", type=int, default=10)
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("demo", help="the flagship demo run")
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--out", default="runs/demo")
+    p.set_defaults(func=_cmd_demo)
+
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue  # that part of phalanx is not in this build
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PhalanxError as e:
+        sys.stderr.write(f"phalanx: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("phalanx: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Transports, allreduce algorithms, bucketing, byte counters (import the submodules)."""

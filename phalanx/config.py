@@ -1,0 +1,249 @@
+"""Typed run configuration: one validated dataclass, built from defaults, a JSON/YAML file
+and CLI overrides (in that order)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phalanx.errors import ConfigError
+
+STRATEGIES = (
+    "single",
+    "sync",
+    "average",
+    "bsp",
+    "asp",
+    "ssp",
+    "softsync",
+    "downpour",
+    "dc-asgd",
+    "hogwild",
+    "model-parallel",
+    "pipeline",
+    "hybrid",
+)
+RULES = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
+SCHEDULES = ("constant", "step", "cosine")
+DEVICES = ("cpu", "cuda")
+ALLREDUCES = ("ring", "native", "main")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+
+
+def parse_slow_workers(text: str) -> dict[int, float]:
+    """``"0:3.0,2:1.5"`` -> ``{0: 3.0, 2: 1.5}`` (rank -> slowdown factor >= 1)."""
+    out: dict[int, float] = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        rank_s, sep, factor_s = item.strip().partition(":")
+        try:
+            rank, factor = int(rank_s), float(factor_s)
+        except ValueError:
+            raise ConfigError(f"--slow-workers: {item!r} is not RANK:FACTOR (e.g. 0:3.0)") from None
+        if not sep or rank < 0 or not math.isfinite(factor) or factor < 1.0:
+            raise ConfigError(f"--slow-workers: {item!r} needs a rank >= 0 and a factor >= 1")
+        out[rank] = factor
+    return out
+
+
+@dataclass
+class RunConfig:
+    """Everything one training run needs. Field names are the CLI flags (``_`` -> ``-``)."""
+
+    # what to train
+    model: str = "lenet5"
+    data: str = "fashion-mnist"
+    data_dir: str | None = None
+    train_limit: int = 0  # use only the first N training samples (0 = all)
+    test_limit: int = 0
+    non_iid: float = 0.0  # 0 = iid shards; 1 = fully label-sorted shards
+    augment: str = ""  # comma list: flip,translate,rotate,noise
+
+    # optimisation
+    epochs: float = 1.0
+    max_steps: int = 0  # stop after this many steps per worker (0 = epochs decide)
+    batch_size: int = 64
+    lr: float = 0.05
+    rule: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    step_size: int = 1000  # step decay: multiply lr by gamma every step_size steps
+    gamma: float = 0.1
+    grad_accum: int = 1
+
+    # strategy
+    strategy: str = "single"
+    workers: int = 1
+    seed: int = 0
+    device: str = "cpu"
+    slow_workers: dict[int, float] = field(default_factory=dict)
+
+    # parameter server family
+    servers: int = 1
+    staleness: int = 3
+    softsync: int = 1
+    nfetch: int = 1
+    npush: int = 1
+    dc_lambda: float = 0.04
+    dc_adaptive: bool = False
+    dc_momentum: float = 0.95  # moving average of g*g for DC-ASGD-a
+    staleness_lr: bool = False  # divide each applied step by its staleness
+
+    # synchronous data parallel / averaging
+    allreduce: str = "native"
+    bucket_mb: float = 25.0
+    sfb: bool = False
+    period: int = 1
+    average_optimizer_state: bool = False
+
+    # model / pipeline / hybrid / hogwild
+    stages: int = 2
+    microbatches: int = 4
+    pipeline_schedule: str = "gpipe"
+    replicas: int = 1
+    split_layer: str = ""
+    lock: bool = False
+
+    # output
+    out: str = "runs/latest"
+    eval_every: int = 0  # evaluate every N steps (0 = once per epoch)
+    checkpoint_every: int = 0
+    progress: bool = True
+    tensorboard: bool = True
+
+    def validate(self) -> "RunConfig":
+        def need(cond: bool, name: str, what: str) -> None:
+            if not cond:
+                value = getattr(self, name)
+                raise ConfigError(f"--{name.replace('_', '-')}: {value!r} {what}")
+
+        need(self.strategy in STRATEGIES, "strategy", f"is not one of {', '.join(STRATEGIES)}")
+        need(self.rule in RULES, "rule", f"is not one of {', '.join(RULES)}")
+        need(self.schedule in SCHEDULES, "schedule", f"is not one of {', '.join(SCHEDULES)}")
+        need(self.device in DEVICES, "device", f"is not one of {', '.join(DEVICES)}")
+        need(self.allreduce in ALLREDUCES, "allreduce", f"is not one of {', '.join(ALLREDUCES)}")
+        need(
+            self.pipeline_schedule in PIPELINE_SCHEDULES,
+            "pipeline_schedule",
+            f"is not one of {', '.join(PIPELINE_SCHEDULES)}",
+        )
+        need(math.isfinite(self.epochs) and self.epochs > 0, "epochs", "must be > 0")
+        need(self.max_steps >= 0, "max_steps", "must be >= 0")
+        need(self.batch_size >= 1, "batch_size", "must be >= 1")
+        need(math.isfinite(self.lr) and self.lr > 0, "lr", "must be a finite number > 0")
+        need(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
+        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        need(self.step_size >= 1, "step_size", "must be >= 1")
+        need(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
+        need(self.grad_accum >= 1, "grad_accum", "must be >= 1")
+        need(1 <= self.workers <= 256, "workers", "must be in 1..256")
+        need(1 <= self.servers <= 64, "servers", "must be in 1..64")
+        need(self.staleness >= 0, "staleness", "must be >= 0")
+        need(1 <= self.softsync <= self.workers, "softsync", "must be in 1..--workers")
+        need(self.nfetch >= 1, "nfetch", "must be >= 1")
+        need(self.npush >= 1, "npush", "must be >= 1")
+        need(self.dc_lambda >= 0, "dc_lambda", "must be >= 0")
+        need(0 <= self.dc_momentum < 1, "dc_momentum", "must be in [0, 1)")
+        need(self.bucket_mb > 0, "bucket_mb", "must be > 0")
+        need(self.period >= 1, "period", "must be >= 1")
+        need(self.stages >= 1, "stages", "must be >= 1")
+        need(self.microbatches >= 1, "microbatches", "must be >= 1")
+        need(self.replicas >= 1, "replicas", "must be >= 1")
+        need(self.train_limit >= 0, "train_limit", "must be >= 0")
+        need(self.test_limit >= 0, "test_limit", "must be >= 0")
+        need(0.0 <= self.non_iid <= 1.0, "non_iid", "must be in [0, 1]")
+        need(self.eval_every >= 0, "eval_every", "must be >= 0")
+        need(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0")
+        need(bool(self.out), "out", "must be a directory path")
+        for rank in self.slow_workers:
+            if rank >= self.workers:
+                raise ConfigError(
+                    f"--slow-workers: rank {rank} does not exist with --workers {self.workers}"
+                )
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["slow_workers"] = {str(k): v for k, v in self.slow_workers.items()}
+        return d
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any], source: str = "config") -> "RunConfig":
+        """Build from a dict (a config file or keyword arguments); unknown keys are errors."""
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in names:
+                raise ConfigError(f"{source}: unknown setting {key!r}")
+            if name == "slow_workers":
+                if isinstance(value, str):
+                    value = parse_slow_workers(value)
+                elif isinstance(value, dict):
+                    try:
+                        value = {int(k): float(v) for k, v in value.items()}
+                    except (TypeError, ValueError):
+                        raise ConfigError(f"{source}: slow_workers must map rank -> factor") from None
+                else:
+                    raise ConfigError(f"{source}: slow_workers must be 'R:F,...' or a mapping")
+            else:
+                value = _coerce(names[name], value, source)
+            kwargs[name] = value
+        return cls(**kwargs)
+
+
+def _coerce(f: dataclasses.Field, value: Any, source: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+                return value.lower() in ("true", "1", "yes")
+            raise ValueError
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind in ("str", "str | None"):
+            if value is None and kind == "str | None":
+                return None
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {f.name} = {value!r} is not a valid {kind}") from None
+    return value
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read a JSON or YAML run-configuration file into a dict (validated later)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config: {path}: no such file")
+    text = p.read_text()
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            values = yaml.safe_load(text)
+        else:
+            values = json.loads(text)
+    except Exception as e:  # noqa: BLE001 - any parse error becomes one line
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"--config: {path}: not valid JSON/YAML ({first})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config: {path}: must be a mapping of setting -> value")
+    return values

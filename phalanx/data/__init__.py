@@ -1,0 +1,10 @@
+"""Data sets, worker sharding and augmentation."""
+
+from phalanx.data.augment import compose, flip, noise, parse_augment, rotate, translate
+from phalanx.data.datasets import DATASETS, Dataset, load_data
+from phalanx.data.sharding import epoch_batches, shard_indices, steps_per_epoch
+
+__all__ = [
+    "DATASETS", "Dataset", "load_data", "shard_indices", "epoch_batches", "steps_per_epoch",
+    "compose", "flip", "noise", "rotate", "translate", "parse_augment",
+]

@@ -1,0 +1,123 @@
+"""Data sets by name, normalised into in-memory tensors.
+
+Everything is loaded once into memory as float32 tensors (N, C, H, W): Fashion-MNIST is
+188 MB that way, and indexing a tensor by a batch of ids is several times faster than a
+DataLoader on 2 cores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from phalanx.errors import DataError
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+DATASETS = ("fashion-mnist", "mnist", "idx", "cifar10", "digits", "synthetic")
+
+
+@dataclass
+class Dataset:
+    """Features ``x`` (N, C, H, W) float32, normalised; labels ``y`` (N,) int64."""
+
+    name: str
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def subset(self, limit: int) -> "Dataset":
+        if limit <= 0 or limit >= len(self):
+            return self
+        return Dataset(self.name, self.x[:limit], self.y[:limit], self.num_classes)
+
+
+def _to_tensors(images: np.ndarray) -> torch.Tensor:
+    x = torch.from_numpy(np.ascontiguousarray(images)).float()
+    if x.ndim == 3:
+        x = x.unsqueeze(1)
+    return x
+
+
+def _normalise(train_x: torch.Tensor, test_x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # statistics of the training split only, per channel, applied to both splits
+    dims = (0, 2, 3)
+    mean = train_x.mean(dim=dims, keepdim=True)
+    std = train_x.std(dim=dims, keepdim=True).clamp_min(1e-6)
+    return (train_x - mean) / std, (test_x - mean) / std
+
+
+def _synthetic(seed: int, n_train: int = 4000, n_test: int = 1000) -> tuple:
+    """Ten Gaussian classes in 1x16x16: learnable in seconds, deterministic for a seed."""
+    g = np.random.default_rng(seed + 12345)
+    centres = g.normal(0.0, 1.0, size=(10, 1, 16, 16)).astype(np.float32)
+
+    def draw(n: int):
+        labels = g.integers(0, 10, size=n)
+        noise = g.normal(0.0, 3.0, size=(n, 1, 16, 16)).astype(np.float32)
+        return centres[labels] + noise, labels.astype(np.int64)
+
+    (a, b), (c, d) = draw(n_train), draw(n_test)
+    return a, b, c, d
+
+
+def _digits(seed: int) -> tuple:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise DataError("digits: scikit-learn is not installed (pip install scikit-learn)") from None
+    bunch = load_digits()
+    images = bunch.images.astype(np.float32)
+    labels = bunch.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    images, labels = images[order], labels[order]
+    cut = int(0.8 * len(labels))
+    return images[:cut], labels[:cut], images[cut:], labels[cut:]
+
+
+def load_data(
+    name: str, data_dir: str | None = None, seed: int = 0
+) -> tuple[Dataset, Dataset]:
+    """(train, test) for a data set name; ``data_dir`` points at IDX / CIFAR files."""
+    from phalanx.data.cifar import load_cifar_split
+    from phalanx.data.idx import load_idx_split
+
+    if name in ("fashion-mnist", "mnist", "idx"):
+        directory = data_dir or (FASHION_MNIST_DIR if name == "fashion-mnist" else None)
+        if directory is None:
+            raise DataError(f"--data {name}: needs --data-dir pointing at the IDX files")
+        if not Path(directory).is_dir():
+            hint = " (apt-get install dataset-fashion-mnist)" if name == "fashion-mnist" else ""
+            raise DataError(f"--data-dir {directory}: no such directory{hint}")
+        tx, ty = load_idx_split(directory, train=True)
+        vx, vy = load_idx_split(directory, train=False)
+    elif name == "cifar10":
+        if data_dir is None:
+            raise DataError("--data cifar10: needs --data-dir pointing at the binary batches")
+        tx, ty = load_cifar_split(data_dir, train=True)
+        vx, vy = load_cifar_split(data_dir, train=False)
+    elif name == "digits":
+        tx, ty, vx, vy = _digits(seed)
+    elif name == "synthetic":
+        tx, ty, vx, vy = _synthetic(seed)
+    else:
+        raise DataError(f"--data: {name!r} is not one of {', '.join(DATASETS)}")
+    train_x, test_x = _normalise(_to_tensors(tx), _to_tensors(vx))
+    if train_x.shape[1:] != test_x.shape[1:]:
+        raise DataError(f"--data {name}: train images {tuple(train_x.shape[1:])} and test images "
+                        f"{tuple(test_x.shape[1:])} differ in shape")
+    num_classes = int(max(int(ty.max()), int(vy.max())) + 1) if len(ty) else 10
+    num_classes = max(num_classes, 10) if name != "synthetic" else 10
+    return (
+        Dataset(name, train_x, torch.from_numpy(ty), num_classes),
+        Dataset(name, test_x, torch.from_numpy(vy), num_classes),
+    )

@@ -1,0 +1,81 @@
+"""JSONL event log: one JSON object per line, appended atomically.
+
+Several processes of one run append to the same ``events.jsonl``: each line is written
+with a single ``os.write`` on an ``O_APPEND`` descriptor, so lines never interleave.
+An optional TensorBoard writer mirrors the numeric fields as scalars.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+class EventLog:
+    def __init__(self, path: str | Path | None, rank: int = 0, role: str = "worker",
+                 tensorboard_dir: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.rank, self.role = rank, role
+        self._fd: int | None = None
+        self._tb = None
+        self._t0 = time.perf_counter()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if tensorboard_dir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(Path(tensorboard_dir) / f"{role}{rank}"))
+            except ImportError:  # tensorboard is optional at run time
+                self._tb = None
+
+    def log(self, kind: str, **fields: Any) -> dict[str, Any]:
+        record = {"kind": kind, "rank": self.rank, "role": self.role,
+                  "t": round(time.perf_counter() - self._t0, 6), **fields}
+        if self._fd is not None:
+            line = json.dumps(record, default=_jsonable, allow_nan=False) + "\n"
+            os.write(self._fd, line.encode())
+        if self._tb is not None and "step" in fields:
+            for key, value in fields.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(f"{kind}/{key}", value, int(fields["step"]))
+        return record
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> "EventLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    """All records of an events file (a torn last line, from a crash, is skipped)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out

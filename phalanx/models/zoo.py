@@ -1,0 +1,99 @@
+"""Models by name. Each builder takes the input shape (C, H, W) and the number of classes.
+
+Every model is an ``nn.Sequential`` of named top-level layers, so model-parallel and
+pipeline strategies can cut it between layers.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from phalanx.errors import ConfigError
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 256) -> nn.Sequential:
+    features = int(torch.tensor(input_shape).prod())
+    return nn.Sequential(OrderedDict([
+        ("flatten", nn.Flatten()),
+        ("fc1", nn.Linear(features, hidden)),
+        ("relu1", nn.ReLU()),
+        ("fc2", nn.Linear(hidden, hidden // 2)),
+        ("relu2", nn.ReLU()),
+        ("fc3", nn.Linear(hidden // 2, num_classes)),
+    ]))
+
+
+def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
+    """LeNet-5 (ReLU, max-pool), padded so 28x28 inputs keep the classic 32x32 geometry."""
+    c, h, w = input_shape
+    if h < 12 or w < 12:
+        raise ConfigError(f"--model lenet5: needs images of at least 12x12, got {h}x{w}")
+    flat_h, flat_w = ((h // 2) - 4) // 2, ((w // 2) - 4) // 2
+    return nn.Sequential(OrderedDict([
+        ("conv1", nn.Conv2d(c, 6, 5, padding=2)),
+        ("relu1", nn.ReLU()),
+        ("pool1", nn.MaxPool2d(2)),
+        ("conv2", nn.Conv2d(6, 16, 5)),
+        ("relu2", nn.ReLU()),
+        ("pool2", nn.MaxPool2d(2)),
+        ("flatten", nn.Flatten()),
+        ("fc1", nn.Linear(16 * flat_h * flat_w, 120)),
+        ("relu3", nn.ReLU()),
+        ("fc2", nn.Linear(120, 84)),
+        ("relu4", nn.ReLU()),
+        ("fc3", nn.Linear(84, num_classes)),
+    ]))
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with BatchNorm and a residual connection."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+def resnet(input_shape: tuple[int, ...], num_classes: int, width: int = 16) -> nn.Sequential:
+    """A small ResNet (3 stages of one BasicBlock each, BatchNorm, dropout before the head)."""
+    c = input_shape[0]
+    return nn.Sequential(OrderedDict([
+        ("stem", nn.Sequential(nn.Conv2d(c, width, 3, padding=1, bias=False),
+                               nn.BatchNorm2d(width), nn.ReLU())),
+        ("block1", BasicBlock(width, width)),
+        ("block2", BasicBlock(width, 2 * width, stride=2)),
+        ("block3", BasicBlock(2 * width, 4 * width, stride=2)),
+        ("pool", nn.AdaptiveAvgPool2d(1)),
+        ("flatten", nn.Flatten()),
+        ("dropout", nn.Dropout(0.2)),
+        ("fc", nn.Linear(4 * width, num_classes)),
+    ]))
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "lenet5": lenet5, "resnet": resnet}
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if name not in MODELS:
+        raise ConfigError(f"--model: {name!r} is not one of {', '.join(MODELS)}")
+    return MODELS[name](tuple(input_shape), num_classes)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,134 @@
+"""What every strategy shares: the job it runs, the outcome it returns, the step helpers."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from phalanx.config import RunConfig
+from phalanx.data import Dataset, parse_augment, shard_indices, steps_per_epoch
+
+ModelFactory = Callable[[], nn.Module]
+
+
+@dataclass
+class Job:
+    """A model factory, the data and the run configuration.
+
+    ``model_fn`` must be picklable (a top-level function or ``functools.partial``) when
+    the strategy starts processes. Every process calls it after ``torch.manual_seed(seed)``
+    so all of them start from the same weights.
+    """
+
+    config: RunConfig
+    model_fn: ModelFactory
+    train: Dataset
+    test: Dataset
+    run_dir: Path
+
+    def build_model(self) -> nn.Module:
+        torch.manual_seed(self.config.seed)
+        return self.model_fn()
+
+    def shard(self, rank: int, world: int) -> torch.Tensor:
+        cfg = self.config
+        return shard_indices(self.train.y, rank, world, cfg.seed, cfg.non_iid)
+
+    def planned_steps(self, shard_size: int, batch_size: int | None = None) -> int:
+        """Optimizer steps a worker takes: epochs x steps per epoch, capped by max_steps."""
+        cfg = self.config
+        per_epoch = steps_per_epoch(shard_size, batch_size or cfg.batch_size) // cfg.grad_accum
+        steps = max(1, math.ceil(cfg.epochs * per_epoch))
+        return min(steps, cfg.max_steps) if cfg.max_steps else steps
+
+
+@dataclass
+class Outcome:
+    """What a strategy hands back: the trained model and the numbers for summary.json."""
+
+    model: nn.Module
+    train_samples: int
+    steps: int
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def augmenter(cfg: RunConfig):
+    return parse_augment(cfg.augment)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Dataset, batch: int = 2000) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) over a whole data set, in eval mode."""
+    was_training = model.training
+    model.eval()
+    total_loss, correct = 0.0, 0
+    for start in range(0, len(data), batch):
+        x, y = data.x[start : start + batch], data.y[start : start + batch]
+        out = model(x)
+        total_loss += nn.functional.cross_entropy(out, y, reduction="sum").item()
+        correct += (out.argmax(1) == y).sum().item()
+    model.train(was_training)
+    n = max(len(data), 1)
+    return total_loss / n, correct / n
+
+
+class Straggler:
+    """Emulates a slow device: after each compute phase, sleep (factor - 1) x its duration."""
+
+    def __init__(self, factor: float = 1.0) -> None:
+        self.factor = factor
+        self._t = 0.0
+
+    def start(self) -> None:
+        self._t = time.perf_counter()
+
+    def finish(self) -> None:
+        if self.factor > 1.0:
+            time.sleep((self.factor - 1.0) * (time.perf_counter() - self._t))
+
+
+def detached(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [p.detach() for p in params]
+
+
+def flat_size(params: list[torch.Tensor]) -> int:
+    return sum(p.numel() for p in params)
+
+
+def stopping_epochs(cfg: RunConfig) -> int:
+    return max(1, math.ceil(cfg.epochs))
+
+
+# ---- handing results from worker processes back to the driver ---------------------------
+
+RESULT_FILE = "final_model.pt"
+
+
+def write_result(job: Job, model_state: dict[str, torch.Tensor], *, train_samples: int,
+                 steps: int, stats: dict[str, Any] | None = None) -> None:
+    """Called by the process that holds the final model (usually rank 0)."""
+    from phalanx.runtime.checkpoint import save_checkpoint
+
+    save_checkpoint(job.run_dir / RESULT_FILE, {
+        "model": {k: v.detach().cpu() for k, v in model_state.items()},
+        "train_samples": int(train_samples),
+        "steps": int(steps),
+        "stats": dict(stats or {}),
+    })
+
+
+def read_result(job: Job) -> Outcome:
+    """Called by the driver after the processes joined."""
+    from phalanx.runtime.checkpoint import load_checkpoint
+
+    payload = load_checkpoint(job.run_dir / RESULT_FILE)
+    model = job.build_model()
+    model.load_state_dict(payload["model"])
+    return Outcome(model, payload["train_samples"], payload["steps"], payload["stats"])

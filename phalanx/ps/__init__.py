@@ -1,0 +1,1 @@
+"""Parameter server: shards, key partitioning, worker client, consistency models."""

@@ -1,0 +1,214 @@
+"""Small update rules. Formulas follow ``torch.optim`` so each one can be checked against it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from phalanx.rules.base import EmptyState, Tensors, UpdateRule
+
+Schedule = Callable[[int], float]
+
+
+class CountState(NamedTuple):
+    count: torch.Tensor  # int64 scalar: steps taken
+
+
+class TraceState(NamedTuple):
+    trace: Tensors
+
+
+class AdagradState(NamedTuple):
+    sum_sq: Tensors
+
+
+class RmsState(NamedTuple):
+    mean_sq: Tensors
+
+
+class AdamState(NamedTuple):
+    count: torch.Tensor
+    mu: Tensors
+    nu: Tensors
+
+
+def _zeros(params) -> Tensors:
+    return [torch.zeros_like(p) for p in params]
+
+
+def scale(step_size: float) -> UpdateRule:
+    """``u = step_size * u`` (use a negative step size to descend)."""
+
+    def init(params):
+        return EmptyState()
+
+    def update(updates, state, params=None, *, staleness=0, backup=None):
+        return [step_size * u for u in updates], state
+
+    return UpdateRule(init, update)
+
+
+def scale_by_schedule(schedule: Schedule, sign: float = -1.0) -> UpdateRule:
+    """``u = sign * schedule(step) * u``: the learning rate, constant or scheduled."""
+
+    def init(params):
+        return CountState(torch.zeros((), dtype=torch.int64))
+
+    def update(updates, state, params=None, *, staleness=0, backup=None):
+        lr = sign * schedule(int(state.count))
+        return [lr * u for u in updates], CountState(state.count + 1)
+
+    return UpdateRule(init, update)
+
+
+def add_decayed_weights(weight_decay: float) -> UpdateRule:
+    """``u = u + wd * p`` (coupled L2 weight decay, as ``torch.optim.SGD``)."""
+
+    def init(params):
+        return EmptyState()
+
+    def update(updates, state, params=None, *, staleness=0, backup=None):
+        if params is None:
+            raise ValueError("add_decayed_weights needs params")
+        return [u + weight_decay * p for u, p in zip(updates, params)], state
+
+    return UpdateRule(init, update)
+
+
+def trace(decay: float, nesterov: bool = False) -> UpdateRule:
+    """Momentum buffer ``b = decay * b + u`` (torch's SGD with dampening 0).
+
+    With a constant learning rate this is the seeds' ``v = mu*v - lr*g; w = w + v``
+    (``v = -lr * b``).
+    """
+
+    def init(params):
+        return TraceState(_zeros(params))
+
+    def update(updates, state, params=None, *, staleness=0, backup=None):
+        new = [decay * b + u for b, u in zip(state.trace, updates)]
+        out = [u + decay * b for u, b in zip(updates, new)] if nesterov else new
+        return out, TraceState(new)
+
+    return UpdateRule(init, update)
+
+
+def scale_by_adagrad(eps: float = 1e-10, initial: float = 0.0) -> UpdateRule:
+    def init(params):
+        return AdagradState([torch.full_like(p, initial) for p in params])
+
+    def update(updates, state, params=None, *, staleness=0, backup=None):
+        sums = [s + u * u for s, u in zip(state.sum_sq, updates)]
+        return [u / (s.sqrt() + eps) for u, s in zip(updates, sums)], AdagradState(sums)
+
+    return UpdateRule(init, update)
+
+
+def scale_by_rms(alpha: float = 0.99, eps: float = 1e-8) -> UpdateRule:
+    def init(params):
+        return RmsState(_zeros(params))
+
+    def update(updates, state, params=None, *, staleness=0, backup=None):
+        ms = [alpha * m + (1 - alpha) * u * u for m, u in zip(state.mean_sq, updates)]
+        return [u / (m.sqrt() + eps) for u, m in zip(updates, ms)], RmsState(ms)
+
+    return UpdateRule(init, update)
+
+
+def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> UpdateRule:
+    def init(params):
+        return AdamState(torch.zeros((), dtype=torch.int64), _zeros(params), _zeros(params))
+
+    def update(updates, state, params=None, *, staleness=0, backup=None):
+        count = state.count + 1
+        t = int(count)
+        mu = [b1 * m + (1 - b1) * u for m, u in zip(state.mu, updates)]
+        nu = [b2 * v + (1 - b2) * u * u for v, u in zip(state.nu, updates)]
+        bc1, bc2 = 1 - b1**t, 1 - b2**t
+        out = [(m / bc1) / (v.sqrt() / math.sqrt(bc2) + eps) for m, v in zip(mu, nu)]
+        return out, AdamState(count, mu, nu)
+
+    return UpdateRule(init, update)
+
+
+def staleness_scaled() -> UpdateRule:
+    """Divide the step by the gradient's staleness (staleness-aware async SGD, Zhang et al.
+    2016); a fresh gradient (staleness 0 or 1) is applied unchanged."""
+
+    def init(params):
+        return EmptyState()
+
+    def update(updates, state, params=None, *, staleness=0, backup=None):
+        if staleness is None:
+            raise ValueError("staleness_scaled needs staleness=")
+        factor = 1.0 / max(int(staleness), 1)
+        return [factor * u for u in updates], state
+
+    return UpdateRule(init, update)
+
+
+class DcState(NamedTuple):
+    mean_sq: Tensors
+
+
+def dc_asgd(lam: float, adaptive: bool = False, momentum: float = 0.95,
+            eps: float = 1e-7) -> UpdateRule:
+    """Delay compensation (DC-ASGD, Zheng et al. 2017) of a gradient ``g`` computed on
+    ``backup`` and applied at ``params``:
+
+    * constant (DC-ASGD-c): ``g + lam * g * g * (w_now - w_backup)``
+    * adaptive (DC-ASGD-a): ``lam`` becomes ``lam / sqrt(meansquare + eps)`` where
+      ``meansquare`` is a moving average of ``g * g`` (elementwise).
+
+    Put it first in a chain, before the learning rate. ``lam = 0`` is plain ASGD.
+    """
+
+    def init(params):
+        return DcState(_zeros(params) if adaptive else [])
+
+    def update(updates, state, params=None, *, staleness=0, backup=None):
+        if params is None or backup is None:
+            raise ValueError("dc_asgd needs params= and backup= (the worker's pulled weights)")
+        if lam == 0.0:
+            return list(updates), state
+        ms = state.mean_sq
+        if adaptive:
+            ms = [momentum * m + (1 - momentum) * g * g for m, g in zip(ms, updates)]
+            lams = [lam / (m + eps).sqrt() for m in ms]
+        else:
+            lams = [lam] * len(updates)
+        out = [g + lm * g * g * (w - b) for g, lm, w, b in zip(updates, lams, params, backup)]
+        return out, DcState(ms)
+
+    return UpdateRule(init, update)
+
+
+# ---- learning-rate schedules: step -> learning rate -------------------------------------
+
+
+def constant_schedule(lr: float) -> Schedule:
+    return lambda step: lr
+
+
+def step_decay_schedule(lr: float, step_size: int, gamma: float) -> Schedule:
+    return lambda step: lr * gamma ** (step // step_size)
+
+
+def cosine_schedule(lr: float, total_steps: int, final: float = 0.0) -> Schedule:
+    total = max(total_steps, 1)
+
+    def fn(step: int) -> float:
+        t = min(step, total) / total
+        return final + 0.5 * (lr - final) * (1 + math.cos(math.pi * t))
+
+    return fn
+
+
+def warmup(schedule: Schedule, warmup_steps: int) -> Schedule:
+    """Linear warm-up from lr/warmup_steps to the schedule's value over ``warmup_steps``."""
+    if warmup_steps <= 0:
+        return schedule
+    return lambda step: schedule(step) * min(1.0, (step + 1) / warmup_steps)

@@ -1,0 +1,1 @@
+"""Process launch, checkpoints, fault injection."""

@@ -1,0 +1,83 @@
+"""Start the processes of one run on this machine and join them.
+
+The parent owns the rendezvous (a ``TCPStore`` on 127.0.0.1 with a port the OS picks, so
+no two runs race for a port); every child joins a gloo process group through it, sets
+one intra-op thread (two cores are shared by all workers) and runs ``fn(rank, world, *args)``.
+Under ``torchrun`` the same ``fn`` runs via :func:`run_under_torchrun` instead.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from phalanx.errors import PhalanxError
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class WorkerFailed(PhalanxError):
+    """A process of the run failed; the message is that process's last error line."""
+
+
+def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, backend: str,
+           args: tuple) -> None:
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        fn(rank, world, *args)
+    except PhalanxError:
+        raise
+    except Exception:
+        traceback.print_exc()
+        raise
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the group may already be broken by a dead peer
+            pass
+
+
+def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str = "gloo",
+          timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` fresh processes joined in one group.
+
+    ``fn`` and ``args`` must be picklable; tensors inside ``args`` travel through shared
+    memory, not copies.
+    """
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True,
+                          timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    try:
+        mp.start_processes(_child, args=(fn, world, store.port, timeout_s, backend, args),
+                           nprocs=world, start_method="spawn", join=True)
+    except mp.ProcessRaisedException as e:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        raise WorkerFailed(f"process {e.error_index} failed: {lines[-1] if lines else e}") from None
+    except mp.ProcessExitedException as e:
+        raise WorkerFailed(
+            f"process {e.error_index} exited with code {e.exit_code}"
+            + (f" ({e.signal_name})" if getattr(e, "signal_name", None) else "")
+        ) from None
+    finally:
+        del store
+
+
+def run_under_torchrun(fn: Callable[..., Any], args: tuple = (), *, backend: str = "gloo",
+                       timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Entry for ``torchrun``: rank and world come from its environment."""
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        fn(dist.get_rank(), dist.get_world_size(), *args)
+    finally:
+        dist.destroy_process_group()

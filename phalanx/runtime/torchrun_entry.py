@@ -1,0 +1,74 @@
+"""Run any multi-process strategy under ``torchrun`` (one or several machines):
+
+    torchrun --nproc-per-node 4 -m phalanx.runtime.torchrun_entry \\
+        --strategy asp --workers 3 --servers 1 --model lenet5 --out runs/x
+
+Takes the same flags as ``phalanx train``. A multi-process strategy module exposes
+``world_size(cfg) -> int`` and ``process_main(rank, world, job)``; torchrun's
+``--nproc-per-node x --nnodes`` must equal ``world_size(cfg)``. Rank 0 writes
+``summary.json`` like ``phalanx train`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch.distributed as dist
+
+from phalanx.errors import PhalanxError
+
+
+def _main(rank: int, world: int, cfg, t0: float) -> None:
+    from phalanx.api import make_job
+    from phalanx.metrics import EventLog
+    from phalanx.parallel import strategy_module
+    from phalanx.parallel.base import evaluate, read_result
+
+    module = strategy_module(cfg.strategy)
+    if not hasattr(module, "process_main"):
+        raise PhalanxError(f"--strategy {cfg.strategy}: runs in one process; use phalanx train")
+    expected = module.world_size(cfg)
+    if world != expected:
+        raise PhalanxError(f"torchrun started {world} processes but --strategy {cfg.strategy} "
+                           f"with these flags needs {expected}")
+    job = make_job(cfg)
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        (job.run_dir / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    module.process_main(rank, world, job)
+    dist.barrier()
+    if rank == 0:
+        outcome = read_result(job)
+        wall = time.perf_counter() - t0
+        loss, acc = evaluate(outcome.model, job.test)
+        summary = {"strategy": cfg.strategy, "model": cfg.model, "data": cfg.data,
+                   "workers": cfg.workers, "test_accuracy": acc, "test_loss": loss,
+                   "train_samples": outcome.train_samples, "steps": outcome.steps,
+                   "wall_s": wall, "samples_per_s": outcome.train_samples / wall,
+                   "launcher": "torchrun", **outcome.stats}
+        with EventLog(job.run_dir / "events.jsonl", rank=-1, role="driver") as log:
+            log.log("summary", **summary)
+        (job.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"test_accuracy {acc:.4f} -> {job.run_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from phalanx.cli import _Parser, add_run_config_flags, config_from_args
+    from phalanx.runtime.launch import run_under_torchrun
+
+    parser = _Parser(prog="phalanx.runtime.torchrun_entry")
+    add_run_config_flags(parser)
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        run_under_torchrun(_main, (cfg, time.perf_counter()))
+    except PhalanxError as e:
+        sys.stderr.write(f"phalanx: error: {e}\n")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
