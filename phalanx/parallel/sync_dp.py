@@ -1,0 +1,253 @@
+"""Synchronous data parallel: every worker computes a gradient on its own shard, the
+gradients are averaged with an allreduce (ring, native or main-node) bucket by bucket
+while backward runs, and every worker applies the same update rule to the same average —
+so the replicas stay identical without ever exchanging parameters after the start.
+
+``--sfb`` sends sufficient factors instead of the weight gradient of the fully connected
+layers where that is smaller (see :mod:`phalanx.comm.sfb`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from phalanx.comm.allreduce import make_allreduce
+from phalanx.comm.bucketing import CommThread, GradReducer
+from phalanx.comm.counters import ByteCounter
+from phalanx.comm.sfb import SufficientFactors
+from phalanx.config import RunConfig
+from phalanx.data import epoch_batches, steps_per_epoch
+from phalanx.metrics import EventLog, Progress
+from phalanx.parallel.base import (
+    Job,
+    Outcome,
+    Straggler,
+    augmenter,
+    detached,
+    evaluate,
+    read_result,
+    write_result,
+)
+from phalanx.rules import apply_updates, make_rule, state_tensors
+from phalanx.runtime.checkpoint import save_checkpoint
+from phalanx.runtime.launch import spawn
+
+LOG_EVERY = 10  # steps between "train" events
+
+
+def world_size(cfg: RunConfig) -> int:
+    return cfg.workers
+
+
+def run(job: Job, log: EventLog) -> Outcome:
+    spawn(process_main, world_size(job.config), (job,))
+    return read_result(job)
+
+
+# ---- pieces shared with model averaging and the DDP reference in the tests ---------------
+
+def worker_batches(job: Job, rank: int, world: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """(epoch, indices) of this worker's micro-batches, forever. Every worker takes the same
+    number per epoch (that of the smallest shard) so collectives stay matched."""
+    cfg = job.config
+    shard = job.shard(rank, world)
+    per_epoch = steps_per_epoch(len(job.train) // world, cfg.batch_size)
+    if per_epoch == 0:
+        from phalanx.errors import ConfigError
+
+        raise ConfigError(f"--batch-size: {cfg.batch_size} is larger than a worker's shard "
+                          f"({len(job.train) // world} samples with --workers {world})")
+    epoch = 0
+    while True:
+        for i, idx in enumerate(epoch_batches(shard, cfg.batch_size, epoch, cfg.seed)):
+            if i == per_epoch:
+                break
+            yield epoch, idx
+        epoch += 1
+
+
+def total_steps(job: Job, world: int) -> int:
+    """Optimizer steps every worker takes."""
+    return job.planned_steps(len(job.train) // world)
+
+
+def broadcast_from_rank0(tensors: list[torch.Tensor], counter: ByteCounter, rank: int,
+                         world: int) -> None:
+    """Start every replica from rank 0's values (a user model with random init, or BN
+    buffers): one flat broadcast."""
+    if world == 1 or not tensors:
+        return
+    flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+    dist.broadcast(flat, src=0)
+    if rank == 0:
+        counter.on_send(flat.numel() * flat.element_size() * (world - 1))
+    else:
+        counter.on_recv(flat.numel() * flat.element_size())
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t).to(t.dtype))
+            offset += n
+
+
+def total_bytes(counter: ByteCounter) -> int:
+    """All ranks' bytes sent (a bookkeeping collective, not counted itself)."""
+    t = torch.tensor([counter.sent], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return int(t.item())
+
+
+@dataclass
+class WorkerContext:
+    """What the training loop of one worker needs besides the model."""
+
+    job: Job
+    rank: int
+    world: int
+    log: EventLog
+    t0: float
+
+    def log_train(self, step: int, epoch: int, loss: torch.Tensor, out: torch.Tensor,
+                  y: torch.Tensor, samples: int, **extra) -> None:
+        # .item() is a device sync point on GPU; paid only every LOG_EVERY steps
+        acc = (out.argmax(1) == y).float().mean().item()
+        self.log.log("train", step=step, epoch=epoch, loss=loss.item(), accuracy=acc,
+                     samples=samples, wall_s=time.perf_counter() - self.t0, **extra)
+
+    def maybe_eval(self, model: nn.Module, step: int, epoch: int, samples: int,
+                   epoch_ended: bool) -> None:
+        cfg = self.job.config
+        due = (cfg.eval_every and step % cfg.eval_every == 0) or (
+            not cfg.eval_every and epoch_ended)
+        if self.rank != 0 or not due:
+            return
+        loss, acc = evaluate(model, self.job.test)
+        self.log.log("eval", step=step, epoch=epoch, samples=samples, test_loss=loss,
+                     test_accuracy=acc, wall_s=time.perf_counter() - self.t0)
+
+    def maybe_checkpoint(self, model: nn.Module, state, step: int, final: bool = False) -> None:
+        cfg = self.job.config
+        if self.rank != 0 or not (final or (cfg.checkpoint_every
+                                            and step % cfg.checkpoint_every == 0)):
+            return
+        save_checkpoint(self.job.run_dir / "checkpoint.pt", {
+            "step": step, "model": model.state_dict(), "rule_state": state_tensors(state)})
+
+
+def open_log(job: Job, rank: int) -> EventLog:
+    cfg = job.config
+    tb = job.run_dir / "tensorboard" if cfg.tensorboard else None
+    return EventLog(job.run_dir / "events.jsonl", rank=rank, role="worker", tensorboard_dir=tb)
+
+
+# ---- the strategy --------------------------------------------------------------------
+
+def process_main(rank: int, world: int, job: Job) -> None:
+    """One worker; runs inside an initialised process group (spawn or torchrun)."""
+    with open_log(job, rank) as log:
+        _train(WorkerContext(job, rank, world, log, time.perf_counter()))
+
+
+def _train(ctx: WorkerContext) -> None:
+    job, rank, world = ctx.job, ctx.rank, ctx.world
+    cfg = job.config
+    model = job.build_model()
+    model.train()
+    counter = ByteCounter()
+    params = [p for p in model.parameters() if p.requires_grad]
+    # DDP does the same: equal start even if model_fn was not seeded deterministically
+    broadcast_from_rank0(params + list(model.buffers()), counter, rank, world)
+    allreduce = make_allreduce(cfg.allreduce, counter=counter)
+    comm = CommThread()
+    sfb_layers = (SufficientFactors.plan(model, cfg.batch_size * cfg.grad_accum, world)
+                  if cfg.sfb else [])
+    sfb = SufficientFactors(sfb_layers, allreduce, world, comm)
+    sfb_ids = {id(p) for p in sfb.parameters()}
+    reducer = GradReducer([p for p in params if id(p) not in sfb_ids], allreduce, world,
+                          int(cfg.bucket_mb * 2**20), comm)
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+
+    total = total_steps(job, world)
+    weights = detached(params)
+    rule = make_rule(cfg, total)
+    state = rule.init(weights)
+    aug = augmenter(cfg)
+    gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
+    loss_fn = nn.CrossEntropyLoss()
+    straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
+    progress = Progress(total, f"sync x{world}", enabled=cfg.progress and rank == 0)
+
+    step, micro, samples, last_epoch = 0, 0, 0, 0
+    try:
+        for epoch, idx in worker_batches(job, rank, world):
+            if epoch != last_epoch:
+                ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
+                last_epoch = epoch
+            if buffers and micro % cfg.grad_accum == 0:
+                # as DDP's broadcast_buffers: BN statistics follow rank 0 (comm is idle here)
+                broadcast_from_rank0(buffers, counter, rank, world)
+            x, y = job.train.x[idx], job.train.y[idx]
+            if aug is not None:
+                x = aug(x, gen)
+            micro += 1
+            last_micro = micro % cfg.grad_accum == 0
+            reducer.begin(sync=last_micro)
+            sfb.begin(sync=last_micro)  # before forward: its hooks are set up there
+            straggler.start()
+            out = model(x)
+            loss = loss_fn(out, y)
+            # averaging the micro-step gradients: each contributes 1/grad_accum
+            (loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
+            straggler.finish()
+            samples += len(idx)
+            # on the last micro step: waits for every bucket (and SFB gather) to be averaged
+            reducer.finish()
+            if not last_micro:
+                continue  # only sync gradients at the last micro step
+            sfb.finish()
+            grads = [p.grad for p in params]
+            updates, state = rule.update(grads, state, weights)
+            apply_updates(weights, updates)
+            for p in params:
+                p.grad = None
+            step += 1
+            if step % LOG_EVERY == 0 or step == total:
+                ctx.log_train(step, epoch, loss, out, y, samples * world,
+                              bytes_sent=counter.sent)
+                progress.update(step, loss=loss.item())
+            if cfg.eval_every:
+                ctx.maybe_eval(model, step, epoch, samples * world, epoch_ended=False)
+            ctx.maybe_checkpoint(model, state, step)
+            if step >= total:
+                break
+    finally:
+        comm.close()
+        reducer.remove()
+        sfb.remove()
+    progress.close()
+    if not cfg.eval_every:
+        ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
+    ctx.maybe_checkpoint(model, state, step, final=True)
+    sent = total_bytes(counter)
+    if rank == 0:
+        stats = {
+            "allreduce": cfg.allreduce,
+            "bytes_sent": sent,
+            "bytes_per_sample": sent / max(samples * world, 1),
+            "bytes_estimated": allreduce.estimated,
+            "buckets": len(reducer.buckets),
+            "buckets_launched_in_backward": reducer.stats.launched_in_backward,
+            "buckets_launched": reducer.stats.buckets_launched,
+            "comm_wait_s": reducer.stats.wait_s,
+            "sfb_layers": len(sfb_layers),
+        }
+        write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
+                     stats=stats)
