@@ -1,0 +1,224 @@
+"""One ``nn.Linear`` split across workers by output features (column parallelism).
+
+Worker r holds rows ``lo_r:hi_r`` of the weight (a slice of the output features) and the
+matching bias slice. Forward: every worker multiplies the *same* input by its slice and
+the slices are all-gathered into the full output. Backward: the output gradient is cut
+back to each worker's slice (no communication), and the input gradient, to which every
+slice contributes ``g_r @ W_r``, is summed across workers with an all-reduce.
+
+Used by ``--strategy model-parallel --split-layer NAME``: all workers see the same
+batches, run the other layers replicated (their gradients come out identical, so they
+stay equal without synchronisation) and each updates its own weight slice.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from phalanx.data import epoch_batches
+from phalanx.errors import ConfigError
+from phalanx.parallel.base import Job, Straggler, augmenter, detached, write_result
+from phalanx.parallel.reporting import StageReporter, wants_eval
+from phalanx.rules import apply_updates, make_rule
+
+
+def shard_bounds(features: int, world: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` output features of each worker; sizes differ by at most one."""
+    if not 1 <= world <= features:
+        raise ValueError(f"cannot split {features} features over {world} workers")
+    base, extra = divmod(features, world)
+    out, lo = [], 0
+    for r in range(world):
+        hi = lo + base + (1 if r < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def split_linear(layer: nn.Linear, world: int) -> list[nn.Linear]:
+    """The ``world`` column shards of ``layer`` as independent layers (copies)."""
+    shards = []
+    for lo, hi in shard_bounds(layer.out_features, world):
+        s = nn.Linear(layer.in_features, hi - lo, bias=layer.bias is not None)
+        with torch.no_grad():
+            s.weight.copy_(layer.weight[lo:hi])
+            if layer.bias is not None:
+                s.bias.copy_(layer.bias[lo:hi])
+        shards.append(s)
+    return shards
+
+
+def column_parallel_forward(x: torch.Tensor, shards: list[nn.Linear]) -> torch.Tensor:
+    """The column-parallel computation in one process: each shard on the same input,
+    outputs concatenated (what the all-gather assembles across processes)."""
+    return torch.cat([s(x) for s in shards], dim=-1)
+
+
+def _all_gather_padded(local: torch.Tensor, bounds: list[tuple[int, int]],
+                       group) -> torch.Tensor:
+    """All-gather slices of the last dimension whose sizes may differ by one (gloo's
+    all_gather needs equal sizes: pad to the largest, trim after)."""
+    width = max(hi - lo for lo, hi in bounds)
+    pad = width - local.shape[-1]
+    padded = F.pad(local, (0, pad)).contiguous() if pad else local.contiguous()
+    parts = [torch.empty_like(padded) for _ in bounds]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[..., : hi - lo] for p, (lo, hi) in zip(parts, bounds)], dim=-1)
+
+
+class _CopyToParallel(torch.autograd.Function):
+    """Identity forward; backward sums the input gradient over workers (each slice of the
+    weight contributes a part of d loss / d x)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)  # sync point: every worker's slice
+        return grad, None
+
+
+class _GatherFromParallel(torch.autograd.Function):
+    """All-gather of the output slices forward; backward keeps this worker's slice."""
+
+    @staticmethod
+    def forward(ctx, local, bounds, rank, group):
+        ctx.lo, ctx.hi = bounds[rank]
+        return _all_gather_padded(local, bounds, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[..., ctx.lo : ctx.hi].contiguous(), None, None, None
+
+
+class ColumnParallelLinear(nn.Module):
+    """This worker's slice of a Linear; ``forward`` returns the full output."""
+
+    def __init__(self, full: nn.Linear, rank: int, world: int, group=None) -> None:
+        super().__init__()
+        self.bounds = shard_bounds(full.out_features, world)
+        self.rank, self.group = rank, group
+        self.in_features, self.out_features = full.in_features, full.out_features
+        lo, hi = self.bounds[rank]
+        self.weight = nn.Parameter(full.weight.detach()[lo:hi].clone())
+        self.bias = (nn.Parameter(full.bias.detach()[lo:hi].clone())
+                     if full.bias is not None else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _CopyToParallel.apply(x, self.group)
+        local = F.linear(x, self.weight, self.bias)
+        return _GatherFromParallel.apply(local, self.bounds, self.rank, self.group)
+
+    @torch.no_grad()
+    def assemble_into(self, full: nn.Linear) -> None:
+        """Collective: every worker calls it; ``full`` receives the whole weight."""
+        full.weight.copy_(_all_gather_padded(self.weight.t(), self.bounds, self.group).t())
+        if self.bias is not None:
+            full.bias.copy_(_all_gather_padded(self.bias, self.bounds, self.group))
+
+
+def check_split_layer(model: nn.Module, name: str, world: int) -> nn.Linear:
+    try:
+        layer = model.get_submodule(name)
+    except AttributeError:
+        raise ConfigError(f"--split-layer: the model has no layer {name!r}") from None
+    if not isinstance(layer, nn.Linear):
+        raise ConfigError(f"--split-layer: {name!r} is a {type(layer).__name__}, not nn.Linear")
+    if layer.out_features < world:
+        raise ConfigError(f"--split-layer: {name!r} has {layer.out_features} output features, "
+                          f"fewer than --workers {world}")
+    return layer
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
+def process_main(rank: int, world: int, job: Job) -> None:
+    cfg = job.config
+    model = job.build_model()
+    model.train()
+    full = check_split_layer(model, cfg.split_layer, world)
+    split = ColumnParallelLinear(full, rank, world)
+    _set_submodule(model, cfg.split_layer, split)
+    params = [p for p in model.parameters() if p.requires_grad]
+    weights = detached(params)
+    x_all, y_all = job.train.x, job.train.y
+    shard = job.shard(0, 1)  # every worker computes on the same batches
+    total = job.planned_steps(len(shard))
+    rule = make_rule(cfg, total)
+    state = rule.init(weights)
+    aug = augmenter(cfg)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)  # same draws on every worker
+    loss_fn = nn.CrossEntropyLoss()
+    straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
+    report = StageReporter(job, rank, total, "split-layer", logs_loss=rank == 0)
+    # per step: all-gather of this worker's output slice to the others, and a ring-style
+    # all-reduce of the layer's input gradient (2 (N-1)/N of it per worker)
+    lo, hi = split.bounds[rank]
+    sent, step, micro, samples, epoch = 0.0, 0, 0, 0, 0
+    while step < total:
+        for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed):
+            x, y = x_all[idx], y_all[idx]
+            if aug is not None:
+                x = aug(x, gen)
+            straggler.start()
+            out = model(x)
+            loss = loss_fn(out, y)
+            (loss / cfg.grad_accum).backward()
+            straggler.finish()
+            sent += 4 * len(idx) * ((hi - lo) * (world - 1) + 2 * split.in_features * (world - 1) / world)
+            micro += 1
+            samples += len(idx)
+            if micro % cfg.grad_accum:
+                continue
+            updates, state = rule.update([p.grad for p in params], state, weights)
+            apply_updates(weights, updates)
+            for p in params:
+                p.grad = None
+            step += 1
+            if report.wants_train_event(step):
+                acc = (out.argmax(1) == y).float().mean().item()
+                report.train(step, epoch, loss.item(), acc, samples)
+            report.tick(step)
+            if wants_eval(cfg, step, epoch_done=False):
+                _evaluate(model, split, full, cfg.split_layer, rank, report, step, epoch, samples)
+            if step >= total:
+                break
+        epoch += 1
+        if wants_eval(cfg, step, epoch_done=True):
+            _evaluate(model, split, full, cfg.split_layer, rank, report, step, epoch, samples)
+    report.close()
+    final = _assembled(model, split, full, cfg.split_layer)
+    traffic = torch.tensor([sent], dtype=torch.float64)
+    dist.reduce(traffic, 0)
+    if rank == 0:
+        stats = {"bytes_sent": int(traffic.item()),
+                 "bytes_per_sample": traffic.item() / max(samples, 1),
+                 "split_layer": cfg.split_layer, "split_bounds": [list(b) for b in split.bounds]}
+        write_result(job, final.state_dict(), train_samples=samples, steps=step, stats=stats)
+
+
+def _assembled(model: nn.Module, split: ColumnParallelLinear, full: nn.Linear,
+               name: str) -> nn.Module:
+    """A copy of the model with the whole layer in place of the slice (collective)."""
+    split.assemble_into(full)
+    whole = copy.deepcopy(model)
+    _set_submodule(whole, name, copy.deepcopy(full))
+    return whole
+
+
+def _evaluate(model, split, full, name, rank, report, step, epoch, samples) -> None:
+    whole = _assembled(model, split, full, name)
+    if rank == 0:
+        report.evaluate(whole, step, epoch, samples)

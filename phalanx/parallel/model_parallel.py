@@ -1,0 +1,202 @@
+"""Model parallelism: the model's layers cut into ``--workers`` stages, one per process.
+
+Stage k receives the activations of stage k-1, runs its layers, sends its output on; the
+last stage computes the loss, and the gradients of the activations travel back the same
+way (``torch.distributed`` point-to-point). Each stage updates only its own parameters
+with the configured rule, so the run equals single-process training on the same batches.
+Only one stage computes at a time (no micro-batches): the pipeline strategy removes that.
+
+``--split-layer NAME`` instead splits one ``nn.Linear`` across all workers by output
+features (:mod:`phalanx.parallel.column_parallel`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from phalanx.config import RunConfig
+from phalanx.data import epoch_batches
+from phalanx.errors import ConfigError
+from phalanx.metrics import EventLog
+from phalanx.parallel.base import (
+    Job,
+    Outcome,
+    Straggler,
+    augmenter,
+    detached,
+    read_result,
+    write_result,
+)
+from phalanx.parallel.partition import agreed_partition, check_stages, stage_module
+from phalanx.parallel.reporting import StageReporter, wants_eval
+from phalanx.parallel.stages import boundary_shapes, gather_model
+from phalanx.rules import apply_updates, make_rule
+from phalanx.runtime.checkpoint import save_checkpoint
+from phalanx.runtime.launch import spawn
+
+
+def world_size(cfg: RunConfig) -> int:
+    return cfg.workers
+
+
+def run(job: Job, log: EventLog) -> Outcome:
+    cfg = job.config
+    if cfg.split_layer:
+        from phalanx.parallel.column_parallel import check_split_layer
+
+        check_split_layer(job.build_model(), cfg.split_layer, cfg.workers)
+    else:
+        check_stages(job.build_model(), cfg.workers, "--workers")
+    spawn(process_main, world_size(cfg), (job,))
+    return read_result(job)
+
+
+def process_main(rank: int, world: int, job: Job) -> None:
+    if job.config.split_layer:
+        from phalanx.parallel.column_parallel import process_main as split_main
+
+        return split_main(rank, world, job)
+    _layer_parallel(rank, world, job)
+
+
+class _Clock:
+    """Seconds spent computing vs waiting for a neighbour (blocked in send/recv)."""
+
+    def __init__(self) -> None:
+        self.compute = self.wait = 0.0
+
+    def waited(self, t: float) -> None:
+        self.wait += time.perf_counter() - t
+
+    def computed(self, t: float) -> None:
+        self.compute += time.perf_counter() - t
+
+
+def _layer_parallel(rank: int, world: int, job: Job) -> None:
+    cfg = job.config
+    model = job.build_model()
+    model.train()
+    x_all, y_all = job.train.x, job.train.y
+    shard = job.shard(0, 1)  # one stream of batches: every stage walks the same order
+    total = job.planned_steps(len(shard))
+    if cfg.batch_size > len(shard):
+        raise ConfigError(f"--batch-size: {cfg.batch_size} exceeds the {len(shard)} training samples")
+    part = agreed_partition(model, world, x_all[: cfg.batch_size])
+    stage = stage_module(model, part.names[rank])
+    shapes = boundary_shapes(model, part, job.train.input_shape, cfg.batch_size)
+    first, last = rank == 0, rank == world - 1
+    params = [p for p in stage.parameters() if p.requires_grad]
+    weights = detached(params)
+    rule = make_rule(cfg, total)
+    state = rule.init(weights)
+    aug = augmenter(cfg) if first else None
+    gen = torch.Generator().manual_seed(cfg.seed + 1)  # the single-worker loop's generator
+    loss_fn = nn.CrossEntropyLoss()
+    straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
+    report = StageReporter(job, rank, total, "model-parallel", logs_loss=last)
+    clock = _Clock()
+    sent = 0
+
+    step, micro, samples, epoch = 0, 0, 0, 0
+    while step < total:
+        for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed):
+            # ---- forward: receive the previous stage's activations, run ours, pass on
+            if first:
+                x = x_all[idx]
+                if aug is not None:
+                    x = aug(x, gen)
+            else:
+                x = torch.empty(shapes[rank - 1])
+                t = time.perf_counter()
+                dist.recv(x, rank - 1)  # sync point: blocks until stage rank-1 finished
+                clock.waited(t)
+                x.requires_grad_(True)
+            t = time.perf_counter()
+            straggler.start()
+            out = stage(x)
+            if last:
+                loss = loss_fn(out, y_all[idx])
+                (loss / cfg.grad_accum).backward()
+            straggler.finish()
+            clock.computed(t)
+            if not last:
+                t = time.perf_counter()
+                dist.send(out.detach(), rank + 1)
+                sent += out.numel() * out.element_size()
+                # ---- backward: the next stage hands back d loss / d out
+                grad_out = torch.empty_like(out)
+                dist.recv(grad_out, rank + 1)  # sync point: waits for all later stages
+                clock.waited(t)
+                t = time.perf_counter()
+                straggler.start()
+                if out.requires_grad:  # a first stage without parameters has nothing to do
+                    out.backward(grad_out)
+                straggler.finish()
+                clock.computed(t)
+            if not first:
+                t = time.perf_counter()
+                dist.send(x.grad, rank - 1)
+                sent += x.grad.numel() * x.grad.element_size()
+                clock.waited(t)
+            micro += 1
+            samples += len(idx)
+            if micro % cfg.grad_accum:
+                continue  # accumulate in .grad; step on the last micro-batch
+            if params:  # a stage of parameter-free layers (flatten, relu) has no update
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                updates, state = rule.update(grads, state, weights)
+                apply_updates(weights, updates)
+            for p in params:
+                p.grad = None
+            step += 1
+            if report.wants_train_event(step):
+                acc = (out.argmax(1) == y_all[idx]).float().mean().item()
+                report.train(step, epoch, loss.item(), acc, samples)
+            report.tick(step)
+            if wants_eval(cfg, step, epoch_done=False):
+                _evaluate(model, part, rank, world, report, step, epoch, samples)
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                _checkpoint(job, model, part, rank, world, step)
+            if step >= total:
+                break
+        epoch += 1
+        if wants_eval(cfg, step, epoch_done=True):
+            _evaluate(model, part, rank, world, report, step, epoch, samples)
+    report.close()
+
+    gather_model(model, part, list(range(world)), rank, dst=0)
+    # every rank's traffic and clocks, summed / collected on rank 0
+    traffic = torch.tensor([float(sent)], dtype=torch.float64)
+    dist.reduce(traffic, 0)
+    clocks = torch.tensor([clock.compute, clock.wait], dtype=torch.float64)
+    all_clocks = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(all_clocks, clocks)
+    if rank == 0:
+        stats = {
+            "bytes_sent": int(traffic.item()),
+            "bytes_per_sample": traffic.item() / max(samples, 1),
+            "stages": world,
+            "partition": [",".join(n) for n in part.names],
+            "partition_source": part.source,
+            "stage_costs": list(part.costs),
+            "stage_compute_s": [round(c[0].item(), 4) for c in all_clocks],
+            "stage_wait_s": [round(c[1].item(), 4) for c in all_clocks],
+        }
+        write_result(job, model.state_dict(), train_samples=samples, steps=step, stats=stats)
+
+
+def _evaluate(model, part, rank, world, report, step, epoch, samples) -> None:
+    gather_model(model, part, list(range(world)), rank, dst=0)  # collective: all stages
+    if rank == 0:
+        report.evaluate(model, step, epoch, samples)
+
+
+def _checkpoint(job: Job, model, part, rank: int, world: int, step: int) -> None:
+    gather_model(model, part, list(range(world)), rank, dst=0)
+    if rank == 0:
+        # the model only: each stage's rule state stays with its stage
+        save_checkpoint(job.run_dir / "checkpoint.pt", {"step": step, "model": model.state_dict()})
