@@ -52,7 +52,7 @@ def add_run_config_flags(p: argparse.ArgumentParser) -> None:
         elif f.name == "slow_workers":
             p.add_argument(flag, dest=f.name, default=None, help=_HELP["slow_workers"])
         else:
-            conv = {"int": int, "float": float}.get(kind, str)
+            conv = {"int": int, "float": float, "float | None": float}.get(kind, str)
             p.add_argument(flag, dest=f.name, type=conv, default=None, help=help_text)
 
 

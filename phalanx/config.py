@@ -32,6 +32,9 @@ SCHEDULES = ("constant", "step", "cosine")
 DEVICES = ("cpu", "cuda")
 ALLREDUCES = ("ring", "native", "main")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+# learning rate used when --lr is not given: a sensible start for each rule
+DEFAULT_LR = {"sgd": 0.05, "momentum": 0.01, "nesterov": 0.01, "adagrad": 0.01,
+              "rmsprop": 0.001, "adam": 0.001}
 
 
 def parse_slow_workers(text: str) -> dict[int, float]:
@@ -68,7 +71,7 @@ class RunConfig:
     epochs: float = 1.0
     max_steps: int = 0  # stop after this many steps per worker (0 = epochs decide)
     batch_size: int = 64
-    lr: float = 0.05
+    lr: float | None = None  # None: the rule's default (DEFAULT_LR)
     rule: str = "sgd"
     momentum: float = 0.9
     weight_decay: float = 0.0
@@ -95,6 +98,7 @@ class RunConfig:
     dc_adaptive: bool = False
     dc_momentum: float = 0.95  # moving average of g*g for DC-ASGD-a
     staleness_lr: bool = False  # divide each applied step by its staleness
+    ps_timeout: float = 60.0  # seconds a PS server/worker waits for a silent peer
 
     # synchronous data parallel / averaging
     allreduce: str = "native"
@@ -137,6 +141,8 @@ class RunConfig:
         need(math.isfinite(self.epochs) and self.epochs > 0, "epochs", "must be > 0")
         need(self.max_steps >= 0, "max_steps", "must be >= 0")
         need(self.batch_size >= 1, "batch_size", "must be >= 1")
+        if self.lr is None:
+            self.lr = DEFAULT_LR[self.rule]
         need(math.isfinite(self.lr) and self.lr > 0, "lr", "must be a finite number > 0")
         need(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
@@ -152,6 +158,7 @@ class RunConfig:
         need(self.npush >= 1, "npush", "must be >= 1")
         need(self.dc_lambda >= 0, "dc_lambda", "must be >= 0")
         need(0 <= self.dc_momentum < 1, "dc_momentum", "must be in [0, 1)")
+        need(math.isfinite(self.ps_timeout) and self.ps_timeout > 0, "ps_timeout", "must be > 0")
         need(self.bucket_mb > 0, "bucket_mb", "must be > 0")
         need(self.period >= 1, "period", "must be >= 1")
         need(self.stages >= 1, "stages", "must be >= 1")
@@ -213,7 +220,9 @@ def _coerce(f: dataclasses.Field, value: Any, source: str) -> Any:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
             return int(value)
-        if kind == "float":
+        if kind in ("float", "float | None"):
+            if value is None and kind == "float | None":
+                return None
             if isinstance(value, bool):
                 raise ValueError
             return float(value)

@@ -1,0 +1,178 @@
+"""Every update rule through one suite (as optax does for its optimizers), and every rule
+that torch.optim also has against torch.optim over 100 steps."""
+
+import math
+
+import pytest
+import torch
+
+import phalanx.rules as R
+from phalanx.config import RunConfig
+
+# name -> (factory, needs_backup)
+RULE_FACTORIES = {
+    "sgd": lambda: R.sgd(0.1),
+    "sgd_wd": lambda: R.sgd(0.1, weight_decay=0.01),
+    "momentum": lambda: R.momentum(0.05, 0.9),
+    "nesterov": lambda: R.momentum(0.05, 0.9, nesterov=True),
+    "adagrad": lambda: R.adagrad(0.1),
+    "rmsprop": lambda: R.rmsprop(0.01),
+    "adam": lambda: R.adam(0.05),
+    "step_decay": lambda: R.sgd(R.step_decay_schedule(0.1, 10, 0.5)),
+    "cosine_warmup": lambda: R.sgd(R.warmup(R.cosine_schedule(0.1, 100), 10)),
+    "staleness_scaled_sgd": lambda: R.chain(R.staleness_scaled(), R.sgd(0.1)),
+    "dc_asgd_c": lambda: R.chain(R.dc_asgd(0.5), R.sgd(0.1)),
+    "dc_asgd_a": lambda: R.chain(R.dc_asgd(0.5, adaptive=True), R.sgd(0.1)),
+}
+NEEDS_BACKUP = {"dc_asgd_c", "dc_asgd_a"}
+
+
+def _params(dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(4, 3, generator=g, dtype=dtype), torch.randn(3, generator=g, dtype=dtype)]
+
+
+def _extras(name, params):
+    if name in NEEDS_BACKUP:
+        return {"backup": [p.clone() - 0.01 for p in params], "staleness": 2}
+    return {"staleness": 2}
+
+
+@pytest.mark.parametrize("name", sorted(RULE_FACTORIES))
+def test_shapes_and_purity(name):
+    rule = RULE_FACTORIES[name]()
+    params = _params()
+    state = rule.init(params)
+    grads = [torch.ones_like(p) for p in params]
+    snapshot = ([p.clone() for p in params], [g.clone() for g in grads],
+                [t.clone() for t in R.state_tensors(state)])
+    u1, s1 = rule.update(grads, state, params, **_extras(name, params))
+    u2, s2 = rule.update(grads, state, params, **_extras(name, params))
+    assert [u.shape for u in u1] == [p.shape for p in params]
+    # an update is a pure function of its inputs: the same call twice gives the same result
+    for a, b in zip(u1, u2):
+        assert torch.equal(a, b)
+    for a, b in zip(R.state_tensors(s1), R.state_tensors(s2)):
+        assert torch.equal(a, b)
+    # ... and mutates none of them
+    for before, after in zip(snapshot, (params, grads, R.state_tensors(state))):
+        for a, b in zip(before, after):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", sorted(RULE_FACTORIES))
+def test_descends_a_quadratic(name):
+    rule = RULE_FACTORIES[name]()
+    params = _params()
+    state = rule.init(params)
+    loss0 = sum((p * p).sum().item() for p in params) / 2
+    for _ in range(60):
+        grads = [p.clone() for p in params]  # gradient of ||w||^2 / 2
+        extras = _extras(name, params)
+        if name in NEEDS_BACKUP:
+            extras["backup"] = [p.clone() for p in params]
+        updates, state = rule.update(grads, state, params, **extras)
+        R.apply_updates(params, updates)
+    loss = sum((p * p).sum().item() for p in params) / 2
+    assert math.isfinite(loss) and loss < 0.5 * loss0
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_BACKUP))
+def test_dc_asgd_needs_backup(name):
+    rule = RULE_FACTORIES[name]()
+    params = _params()
+    with pytest.raises(ValueError, match="backup"):
+        rule.update([torch.ones_like(p) for p in params], rule.init(params), params)
+
+
+def test_dc_asgd_formula_and_lambda_zero():
+    w, b, g = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 2.5]), torch.tensor([2.0, -1.0])
+    rule = R.dc_asgd(0.1)
+    (u,), _ = rule.update([g], rule.init([w]), [w], backup=[b])
+    assert torch.allclose(u, g + 0.1 * g * g * (w - b))
+    zero = R.dc_asgd(0.0)
+    (u0,), _ = zero.update([g], zero.init([w]), [w], backup=[b])
+    assert torch.equal(u0, g)
+
+
+def test_dc_asgd_adaptive_formula():
+    w, b, g = torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([3.0])
+    rule = R.dc_asgd(0.2, adaptive=True, momentum=0.5, eps=0.0)
+    (u,), state = rule.update([g], rule.init([w]), [w], backup=[b])
+    ms = 0.5 * 9.0
+    assert torch.allclose(u, g + (0.2 / ms**0.5) * g * g * (w - b))
+    assert torch.allclose(state.mean_sq[0], torch.tensor([ms]))
+
+
+def test_staleness_scaling():
+    rule = R.staleness_scaled()
+    (u,), _ = rule.update([torch.tensor([4.0])], rule.init([]), staleness=4)
+    assert u.item() == 1.0
+    (u,), _ = rule.update([torch.tensor([4.0])], rule.init([]), staleness=0)
+    assert u.item() == 4.0
+
+
+TORCH_EQUIVALENTS = {
+    "sgd": (lambda: R.sgd(0.1, 0.01), lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.01)),
+    "momentum": (lambda: R.momentum(0.1, 0.9), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
+    "nesterov": (lambda: R.momentum(0.1, 0.9, nesterov=True),
+                 lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True)),
+    "adagrad": (lambda: R.adagrad(0.1), lambda p: torch.optim.Adagrad(p, lr=0.1)),
+    "rmsprop": (lambda: R.rmsprop(0.01), lambda p: torch.optim.RMSprop(p, lr=0.01)),
+    "adam": (lambda: R.adam(0.01, weight_decay=0.001),
+             lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.001)),
+    "step_decay": (lambda: R.sgd(R.step_decay_schedule(0.1, 30, 0.5)), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (_, ref) in TORCH_EQUIVALENTS.items() if ref))
+def test_matches_torch_optim(name):
+    make_ours, make_ref = TORCH_EQUIVALENTS[name]
+    ours = _params()  # float64: compare the formulas, not float32 rounding order
+    theirs = [p.clone().requires_grad_() for p in ours]
+    rule, opt = make_ours(), make_ref(theirs)
+    state = rule.init(ours)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(100):
+        grads = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in ours]
+        updates, state = rule.update(grads, state, ours)
+        R.apply_updates(ours, updates)
+        for p, gr in zip(theirs, grads):
+            p.grad = gr.clone()
+        opt.step()
+    diff = max((a - b.detach()).abs().max().item() for a, b in zip(ours, theirs))
+    assert diff <= 1e-6, f"{name}: max |ours - torch.optim| = {diff}"
+
+
+def test_step_decay_matches_torch_steplr():
+    ours = _params()  # float64: compare the formulas, not float32 rounding order
+    theirs = [p.clone().requires_grad_() for p in ours]
+    rule = R.sgd(R.step_decay_schedule(0.1, 30, 0.5))
+    opt = torch.optim.SGD(theirs, lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 30, 0.5)
+    state = rule.init(ours)
+    for _ in range(100):
+        grads = [torch.ones_like(p) for p in ours]
+        updates, state = rule.update(grads, state, ours)
+        R.apply_updates(ours, updates)
+        for p, gr in zip(theirs, grads):
+            p.grad = gr.clone()
+        opt.step()
+        sched.step()
+    assert max((a - b.detach()).abs().max().item() for a, b in zip(ours, theirs)) <= 1e-6
+
+
+def test_cosine_and_warmup_schedules():
+    cos = R.cosine_schedule(1.0, 100)
+    assert cos(0) == 1.0 and abs(cos(50) - 0.5) < 1e-12 and cos(100) == 0.0 and cos(200) == 0.0
+    w = R.warmup(R.constant_schedule(1.0), 4)
+    assert [w(i) for i in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("rule", ["sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam"])
+def test_make_rule_builds_every_named_rule(rule):
+    cfg = RunConfig(rule=rule, schedule="cosine", warmup_steps=2, weight_decay=1e-4).validate()
+    r = R.make_rule(cfg, total_steps=10, prefix=(R.staleness_scaled(),))
+    params = _params()
+    updates, _ = r.update([torch.ones_like(p) for p in params], r.init(params), params)
+    assert all(torch.isfinite(u).all() for u in updates)

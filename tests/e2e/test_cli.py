@@ -1,0 +1,114 @@
+"""The CLI as a user runs it: a subprocess, real files, exit codes, one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from phalanx.data.idx import write_idx
+
+
+def phalanx(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "phalanx.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=120)
+
+
+def test_train_writes_contract_files(tmp_path):
+    out = tmp_path / "run"
+    r = phalanx("train", "--model", "mlp", "--data", "synthetic", "--epochs", "1",
+                "--batch-size", "32", "--lr", "0.05", "--rule", "momentum", "--strategy",
+                "single", "--workers", "1", "--seed", "2", "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "test_accuracy" in r.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["test_accuracy"] > 0.4
+    config = json.loads((out / "config.json").read_text())
+    assert config["rule"] == "momentum" and config["seed"] == 2
+    lines = (out / "events.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["kind"] for line in lines)
+
+
+def test_config_file_and_override(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model: mlp\ndata: synthetic\nepochs: 1\nmax_steps: 5\nlr: 0.1\n")
+    out = tmp_path / "run"
+    r = phalanx("train", "--config", str(cfg), "--lr", "0.02", "--out", str(out),
+                "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "config.json").read_text())["lr"] == 0.02
+
+
+def test_progress_lines_when_not_a_tty(tmp_path):
+    r = phalanx("train", "--model", "mlp", "--data", "synthetic", "--epochs", "1",
+                "--out", str(tmp_path))
+    assert r.returncode == 0
+    assert "single" in r.stderr and "%" in r.stderr
+
+
+def run_main(capsys, *args):
+    """In-process run of the same entry point (a subprocess per case costs ~3 s of import)."""
+    from phalanx.cli import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse errors exit from inside parse_args
+        code = e.code
+    return code, capsys.readouterr()
+
+
+def test_bad_flag_in_a_real_process(tmp_path):
+    r = phalanx("train", "--lr", "nan", "--out", str(tmp_path))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["phalanx: error: --lr: nan must be a finite number > 0"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--lr", "-1"], "--lr: -1.0 must be a finite number > 0"),
+    (["--epochs", "abc"], "--epochs: invalid float value"),
+    (["--strategy", "nope"], "--strategy: 'nope' is not one of"),
+    (["--model", "vgg"], "--model: 'vgg' is not one of"),
+    (["--rule", "lbfgs"], "--rule: 'lbfgs' is not one of"),
+    (["--workers", "0"], "--workers: 0 must be in 1..256"),
+    (["--slow-workers", "x"], "--slow-workers: 'x' is not RANK:FACTOR"),
+    (["--data", "idx"], "--data idx: needs --data-dir"),
+    (["--config", "/nonexistent.yaml"], "--config: /nonexistent.yaml: no such file"),
+    (["--bogus-flag"], "unrecognized arguments: --bogus-flag"),
+])
+def test_bad_input_is_one_line_and_nonzero(tmp_path, capsys, args, needle):
+    code, cap = run_main(capsys, "train", "--data", "synthetic", "--model", "mlp", "--out",
+                         str(tmp_path), *args)
+    assert code == 2
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("phalanx: error:"), cap.err
+    assert needle in lines[0]
+
+
+def test_corrupt_data_file_is_one_line(tmp_path, capsys):
+    for prefix, n in (("train", 20), ("t10k", 10)):
+        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte", np.zeros((n, 28, 28), np.uint8))
+        write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", np.zeros(n, np.uint8))
+    bad = tmp_path / "train-images-idx3-ubyte"
+    bad.write_bytes(bad.read_bytes()[:500])
+    code, cap = run_main(capsys, "train", "--data", "idx", "--data-dir", str(tmp_path),
+                         "--model", "mlp", "--out", str(tmp_path / "o"))
+    assert code == 2
+    assert cap.err.strip().count("\n") == 0 and "truncated" in cap.err
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_bad_config_file(tmp_path, capsys):
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"epochs": }')
+    code, cap = run_main(capsys, "train", "--config", str(cfg))
+    assert code == 2 and "not valid JSON/YAML" in cap.err
+    cfg.write_text('{"epochz": 1}')
+    code, cap = run_main(capsys, "train", "--config", str(cfg))
+    assert code == 2 and "unknown setting 'epochz'" in cap.err
+
+
+def test_models_lists_parameter_counts(capsys):
+    code, cap = run_main(capsys, "models")
+    assert code == 0
+    assert "lenet5" in cap.out and "61,706" in cap.out
