@@ -1,0 +1,192 @@
+"""Point-to-point message transports with one interface:
+
+* :class:`GlooTransport` — real processes, ``torch.distributed`` send/recv over gloo;
+* :class:`InProcTransport` — threads in one process (queues), so the parameter server
+  and consistency logic are tested deterministically without processes.
+
+A message is a :class:`~phalanx.comm.wire.Header` plus payload tensors. Both transports
+encode the header to its int64 wire form and decode (validate) it on receipt, so the
+in-process tests exercise the same wire code. Every message is counted in bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from phalanx.comm.counters import ByteCounter, nbytes
+from phalanx.comm.wire import HEADER_BYTES, HEADER_LEN, Header, WireError, describe
+
+HEADER_TAG = 7001  # headers and payloads travel on separate tags so that a receive from
+PAYLOAD_TAG = 7002  # "any source" only ever matches a header, never someone's payload
+
+
+class TransportTimeout(TimeoutError):
+    """Nothing arrived within the timeout."""
+
+
+@dataclass
+class Message:
+    src: int
+    header: Header
+    tensors: list[torch.Tensor] = field(default_factory=list)
+
+
+class Transport(Protocol):
+    rank: int
+    counter: ByteCounter
+
+    def send(self, dst: int, header: Header, tensors: Sequence[torch.Tensor] = ()) -> None: ...
+
+    def recv(self, src: int | None = None, timeout_s: float | None = None) -> Message: ...
+
+    def flush(self) -> None: ...
+
+
+def _with_payload(header: Header, tensors: Sequence[torch.Tensor]) -> tuple[Header, list]:
+    flat = [t.detach().reshape(-1).contiguous() for t in tensors]
+    return Header(header.kind, header.worker, header.clock, header.version, header.shard,
+                  header.seq, header.flags, describe(flat)), flat
+
+
+# ---- in-process: one mailbox per rank ---------------------------------------------------
+
+
+class InProcNetwork:
+    """Mailboxes of ``world`` in-process ranks; build one transport per rank with
+    :meth:`transport`. Messages between a pair arrive in the order they were sent."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self._boxes: list[deque] = [deque() for _ in range(world)]
+        self._cond = threading.Condition()
+
+    def transport(self, rank: int) -> "InProcTransport":
+        return InProcTransport(self, rank)
+
+    def _put(self, dst: int, item: tuple) -> None:
+        with self._cond:
+            self._boxes[dst].append(item)
+            self._cond.notify_all()
+
+    def _take(self, rank: int, src: int | None, timeout_s: float | None) -> tuple:
+        box = self._boxes[rank]
+        with self._cond:
+            while True:
+                for i, item in enumerate(box):
+                    if src is None or item[0] == src:
+                        del box[i]
+                        return item
+                if not self._cond.wait(timeout_s):
+                    raise TransportTimeout(f"rank {rank}: nothing arrived in {timeout_s} s")
+
+    def pending(self, rank: int) -> int:
+        with self._cond:
+            return len(self._boxes[rank])
+
+
+class InProcTransport:
+    def __init__(self, network: InProcNetwork, rank: int) -> None:
+        self.network, self.rank = network, rank
+        self.counter = ByteCounter()
+
+    def send(self, dst: int, header: Header, tensors: Sequence[torch.Tensor] = ()) -> None:
+        if not 0 <= dst < self.network.world:
+            raise ValueError(f"no rank {dst}")
+        header, flat = _with_payload(header, tensors)
+        wire = header.encode()
+        # clone: the receiver must not see later in-place changes of the sender's tensors
+        self.network._put(dst, (self.rank, wire, [t.clone() for t in flat]))
+        self.counter.on_send(HEADER_BYTES + nbytes(*flat))
+
+    def send_raw(self, dst: int, wire: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+        """Send an arbitrary header tensor (tests of the receiver's validation)."""
+        self.network._put(dst, (self.rank, wire.clone(), [t.clone() for t in tensors]))
+
+    def recv(self, src: int | None = None, timeout_s: float | None = None) -> Message:
+        sender, wire, tensors = self.network._take(self.rank, src, timeout_s)
+        self.counter.on_recv(wire.numel() * wire.element_size() + nbytes(*tensors))
+        header = Header.decode(wire)  # raises WireError; the payload is dropped with it
+        got = [(t.dtype, t.numel()) for t in tensors]
+        want = [(b.dtype, b.numel()) for b in header.payload_buffers()]
+        if got != want:
+            raise WireError("payload does not match what the header announced")
+        return Message(sender, header, list(tensors))
+
+    def flush(self) -> None:
+        pass
+
+
+# ---- real processes: torch.distributed point-to-point over gloo ---------------------------
+
+
+class GlooTransport:
+    """Messages over the default (gloo) process group.
+
+    Sends are ``isend``: a process never blocks on a send, so two processes sending to
+    each other at the same time cannot deadlock. The tensors of an in-flight send are kept
+    alive until it completes (:meth:`flush` waits for all of them).
+    """
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+        self.counter = ByteCounter()
+        self._inflight: list[tuple[object, list[torch.Tensor]]] = []
+
+    def send(self, dst: int, header: Header, tensors: Sequence[torch.Tensor] = ()) -> None:
+        import torch.distributed as dist
+
+        if not 0 <= dst < self.world or dst == self.rank:
+            raise ValueError(f"rank {self.rank}: cannot send to rank {dst}")
+        header, flat = _with_payload(header, tensors)
+        wire = header.encode()
+        works = [dist.isend(wire, dst, tag=HEADER_TAG)]
+        works += [dist.isend(t, dst, tag=PAYLOAD_TAG) for t in flat]
+        self._inflight.append((works, [wire, *flat]))
+        self.counter.on_send(HEADER_BYTES + nbytes(*flat))
+        if len(self._inflight) > 64:
+            self._reap()
+
+    def _reap(self) -> None:
+        # gloo completes a send only inside wait(); waiting on the oldest sends bounds the
+        # memory held by in-flight tensors (they were posted long ago, so this is cheap)
+        keep = self._inflight[-16:]
+        for works, _ in self._inflight[:-16]:
+            for w in works:
+                w.wait()
+        self._inflight = keep
+
+    def recv(self, src: int | None = None, timeout_s: float | None = None) -> Message:
+        import torch.distributed as dist
+
+        wire = torch.empty(HEADER_LEN, dtype=torch.int64)
+        work = dist.irecv(wire, src=src, tag=HEADER_TAG)
+        try:
+            if timeout_s is None:
+                work.wait()
+            else:
+                work.wait(datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as e:
+            # a timed-out gloo receive stays posted and cannot be re-waited: callers must
+            # treat TransportTimeout as the end of the run (dead peer), not poll with it
+            raise TransportTimeout(f"rank {self.rank}: nothing arrived in {timeout_s} s "
+                                   f"({str(e).splitlines()[0] if str(e) else 'timeout'})") from None
+        sender = src if src is not None else work._source_rank()
+        header = Header.decode(wire)  # a bad header: nothing reliable says what follows it
+        tensors = header.payload_buffers()
+        for t in tensors:
+            dist.recv(t, src=sender, tag=PAYLOAD_TAG)
+        self.counter.on_recv(HEADER_BYTES + nbytes(*tensors))
+        return Message(sender, header, tensors)
+
+    def flush(self) -> None:
+        for works, _ in self._inflight:
+            for w in works:
+                w.wait()
+        self._inflight = []

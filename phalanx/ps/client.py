@@ -1,0 +1,96 @@
+"""The worker side of the parameter server: pull parameters from, and push gradients to,
+every shard. A worker's clock is the number of pushes it has made.
+
+Requests go to all shards first and replies are collected afterwards, so the shards work
+in parallel and a slow shard costs one wait, not S.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from phalanx.comm.transport import Transport, TransportTimeout
+from phalanx.comm.wire import Header, Kind, WireError
+from phalanx.errors import PhalanxError
+from phalanx.ps.partition import Partition
+from phalanx.ps.server import Layout
+from phalanx.ps.shard import HAS_ROWS, WANT_DENSE
+
+
+class PSClient:
+    def __init__(self, transport: Transport, part: Partition, layout: Layout, worker: int,
+                 timeout_s: float | None = None) -> None:
+        self.transport, self.part, self.layout, self.worker = transport, part, layout, worker
+        self.timeout_s = timeout_s
+        self.versions = [0] * part.shards  # each shard's version at our last pull
+
+    def pull(self, clock: int, dense_out: torch.Tensor | None = None,
+             rows: torch.Tensor | None = None, table_out: torch.Tensor | None = None) -> None:
+        """Fetch the dense parameters into ``dense_out`` (flat, all shards) and the table rows
+        ``rows`` into ``table_out``. May block: the consistency model decides when the
+        shards answer (this is the synchronisation point of BSP and SSP)."""
+        per_shard = self.part.split_rows(rows) if rows is not None else None
+        asked = []
+        for k in range(self.part.shards):
+            ids = per_shard[k] if per_shard is not None else None
+            want_dense = dense_out is not None and self.part.dense_range(k)[1] > \
+                self.part.dense_range(k)[0]
+            if not want_dense and (ids is None or not ids.numel()):
+                continue
+            flags = (WANT_DENSE if want_dense else 0) | (HAS_ROWS if ids is not None else 0)
+            self.transport.send(self.layout.server_rank(k),
+                                Header(Kind.PULL, worker=self.worker, clock=clock, shard=k,
+                                       flags=flags), [ids] if ids is not None else [])
+            asked.append((k, want_dense, ids))
+        for k, want_dense, ids in asked:
+            msg = self._recv(k)
+            h, t = msg.header, msg.tensors
+            a, b = self.part.dense_range(k)
+            ok = (h.kind == Kind.PARAMS and h.shard == k and h.worker == self.worker
+                  and len(t) == 1 + (ids is not None)
+                  and t[0].numel() == ((b - a) if want_dense else 0))
+            if ok and ids is not None:
+                ok = t[1].numel() == ids.numel() * self.part.table.dim
+            if not ok:
+                raise PhalanxError(f"worker {self.worker}: shard {k} answered a pull with a "
+                                   "malformed message")
+            if want_dense:
+                dense_out[a:b] = t[0]
+            if ids is not None and ids.numel():
+                table_out[ids] = t[1].view(-1, self.part.table.dim).to(table_out.dtype)
+            self.versions[k] = h.version
+
+    def push(self, clock: int, dense_grad: torch.Tensor, versions: list[int] | None = None,
+             rows: torch.Tensor | None = None, row_grads: torch.Tensor | None = None) -> None:
+        """Send each shard its slice of the gradient (and its rows' gradients). No reply:
+        the next pull from a shard is answered after this push (per-pair order)."""
+        versions = versions if versions is not None else self.versions
+        per_shard = self.part.split_rows(rows) if rows is not None else None
+        for k in range(self.part.shards):
+            a, b = self.part.dense_range(k)
+            tensors = [dense_grad[a:b]]
+            flags = 0
+            if per_shard is not None:
+                mask = self.part.owner(rows) == k
+                tensors += [per_shard[k], row_grads[mask]]
+                flags = HAS_ROWS
+            self.transport.send(self.layout.server_rank(k),
+                                Header(Kind.PUSH, worker=self.worker, clock=clock,
+                                       version=versions[k], shard=k, flags=flags), tensors)
+
+    def done(self, clock: int, stats: torch.Tensor, extra: list[torch.Tensor] = ()) -> None:
+        """Tell every shard this worker is finished (with its counters for the summary)."""
+        for k in range(self.part.shards):
+            self.transport.send(self.layout.server_rank(k),
+                                Header(Kind.DONE, worker=self.worker, clock=clock, shard=k),
+                                [stats, *extra] if k == 0 else [stats])
+        self.transport.flush()
+
+    def _recv(self, k: int):
+        try:
+            return self.transport.recv(src=self.layout.server_rank(k), timeout_s=self.timeout_s)
+        except TransportTimeout:
+            raise PhalanxError(f"worker {self.worker}: parameter server shard {k} did not answer "
+                               f"in {self.timeout_s:g} s") from None
+        except WireError as e:
+            raise PhalanxError(f"worker {self.worker}: bad message from shard {k}: {e}") from None

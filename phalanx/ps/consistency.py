@@ -1,0 +1,112 @@
+"""Consistency models: when may a worker start its next iteration, and when does a shard
+apply the pushes it has buffered.
+
+A worker's *clock* is the number of pushes it has completed. Every model answers two
+questions with one interface, so one conformance suite checks them all:
+
+* :meth:`Consistency.admits` — may a worker at ``clock`` receive parameters (start its next
+  iteration) while the slowest active worker is at ``slowest``?
+* :meth:`Consistency.ready` — should the shard apply its buffer now, given which workers
+  the buffered pushes came from and which workers are still active?
+
+| model          | admits                  | ready (apply the buffer's average)           |
+|----------------|-------------------------|----------------------------------------------|
+| BSP            | clock <= slowest        | every active worker has pushed (a barrier)   |
+| ASP            | always                  | at once (one push)                           |
+| SSP(s)         | clock - slowest <= s    | at once (one push)                           |
+| SoftSync(n)    | always                  | n pushes buffered (n=1: ASP; n=N: sync-like) |
+
+When no worker is active any more the shard flushes whatever is left in its buffer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Sequence
+
+
+class Consistency(ABC):
+    name = "consistency"
+
+    @abstractmethod
+    def admits(self, clock: int, slowest: int) -> bool: ...
+
+    @abstractmethod
+    def ready(self, pushed_by: Sequence[int], active: Collection[int]) -> bool: ...
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class BulkSynchronous(Consistency):
+    """BSP: a barrier over all workers each iteration; the N gradients of one iteration are
+    averaged into one update, so N workers with batch b are SGD with batch N*b."""
+
+    name = "bsp"
+
+    def admits(self, clock: int, slowest: int) -> bool:
+        return clock <= slowest
+
+    def ready(self, pushed_by: Sequence[int], active: Collection[int]) -> bool:
+        return bool(pushed_by) and set(active) <= set(pushed_by)
+
+
+class Asynchronous(Consistency):
+    """ASP: no waiting; every push is applied the moment it arrives."""
+
+    name = "asp"
+
+    def admits(self, clock: int, slowest: int) -> bool:
+        return True
+
+    def ready(self, pushed_by: Sequence[int], active: Collection[int]) -> bool:
+        return len(pushed_by) >= 1
+
+
+class StaleSynchronous(Consistency):
+    """SSP(s): pushes apply at once, but a worker at clock c waits until the slowest worker
+    is at clock >= c - s. s = 0 is a barrier; s = infinity is ASP."""
+
+    def __init__(self, bound: int) -> None:
+        if bound < 0:
+            raise ValueError("SSP bound must be >= 0")
+        self.bound = bound
+        self.name = f"ssp({bound})"
+
+    def admits(self, clock: int, slowest: int) -> bool:
+        return clock - slowest <= self.bound
+
+    def ready(self, pushed_by: Sequence[int], active: Collection[int]) -> bool:
+        return len(pushed_by) >= 1
+
+
+class SoftSynchronous(Consistency):
+    """SoftSync(n): apply the average of every n pushes, whoever sent them.
+
+    (Zhang et al. 2016 write n-softsync with c = floor(N / n) gradients per update; our n
+    is their c: n = 1 is ASP, n = N is the sync-like end.)"""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError("SoftSync n must be >= 1")
+        self.n = n
+        self.name = f"softsync({n})"
+
+    def admits(self, clock: int, slowest: int) -> bool:
+        return True
+
+    def ready(self, pushed_by: Sequence[int], active: Collection[int]) -> bool:
+        return len(pushed_by) >= self.n
+
+
+def consistency_for(strategy: str, *, staleness: int = 0, softsync: int = 1) -> Consistency:
+    """The consistency model of a parameter-server strategy name."""
+    if strategy == "bsp":
+        return BulkSynchronous()
+    if strategy == "ssp":
+        return StaleSynchronous(staleness)
+    if strategy == "softsync":
+        return SoftSynchronous(softsync)
+    if strategy in ("asp", "downpour", "dc-asgd"):
+        return Asynchronous()
+    raise ValueError(f"{strategy!r} is not a parameter-server strategy")

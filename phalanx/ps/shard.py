@@ -1,0 +1,298 @@
+"""One parameter-server shard as a state machine: messages in, replies out.
+
+No transport and no clock in here, so the logic is tested deterministically by feeding it
+messages (see ``tests/unit/test_ps_shard.py``); :mod:`phalanx.ps.server` runs it over a
+transport. The shard owns its slice of the parameters and the server-side optimizer state
+(any :mod:`phalanx.rules` rule, e.g. Downpour's AdaGrad, DC-ASGD, staleness scaling).
+
+Staleness of an applied gradient = the shard's version (updates applied so far) when it is
+applied minus the version the worker had pulled when it computed it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from phalanx.comm.wire import Header, Kind
+from phalanx.ps.consistency import Consistency
+from phalanx.ps.partition import Partition
+from phalanx.rules import UpdateRule, apply_updates
+
+WANT_DENSE = 1  # PULL flag: send the dense slice (else only the requested rows)
+HAS_ROWS = 2  # PULL / PUSH flag: the payload carries sparse row ids (+ row gradients)
+
+
+@dataclass
+class Outgoing:
+    worker: int
+    header: Header
+    tensors: list[torch.Tensor]
+
+
+@dataclass
+class Pending:
+    """A push waiting in the buffer (``dense is None``: rejected, counts only for the clock)."""
+
+    worker: int
+    clock: int
+    version: int
+    dense: torch.Tensor | None = None
+    ids: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+
+
+@dataclass
+class ShardStats:
+    pushes_applied: int = 0
+    pushes_rejected: int = 0
+    messages_rejected: int = 0
+    updates: int = 0
+    staleness: Counter = field(default_factory=Counter)
+    reasons: Counter = field(default_factory=Counter)
+
+    def histogram(self) -> list[int]:
+        top = max(self.staleness, default=-1)
+        return [self.staleness.get(s, 0) for s in range(top + 1)]
+
+
+LogFn = Callable[..., Any]
+
+
+class ShardState:
+    def __init__(self, shard: int, part: Partition, dense: torch.Tensor,
+                 rows: torch.Tensor | None, rule: UpdateRule, consistency: Consistency,
+                 workers: int, *, keep_backups: bool = False, log: LogFn | None = None) -> None:
+        a, b = part.dense_range(shard)
+        if dense.numel() != b - a:
+            raise ValueError(f"shard {shard}: dense slice has {dense.numel()} != {b - a} values")
+        self.shard, self.part, self.rule, self.consistency = shard, part, rule, consistency
+        self.workers = workers
+        self.dense = dense.detach().clone().reshape(-1)
+        self.rows = rows.detach().clone() if rows is not None else None
+        self.dense_state = rule.init([self.dense])
+        self.rows_state = rule.init([self.rows]) if self.rows is not None else None
+        self.keep_backups = keep_backups  # DC-ASGD: one copy of the weights per worker
+        self.backups: dict[int, torch.Tensor] = {}
+        self.version = 0
+        self.clocks = [0] * workers
+        self.active = set(range(workers))
+        self.parked: list[tuple[int, int, torch.Tensor | None]] = []  # (worker, flags, ids)
+        self.buffer: list[Pending] = []
+        self.stats = ShardStats()
+        self.worker_stats: dict[int, list[torch.Tensor]] = {}
+        self._log = log
+
+    # ---- what the server loop needs to know ------------------------------------------
+
+    @property
+    def waiting(self) -> set[int]:
+        """Workers whose pull this shard is holding back (they are silent by our doing)."""
+        return {w for w, _, _ in self.parked}
+
+    def reject_message(self, reason: str, push: bool = False) -> None:
+        if push:
+            self.stats.pushes_rejected += 1
+        else:
+            self.stats.messages_rejected += 1
+        self.stats.reasons[reason] += 1
+        if self._log is not None:
+            self._log("reject", shard=self.shard, reason=reason)
+
+    # ---- messages ----------------------------------------------------------------------
+
+    def handle(self, worker: int, header: Header, tensors: list[torch.Tensor]) -> list[Outgoing]:
+        """Process one message from ``worker``; return the replies it releases."""
+        if not 0 <= worker < self.workers or worker not in self.active:
+            self.reject_message("message from an unknown or finished worker")
+            return []
+        if header.shard != self.shard:
+            self.reject_message("message addressed to another shard")
+            return []
+        if header.kind == Kind.PULL:
+            return self._on_pull(worker, header, tensors)
+        if header.kind == Kind.PUSH:
+            return self._on_push(worker, header, tensors)
+        if header.kind == Kind.DONE:
+            return self._on_done(worker, tensors)
+        self.reject_message(f"unexpected message kind {header.kind}")
+        return []
+
+    def _on_pull(self, w: int, h: Header, tensors: list[torch.Tensor]) -> list[Outgoing]:
+        if h.clock != self.clocks[w]:
+            self.reject_message("pull with a clock the shard has not seen")
+            return []
+        ids = None
+        if h.flags & HAS_ROWS:
+            if len(tensors) != 1 or (bad := self._bad_ids(tensors[0])):
+                self.reject_message(f"pull: {bad if tensors else 'no row ids'}")
+                return []
+            ids = tensors[0]
+        self.parked.append((w, h.flags, ids))
+        return self._release()
+
+    def _on_push(self, w: int, h: Header, tensors: list[torch.Tensor]) -> list[Outgoing]:
+        if h.clock != self.clocks[w]:
+            # a duplicate or out-of-order push: it cannot count for any clock
+            self.reject_message("push out of order", push=True)
+            return []
+        bad = self._bad_push(h, tensors)
+        self.clocks[w] += 1  # even a rejected push ends the worker's iteration (no deadlock)
+        if bad:
+            self.reject_message(f"push: {bad}", push=True)
+            self.buffer.append(Pending(w, h.clock, h.version))
+        else:
+            ids, rows = (tensors[1], tensors[2]) if h.flags & HAS_ROWS else (None, None)
+            self.buffer.append(Pending(w, h.clock, h.version, tensors[0], ids, rows))
+        if self.consistency.ready([p.worker for p in self.buffer], self.active):
+            self._apply()
+        return self._release()
+
+    def _on_done(self, w: int, tensors: list[torch.Tensor]) -> list[Outgoing]:
+        self.active.discard(w)
+        self.worker_stats[w] = list(tensors)
+        if self.buffer and (not self.active or self.consistency.ready(
+                [p.worker for p in self.buffer], self.active)):
+            self._apply()  # nobody else will push into this buffer: flush it
+        return self._release()
+
+    # ---- validation (everything in a message came from another process) ---------------
+
+    def _bad_ids(self, ids: torch.Tensor) -> str:
+        if self.rows is None:
+            return "row ids sent to a model without a sparse table"
+        if ids.dtype != torch.int64:
+            return "row ids are not int64"
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.part.table.rows):
+            return "row id out of range"
+        if bool((self.part.owner(ids) != self.shard).any()):
+            return "row id held by another shard"
+        if ids.unique().numel() != ids.numel():
+            return "repeated row id"
+        return ""
+
+    def _bad_push(self, h: Header, tensors: list[torch.Tensor]) -> str:
+        if h.version > self.version:
+            return f"version {h.version} is in the future (shard is at {self.version})"
+        want = 3 if h.flags & HAS_ROWS else 1
+        if len(tensors) != want:
+            return f"{len(tensors)} payload tensors, expected {want}"
+        g = tensors[0]
+        if g.dtype != self.dense.dtype or g.numel() != self.dense.numel():
+            return (f"dense gradient {g.dtype}[{g.numel()}] does not match the shard's "
+                    f"{self.dense.dtype}[{self.dense.numel()}]")
+        if not bool(torch.isfinite(g).all()):
+            return "NaN or Inf in the gradient"
+        if want == 3:
+            ids, rows = tensors[1], tensors[2]
+            if bad := self._bad_ids(ids):
+                return bad
+            if rows.dtype != self.rows.dtype or rows.numel() != ids.numel() * self.rows.shape[1]:
+                return "row gradients do not match the row ids"
+            if not bool(torch.isfinite(rows).all()):
+                return "NaN or Inf in the row gradients"
+        return ""
+
+    # ---- applying updates --------------------------------------------------------------
+
+    def _apply(self) -> None:
+        batch = sorted(self.buffer, key=lambda p: (p.worker, p.clock))  # fixed summation order
+        self.buffer = []
+        valid = [p for p in batch if p.dense is not None]
+        if not valid:
+            return
+        n = len(valid)
+        staleness = [self.version - p.version for p in valid]
+        # a batch (BSP, SoftSync) is scaled by its mean staleness, as in Zhang et al. 2016
+        stale = math.ceil(sum(staleness) / n)
+        grad = valid[0].dense.clone() if n == 1 else torch.stack([p.dense for p in valid]).mean(0)
+        backup = None
+        if self.keep_backups:
+            backup = [torch.stack([self.backups.get(p.worker, self.dense) for p in valid]).mean(0)]
+        updates, self.dense_state = self.rule.update([grad], self.dense_state, [self.dense],
+                                                     staleness=stale, backup=backup)
+        apply_updates([self.dense], updates)
+        if self.rows is not None:
+            self._apply_rows(valid, stale)
+        for p, s in zip(valid, staleness):
+            self.stats.staleness[s] += 1
+            if self._log is not None:
+                self._log("apply", shard=self.shard, worker=p.worker, clock=p.clock,
+                          version=self.version, staleness=s, batch=n)
+        self.stats.pushes_applied += n
+        self.stats.updates += 1
+        self.version += 1
+
+    def _apply_rows(self, valid: list[Pending], stale: int) -> None:
+        with_rows = [p for p in valid if p.ids is not None and p.ids.numel()]
+        if not with_rows:
+            return
+        dim = self.rows.shape[1]
+        ids = torch.cat([p.ids for p in with_rows])
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        grad = torch.zeros(len(uniq), dim, dtype=self.rows.dtype)
+        grad.index_add_(0, inverse, torch.cat([p.rows.view(-1, dim) for p in with_rows]))
+        grad /= len(valid)  # a row absent from a push had a zero gradient there
+        local = self.part.local_index(uniq)
+        n_local = self.rows.shape[0]
+        # lazy sparse update: only the touched rows (and their optimizer state) move
+        params = self.rows[local]
+        state = _gather(self.rows_state, local, n_local)
+        backup = [params] if self.keep_backups else None
+        updates, state = self.rule.update([grad], state, [params], staleness=stale,
+                                          backup=backup)
+        self.rows[local] = params + updates[0]
+        self.rows_state = _scatter(self.rows_state, state, local, n_local)
+
+    def _release(self) -> list[Outgoing]:
+        """Answer every parked pull the consistency model now admits."""
+        if not self.parked:
+            return []
+        slowest = min((self.clocks[a] for a in self.active), default=math.inf)
+        out, still = [], []
+        for w, flags, ids in self.parked:
+            if self.consistency.admits(self.clocks[w], slowest):
+                out.append(self._params_reply(w, flags, ids))
+            else:
+                still.append((w, flags, ids))
+        self.parked = still
+        return out
+
+    def _params_reply(self, w: int, flags: int, ids: torch.Tensor | None) -> Outgoing:
+        if self.keep_backups:
+            self.backups[w] = self.dense.clone()
+        tensors = [self.dense if flags & WANT_DENSE else self.dense[:0]]
+        if ids is not None:
+            tensors.append(self.rows[self.part.local_index(ids)])
+        header = Header(Kind.PARAMS, worker=w, clock=self.clocks[w], version=self.version,
+                        shard=self.shard, flags=flags)
+        return Outgoing(w, header, tensors)
+
+
+def _gather(state: Any, idx: torch.Tensor, n: int) -> Any:
+    """The rows ``idx`` of every per-row tensor in a rule state (scalars pass through)."""
+    if isinstance(state, torch.Tensor):
+        return state[idx] if state.dim() >= 1 and state.shape[0] == n else state
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return type(state)(*[_gather(s, idx, n) for s in state])
+    if isinstance(state, (tuple, list)):
+        return type(state)(_gather(s, idx, n) for s in state)
+    return state
+
+
+def _scatter(full: Any, part: Any, idx: torch.Tensor, n: int) -> Any:
+    if isinstance(full, torch.Tensor):
+        if full.dim() >= 1 and full.shape[0] == n:
+            full[idx] = part  # in place: the state is the shard's own
+            return full
+        return part
+    if isinstance(full, tuple) and hasattr(full, "_fields"):
+        return type(full)(*[_scatter(f, p, idx, n) for f, p in zip(full, part)])
+    if isinstance(full, (tuple, list)):
+        return type(full)(_scatter(f, p, idx, n) for f, p in zip(full, part))
+    return part
