@@ -1,0 +1,140 @@
+"""Ordering policies: who runs first. Each ``order`` returns a new tuple of job ids (best
+first) and never touches the jobs it is given.
+
+``preemptive`` policies are re-evaluated every ``round_s`` seconds (a time slot) and may
+stop running jobs; non-preemptive ones only decide who starts next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from phalanx.cluster.jobs import JobState
+from phalanx.errors import ConfigError
+
+DEFAULT_SLOT_S = 2400.0   # 40 min: DL jobs run long, so time slots are 40 min to 1 h
+
+
+class OrderingPolicy(Protocol):
+    name: str
+    preemptive: bool
+    round_s: float | None
+
+    def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]: ...
+
+
+def _check_slot(slot: float) -> None:
+    if not slot > 0:
+        raise ConfigError(f"time slot must be > 0 seconds, got {slot}")
+
+
+@dataclass(frozen=True)
+class FIFO:
+    """First come, first served (YARN-like); queue order only, no preemption."""
+
+    name: str = "fifo"
+    preemptive: bool = False
+    round_s: float | None = None
+
+    def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
+        return tuple(j.spec.id for j in sorted(jobs, key=lambda j: (j.spec.submit, j.spec.id)))
+
+
+@dataclass(frozen=True)
+class ShortestJobFirst:
+    """Shortest oracle duration first (knows each job's ideal run time); no preemption."""
+
+    name: str = "sjf"
+    preemptive: bool = False
+    round_s: float | None = None
+
+    def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
+        return tuple(j.spec.id for j in sorted(
+            jobs, key=lambda j: (j.spec.duration * j.spec.gpus, j.spec.submit, j.spec.id)))
+
+
+@dataclass(frozen=True)
+class LeastAttainedService:
+    """Least attained GPU-time first (continuous LAS), preemptive every slot."""
+
+    name: str = "las"
+    preemptive: bool = True
+    round_s: float | None = DEFAULT_SLOT_S
+
+    def __post_init__(self) -> None:
+        _check_slot(self.round_s or 0)
+
+    def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
+        return tuple(j.spec.id for j in sorted(
+            jobs, key=lambda j: (j.attained, j.spec.submit, j.spec.id)))
+
+
+@dataclass(frozen=True)
+class Tiresias:
+    """Discretised 2D-LAS (Tiresias, NSDI'19): jobs sit in queues by attained GPU-time
+    (``thresholds`` in GPU-seconds split the queues), FIFO inside a queue; a job that has
+    waited ``starvation`` times longer than it ever ran (at least one slot) is promoted to
+    the top queue so long jobs are not starved."""
+
+    thresholds: tuple[float, ...] = (3600.0, 36000.0)
+    starvation: float = 4.0
+    name: str = "tiresias"
+    preemptive: bool = True
+    round_s: float | None = DEFAULT_SLOT_S
+
+    def __post_init__(self) -> None:
+        _check_slot(self.round_s or 0)
+        if list(self.thresholds) != sorted(self.thresholds) or any(t <= 0 for t in
+                                                                   self.thresholds):
+            raise ConfigError(f"tiresias thresholds must be positive and increasing, "
+                              f"got {self.thresholds}")
+        if self.starvation <= 0:
+            raise ConfigError(f"tiresias starvation factor must be > 0, got {self.starvation}")
+
+    def queue(self, job: JobState, now: float) -> int:
+        if not job.running:
+            waited = now - job.waiting_since
+            if job.executed > 0 and waited >= self.starvation * max(job.executed,
+                                                                    self.round_s or 0):
+                return 0   # starvation guard
+        q = 0
+        for t in self.thresholds:
+            if job.attained >= t:
+                q += 1
+        return q
+
+    def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
+        return tuple(j.spec.id for j in sorted(
+            jobs, key=lambda j: (self.queue(j, now), j.spec.submit, j.spec.id)))
+
+
+@dataclass(frozen=True)
+class RoundRobin:
+    """Time-sliced round robin: every slot the jobs that ran least recently go first (a
+    preempted job pays the simulator's checkpoint/restore cost when it resumes)."""
+
+    round_s: float | None = DEFAULT_SLOT_S
+    name: str = "rr"
+    preemptive: bool = True
+
+    def __post_init__(self) -> None:
+        _check_slot(self.round_s or 0)
+
+    def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
+        return tuple(j.spec.id for j in sorted(
+            jobs, key=lambda j: (j.last_start, j.spec.submit, j.spec.id)))
+
+
+ORDERINGS = {"fifo": FIFO, "sjf": ShortestJobFirst, "las": LeastAttainedService,
+             "tiresias": Tiresias, "rr": RoundRobin}
+
+
+def make_ordering(name: str, slot_s: float = DEFAULT_SLOT_S) -> OrderingPolicy:
+    cls = ORDERINGS.get(name)
+    if cls is None:
+        raise ConfigError(f"--policy {name}: unknown (choose from {', '.join(ORDERINGS)})")
+    if cls in (FIFO, ShortestJobFirst):
+        return cls()
+    return cls(round_s=slot_s)

@@ -1,0 +1,220 @@
+"""Placement policies: which devices a gang gets. ``place`` returns a ``Placement`` (all
+devices of the gang, or ``None`` when it does not fit now) and only reads the cluster.
+
+Every device needs at least one CPU core; a job asks for ``cpu_per_gpu`` cores per GPU
+and gets what the server has left (the perf model charges a short share).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from phalanx.cluster.allocator import ClusterState, Placement
+from phalanx.cluster.jobs import JobSpec
+from phalanx.errors import ConfigError
+
+
+class PlacementPolicy(Protocol):
+    name: str
+
+    def place(self, job: JobSpec, cluster: ClusterState) -> Placement | None: ...
+
+
+# ------------------------------------------------------------------ shared helpers
+
+def _devices_on_server(cluster: ClusterState, s: int, k: int, tight: bool) -> list[int]:
+    """``k`` free devices of server ``s``: inside one PCIe switch when one has room (the
+    fullest such switch if ``tight``, the emptiest otherwise), else the fewest switches."""
+    srv = cluster.topology.servers[s]
+    n_sw = len(srv.switch_sizes)
+    if n_sw == 1:
+        return cluster.free_devices(s)[:k]
+    free = cluster.switch_free
+    switches = range(srv.first_switch, srv.first_switch + n_sw)
+    fits = [w for w in switches if free[w] >= k]
+    if fits:
+        w = (min(fits, key=lambda w: (free[w], w)) if tight
+             else max(fits, key=lambda w: (free[w], -w)))
+        return cluster.free_devices_on_switch(w)[:k]
+    out: list[int] = []
+    for w in sorted(switches, key=lambda w: (-free[w], w)):
+        out.extend(cluster.free_devices_on_switch(w)[:k - len(out)])
+        if len(out) == k:
+            break
+    return out
+
+
+def _build(cluster: ClusterState, job: JobSpec, takes: Iterable[tuple[int, int]],
+           tight: bool) -> Placement:
+    devices: list[int] = []
+    cores = []
+    for s, k in takes:
+        devices.extend(_devices_on_server(cluster, s, k, tight))
+        cores.append((s, max(k, min(job.cpu_per_gpu * k, cluster.cores_free[s]))))
+    return Placement(tuple(devices), tuple(cores))
+
+
+def _greedy(cluster: ClusterState, servers: Iterable[int], gpus: int) -> list[tuple[int, int]]:
+    """Take devices from ``servers`` in the given order until the gang is complete."""
+    takes, need = [], gpus
+    for s in servers:
+        u = cluster.usable_on_server(s)
+        if u:
+            k = min(need, u)
+            takes.append((s, k))
+            need -= k
+            if not need:
+                return takes
+    return []
+
+
+def _most_free_first(cluster: ClusterState, servers: Iterable[int]) -> list[int]:
+    return sorted(servers, key=lambda s: (-cluster.usable_on_server(s), s))
+
+
+def _best_fit_server(cluster: ClusterState, gpus: int, emptiest: bool) -> int:
+    """Server with the fewest (or most, if ``emptiest``) usable devices that still holds
+    the gang, -1 if none does."""
+    best, best_u = -1, -1
+    usable = cluster.usable_on_server
+    for s in range(len(cluster.server_free)):
+        if cluster.server_free[s] < gpus:
+            continue
+        u = usable(s)
+        if u < gpus:
+            continue
+        if best < 0 or (u > best_u if emptiest else u < best_u):
+            best, best_u = s, u
+    return best
+
+
+def _multi_server(cluster: ClusterState, job: JobSpec, tight: bool) -> Placement | None:
+    takes = _greedy(cluster, _most_free_first(cluster, range(len(cluster.server_free))),
+                    job.gpus)
+    return _build(cluster, job, takes, tight) if takes else None
+
+
+# ------------------------------------------------------------------ policies
+
+@dataclass(frozen=True)
+class FirstFit:
+    """The first server (in index order) that holds the whole gang; else servers in index
+    order."""
+
+    name: str = "first-fit"
+
+    def place(self, job: JobSpec, cluster: ClusterState) -> Placement | None:
+        if job.gpus > cluster.total_free:
+            return None
+        for s in range(len(cluster.server_free)):
+            if cluster.server_free[s] >= job.gpus and cluster.usable_on_server(s) >= job.gpus:
+                return _build(cluster, job, [(s, job.gpus)], tight=True)
+        takes = _greedy(cluster, range(len(cluster.server_free)), job.gpus)
+        return _build(cluster, job, takes, tight=True) if takes else None
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Consolidate: the fullest server that still holds the gang (best fit), else the
+    fewest servers. Keeps whole servers free for big gangs."""
+
+    name: str = "pack"
+
+    def place(self, job: JobSpec, cluster: ClusterState) -> Placement | None:
+        if job.gpus > cluster.total_free:
+            return None
+        s = _best_fit_server(cluster, job.gpus, emptiest=False)
+        if s >= 0:
+            return _build(cluster, job, [(s, job.gpus)], tight=True)
+        return _multi_server(cluster, job, tight=True)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Spread jobs: the emptiest server that holds the gang (least PCIe interference), and
+    inside it the emptiest PCIe switch; else the fewest servers."""
+
+    name: str = "spread"
+
+    def place(self, job: JobSpec, cluster: ClusterState) -> Placement | None:
+        if job.gpus > cluster.total_free:
+            return None
+        s = _best_fit_server(cluster, job.gpus, emptiest=True)
+        if s >= 0:
+            return _build(cluster, job, [(s, job.gpus)], tight=False)
+        return _multi_server(cluster, job, tight=False)
+
+
+@dataclass(frozen=True)
+class LoadAdaptive:
+    """The seeds' rule: spread while the cluster is idle (utilisation below ``threshold``),
+    pack when it is busy to leave room for big gang jobs."""
+
+    threshold: float = 0.5
+    idle: PlacementPolicy = field(default_factory=Spread)
+    busy: PlacementPolicy = field(default_factory=Pack)
+    name: str = "load-adaptive"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"load-adaptive threshold must be in [0, 1], got {self.threshold}")
+
+    def place(self, job: JobSpec, cluster: ClusterState) -> Placement | None:
+        chosen = self.idle if cluster.utilisation < self.threshold else self.busy
+        return chosen.place(job, cluster)
+
+
+@dataclass(frozen=True)
+class TopologyAware:
+    """Best fit at the smallest span: one PCIe switch, else one server, else one rack, else
+    one InfiniBand zone, else anywhere; at each level the fullest candidate that fits."""
+
+    name: str = "topology"
+
+    def place(self, job: JobSpec, cluster: ClusterState) -> Placement | None:
+        g = job.gpus
+        if g > cluster.total_free:
+            return None
+        t = cluster.topology
+        # one PCIe switch
+        best, best_free = -1, 0
+        sw_free = cluster.switch_free
+        for w in range(len(sw_free)):
+            f = sw_free[w]
+            if f >= g and (best < 0 or f < best_free) and \
+                    cluster.cores_free[t.switch_server[w]] >= g:
+                best, best_free = w, f
+        if best >= 0:
+            s = t.switch_server[best]
+            devs = tuple(cluster.free_devices_on_switch(best)[:g])
+            return Placement(devs, ((s, max(g, min(job.cpu_per_gpu * g,
+                                                   cluster.cores_free[s]))),))
+        # one server
+        s = _best_fit_server(cluster, g, emptiest=False)
+        if s >= 0:
+            return _build(cluster, job, [(s, g)], tight=True)
+        # one rack, then one zone: the fullest group with enough free devices
+        for groups, free, members in (
+                (t.racks, cluster.rack_free, lambda i: t.racks[i].servers),
+                (t.zones, cluster.zone_free,
+                 lambda i: range(t.racks[t.zones[i].racks[0]].servers.start,
+                                 t.racks[t.zones[i].racks[-1]].servers.stop))):
+            for i in sorted((i for i in range(len(groups)) if free[i] >= g),
+                            key=lambda i: (free[i], i)):
+                takes = _greedy(cluster, _most_free_first(cluster, members(i)), g)
+                if takes:
+                    return _build(cluster, job, takes, tight=True)
+        return _multi_server(cluster, job, tight=True)
+
+
+PLACEMENTS = {"first-fit": FirstFit, "pack": Pack, "spread": Spread,
+              "load-adaptive": LoadAdaptive, "topology": TopologyAware}
+
+
+def make_placement(name: str, threshold: float = 0.5) -> PlacementPolicy:
+    cls = PLACEMENTS.get(name)
+    if cls is None:
+        raise ConfigError(f"--placement {name}: unknown (choose from {', '.join(PLACEMENTS)})")
+    return LoadAdaptive(threshold=threshold) if cls is LoadAdaptive else cls()
