@@ -1,0 +1,143 @@
+"""``phalanx simulate``: run the trace-driven cluster simulator.
+
+    phalanx simulate --trace philly --cluster philly-2048 --policy tiresias \\
+        --placement topology --out runs/sim
+    phalanx simulate --trace pollux:1 --cluster pollux-64 --compare fifo,sjf,las,tiresias
+    phalanx simulate --study pollux --out reports/cluster
+    phalanx simulate --study load --out reports/cluster
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
+from phalanx.cluster.report import Summary, write_jobs_csv, write_plots, write_summary
+from phalanx.cluster.run import (
+    SimulateOptions,
+    default_data_dir,
+    load_inputs,
+    simulate,
+    with_policy,
+)
+from phalanx.errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="trace-driven simulation of the cluster scheduler")
+    p.add_argument("--trace", default="philly",
+                   help="philly | pollux:N | synthetic[:jobs=,rate=,median=,max_gpus=] | a CSV "
+                        "(default philly)")
+    p.add_argument("--cluster", default="philly-2048",
+                   help="philly-2048 | pollux-64 | alibaba | uniform:Z,R,S,G[,SW] | a YAML "
+                        "configuration set (default philly-2048)")
+    p.add_argument("--policy", default="fifo", help=f"ordering: {', '.join(ORDERINGS)}")
+    p.add_argument("--placement", default="topology",
+                   help=f"placement: {', '.join(PLACEMENTS)} (default topology)")
+    p.add_argument("--compare", default="",
+                   help="comma list of orderings (or ORDERING:PLACEMENT) to run on the same "
+                        "input; prints one table")
+    p.add_argument("--study", choices=("pollux", "load"), default=None,
+                   help="pollux: mean JCT table on the 8 Pollux workloads; load: "
+                        "pack/spread/load-adaptive at three Philly load levels")
+    p.add_argument("--threshold", type=float, default=0.5,
+                   help="load-adaptive: spread below this utilisation (default 0.5)")
+    p.add_argument("--slot", type=float, default=2400.0,
+                   help="time slot of preemptive policies, seconds (default 2400)")
+    p.add_argument("--checkpoint-cost", type=float, default=60.0,
+                   help="seconds a preempted job needs to resume (default 60)")
+    p.add_argument("--quota", default="", help="admission quota per virtual cluster, "
+                                               "e.g. vc1=64,*=128 (default: accept all)")
+    p.add_argument("--no-interference", action="store_true",
+                   help="turn off PCIe co-location interference in the perf model")
+    p.add_argument("--data-dir", default=None,
+                   help="data folder (default ../shared/data next to the repo)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=0, help="use the first N jobs (0 = all)")
+    p.add_argument("--load-scale", type=float, default=1.0,
+                   help="divide inter-arrival times by this (more load)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="skip malformed trace rows (counted) instead of failing")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", default=None, help="output folder")
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _options(args: argparse.Namespace) -> SimulateOptions:
+    return SimulateOptions(
+        trace=args.trace, cluster=args.cluster, ordering=args.policy,
+        placement=args.placement, threshold=args.threshold, slot_s=args.slot,
+        checkpoint_cost_s=args.checkpoint_cost, quota=args.quota,
+        interference=not args.no_interference,
+        data_dir=Path(args.data_dir) if args.data_dir else default_data_dir(),
+        seed=args.seed, limit=args.limit, load_scale=args.load_scale,
+        skip_bad_rows=args.skip_bad_rows, progress=not args.no_progress)
+
+
+def _check_policies(pairs: list[tuple[str, str]]) -> None:
+    for o, p in pairs:
+        if o not in ORDERINGS:
+            raise ConfigError(f"policy {o!r}: unknown ordering (choose from "
+                              f"{', '.join(ORDERINGS)})")
+        if p not in PLACEMENTS:
+            raise ConfigError(f"placement {p!r}: unknown (choose from {', '.join(PLACEMENTS)})")
+
+
+def format_table(rows: list[Summary]) -> str:
+    head = (f"{'policy':>10s} {'placement':>13s} {'jobs':>6s} {'mean JCT h':>10s} "
+            f"{'median h':>9s} {'p99 h':>8s} {'queue h':>8s} {'makespan h':>10s} "
+            f"{'util':>5s} {'frag':>5s} {'preempt':>7s} {'wall s':>6s}")
+    lines = [head]
+    for s in rows:
+        lines.append(f"{s.ordering:>10s} {s.placement:>13s} {s.finished:6d} "
+                     f"{s.mean_jct_s / 3600:10.3f} {s.median_jct_s / 3600:9.3f} "
+                     f"{s.p99_jct_s / 3600:8.2f} {s.mean_queue_delay_s / 3600:8.3f} "
+                     f"{s.makespan_s / 3600:10.1f} {s.utilisation_mean:5.2f} "
+                     f"{s.fragmentation_mean:5.2f} {s.preemptions:7d} {s.wall_s:6.1f}")
+    return "\n".join(lines)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    opts = _options(args)
+    if args.study:
+        from phalanx.cluster.study import run_study
+
+        out = Path(args.out or "reports/cluster")
+        run_study(args.study, opts, out)
+        return 0
+    if args.compare:
+        pairs = []
+        for item in filter(None, args.compare.split(",")):
+            o, _, p = item.partition(":")
+            pairs.append((o, p or opts.placement))
+    else:
+        pairs = [(opts.ordering, opts.placement)]
+    _check_policies(pairs)
+    inputs = load_inputs(opts)
+    if inputs.trace.skipped:
+        print(f"skipped {inputs.trace.skipped} malformed row(s) of {inputs.trace.source}")
+    print(f"simulating {len(inputs.trace.jobs)} jobs of {opts.trace} on {inputs.topology!r}",
+          flush=True)
+    summaries, results = [], []
+    for o, p in pairs:
+        s, r = simulate(with_policy(opts, o, p), inputs)
+        summaries.append(s)
+        results.append((f"{o}/{p}", r))
+    print(format_table(summaries))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        if len(pairs) == 1:
+            write_summary(summaries[0], out / "summary.json")
+            write_jobs_csv(results[0][1], out / "jobs.csv")
+        else:
+            (out / "compare.json").write_text(json.dumps([asdict(s) for s in summaries],
+                                                         indent=2) + "\n")
+            for (label, r) in results:
+                write_jobs_csv(r, out / f"jobs-{label.replace('/', '-')}.csv")
+        paths = write_plots(results, out)
+        print(f"wrote {out}/ ({', '.join(x.name for x in paths)})")
+    return 0
