@@ -67,7 +67,7 @@ class InProcNetwork:
         self._boxes: list[deque] = [deque() for _ in range(world)]
         self._cond = threading.Condition()
 
-    def transport(self, rank: int) -> "InProcTransport":
+    def transport(self, rank: int) -> InProcTransport:
         return InProcTransport(self, rank)
 
     def _put(self, dst: int, item: tuple) -> None:

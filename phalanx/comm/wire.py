@@ -79,7 +79,7 @@ class Header:
         return torch.tensor(fields + packed, dtype=torch.int64)
 
     @staticmethod
-    def decode(t: torch.Tensor) -> "Header":
+    def decode(t: torch.Tensor) -> Header:
         """Validate and decode a received header tensor; raises :class:`WireError`."""
         if t.dtype != torch.int64 or t.numel() != HEADER_LEN:
             raise WireError("header is not an int64 tensor of the expected length")

@@ -1,0 +1,229 @@
+"""The shard state machine, driven message by message (deterministic, no threads)."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phalanx.comm.wire import Header, Kind
+from phalanx.ps.consistency import (
+    Asynchronous,
+    BulkSynchronous,
+    SoftSynchronous,
+    StaleSynchronous,
+)
+from phalanx.ps.partition import Partition, SparseTable
+from phalanx.ps.shard import HAS_ROWS, WANT_DENSE, ShardState
+from phalanx.rules import chain, dc_asgd, sgd, staleness_scaled
+
+LR = 0.1
+
+
+def make(consistency, workers=2, values=(1.0, 2.0, 3.0, 4.0), rule=None, keep_backups=False,
+         log=None):
+    part = Partition(1, (0,), ((len(values),),), (0, len(values)))
+    return ShardState(0, part, torch.tensor(values), None, rule or sgd(LR), consistency,
+                      workers, keep_backups=keep_backups, log=log)
+
+
+def pull(s, w, clock=None):
+    clock = s.clocks[w] if clock is None else clock
+    return s.handle(w, Header(Kind.PULL, worker=w, clock=clock, flags=WANT_DENSE), [])
+
+
+def push(s, w, grad, version, clock=None):
+    clock = s.clocks[w] if clock is None else clock
+    g = torch.as_tensor(grad, dtype=torch.float32)
+    return s.handle(w, Header(Kind.PUSH, worker=w, clock=clock, version=version), [g])
+
+
+def test_scripted_interleaving_records_staleness():
+    events = []
+    s = make(Asynchronous(), workers=3, log=lambda kind, **f: events.append((kind, f)))
+    for w in range(3):
+        (reply,) = pull(s, w)
+        assert reply.header.version == 0
+    push(s, 0, [1, 1, 1, 1], version=0)  # applied at version 0: staleness 0
+    push(s, 1, [1, 1, 1, 1], version=0)  # one update since worker 1 pulled
+    (reply,) = pull(s, 0)
+    assert reply.header.version == 2
+    push(s, 2, [1, 1, 1, 1], version=0)  # two updates since worker 2 pulled
+    push(s, 0, [1, 1, 1, 1], version=2)
+    applies = [f for kind, f in events if kind == "apply"]
+    assert [(a["worker"], a["staleness"]) for a in applies] == [(0, 0), (1, 1), (2, 2), (0, 1)]
+    assert [a["version"] for a in applies] == [0, 1, 2, 3]
+    assert s.stats.histogram() == [1, 2, 1] and s.version == 4
+    assert torch.allclose(s.dense, torch.tensor([1.0, 2, 3, 4]) - 4 * LR)
+
+
+def test_bsp_averages_one_round_and_holds_fast_workers():
+    s = make(BulkSynchronous(), workers=2)
+    assert len(pull(s, 0)) == 1 and len(pull(s, 1)) == 1
+    push(s, 0, [1, 1, 1, 1], 0)
+    assert s.version == 0  # waiting for worker 1
+    assert pull(s, 0) == []  # worker 0 at clock 1 waits at the barrier
+    released = push(s, 1, [3, 3, 3, 3], 0)
+    assert [r.worker for r in released] == [0] and released[0].header.version == 1
+    assert torch.allclose(s.dense, torch.tensor([1.0, 2, 3, 4]) - LR * 2)
+    assert s.stats.histogram() == [2]
+
+
+def test_softsync_applies_average_of_n_and_flushes_at_end():
+    s = make(SoftSynchronous(2), workers=3)
+    push(s, 0, [1, 1, 1, 1], 0)
+    assert s.version == 0
+    push(s, 1, [3, 3, 3, 3], 0)
+    assert s.version == 1 and torch.allclose(s.dense, torch.tensor([1.0, 2, 3, 4]) - 2 * LR)
+    push(s, 2, [2, 2, 2, 2], 0)
+    assert s.version == 1
+    for w in range(3):
+        s.handle(w, Header(Kind.DONE, worker=w, clock=s.clocks[w]), [])
+    assert s.version == 2 and not s.buffer  # the leftover push is applied at the end
+
+
+@pytest.mark.parametrize("grad, reason", [
+    ([1.0, 1.0, 1.0], "does not match"),
+    (torch.ones(4, dtype=torch.float64), "does not match"),
+    ([1.0, math.nan, 1.0, 1.0], "NaN or Inf"),
+    ([1.0, math.inf, 1.0, 1.0], "NaN or Inf"),
+])
+def test_bad_push_is_rejected_counted_and_harmless(grad, reason):
+    s = make(Asynchronous())
+    before = s.dense.clone()
+    g = grad if isinstance(grad, torch.Tensor) else torch.tensor(grad)
+    s.handle(0, Header(Kind.PUSH, worker=0, clock=0, version=0), [g])
+    assert s.stats.pushes_rejected == 1 and s.stats.pushes_applied == 0
+    assert any(reason in r for r in s.stats.reasons)
+    assert torch.equal(s.dense, before)
+    assert s.clocks[0] == 1  # the iteration still ends, so no barrier can hang on it
+    push(s, 0, [1, 1, 1, 1], 0)  # and the next good push is applied
+    assert s.stats.pushes_applied == 1
+
+
+def test_out_of_order_future_and_foreign_messages_are_rejected():
+    s = make(Asynchronous())
+    before = s.dense.clone()
+    push(s, 0, [1, 1, 1, 1], 0, clock=5)  # not the worker's clock
+    push(s, 0, [1, 1, 1, 1], version=7)  # a version the shard never had
+    s.handle(9, Header(Kind.PUSH, worker=9), [torch.ones(4)])  # no such worker
+    s.handle(0, Header(Kind.FINAL, worker=0), [])  # not a worker's message kind
+    s.handle(0, Header(Kind.PUSH, worker=0, shard=3), [torch.ones(4)])  # other shard
+    assert s.stats.pushes_rejected == 2 and s.stats.messages_rejected == 3
+    assert torch.equal(s.dense, before)
+
+
+def test_dc_asgd_compensates_with_the_pushing_workers_backup():
+    lam = 0.5
+    rule = chain(dc_asgd(lam), sgd(LR))
+    s = make(Asynchronous(), rule=rule, keep_backups=True)
+    pull(s, 0)
+    pull(s, 1)
+    w0 = s.dense.clone()
+    g0, g1 = torch.tensor([1.0, -2, 0.5, 3]), torch.tensor([2.0, 1, -1, 0.5])
+    push(s, 0, g0, 0)  # w_now == backup: no compensation
+    w1 = w0 - LR * g0
+    assert torch.allclose(s.dense, w1)
+    push(s, 1, g1, 0)  # worker 1's backup is w0, the weights are now w1
+    expected = w1 - LR * (g1 + lam * g1 * g1 * (w1 - w0))
+    assert torch.allclose(s.dense, expected, atol=1e-7)
+
+
+def test_staleness_scaled_lr_divides_by_staleness():
+    s = make(Asynchronous(), workers=3, rule=chain(staleness_scaled(), sgd(LR)))
+    for w in range(3):
+        pull(s, w)
+    push(s, 0, [1, 1, 1, 1], 0)
+    push(s, 1, [1, 1, 1, 1], 0)
+    push(s, 2, [1, 1, 1, 1], 0)  # staleness 0, 1, 2 -> steps lr, lr, lr/2
+    assert torch.allclose(s.dense, torch.tensor([1.0, 2, 3, 4]) - LR * 2.5)
+
+
+def test_sparse_rows_are_pulled_and_pushed_by_id():
+    part = Partition(2, (0,), ((2,),), (0, 1, 2), SparseTable(1, 7, 3))
+    table = torch.arange(21, dtype=torch.float32).view(7, 3)
+    s = ShardState(1, part, torch.zeros(1), table[1::2], sgd(1.0), Asynchronous(), 1)
+    ids = torch.tensor([5, 1])
+    (reply,) = s.handle(0, Header(Kind.PULL, worker=0, shard=1, flags=HAS_ROWS), [ids])
+    assert reply.tensors[0].numel() == 0  # no dense part was asked for
+    assert torch.equal(reply.tensors[1], table[[5, 1]])
+    grads = torch.ones(2, 3)
+    s.handle(0, Header(Kind.PUSH, worker=0, shard=1, flags=HAS_ROWS),
+             [torch.zeros(1), ids, grads.view(-1)])
+    expect = table[1::2].clone()
+    expect[[2, 0]] -= 1.0  # rows 5 and 1 are local rows 2 and 0; rows 3 untouched
+    assert torch.equal(s.rows, expect) and s.stats.pushes_applied == 1
+    # a row another shard owns, or out of range, is rejected
+    s.handle(0, Header(Kind.PUSH, worker=0, shard=1, clock=1, flags=HAS_ROWS),
+             [torch.zeros(1), torch.tensor([2]), torch.ones(3)])
+    s.handle(0, Header(Kind.PULL, worker=0, shard=1, clock=2, flags=HAS_ROWS),
+             [torch.tensor([99])])
+    assert s.stats.pushes_rejected == 1 and s.stats.messages_rejected == 1
+
+
+# ---- every consistency model through the same checks -------------------------------------
+
+MODELS = [BulkSynchronous(), Asynchronous(), StaleSynchronous(0), StaleSynchronous(2),
+          SoftSynchronous(1), SoftSynchronous(3)]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=repr)
+def test_conformance_admits_is_monotone(model):
+    for slowest in range(5):
+        admitted = [model.admits(c, slowest) for c in range(slowest, slowest + 6)]
+        # a worker level with the slowest may always go; admission only ever closes
+        assert admitted[0]
+        assert admitted == sorted(admitted, reverse=True)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=repr)
+def test_conformance_never_ready_on_empty_and_always_when_all_pushed(model):
+    assert not model.ready([], {0, 1, 2})
+    # one push from every active worker is always enough (SoftSync(n) with n <= N)
+    assert model.ready([0, 1, 2], {0, 1, 2})
+
+
+@pytest.mark.parametrize("model", MODELS, ids=repr)
+@given(order=st.lists(st.integers(0, 2), min_size=0, max_size=60))
+@settings(max_examples=40, deadline=None)
+def test_conformance_random_schedule_finishes_and_keeps_its_bound(model, order):
+    """Workers run at random speeds (``order`` says who tries to move next). Each worker
+    does ROUNDS iterations of pull -> push. Every run must finish, every push must be
+    applied exactly once, and the clock gap at every admitted pull must respect the
+    model's bound (SSP: s, BSP: 0)."""
+    rounds, workers = 4, 3
+    bound = {"bsp": 0}.get(model.name, getattr(model, "bound", None))
+    s = make(model, workers=workers)
+    waiting = set()  # workers whose pull is parked
+    pulled = [False] * workers  # has the current iteration's pull been answered
+
+    def answered(replies):
+        for r in replies:
+            w = r.worker
+            waiting.discard(w)
+            pulled[w] = True
+            if bound is not None:
+                slowest = min(s.clocks[a] for a in s.active)
+                assert s.clocks[w] - slowest <= bound
+
+    def move(w):
+        if w not in s.active or w in waiting:
+            return
+        if s.clocks[w] == rounds:
+            answered(s.handle(w, Header(Kind.DONE, worker=w, clock=rounds), []))
+        elif not pulled[w]:
+            replies = pull(s, w)
+            waiting.add(w)
+            answered(replies)
+        else:
+            pulled[w] = False
+            answered(push(s, w, [1, 1, 1, 1], s.version))
+
+    for w in order:
+        move(w)
+    for _ in range(workers * rounds * 3 + 3):  # then round-robin until everyone is done
+        for w in range(workers):
+            move(w)
+    assert not s.active and not s.parked
+    assert s.stats.pushes_applied == rounds * workers and not s.buffer
