@@ -178,14 +178,17 @@ class TopologyAware:
         if g > cluster.total_free:
             return None
         t = cluster.topology
-        # one PCIe switch
-        best, best_free = -1, 0
-        sw_free = cluster.switch_free
+        # one PCIe switch: the fullest that fits, ties to the fullest server (keeps whole
+        # servers free for big gangs)
+        best, best_key = -1, (0, 0)
+        sw_free, srv_free = cluster.switch_free, cluster.server_free
         for w in range(len(sw_free)):
             f = sw_free[w]
-            if f >= g and (best < 0 or f < best_free) and \
-                    cluster.cores_free[t.switch_server[w]] >= g:
-                best, best_free = w, f
+            if f >= g:
+                s = t.switch_server[w]
+                key = (f, srv_free[s])
+                if (best < 0 or key < best_key) and cluster.cores_free[s] >= g:
+                    best, best_key = w, key
         if best >= 0:
             s = t.switch_server[best]
             devs = tuple(cluster.free_devices_on_switch(best)[:g])

@@ -1,0 +1,129 @@
+"""Every ordering and every placement policy through the same checks (optax-style
+conformance): decisions are well-formed, inputs are never mutated, and each ordering x
+placement pair drives a simulation that passes the shared checks."""
+
+import copy
+
+import pytest
+from cluster_simcheck import check_result, rows
+
+from phalanx.cluster.allocator import ClusterState, Placement
+from phalanx.cluster.jobs import JobSpec, JobState
+from phalanx.cluster.policies import (
+    ORDERINGS,
+    PLACEMENTS,
+    FirstFit,
+    LoadAdaptive,
+    Pack,
+    Spread,
+    Tiresias,
+    TopologyAware,
+    make_ordering,
+    make_placement,
+)
+from phalanx.cluster.simulator import SimConfig, Simulator
+from phalanx.cluster.topology import uniform
+from phalanx.cluster.traces import SyntheticSpec, TraceOptions, synthetic
+
+
+def states():
+    out = []
+    for i, (sub, g, dur, att, run, last) in enumerate([
+            (0, 4, 500, 9000, True, 10), (5, 1, 100, 0, False, -1), (5, 2, 50, 400, False, 3),
+            (9, 8, 9000, 50000, False, 1), (12, 1, 10, 0, False, -1)]):
+        st = JobState(JobSpec(i, f"j{i}", sub, g, dur, dur, "bert"), remaining=dur,
+                      attained=att, executed=att / g, running=run, last_start=last,
+                      waiting_since=sub)
+        out.append(st)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(ORDERINGS))
+def test_ordering_contract(name):
+    policy = make_ordering(name, 600.0)
+    jobs = states()
+    before = copy.deepcopy(jobs)
+    order = policy.order(tuple(jobs), 100.0)
+    assert isinstance(order, tuple) and sorted(order) == [j.id for j in jobs]
+    assert jobs == before                                   # never mutates its input
+    assert policy.order(tuple(reversed(jobs)), 100.0) == order   # input order irrelevant
+    assert policy.order((), 0.0) == ()
+    assert isinstance(policy.preemptive, bool)
+    assert (policy.round_s or 0) > 0 or not policy.preemptive
+
+
+def test_ordering_semantics():
+    jobs = tuple(states())
+    assert make_ordering("fifo").order(jobs, 0) == (0, 1, 2, 3, 4)
+    assert make_ordering("sjf").order(jobs, 0)[:3] == (4, 1, 2)   # GPU-time 10, 100, 100
+    assert make_ordering("las").order(jobs, 0)[:2] == (1, 4)          # attained 0
+    assert make_ordering("rr").order(jobs, 0)[:2] == (1, 4)           # never ran
+    t = Tiresias(thresholds=(1000.0,), starvation=2.0, round_s=600.0)
+    assert t.order(jobs, 100.0) == (1, 2, 4, 0, 3)      # queue 0 by arrival, then queue 1
+    # job 3 ran 50000/8 s; after waiting twice that it is promoted to the top queue
+    assert t.queue(jobs[3], 9.0 + 2 * 6250.0) == 0
+    assert t.order(jobs, 9.0 + 2 * 6250.0) == (1, 2, 3, 4, 0)   # FIFO inside queue 0
+
+
+def _cluster_with_load():
+    c = ClusterState(uniform(zones=2, racks=2, servers=2, devices=4, switches=2, cpu_cores=8))
+    c.allocate(100, Placement((0, 1, 2), ((0, 3),)))
+    c.allocate(101, Placement((9,), ((2, 1),)))
+    return c
+
+
+@pytest.mark.parametrize("name", sorted(PLACEMENTS))
+@pytest.mark.parametrize("gpus", [1, 2, 3, 4, 6, 8, 16, 28, 29])
+def test_placement_contract(name, gpus):
+    c = _cluster_with_load()
+    before = (c.free_mask, list(c.server_free), list(c.cores_free), dict(c.allocations))
+    p = make_placement(name).place(JobSpec(0, "j", 0, gpus, 1, 1, "bert", cpu_per_gpu=2), c)
+    assert (c.free_mask, list(c.server_free), list(c.cores_free), dict(c.allocations)) == before
+    if gpus > c.total_free:
+        assert p is None
+        return
+    assert p is not None, f"{name} found no room for {gpus} of {c.total_free} free"
+    assert len(p.devices) == len(set(p.devices)) == gpus
+    assert all(c.free_mask >> d & 1 for d in p.devices)
+    c.allocate(1, p)      # the decision commits cleanly
+    c.check_invariants()
+
+
+def test_placement_semantics():
+    job = JobSpec(0, "j", 0, 1, 1, 1, "bert")
+    c = _cluster_with_load()
+    t = c.topology
+    # pack: the fullest server that fits (server 0 has 1 free); spread: an empty server
+    assert t.device_server[Pack().place(job, c).devices[0]] == 0
+    assert c.server_free[t.device_server[Spread().place(job, c).devices[0]]] == 4
+    assert FirstFit().place(job, c).devices == (3,)
+    # topology-aware: a 2-GPU gang goes onto one PCIe switch, the fullest that fits
+    two = JobSpec(1, "j", 0, 2, 1, 1, "bert")
+    d = TopologyAware().place(two, c).devices
+    assert len({t.device_switch[x] for x in d}) == 1 and t.device_server[d[0]] == 2
+    # load-adaptive: spread when idle, pack when busy
+    idle = ClusterState(t)
+    idle.allocate(5, Placement((0,), ((0, 1),)))
+    assert t.device_server[LoadAdaptive(0.5).place(job, idle).devices[0]] != 0
+    assert t.device_server[LoadAdaptive(0.0).place(job, idle).devices[0]] == 0
+
+
+@pytest.fixture(scope="module")
+def small_trace(data_dir):
+    return synthetic(SyntheticSpec(jobs=40, rate_per_h=40.0, median_s=1800.0, max_gpus=16),
+                     TraceOptions(data_dir, seed=3)).jobs
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+@pytest.mark.parametrize("ordering", sorted(ORDERINGS))
+def test_every_pair_simulates(ordering, placement, small_trace, perf):
+    topo = uniform(zones=1, racks=2, servers=2, devices=8, switches=2, cpu_cores=32)
+
+    def go():
+        return Simulator(topo, small_trace, make_ordering(ordering, 1200.0),
+                         make_placement(placement), perf,
+                         config=SimConfig(check_invariants=True)).run()
+
+    res = go()
+    check_result(res, len(small_trace), topo.num_devices)
+    assert rows(res) == rows(go())
