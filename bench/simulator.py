@@ -1,0 +1,111 @@
+"""Simulator speed: the whole Philly trace (82,247 jobs) on a 2,048-GPU topology.
+
+    python bench/simulator.py            # full trace (default)
+    python bench/simulator.py --quick    # first 10,000 jobs
+
+Ratios (higher is better):
+* ``philly_wall``: target wall time / measured wall time, target 60 s for the full trace
+  (scaled by the share of jobs for --quick); 1.0 means exactly on target.
+* ``bitmap_int_vs_numpy``: the allocator's hot operations (a server's free set, a gang
+  allocate + release) with Python-int bitmaps (what ClusterState uses) against the same
+  operations on a numpy bool array, timed in this script.
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+
+from phalanx.cluster.run import SimulateOptions, load_inputs, simulate
+
+FULL_JOBS = 82247
+TARGET_S = 60.0
+
+
+def bitmap_ops(n_ops: int, seed: int = 0) -> tuple[float, float]:
+    """Seconds for ``n_ops`` (free-set query of one 8-GPU server, then allocate and release
+    2 of its free devices) with int masks and with a numpy bool array."""
+    rng = random.Random(seed)
+    servers = [rng.randrange(256) for _ in range(n_ops)]
+    # int bitmaps: a server's devices are bits [8s, 8s+8)
+    mask = (1 << 2048) - 1
+    t0 = time.perf_counter()
+    for s in servers:
+        m = (mask >> (8 * s)) & 0xFF
+        free = []
+        while m:
+            low = m & -m
+            free.append(8 * s + low.bit_length() - 1)
+            m ^= low
+        take = (1 << free[0]) | (1 << free[1])
+        mask &= ~take
+        mask |= take
+    t_int = time.perf_counter() - t0
+    arr = np.ones(2048, dtype=bool)
+    t0 = time.perf_counter()
+    for s in servers:
+        free_np = np.flatnonzero(arr[8 * s:8 * s + 8]) + 8 * s
+        take_np = free_np[:2]
+        arr[take_np] = False
+        arr[take_np] = True
+    t_np = time.perf_counter() - t0
+    return t_int, t_np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="first 10,000 jobs only")
+    ap.add_argument("--policy", default="fifo")
+    ap.add_argument("--placement", default="topology")
+    ap.add_argument("--repeats", type=int, default=0, help="runs (default 1 full, 3 quick)")
+    ap.add_argument("--data-dir", default=None)
+    args = ap.parse_args()
+    limit = 10000 if args.quick else 0
+    repeats = args.repeats or (3 if args.quick else 1)
+    opts = SimulateOptions(trace="philly", cluster="philly-2048", ordering=args.policy,
+                           placement=args.placement, limit=limit,
+                           **({"data_dir": Path(args.data_dir)} if args.data_dir else {}))
+    t0 = time.perf_counter()
+    inputs = load_inputs(opts)
+    load_s = time.perf_counter() - t0
+    walls, summary = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        summary, _res = simulate(opts, inputs)
+        walls.append(time.perf_counter() - t0)
+        print(f"run: {walls[-1]:.1f} s, {summary.events} events, mean JCT "
+              f"{summary.mean_jct_s / 3600:.2f} h", file=sys.stderr)
+    wall = statistics.median(walls)
+    jobs = len(inputs.trace.jobs)
+    target = TARGET_S * jobs / FULL_JOBS
+    ti, tn = zip(*(bitmap_ops(20000, seed) for seed in range(3)))
+    t_int, t_np = statistics.median(ti), statistics.median(tn)
+    results = {
+        "jobs": jobs, "gpus": inputs.topology.num_devices, "policy": args.policy,
+        "placement": args.placement, "trace_load_s": round(load_s, 2),
+        "wall_s": round(wall, 2), "wall_s_runs": [round(w, 2) for w in walls],
+        "events": summary.events, "events_per_s": round(summary.events / wall),
+        "jobs_per_s": round(jobs / wall), "target_wall_s": round(target, 2),
+        "mean_jct_h": round(summary.mean_jct_s / 3600, 3),
+        "utilisation_mean": round(summary.utilisation_mean, 4),
+        "bitmap_int_us_per_op": round(t_int / 20000 * 1e6, 2),
+        "bitmap_numpy_us_per_op": round(t_np / 20000 * 1e6, 2),
+    }
+    print(json.dumps({"bench": "simulator", "results": results,
+                      "ratios": {"philly_wall": round(target / wall, 3),
+                                 "bitmap_int_vs_numpy": round(t_np / t_int, 2)},
+                      "targets": {"philly_wall": 1.0, "bitmap_int_vs_numpy": 1.0}}))
+
+
+if __name__ == "__main__":
+    main()
