@@ -1,0 +1,147 @@
+"""Hogwild! (Niu et al. 2011): N processes run SGD on ONE model in shared memory, no locks.
+
+The driver builds the model and moves its tensors to shared memory (``share_memory_``);
+every worker process maps the same storage, computes gradients on its own shard while
+the others keep writing, and adds its update in place. Reads may see a half-applied
+update of another worker: Hogwild! accepts that (it converges when updates rarely collide).
+
+``--lock`` is the variant to compare against: a worker copies the weights under a lock
+(a consistent snapshot), computes its gradient on the copy without holding it, and takes
+the lock again to apply its update atomically.
+
+Shared memory means one machine: this strategy has no ``process_main`` for torchrun.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from phalanx.data import epoch_batches
+from phalanx.errors import ConfigError
+from phalanx.metrics import EventLog, Progress
+from phalanx.parallel.base import (
+    Job,
+    Outcome,
+    Straggler,
+    augmenter,
+    detached,
+    evaluate,
+    write_result,
+)
+from phalanx.rules import apply_updates, make_rule
+from phalanx.runtime.launch import spawn
+
+LOG_EVERY = 10
+
+
+def world_size(cfg) -> int:
+    return cfg.workers
+
+
+def run(job: Job, log: EventLog) -> Outcome:
+    cfg = job.config
+    shard = min(len(job.shard(r, cfg.workers)) for r in range(cfg.workers))
+    if cfg.batch_size > shard:
+        raise ConfigError(f"--batch-size: {cfg.batch_size} exceeds a worker's {shard} samples")
+    model = job.build_model()
+    model.train()
+    model.share_memory()  # parameters and buffers now live in shared memory
+    # per worker: samples seen, updates applied (written by the worker, read here)
+    counters = torch.zeros(cfg.workers, 2, dtype=torch.int64).share_memory_()
+    lock = mp.get_context("spawn").Lock() if cfg.lock else None
+    t0 = time.perf_counter()
+    # the gloo group that spawn sets up is unused: the model itself is the shared state
+    spawn(_worker, cfg.workers, (job, model, counters, lock))
+    wall = time.perf_counter() - t0
+    samples, updates = (int(v) for v in counters.sum(0))
+    stats = {
+        "bytes_sent": 0,  # no messages: workers write the shared tensors directly
+        "bytes_per_sample": 0.0,
+        "updates": updates,
+        "lock": cfg.lock,
+        "shared_bytes_written": updates * sum(p.numel() * p.element_size()
+                                              for p in model.parameters()),
+        "train_wall_s": wall,
+    }
+    write_result(job, model.state_dict(), train_samples=samples, steps=updates, stats=stats)
+    return Outcome(model, samples, updates, stats)
+
+
+def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.Tensor,
+            lock) -> None:
+    torch.set_num_threads(1)  # spawn did it already; Hogwild! workers must never oversubscribe
+    cfg = job.config
+    tb = job.run_dir / "tensorboard" if cfg.tensorboard else None
+    log = EventLog(job.run_dir / "events.jsonl", rank=rank, role="worker", tensorboard_dir=tb)
+    shared = [p for p in model.parameters() if p.requires_grad]
+    shared_w = detached(shared)
+    # with --lock the gradient is computed on a private snapshot of the weights
+    local = copy.deepcopy(model) if lock is not None else model
+    params = [p for p in local.parameters() if p.requires_grad]
+    local_w = detached(params)
+    shard = job.shard(rank, world)
+    total = job.planned_steps(min(len(job.shard(r, world)) for r in range(world)))
+    rule = make_rule(cfg, total)
+    state = rule.init(shared_w)  # each worker keeps its own optimizer state
+    aug = augmenter(cfg)
+    gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
+    loss_fn = nn.CrossEntropyLoss()
+    straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
+    progress = Progress(total, f"hogwild{'-lock' if lock else ''}",
+                        enabled=cfg.progress and rank == 0)
+    x_all, y_all = job.train.x, job.train.y
+    t0 = time.perf_counter()
+    step, samples, epoch = 0, 0, 0
+    while step < total:
+        for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed + rank):
+            x, y = x_all[idx], y_all[idx]
+            if aug is not None:
+                x = aug(x, gen)
+            if lock is not None:
+                with lock:  # consistent read: no update is half-applied in the copy
+                    torch._foreach_copy_(local_w, shared_w)
+            straggler.start()
+            out = local(x)
+            loss = loss_fn(out, y)
+            grads = list(torch.autograd.grad(loss, params))
+            straggler.finish()
+            if lock is not None:
+                with lock:  # atomic write: the update lands whole
+                    updates, state = rule.update(grads, state, shared_w)
+                    apply_updates(shared_w, updates)
+            else:
+                # Hogwild!: read-modify-write of shared memory with no lock at all
+                updates, state = rule.update(grads, state, shared_w)
+                apply_updates(shared_w, updates)
+            step += 1
+            samples += len(idx)
+            counters[rank, 0] = samples
+            counters[rank, 1] = step
+            if step % LOG_EVERY == 0 or step == total:
+                acc = (out.argmax(1) == y).float().mean().item()
+                log.log("train", step=step, epoch=epoch, loss=loss.item(), accuracy=acc,
+                        samples=samples, wall_s=time.perf_counter() - t0)
+                progress.update(step, loss=loss.item())
+            if rank == 0 and cfg.eval_every and step % cfg.eval_every == 0:
+                _eval(job, model, log, step, epoch, counters, t0)
+            if step >= total:
+                break
+        epoch += 1
+        if rank == 0 and not cfg.eval_every:
+            _eval(job, model, log, step, epoch, counters, t0)
+    progress.close()
+    log.close()
+
+
+def _eval(job: Job, model: nn.Module, log: EventLog, step: int, epoch: int,
+          counters: torch.Tensor, t0: float) -> None:
+    # evaluated while the other workers keep writing: a snapshot taken without a lock
+    snapshot = copy.deepcopy(model)
+    loss, acc = evaluate(snapshot, job.test)
+    log.log("eval", step=step, epoch=epoch, samples=int(counters[:, 0].sum()), test_loss=loss,
+            test_accuracy=acc, wall_s=time.perf_counter() - t0)

@@ -1,0 +1,49 @@
+"""Hogwild!: real processes updating one model in shared memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import phalanx
+from phalanx.api import make_job
+from phalanx.config import RunConfig
+from phalanx.models import build_model
+from phalanx.parallel.equivalence import max_state_diff, reference_training
+
+
+def _opts(tmp_path, **kw):
+    base = {"model": "mlp", "data": "synthetic", "strategy": "hogwild", "batch_size": 32,
+            "lr": 0.05, "rule": "momentum", "out": str(tmp_path / "run"), "progress": False,
+            "tensorboard": False}
+    base.update(kw)
+    return base
+
+
+def test_one_hogwild_worker_is_single_process_sgd(tmp_path):
+    opts = _opts(tmp_path, workers=1, max_steps=20, train_limit=800, test_limit=200)
+    result = phalanx.train(**opts)
+    ref = reference_training(make_job(RunConfig.from_mapping(opts).validate()), 20)
+    assert max_state_diff(result.model.state_dict(), ref.state) <= 1e-6
+
+
+@pytest.mark.parametrize("lock", [False, True])
+def test_two_workers_share_and_train_one_model(tmp_path, lock):
+    opts = _opts(tmp_path, workers=2, epochs=1, lock=lock, test_limit=500)
+    result = phalanx.train(**opts)
+    s = result.summary
+    # both workers' updates landed in the one shared model: 4000 / 2 / 32 = 62 steps each
+    assert s["updates"] == 2 * 62 and s["train_samples"] == 2 * 62 * 32
+    assert s["lock"] is lock and s["bytes_sent"] == 0
+    assert {e["rank"] for e in result.history if e["kind"] == "train"} == {0, 1}
+    torch.manual_seed(0)
+    initial = build_model("mlp", (1, 16, 16), 10).state_dict()
+    assert max_state_diff(result.model.state_dict(), initial) > 1e-3
+    assert s["test_accuracy"] >= 0.6  # chance is 0.1
+
+
+@pytest.mark.slow
+def test_hogwild_fashion_mnist_two_workers_reaches_85_percent(tmp_path):
+    result = phalanx.train(**_opts(tmp_path, data="fashion-mnist", workers=2, epochs=2,
+                                   batch_size=64, lr=0.05))
+    assert result.summary["test_accuracy"] >= 0.85, result.summary
