@@ -89,6 +89,9 @@ class Simulator:
         self._outstanding: dict[str, int] = {}
         self._interference = perf.options.interference
         self._k_sw, self._k_srv = perf.options.k_switch, perf.options.k_server
+        self._order: tuple[int, ...] = ()
+        self._order_stale = True
+        self._gangs: dict[int, int] = {}       # waiting jobs per gang size
         self._max_usable = max(min(s.num_devices, s.cpu_cores) for s in topology.servers)
 
     # ------------------------------------------------------------------ heap
@@ -173,6 +176,10 @@ class Simulator:
         self._run_info[jid] = _Running(servers, self.perf.isolated_rate(st.spec, shape,
                                                                         self.topology))
         del self.waiting[jid]
+        g = st.spec.gpus
+        self._gangs[g] -= 1
+        if not self._gangs[g]:
+            del self._gangs[g]
         self.running[jid] = st
         st.running = True
         if st.start < 0:
@@ -210,32 +217,45 @@ class Simulator:
         self._stop(st)
         st.preemptions += 1
         st.waiting_since = self.now
-        self.waiting[st.spec.id] = st
+        self._enqueue(st)
 
     # ------------------------------------------------------------------ scheduling
+    def _enqueue(self, st: JobState) -> None:
+        self.waiting[st.spec.id] = st
+        self._gangs[st.spec.gpus] = self._gangs.get(st.spec.gpus, 0) + 1
+        self._order_stale = True
+
     def _try_start(self, ids: Sequence[int]) -> None:
         c = self.cluster
+        failed = c.capacity + 1     # smallest gang that found no room in this pass
         for jid in ids:
-            if c.total_free == 0:
-                return
+            if not self._gangs or c.total_free < min(self._gangs):
+                return     # nothing waiting fits any more
             st = self.waiting.get(jid)
             if st is None:
                 continue
-            if st.spec.gpus > c.total_free:
-                continue
+            g = st.spec.gpus
+            if g > c.total_free or g >= failed:
+                continue   # a bigger gang cannot fit where a smaller one did not
             p = self.placement.place(st.spec, c)
             if p is None:
+                failed = g
                 self.result.fragmentation_blocked += 1
                 continue
             self._start(st, p)
 
     def _fill(self) -> None:
         c = self.cluster
-        if not self.waiting or c.total_free == 0:
+        if not self.waiting or c.total_free < min(self._gangs):
             return
-        if min(st.spec.gpus for st in self.waiting.values()) > c.total_free:
-            return
-        self._try_start(self.ordering.order(tuple(self.waiting.values()), self.now))
+        if self.ordering.time_invariant:
+            # reuse the last order until a job joins the queue (started ones are skipped)
+            if self._order_stale:
+                self._order = self.ordering.order(tuple(self.waiting.values()), self.now)
+                self._order_stale = False
+            self._try_start(self._order)
+        else:
+            self._try_start(self.ordering.order(tuple(self.waiting.values()), self.now))
 
     def _round(self) -> None:
         active = tuple(self.running.values()) + tuple(self.waiting.values())
@@ -320,5 +340,5 @@ class Simulator:
         st = JobState(spec, remaining=spec.work, waiting_since=self.now,
                       last_update=self.now)
         self.states[spec.id] = st
-        self.waiting[spec.id] = st
+        self._enqueue(st)
         self._outstanding[spec.vc] = self._outstanding.get(spec.vc, 0) + spec.gpus

@@ -21,6 +21,9 @@ class OrderingPolicy(Protocol):
     name: str
     preemptive: bool
     round_s: float | None
+    # True when the order depends only on the jobs' specs (not on time or progress): the
+    # event loop may then reuse an order until a job joins the queue
+    time_invariant: bool
 
     def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]: ...
 
@@ -37,6 +40,7 @@ class FIFO:
     name: str = "fifo"
     preemptive: bool = False
     round_s: float | None = None
+    time_invariant: bool = True
 
     def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
         return tuple(j.spec.id for j in sorted(jobs, key=lambda j: (j.spec.submit, j.spec.id)))
@@ -49,6 +53,7 @@ class ShortestJobFirst:
     name: str = "sjf"
     preemptive: bool = False
     round_s: float | None = None
+    time_invariant: bool = True
 
     def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
         return tuple(j.spec.id for j in sorted(
@@ -62,6 +67,7 @@ class LeastAttainedService:
     name: str = "las"
     preemptive: bool = True
     round_s: float | None = DEFAULT_SLOT_S
+    time_invariant: bool = False
 
     def __post_init__(self) -> None:
         _check_slot(self.round_s or 0)
@@ -83,6 +89,7 @@ class Tiresias:
     name: str = "tiresias"
     preemptive: bool = True
     round_s: float | None = DEFAULT_SLOT_S
+    time_invariant: bool = False
 
     def __post_init__(self) -> None:
         _check_slot(self.round_s or 0)
@@ -118,6 +125,7 @@ class RoundRobin:
     round_s: float | None = DEFAULT_SLOT_S
     name: str = "rr"
     preemptive: bool = True
+    time_invariant: bool = False
 
     def __post_init__(self) -> None:
         _check_slot(self.round_s or 0)
