@@ -40,7 +40,8 @@ def test_yaml_roundtrip(tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d["zones"][0]["racks"][0]["servers"][0].update(devices=6),
-     r"zones\[0\].racks\[0\].servers\[0\].pcie_switches: \[4, 4\] holds 8 devices but devices is 6"),
+     r"zones\[0\].racks\[0\].servers\[0\].pcie_switches: \[4, 4\] holds 8 devices "
+     r"but devices is 6"),
     (lambda d: d["zones"][0]["racks"][0]["servers"][0].update(device_type="h100"),
      r"device_type: 'h100' is not one of"),
     (lambda d: d["zones"][0]["racks"][0]["servers"][0].update(cpu_cores=-1),
