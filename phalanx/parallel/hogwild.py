@@ -53,12 +53,15 @@ def run(job: Job, log: EventLog) -> Outcome:
     model.share_memory()  # parameters and buffers now live in shared memory
     # per worker: samples seen, updates applied (written by the worker, read here)
     counters = torch.zeros(cfg.workers, 2, dtype=torch.int64).share_memory_()
+    # per worker: wall-clock start and end of its training loop (after process start-up)
+    clocks = torch.zeros(cfg.workers, 2, dtype=torch.float64).share_memory_()
     lock = mp.get_context("spawn").Lock() if cfg.lock else None
     t0 = time.perf_counter()
     # the gloo group that spawn sets up is unused: the model itself is the shared state
-    spawn(_worker, cfg.workers, (job, model, counters, lock))
+    spawn(_worker, cfg.workers, (job, model, counters, clocks, lock))
     wall = time.perf_counter() - t0
     samples, updates = (int(v) for v in counters.sum(0))
+    train_s = float(clocks[:, 1].max() - clocks[:, 0].min())
     stats = {
         "bytes_sent": 0,  # no messages: workers write the shared tensors directly
         "bytes_per_sample": 0.0,
@@ -66,14 +69,16 @@ def run(job: Job, log: EventLog) -> Outcome:
         "lock": cfg.lock,
         "shared_bytes_written": updates * sum(p.numel() * p.element_size()
                                               for p in model.parameters()),
-        "train_wall_s": wall,
+        "train_wall_s": train_s,  # first worker's start to last worker's end
+        "train_samples_per_s": samples / train_s if train_s > 0 else 0.0,
+        "launch_wall_s": wall,
     }
     write_result(job, model.state_dict(), train_samples=samples, steps=updates, stats=stats)
     return Outcome(model, samples, updates, stats)
 
 
 def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.Tensor,
-            lock) -> None:
+            clocks: torch.Tensor, lock) -> None:
     torch.set_num_threads(1)  # spawn did it already; Hogwild! workers must never oversubscribe
     cfg = job.config
     tb = job.run_dir / "tensorboard" if cfg.tensorboard else None
@@ -96,6 +101,7 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
                         enabled=cfg.progress and rank == 0)
     x_all, y_all = job.train.x, job.train.y
     t0 = time.perf_counter()
+    clocks[rank, 0] = time.time()  # wall clock: comparable across processes
     step, samples, epoch = 0, 0, 0
     while step < total:
         for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed + rank):
@@ -134,6 +140,7 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
         epoch += 1
         if rank == 0 and not cfg.eval_every:
             _eval(job, model, log, step, epoch, counters, t0)
+    clocks[rank, 1] = time.time()
     progress.close()
     log.close()
 

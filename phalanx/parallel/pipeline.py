@@ -105,16 +105,8 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
     submod = stage_module(model, part.names[s])
     shapes = boundary_shapes(model, part, job.train.input_shape, mb)
     meter = StageMeter(submod, Straggler(cfg.slow_workers.get(rank, 1.0)))
-    stage = MeteredStage(
-        meter, submod, s, stages, torch.device("cpu"),
-        # example tensors: their requires_grad tells the stage which gradients travel
-        input_args=(torch.empty(mb, *job.train.input_shape) if first
-                    else torch.empty(shapes[s - 1], requires_grad=True)),
-        output_args=torch.empty(shapes[s], requires_grad=True), group=pipes[replica])
-    loss_fn = nn.CrossEntropyLoss()
-    # scale_grads=False: we scale once per optimizer step ourselves (grad_accum-safe)
-    schedule = SCHEDULES[cfg.pipeline_schedule](stage, cfg.microbatches, loss_fn=loss_fn,
-                                                scale_grads=False)
+    schedule = build_schedule(submod, meter, s, stages, shapes, job.train.input_shape,
+                              cfg.pipeline_schedule, cfg.microbatches, pipes[replica])
     shard = job.shard(replica, replicas)
     total = job.planned_steps(min(len(job.shard(r, replicas)) for r in range(replicas)))
     params = [p for p in submod.parameters() if p.requires_grad]
@@ -136,13 +128,10 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
         for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed):
             losses: list[torch.Tensor] = []
             with meter.saving():
-                if first:
-                    x = x_all[idx]
-                    schedule.step(aug(x, gen) if aug is not None else x)
-                elif last:
-                    out = schedule.step(target=y_all[idx], losses=losses)
-                else:
-                    schedule.step()
+                x = x_all[idx] if first else None
+                if aug is not None:
+                    x = aug(x, gen)
+                out = pipeline_step(schedule, s, stages, x, y_all[idx], losses)
             sent += per_batch
             micro += 1
             samples += len(idx) * replicas
@@ -164,6 +153,8 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
             for p in params:
                 p.grad = None
             step += 1
+            if step == 1:  # the first step connects peers and warms up: not measured
+                t_train, meter.compute_s = report.wall(), 0.0
             if last and (step == 1 or step % 10 == 0 or step == total):
                 loss = torch.stack(losses).mean().detach()
                 acc = (out.argmax(1) == y_all[idx]).float().mean()
@@ -187,6 +178,36 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
     if replica == 0:
         gather_model(model, part, list(range(stages)), rank, dst=0)
     _finish(job, model, part, rank, world, sent, samples, step, meter, train_s)
+
+
+def build_schedule(submod: nn.Module, meter: StageMeter, s: int, stages: int,
+                   shapes: list[tuple[int, ...]], input_shape: tuple[int, ...], name: str,
+                   microbatches: int, group=None):
+    """Stage ``s`` of ``stages`` around ``submod`` and its GPipe / 1F1B schedule.
+    ``shapes[k]`` is stage k's output for one micro-batch."""
+    mb = shapes[0][0]
+    stage = MeteredStage(
+        meter, submod, s, stages, torch.device("cpu"),
+        # example tensors: their requires_grad tells the stage which gradients travel
+        input_args=(torch.empty(mb, *input_shape) if s == 0
+                    else torch.empty(shapes[s - 1], requires_grad=True)),
+        output_args=torch.empty(shapes[s], requires_grad=True), group=group)
+    # scale_grads=False: the caller scales once per optimizer step (grad_accum-safe)
+    return SCHEDULES[name](stage, microbatches, loss_fn=nn.CrossEntropyLoss(),
+                           scale_grads=False)
+
+
+def pipeline_step(schedule, s: int, stages: int, x: torch.Tensor | None, y: torch.Tensor,
+                  losses: list) -> torch.Tensor | None:
+    """One batch through the pipeline: the first stage feeds ``x``, the last computes the
+    loss of each micro-batch against ``y`` (into ``losses``) and returns the outputs."""
+    if s == 0:
+        schedule.step(x)
+        return None
+    if s == stages - 1:
+        return schedule.step(target=y, losses=losses)
+    schedule.step()
+    return None
 
 
 def _numel(shape) -> int:

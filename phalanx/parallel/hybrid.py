@@ -1,0 +1,31 @@
+"""Hybrid parallelism: ``--replicas`` R data-parallel copies of a ``--stages`` P pipeline.
+
+P * R processes; rank = replica * P + stage. Each replica is a pipeline (GPipe or 1F1B,
+:mod:`phalanx.parallel.pipeline`) over its own data shard; after the micro-batches of a
+step, the R copies of each stage average their gradients over a per-stage process group
+(``dist.new_group``), so every replica applies the same update and the run equals
+single-process training on the R replicas' batches concatenated.
+"""
+
+from __future__ import annotations
+
+from phalanx.config import RunConfig
+from phalanx.metrics import EventLog
+from phalanx.parallel.base import Job, Outcome, read_result
+from phalanx.parallel.pipeline import check, train_pipeline
+from phalanx.runtime.launch import spawn
+
+
+def world_size(cfg: RunConfig) -> int:
+    return cfg.stages * cfg.replicas
+
+
+def run(job: Job, log: EventLog) -> Outcome:
+    cfg = job.config
+    check(job, cfg.stages, cfg.replicas)
+    spawn(process_main, world_size(cfg), (job,))
+    return read_result(job)
+
+
+def process_main(rank: int, world: int, job: Job) -> None:
+    train_pipeline(rank, world, job, job.config.stages, job.config.replicas)
