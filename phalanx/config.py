@@ -86,6 +86,7 @@ class RunConfig:
     workers: int = 1
     seed: int = 0
     device: str = "cpu"
+    threads: int = 0  # intra-op threads in the driver (0 = PyTorch's default); workers use 1
     slow_workers: dict[int, float] = field(default_factory=dict)
 
     # parameter server family
@@ -122,7 +123,7 @@ class RunConfig:
     progress: bool = True
     tensorboard: bool = True
 
-    def validate(self) -> "RunConfig":
+    def validate(self) -> RunConfig:
         def need(cond: bool, name: str, what: str) -> None:
             if not cond:
                 value = getattr(self, name)
@@ -151,6 +152,7 @@ class RunConfig:
         need(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
         need(self.grad_accum >= 1, "grad_accum", "must be >= 1")
         need(1 <= self.workers <= 256, "workers", "must be in 1..256")
+        need(0 <= self.threads <= 1024, "threads", "must be in 0..1024")
         need(1 <= self.servers <= 64, "servers", "must be in 1..64")
         need(self.staleness >= 0, "staleness", "must be >= 0")
         need(1 <= self.softsync <= self.workers, "softsync", "must be in 1..--workers")
@@ -183,7 +185,7 @@ class RunConfig:
         return d
 
     @classmethod
-    def from_mapping(cls, values: dict[str, Any], source: str = "config") -> "RunConfig":
+    def from_mapping(cls, values: dict[str, Any], source: str = "config") -> RunConfig:
         """Build from a dict (a config file or keyword arguments); unknown keys are errors."""
         names = {f.name: f for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
@@ -198,7 +200,8 @@ class RunConfig:
                     try:
                         value = {int(k): float(v) for k, v in value.items()}
                     except (TypeError, ValueError):
-                        raise ConfigError(f"{source}: slow_workers must map rank -> factor") from None
+                        raise ConfigError(
+                            f"{source}: slow_workers must map rank -> factor") from None
                 else:
                     raise ConfigError(f"{source}: slow_workers must be 'R:F,...' or a mapping")
             else:

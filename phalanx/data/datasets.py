@@ -35,7 +35,7 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[1:])
 
-    def subset(self, limit: int) -> "Dataset":
+    def subset(self, limit: int) -> Dataset:
         if limit <= 0 or limit >= len(self):
             return self
         return Dataset(self.name, self.x[:limit], self.y[:limit], self.num_classes)
@@ -74,7 +74,8 @@ def _digits(seed: int) -> tuple:
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise DataError("digits: scikit-learn is not installed (pip install scikit-learn)") from None
+        raise DataError(
+            "digits: scikit-learn is not installed (pip install scikit-learn)") from None
     bunch = load_digits()
     images = bunch.images.astype(np.float32)
     labels = bunch.target.astype(np.int64)

@@ -50,7 +50,8 @@ def read_idx(path: str | Path) -> np.ndarray:
     expected = int(np.prod(shape)) * dtype.itemsize
     body = len(data) - header_len
     if body < expected:
-        raise DataError(f"{path}: truncated: header says {shape} ({expected} bytes), file has {body}")
+        raise DataError(
+            f"{path}: truncated: header says {shape} ({expected} bytes), file has {body}")
     if body > expected:
         raise DataError(f"{path}: {body - expected} unexpected trailing bytes after {shape}")
     arr = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape)), offset=header_len)

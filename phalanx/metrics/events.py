@@ -54,7 +54,7 @@ class EventLog:
             self._tb.close()
             self._tb = None
 
-    def __enter__(self) -> "EventLog":
+    def __enter__(self) -> EventLog:
         return self
 
     def __exit__(self, *exc) -> None:

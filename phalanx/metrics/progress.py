@@ -31,7 +31,8 @@ class Progress:
         elapsed = now - self._t0
         if self.tty:
             bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
-            self.stream.write(f"\r{self.label} [{bar}] {done}/{self.total} {elapsed:5.1f}s {extras}")
+            self.stream.write(
+                f"\r{self.label} [{bar}] {done}/{self.total} {elapsed:5.1f}s {extras}")
             self._shown = True
         else:
             self.stream.write(f"{self.label} {done}/{self.total} ({100 * frac:.0f}%) "

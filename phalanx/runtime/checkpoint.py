@@ -51,7 +51,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         payload = torch.load(io.BytesIO(body), weights_only=True)
     except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{path}: unreadable checkpoint payload ({type(e).__name__})") from None
+        raise CheckpointError(
+            f"{path}: unreadable checkpoint payload ({type(e).__name__})") from None
     if not isinstance(payload, dict):
         raise CheckpointError(f"{path}: checkpoint payload is not a mapping")
     return payload

@@ -61,7 +61,8 @@ def run_main(capsys, *args):
 def test_bad_flag_in_a_real_process(tmp_path):
     r = phalanx("train", "--lr", "nan", "--out", str(tmp_path))
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == ["phalanx: error: --lr: nan must be a finite number > 0"]
+    expected = "phalanx: error: --lr: nan must be a finite number > 0"
+    assert r.stderr.strip().splitlines() == [expected]
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -1,0 +1,33 @@
+"""Studies built on the strategies: each writes a report folder (Markdown + PNG) whose
+verdict is stated in numbers next to the claim it tests."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from phalanx.errors import ConfigError
+
+# name -> (claim, module with run(out: Path, quick: bool, data: str | None, seed: int) -> Path)
+EXPERIMENTS: dict[str, tuple[str, str]] = {
+    "sync-large-batch": ("sync data parallel equals serial SGD with an N-times larger batch",
+                         "phalanx.experiments.sync_large_batch"),
+    "averaging-period": ("averaging period sweep: accuracy against bytes moved",
+                         "phalanx.experiments.averaging_period"),
+    "staleness-vs-workers": ("mean ASGD staleness is about the number of workers",
+                             "phalanx.experiments.staleness_workers"),
+    "dc-asgd": ("DC-ASGD beats ASGD and SSGD and approaches sequential SGD",
+                "phalanx.experiments.dc_asgd"),
+    "ring-traffic": ("ring allreduce sends 2X(N-1)/N per worker, a main node 2X(N-1)",
+                     "phalanx.experiments.ring_traffic"),
+    "ssp-softsync": ("SSP bound and soft-sync n: time to accuracy",
+                     "phalanx.experiments.ssp_softsync"),
+}
+
+
+def run_experiment(name: str, out: Path, *, quick: bool = False, data: str | None = None,
+                   seed: int = 0) -> Path:
+    if name not in EXPERIMENTS:
+        raise ConfigError(f"experiments run: {name!r} is not one of {', '.join(EXPERIMENTS)}")
+    module = importlib.import_module(EXPERIMENTS[name][1])
+    return module.run(Path(out), quick=quick, data=data, seed=seed)

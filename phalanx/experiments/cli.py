@@ -1,0 +1,72 @@
+"""Sub-commands ``phalanx compare`` and ``phalanx experiments list|run``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from phalanx.cli import config_from_args
+    from phalanx.experiments.compare import compare, parse_strategies
+
+    strategies = parse_strategies(args.strategies)
+    if args.workers is None:
+        args.workers = 4
+    if args.out is None:
+        args.out = "runs/compare"
+    base = config_from_args(args)
+    if not 0 < args.target_accuracy <= 1:
+        from phalanx.errors import ConfigError
+
+        raise ConfigError(f"--target-accuracy: {args.target_accuracy} must be in (0, 1]")
+    command = "phalanx " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    runs, report = compare(base, strategies, Path(base.out), target=args.target_accuracy,
+                           command=command)
+    from phalanx.experiments.compare import table
+
+    print(table(runs, args.target_accuracy))
+    print(f"\nreport: {report}")
+    return 0
+
+
+def _cmd_experiments(args: argparse.Namespace) -> int:
+    from phalanx.experiments import EXPERIMENTS, run_experiment
+
+    if args.action == "list":
+        for name, (title, _) in EXPERIMENTS.items():
+            print(f"{name:22s} {title}")
+        return 0
+    if not args.name:
+        from phalanx.errors import ConfigError
+
+        raise ConfigError("experiments run: name an experiment (see 'phalanx experiments list')")
+    out = Path(args.out or f"runs/experiments/{args.name}")
+    report = run_experiment(args.name, out, quick=args.quick, data=args.data, seed=args.seed)
+    print(Path(report).read_text())
+    print(f"report: {report}")
+    return 0
+
+
+def register(sub) -> None:
+    from phalanx.cli import add_run_config_flags
+
+    p = sub.add_parser("compare", help="run several strategies on the same job; write a report")
+    p.add_argument("--strategies", required=True,
+                   help="comma list, e.g. single,sync,asp,ssp,dc-asgd")
+    p.add_argument("--target-accuracy", type=float, default=0.8,
+                   help="report time and samples to reach this test accuracy (default 0.8)")
+    add_run_config_flags(p)
+    p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("experiments", help="the literature's claims as reproducible studies")
+    p.add_argument("action", choices=["list", "run"])
+    p.add_argument("name", nargs="?")
+    p.add_argument("--quick", action="store_true", help="a small version (CI-sized)")
+    p.add_argument("--data", default=None, help="data set (default: fashion-mnist; quick: "
+                   "synthetic)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="report folder (default runs/experiments/NAME)")
+    p.set_defaults(func=_cmd_experiments)

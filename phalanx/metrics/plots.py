@@ -1,0 +1,83 @@
+"""PNG plots of runs (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def line_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
+              xlabel: str, ylabel: str, title: str, logx: bool = False,
+              logy: bool = False, markers: bool = True,
+              reference: Sequence[str] = ()) -> Path:
+    """One line per label: ``series[label] = (xs, ys)``. Labels in ``reference`` (formulas,
+    claims) are drawn dashed without markers, so measured points on them stay visible."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for label, (xs, ys) in series.items():
+        if label in reference:
+            ax.plot(xs, ys, linestyle="--", linewidth=1.2, color="gray" if len(reference) == 1
+                    else None, label=label)
+        else:
+            ax.plot(xs, ys, marker="o" if markers else None, markersize=6 if reference else 3,
+                    linestyle=":" if reference else "-", label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def bar_plot(path: Path, values: Mapping[str, float], *, ylabel: str, title: str,
+             xlabel: str = "") -> Path:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    labels = list(values)
+    bars = ax.bar(labels, [values[k] for k in labels], color="tab:blue")
+    ax.bar_label(bars, fmt="%.3g", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel or "strategy")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def histogram_plot(path: Path, hists: Mapping[str, Sequence[int]], *, xlabel: str, title: str
+                   ) -> Path:
+    """Grouped bars: ``hists[label][k]`` = count of value k (normalised to a fraction)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    labels = [k for k, h in hists.items() if sum(h)]
+    width = 0.8 / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        counts = hists[label]
+        total = sum(counts)
+        xs = [k + (i - (len(labels) - 1) / 2) * width for k in range(len(counts))]
+        ax.bar(xs, [c / total for c in counts], width=width, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction of applied updates")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    if labels:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no strategy here records staleness", ha="center",
+                transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
