@@ -61,6 +61,9 @@ def check(job: Job, stages: int, replicas: int = 1) -> None:
         raise ConfigError(f"--microbatches: {cfg.microbatches} does not divide --batch-size "
                           f"{cfg.batch_size} (micro-batches must be equal for equal results)")
     refuse_batchnorm_with_microbatches(model, cfg.microbatches, "--microbatches")
+    if cfg.pipeline_schedule == "1f1b" and cfg.microbatches < stages:
+        raise ConfigError(f"--microbatches: 1f1b needs at least --stages ({stages}) "
+                          f"micro-batches to fill the pipeline, got {cfg.microbatches}")
     world = stages * replicas
     for rank in cfg.slow_workers:
         if rank >= world:

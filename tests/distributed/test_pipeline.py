@@ -54,3 +54,8 @@ def test_pipeline_refuses_batchnorm_with_microbatches(tmp_path):
 def test_pipeline_refuses_uneven_microbatches(tmp_path):
     with pytest.raises(ConfigError, match="--microbatches: 5 does not divide --batch-size 32"):
         phalanx.train(**_opts(tmp_path, microbatches=5))
+
+
+def test_1f1b_needs_as_many_microbatches_as_stages(tmp_path):
+    with pytest.raises(ConfigError, match="1f1b needs at least --stages"):
+        phalanx.train(**_opts(tmp_path, pipeline_schedule="1f1b", stages=3, microbatches=2))
