@@ -31,6 +31,10 @@ class TransportTimeout(TimeoutError):
     """Nothing arrived within the timeout."""
 
 
+class PeerLost(ConnectionError):
+    """The connection to a peer broke (the peer process failed or exited)."""
+
+
 @dataclass
 class Message:
     src: int
@@ -173,15 +177,22 @@ class GlooTransport:
             else:
                 work.wait(datetime.timedelta(seconds=timeout_s))
         except RuntimeError as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if "Timed out" not in first:
+                raise PeerLost(f"rank {self.rank}: connection lost ({_short(first)})") from None
             # a timed-out gloo receive stays posted and cannot be re-waited: callers must
             # treat TransportTimeout as the end of the run (dead peer), not poll with it
-            raise TransportTimeout(f"rank {self.rank}: nothing arrived in {timeout_s} s "
-                                   f"({str(e).splitlines()[0] if str(e) else 'timeout'})") from None
+            raise TransportTimeout(f"rank {self.rank}: nothing arrived in {timeout_s} s") from None
         sender = src if src is not None else work._source_rank()
         header = Header.decode(wire)  # a bad header: nothing reliable says what follows it
         tensors = header.payload_buffers()
-        for t in tensors:
-            dist.recv(t, src=sender, tag=PAYLOAD_TAG)
+        try:
+            for t in tensors:
+                dist.recv(t, src=sender, tag=PAYLOAD_TAG)
+        except RuntimeError as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise PeerLost(f"rank {self.rank}: connection to rank {sender} lost "
+                           f"({_short(first)})") from None
         self.counter.on_recv(HEADER_BYTES + nbytes(*tensors))
         return Message(sender, header, tensors)
 
@@ -190,3 +201,9 @@ class GlooTransport:
             for w in works:
                 w.wait()
         self._inflight = []
+
+
+def _short(gloo_message: str) -> str:
+    """gloo's message without its source-file prefix and its advice."""
+    text = gloo_message.split("] ", 1)[-1]
+    return text.split(". This is typically", 1)[0]

@@ -209,7 +209,9 @@ def worker_main(job: Job, transport: Transport, layout: Layout, worker: int,
     part = partition(model, cfg.servers)
     flat = flat_dense(part, params)
     table = params[part.table.param] if part.table else None
-    client = PSClient(transport, part, layout, worker, cfg.ps_timeout)
+    # a worker waits longer than a server: when a peer dies, the server (which knows who is
+    # silent) should be the one to end the run, with the better message
+    client = PSClient(transport, part, layout, worker, 2 * cfg.ps_timeout + 10)
     shard = job.shard(worker, cfg.workers)
     total = steps_per_worker(job)
     straggler = Straggler(cfg.slow_workers.get(worker, 1.0))

@@ -7,14 +7,19 @@ in parallel and a slow shard costs one wait, not S.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from phalanx.comm.transport import Transport, TransportTimeout
+from phalanx.comm.transport import PeerLost, Transport, TransportTimeout
 from phalanx.comm.wire import Header, Kind, WireError
 from phalanx.errors import PhalanxError
 from phalanx.ps.partition import Partition
 from phalanx.ps.server import Layout
 from phalanx.ps.shard import HAS_ROWS, WANT_DENSE
+
+
+LOST_PEER_GRACE_S = 5.0
 
 
 class PSClient:
@@ -94,3 +99,9 @@ class PSClient:
                                f"in {self.timeout_s:g} s") from None
         except WireError as e:
             raise PhalanxError(f"worker {self.worker}: bad message from shard {k}: {e}") from None
+        except PeerLost:
+            # the shard died; it (or the worker that made it give up) reports the cause.
+            # Waiting a moment lets that error reach the launcher first, instead of ours.
+            time.sleep(LOST_PEER_GRACE_S)
+            raise PhalanxError(f"worker {self.worker}: lost the connection to parameter "
+                               f"server shard {k} (it failed or exited)") from None

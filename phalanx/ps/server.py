@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from phalanx.comm.counters import ByteCounter, nbytes
-from phalanx.comm.transport import Message, Transport, TransportTimeout
+from phalanx.comm.transport import Message, PeerLost, Transport, TransportTimeout
 from phalanx.comm.wire import HEADER_BYTES, Header, Kind, WireError
 from phalanx.errors import PhalanxError
 from phalanx.ps.shard import ShardState, ShardStats
@@ -85,6 +85,9 @@ def serve(state: ShardState, transport: Transport, layout: Layout, timeout_s: fl
         except WireError as e:
             state.reject_message(f"bad header: {e}")
             continue
+        except PeerLost as e:
+            raise PhalanxError(f"parameter server shard {state.shard}: a peer process failed "
+                               f"or exited ({e})") from None
         w = layout.worker_of(msg.src)
         if w is None:
             if msg.header.kind in (Kind.FINAL,) and msg.src < layout.servers:

@@ -186,7 +186,7 @@ class ShardState:
         if g.dtype != self.dense.dtype or g.numel() != self.dense.numel():
             return (f"dense gradient {g.dtype}[{g.numel()}] does not match the shard's "
                     f"{self.dense.dtype}[{self.dense.numel()}]")
-        if not bool(torch.isfinite(g).all()):
+        if not _finite(g):
             return "NaN or Inf in the gradient"
         if want == 3:
             ids, rows = tensors[1], tensors[2]
@@ -194,7 +194,7 @@ class ShardState:
                 return bad
             if rows.dtype != self.rows.dtype or rows.numel() != ids.numel() * self.rows.shape[1]:
                 return "row gradients do not match the row ids"
-            if not bool(torch.isfinite(rows).all()):
+            if not _finite(rows):
                 return "NaN or Inf in the row gradients"
         return ""
 
@@ -210,7 +210,8 @@ class ShardState:
         staleness = [self.version - p.version for p in valid]
         # a batch (BSP, SoftSync) is scaled by its mean staleness, as in Zhang et al. 2016
         stale = math.ceil(sum(staleness) / n)
-        grad = valid[0].dense.clone() if n == 1 else torch.stack([p.dense for p in valid]).mean(0)
+        # (the received gradient is ours alone and rules are functional: no copy needed)
+        grad = valid[0].dense if n == 1 else torch.stack([p.dense for p in valid]).mean(0)
         backup = None
         if self.keep_backups:
             backup = [torch.stack([self.backups.get(p.worker, self.dense) for p in valid]).mean(0)]
@@ -272,6 +273,14 @@ class ShardState:
         header = Header(Kind.PARAMS, worker=w, clock=self.clocks[w], version=self.version,
                         shard=self.shard, flags=flags)
         return Outgoing(w, header, tensors)
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in ``t``: one pass and no boolean copy (min/max propagate NaN)."""
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
 def _gather(state: Any, idx: torch.Tensor, n: int) -> Any:

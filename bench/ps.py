@@ -1,0 +1,135 @@
+"""Parameter server benchmarks, in one run (real processes over gloo):
+
+1. pushes/s one shard absorbs for a 1M-parameter model (2 pushing processes, ASP, SGD
+   applied on the server) against the same messages sent over the raw transport and
+   discarded (the ceiling) -> ratio ``shard_over_raw_transport``.
+2. samples/s of ASP with N = 1, 2, 4 workers (1 shard) against the single-worker loop
+   (``phalanx.parallel.single``) on the same model and data -> ratios ``asp{N}_over_single``.
+   Throughput is read from the runs' own "train" events (samples / wall seconds, summed
+   over workers), so process start-up is not counted for either side.
+
+This machine has 2 shared cores: ASP with N workers plus a server is N + 1 processes on
+them, so the N > 1 ratios measure contention as much as the protocol. Medians of repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import _common  # noqa: F401  (puts the repo on sys.path)
+import torch
+
+from phalanx.api import train
+from phalanx.comm.transport import GlooTransport
+from phalanx.comm.wire import Header, Kind
+from phalanx.config import RunConfig
+from phalanx.ps.client import PSClient
+from phalanx.ps.consistency import Asynchronous
+from phalanx.ps.partition import Partition
+from phalanx.ps.server import Layout, serve
+from phalanx.ps.shard import ShardState
+from phalanx.rules import sgd
+from phalanx.runtime.launch import spawn
+
+PARAMS = 1_000_000
+PUSHERS = 2
+
+
+def _push_bench(rank: int, world: int, pushes: int, raw: bool, out: str) -> None:
+    layout = Layout(1, PUSHERS)
+    part = Partition(1, (0,), ((PARAMS,),), (0, PARAMS))
+    transport = GlooTransport(rank, world)
+    if rank == 0:
+        t0 = time.perf_counter()
+        if raw:  # the ceiling: receive every message and drop it
+            for _ in range(pushes * PUSHERS):
+                transport.recv()
+            count = pushes * PUSHERS
+        else:
+            state = ShardState(0, part, torch.zeros(PARAMS), None, sgd(0.01), Asynchronous(),
+                               PUSHERS)
+            serve(state, transport, layout, timeout_s=120)
+            count = state.stats.pushes_applied
+        Path(out).write_text(json.dumps({"pushes_per_s": count / (time.perf_counter() - t0)}))
+        return
+    worker = rank - 1
+    grad = torch.randn(PARAMS) * 1e-3
+    if raw:
+        for c in range(pushes):
+            transport.send(0, Header(Kind.PUSH, worker=worker, clock=c), [grad])
+        transport.flush()
+        return
+    client = PSClient(transport, part, layout, worker, 120)
+    for c in range(pushes):
+        client.push(c, grad, [0])
+    client.done(pushes, torch.zeros(4, dtype=torch.float64))
+
+
+def pushes_per_s(pushes: int, raw: bool) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "r.json")
+        spawn(_push_bench, 1 + PUSHERS, (pushes, raw, out))
+        return json.loads(Path(out).read_text())["pushes_per_s"]
+
+
+def throughput(run_dir: Path) -> float:
+    """Samples/s summed over workers, from each worker's last "train" event."""
+    last: dict[int, dict] = {}
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e["kind"] == "train" and e.get("wall_s", 0) > 0:
+            last[e["rank"]] = e
+    return sum(e["samples"] / e["wall_s"] for e in last.values())
+
+
+def samples_per_s(strategy: str, workers: int, steps: int, model: str, data: str) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = RunConfig(model=model, data=data, strategy=strategy, workers=workers, servers=1,
+                        rule="sgd", lr=0.05, batch_size=64, max_steps=steps,
+                        eval_every=10**9, progress=False, tensorboard=False, out=tmp)
+        train(config=cfg.validate())
+        return throughput(Path(tmp))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer pushes, steps, repeats")
+    ap.add_argument("--model", default="lenet5")
+    ap.add_argument("--data", default="synthetic")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    pushes, steps, repeats = (40, 60, 1) if args.quick else (150, 200, 3)
+    shard, raw = [], []
+    for _ in range(repeats):
+        raw.append(pushes_per_s(pushes, raw=True))
+        shard.append(pushes_per_s(pushes, raw=False))
+    rates: dict[str, list[float]] = {"single": []}
+    for n in (1, 2, 4):
+        rates[f"asp{n}"] = []
+    for _ in range(repeats):
+        rates["single"].append(samples_per_s("single", 1, steps, args.model, args.data))
+        for n in (1, 2, 4):
+            rates[f"asp{n}"].append(samples_per_s("asp", n, steps, args.model, args.data))
+    med = {k: _common.median(v) for k, v in rates.items()}
+    m_shard, m_raw = _common.median(shard), _common.median(raw)
+    ratios = {"shard_over_raw_transport": m_shard / m_raw}
+    ratios.update({f"asp{n}_over_single": med[f"asp{n}"] / med["single"] for n in (1, 2, 4)})
+    _common.emit(
+        "ps",
+        {"params": PARAMS, "pushers": PUSHERS, "pushes": pushes, "steps": steps,
+         "model": args.model, "data": args.data, "cores": torch.get_num_threads(),
+         "shard_pushes_per_s": m_shard, "raw_transport_msgs_per_s": m_raw,
+         "samples_per_s": med, "all": {"shard": shard, "raw": raw, **rates}},
+        ratios,
+        # one shard should absorb at least half of what the bare transport carries; ASP with
+        # one worker should keep most of single-worker speed (a pull and a push per step)
+        {"shard_over_raw_transport": 0.5, "asp1_over_single": 0.5},
+    )
+
+
+if __name__ == "__main__":
+    main()
