@@ -45,5 +45,5 @@ def test_two_workers_share_and_train_one_model(tmp_path, lock):
 @pytest.mark.slow
 def test_hogwild_fashion_mnist_two_workers_reaches_85_percent(tmp_path):
     result = phalanx.train(**_opts(tmp_path, data="fashion-mnist", workers=2, epochs=2,
-                                   batch_size=32, lr=0.05))
+                                   batch_size=64, lr=0.02))
     assert result.summary["test_accuracy"] >= 0.85, result.summary
