@@ -4,14 +4,13 @@ World layout: ranks ``0..S-1`` are server shards (``--servers S``), ranks ``S..S
 are workers ``0..N-1`` (``--workers N``). Every strategy is the same server and worker
 code with a different consistency model and server rule:
 
-| strategy  | consistency          | server rule                                      |
-|-----------|----------------------|--------------------------------------------------|
-| bsp       | barrier              | ``--rule`` on the average of the N gradients     |
-| asp       | none                 | ``--rule``                                       |
-| ssp       | bound ``--staleness``| ``--rule``                                       |
-| softsync  | average every ``--softsync`` n pushes | ``--rule``                      |
-| downpour  | none; pull every ``--nfetch``, push every ``--npush`` steps | ``--rule`` (e.g. adagrad) |
-| dc-asgd   | none                 | DC-ASGD(``--dc-lambda``, ``--dc-adaptive``) then ``--rule`` |
+* bsp: a barrier each step; ``--rule`` on the average of the N gradients;
+* asp: no waiting; every push applied at once;
+* ssp: a worker may be at most ``--staleness`` clocks ahead of the slowest;
+* softsync: the average of every ``--softsync`` n pushes is applied;
+* downpour: ASP, pull every ``--nfetch`` steps, push summed gradients every ``--npush``
+  steps (the server's ``--rule``, e.g. adagrad, keeps the optimizer state);
+* dc-asgd: ASP with delay compensation (``--dc-lambda``, ``--dc-adaptive``) before ``--rule``.
 
 ``--staleness-lr`` divides every applied step by its staleness, for any of them.
 Worker 0 evaluates the current server weights once per epoch (or every ``--eval-every``

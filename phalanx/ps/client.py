@@ -18,7 +18,6 @@ from phalanx.ps.partition import Partition
 from phalanx.ps.server import Layout
 from phalanx.ps.shard import HAS_ROWS, WANT_DENSE
 
-
 LOST_PEER_GRACE_S = 5.0
 
 

@@ -170,7 +170,7 @@ def test_torchrun_on_localhost(tmp_path):
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 # asynchrony already acts like momentum (Mitliagkas et al. 2016): async runs use plain SGD
 STUDY = {
-    "bsp": {"rule": "momentum", "lr": 0.08},
+    "bsp": {"rule": "momentum", "lr": 0.04},
     "asp": {"rule": "sgd", "lr": 0.05},
     "ssp": {"rule": "sgd", "lr": 0.05, "staleness": 3},
     "softsync": {"rule": "sgd", "lr": 0.1, "softsync": 2},

@@ -165,3 +165,40 @@ def test_silent_worker_ends_the_server_with_an_error_naming_it(tmp_path):
     # nobody talks at all: the receive itself times out, naming both workers
     with pytest.raises(PhalanxError, match=r"no message for 0.2 s; worker\(s\) \[0, 1\]"):
         serve(make_shard(job, 0), InProcNetwork(3).transport(0), layout, timeout_s=0.2)
+
+
+def bag_of_ids():
+    """A model whose first layer is an embedding: its table is served row by row."""
+    return nn.Sequential(nn.EmbeddingBag(1000, 8, mode="mean"), nn.Linear(8, 4))
+
+
+def id_data():
+    from phalanx.data import Dataset
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 500, (800, 5), generator=g)  # rows 500.. are never used
+    y = (x[:, 0] % 4).long()  # learnable from the ids
+    return Dataset("ids", x[:600], y[:600], 4), Dataset("ids", x[600:], y[600:], 4)
+
+
+def test_sparse_table_asp_one_worker_equals_single_and_moves_rows_only(tmp_path):
+    from phalanx.ps.partition import find_table
+
+    assert find_table(bag_of_ids()) is not None
+    options = {"batch_size": 20, "max_steps": 25, "lr": 0.5, "progress": False,
+               "tensorboard": False, "ps_timeout": 30.0}
+    cfg = RunConfig.from_mapping({**options, "strategy": "asp", "workers": 1, "servers": 3,
+                                  "out": str(tmp_path / "ps")}).validate()
+    job = make_job(cfg, bag_of_ids, id_data())
+    outcome = run_threads(job)
+    ref_cfg = RunConfig.from_mapping({**options, "strategy": "single",
+                                      "out": str(tmp_path / "single")}).validate()
+    ref = single.run(make_job(ref_cfg, bag_of_ids, id_data()), EventLog(None))
+    for p, q in zip(ref.model.parameters(), outcome.model.parameters()):
+        assert torch.allclose(p, q, atol=1e-6, rtol=0)
+    # rows no sample uses never moved (and were never sent anywhere); the others did
+    init, final = job.build_model()[0].weight, outcome.model[0].weight
+    assert torch.equal(init[500:], final[500:]) and not torch.equal(init[:500], final[:500])
+    # a step moves the batch's rows only: far fewer bytes than pulling + pushing the table
+    table_bytes = 1000 * 8 * 4
+    assert outcome.stats["bytes_sent"] / 25 < 0.5 * 2 * table_bytes

@@ -1,4 +1,4 @@
-"""Wire format and the in-process transport (the gloo one: tests/distributed/test_ps_transport.py)."""
+"""Wire format and the in-process transport (gloo: tests/distributed/test_ps.py)."""
 
 import threading
 
