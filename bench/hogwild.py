@@ -37,7 +37,7 @@ def measure(name: str, workers: int, lock: bool, args, out: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one repeat of three epochs (about a minute)")
+    ap.add_argument("--quick", action="store_true", help="1 repeat of 3 epochs")
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--batch-size", type=int, default=32)
     args = ap.parse_args()

@@ -177,7 +177,8 @@ def process_main(rank: int, world: int, job: Job) -> None:
             loss = loss_fn(out, y)
             (loss / cfg.grad_accum).backward()
             straggler.finish()
-            sent += 4 * len(idx) * ((hi - lo) * (world - 1) + 2 * split.in_features * (world - 1) / world)
+            sent += 4 * len(idx) * ((hi - lo) * (world - 1)
+                                    + 2 * split.in_features * (world - 1) / world)
             micro += 1
             samples += len(idx)
             if micro % cfg.grad_accum:

@@ -33,7 +33,8 @@ from phalanx.parallel.base import (
     evaluate,
     write_result,
 )
-from phalanx.rules import apply_updates, make_rule
+from phalanx.rules import apply_updates, make_rule, state_tensors
+from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
 
 LOG_EVERY = 10
@@ -133,6 +134,11 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
                 log.log("train", step=step, epoch=epoch, loss=loss.item(), accuracy=acc,
                         samples=samples, wall_s=time.perf_counter() - t0)
                 progress.update(step, loss=loss.item())
+            if rank == 0 and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                # a lock-free snapshot of the shared model (rank 0's own rule state)
+                save_checkpoint(job.run_dir / "checkpoint.pt", {
+                    "step": step, "model": copy.deepcopy(model).state_dict(),
+                    "rule_state": state_tensors(state)})
             if rank == 0 and cfg.eval_every and step % cfg.eval_every == 0:
                 _eval(job, model, log, step, epoch, counters, t0)
             if step >= total:

@@ -79,12 +79,14 @@ class _Clock:
 def _layer_parallel(rank: int, world: int, job: Job) -> None:
     cfg = job.config
     model = job.build_model()
+    check_stages(model, world, "--workers")  # again here: under torchrun no driver checked
     model.train()
     x_all, y_all = job.train.x, job.train.y
     shard = job.shard(0, 1)  # one stream of batches: every stage walks the same order
     total = job.planned_steps(len(shard))
     if cfg.batch_size > len(shard):
-        raise ConfigError(f"--batch-size: {cfg.batch_size} exceeds the {len(shard)} training samples")
+        raise ConfigError(
+            f"--batch-size: {cfg.batch_size} exceeds the {len(shard)} training samples")
     part = agreed_partition(model, world, x_all[: cfg.batch_size])
     stage = stage_module(model, part.names[rank])
     shapes = boundary_shapes(model, part, job.train.input_shape, cfg.batch_size)

@@ -41,6 +41,7 @@ from phalanx.parallel.stages import (
     refuse_batchnorm_with_microbatches,
 )
 from phalanx.rules import apply_updates, make_rule
+from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -97,6 +98,7 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
     cfg = job.config
     if world != stages * replicas:
         raise ConfigError(f"{world} processes cannot hold {replicas} x {stages} stages")
+    check(job, stages, replicas)  # again here: under torchrun no driver checked first
     replica, s = divmod(rank, stages)
     first, last = s == 0, s == stages - 1
     pipes, dps = _groups(stages, replicas)
@@ -171,6 +173,11 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
             report.tick(step)
             if wants_eval(cfg, step, epoch_done=False):
                 _evaluate(model, part, rank, stages, replica, report, step, epoch, samples)
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and replica == 0:
+                gather_model(model, part, list(range(stages)), rank, dst=0)
+                if rank == 0:  # the model only: each stage's rule state stays with it
+                    save_checkpoint(job.run_dir / "checkpoint.pt",
+                                    {"step": step, "model": model.state_dict()})
             if step >= total:
                 break
         epoch += 1
