@@ -153,10 +153,11 @@ def open_log(job: Job, rank: int) -> EventLog:
 def process_main(rank: int, world: int, job: Job) -> None:
     """One worker; runs inside an initialised process group (spawn or torchrun)."""
     with open_log(job, rank) as log:
-        _train(WorkerContext(job, rank, world, log, time.perf_counter()))
+        train_worker(WorkerContext(job, rank, world, log, time.perf_counter()))
 
 
-def _train(ctx: WorkerContext) -> None:
+def train_worker(ctx: WorkerContext) -> nn.Module:
+    """The training loop of one worker; returns its final replica (all ranks are equal)."""
     job, rank, world = ctx.job, ctx.rank, ctx.world
     cfg = job.config
     model = job.build_model()
@@ -251,3 +252,4 @@ def _train(ctx: WorkerContext) -> None:
         }
         write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
                      stats=stats)
+    return model

@@ -1,0 +1,160 @@
+"""Parameter averaging (local SGD): every worker trains on its own shard with its own
+optimizer for ``--period`` steps, then the workers average their parameters (and BN
+buffers) with an allreduce. ``--average-optimizer-state`` also averages the rule's state
+(momentum, AdaGrad sums, ...): more traffic, as the seeds warn.
+
+With period 1 and plain SGD this equals synchronous gradient averaging (the average of
+``w - lr g_i`` is ``w - lr mean(g_i)``). With a linear state (heavy-ball momentum) it still
+does at period 1, because the mean of the workers' momentum buffers follows the same
+recursion as the momentum of the mean gradient; with AdaGrad / Adam (non-linear state)
+or a period above 1 it does not.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from phalanx.comm.allreduce import AllReduce, make_allreduce
+from phalanx.comm.counters import ByteCounter
+from phalanx.config import RunConfig
+from phalanx.metrics import EventLog, Progress
+from phalanx.parallel.base import (
+    Job,
+    Outcome,
+    Straggler,
+    augmenter,
+    detached,
+    read_result,
+    write_result,
+)
+from phalanx.parallel.sync_dp import (
+    LOG_EVERY,
+    WorkerContext,
+    broadcast_from_rank0,
+    open_log,
+    total_bytes,
+    total_steps,
+    worker_batches,
+)
+from phalanx.rules import apply_updates, make_rule, state_tensors
+from phalanx.runtime.launch import spawn
+
+
+def world_size(cfg: RunConfig) -> int:
+    return cfg.workers
+
+
+def run(job: Job, log: EventLog) -> Outcome:
+    spawn(process_main, world_size(job.config), (job,))
+    return read_result(job)
+
+
+def process_main(rank: int, world: int, job: Job) -> None:
+    """One worker; runs inside an initialised process group (spawn or torchrun)."""
+    with open_log(job, rank) as log:
+        train_worker(WorkerContext(job, rank, world, log, time.perf_counter()))
+
+
+def average_(tensors: list[torch.Tensor], allreduce: AllReduce, world: int) -> None:
+    """Replace each tensor by its mean over the group (one flat allreduce)."""
+    if world == 1 or not tensors:
+        return
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+    allreduce(flat)
+    flat.div_(world)
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
+
+
+def train_worker(ctx: WorkerContext) -> nn.Module:
+    """The local-SGD loop of one worker; returns the final averaged model."""
+    job, rank, world = ctx.job, ctx.rank, ctx.world
+    cfg = job.config
+    model = job.build_model()
+    model.train()
+    counter = ByteCounter()
+    params = [p for p in model.parameters() if p.requires_grad]
+    broadcast_from_rank0(params + list(model.buffers()), counter, rank, world)
+    allreduce = make_allreduce(cfg.allreduce, counter=counter)
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+
+    total = total_steps(job, world)
+    weights = detached(params)
+    rule = make_rule(cfg, total)
+    state = rule.init(weights)
+    aug = augmenter(cfg)
+    gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
+    loss_fn = nn.CrossEntropyLoss()
+    straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
+    progress = Progress(total, f"average x{world}", enabled=cfg.progress and rank == 0)
+
+    def synchronise() -> None:
+        # sync point: every worker blocks here until all have finished their period
+        average_(weights + buffers, allreduce, world)
+        if cfg.average_optimizer_state:
+            # integer leaves (step counts) are equal on every worker; average the rest
+            average_([t for t in state_tensors(state) if t.is_floating_point()], allreduce,
+                     world)
+
+    step, micro, samples, last_epoch, rounds = 0, 0, 0, 0, 0
+    grads: list[torch.Tensor] | None = None
+    for epoch, idx in worker_batches(job, rank, world):
+        if epoch != last_epoch:
+            ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
+            last_epoch = epoch
+        x, y = job.train.x[idx], job.train.y[idx]
+        if aug is not None:
+            x = aug(x, gen)
+        straggler.start()
+        out = model(x)
+        loss = loss_fn(out, y)
+        g = torch.autograd.grad(loss, params)
+        straggler.finish()
+        grads = list(g) if grads is None else [a + b for a, b in zip(grads, g)]
+        micro += 1
+        samples += len(idx)
+        if micro % cfg.grad_accum:
+            continue
+        if cfg.grad_accum > 1:
+            grads = [gr / cfg.grad_accum for gr in grads]
+        updates, state = rule.update(grads, state, weights)
+        apply_updates(weights, updates)
+        grads = None
+        step += 1
+        if step % cfg.period == 0 or step == total:
+            synchronise()
+            rounds += 1
+        if step % LOG_EVERY == 0 or step == total:
+            ctx.log_train(step, epoch, loss, out, y, samples * world, bytes_sent=counter.sent,
+                          rounds=rounds)
+            progress.update(step, loss=loss.item())
+        if cfg.eval_every:
+            ctx.maybe_eval(model, step, epoch, samples * world, epoch_ended=False)
+        ctx.maybe_checkpoint(model, state, step)
+        if step >= total:
+            break
+    progress.close()
+    if not cfg.eval_every:
+        ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
+    ctx.maybe_checkpoint(model, state, step, final=True)
+    sent = total_bytes(counter)
+    if rank == 0:
+        stats = {
+            "allreduce": cfg.allreduce,
+            "period": cfg.period,
+            "average_optimizer_state": cfg.average_optimizer_state,
+            "averaging_rounds": rounds,
+            "bytes_sent": sent,
+            "bytes_per_sample": sent / max(samples * world, 1),
+            "bytes_estimated": allreduce.estimated,
+        }
+        write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
+                     stats=stats)
+    return model
