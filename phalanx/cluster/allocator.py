@@ -72,6 +72,9 @@ class ClusterState:
         self.core_free_mask = [(1 << s.cpu_cores) - 1 for s in t.servers]
         self.cores_free = [s.cpu_cores for s in t.servers]
         self.allocations: dict[int, Allocation] = {}
+        # GPUs asked for by jobs waiting in the queue: the event loop (simulated or live)
+        # keeps it current; demand-aware placement reads it as queue pressure
+        self.queued_gpus = 0
 
     # ------------------------------------------------------------------ queries
     @property
@@ -93,6 +96,12 @@ class ClusterState:
         f = self.server_free[server]
         c = self.cores_free[server]
         return min(f, c)
+
+    @property
+    def demand(self) -> float:
+        """(busy + queued GPUs) / capacity: the load the cluster would carry if every
+        waiting job ran now (can exceed 1)."""
+        return (self.capacity - self.total_free + self.queued_gpus) / self.capacity
 
     @property
     def fragmentation(self) -> float:

@@ -18,6 +18,7 @@ from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
 from phalanx.cluster.report import Summary, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.run import (
     SimulateOptions,
+    check_fits,
     default_data_dir,
     load_inputs,
     simulate,
@@ -45,6 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "pack/spread/load-adaptive at three Philly load levels")
     p.add_argument("--threshold", type=float, default=0.5,
                    help="load-adaptive: spread below this utilisation (default 0.5)")
+    p.add_argument("--hysteresis", type=float, default=None,
+                   help="load-adaptive: stay in pack mode until the load falls this far below "
+                        "the threshold (default 0; load-adaptive-demand 0.2)")
+    p.add_argument("--interference-scale", type=float, default=1.0,
+                   help="multiply the neighbour-interference weights (0.3 same PCIe switch, "
+                        "0.1 same server; default 1)")
     p.add_argument("--slot", type=float, default=2400.0,
                    help="time slot of preemptive policies, seconds (default 2400)")
     p.add_argument("--checkpoint-cost", type=float, default=60.0,
@@ -71,7 +78,8 @@ def _options(args: argparse.Namespace) -> SimulateOptions:
         trace=args.trace, cluster=args.cluster, ordering=args.policy,
         placement=args.placement, threshold=args.threshold, slot_s=args.slot,
         checkpoint_cost_s=args.checkpoint_cost, quota=args.quota,
-        interference=not args.no_interference,
+        interference=not args.no_interference, interference_scale=args.interference_scale,
+        hysteresis=args.hysteresis,
         data_dir=Path(args.data_dir) if args.data_dir else default_data_dir(),
         seed=args.seed, limit=args.limit, load_scale=args.load_scale,
         skip_bad_rows=args.skip_bad_rows, progress=not args.no_progress)
@@ -100,12 +108,26 @@ def format_table(rows: list[Summary]) -> str:
     return "\n".join(lines)
 
 
+def _out_dir(path: str | None) -> Path | None:
+    """Create the output folder up front, so a bad --out fails before the run."""
+    if not path:
+        return None
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"--out {out}: exists and is not a directory") from None
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create ({e.strerror})") from None
+    return out
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     opts = _options(args)
     if args.study:
         from phalanx.cluster.study import run_study
 
-        out = Path(args.out or "reports/cluster")
+        out = _out_dir(args.out or "reports/cluster")
         run_study(args.study, opts, out)
         return 0
     if args.compare:
@@ -116,9 +138,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     else:
         pairs = [(opts.ordering, opts.placement)]
     _check_policies(pairs)
+    out = _out_dir(args.out)
     inputs = load_inputs(opts)
     if inputs.trace.skipped:
         print(f"skipped {inputs.trace.skipped} malformed row(s) of {inputs.trace.source}")
+    too_big = check_fits(inputs)
+    if too_big:
+        print(f"{too_big} job(s) need more GPUs than {inputs.topology.name} can give: "
+              f"rejected (status in jobs.csv)")
     print(f"simulating {len(inputs.trace.jobs)} jobs of {opts.trace} on {inputs.topology!r}",
           flush=True)
     summaries, results = [], []
@@ -127,9 +154,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         summaries.append(s)
         results.append((f"{o}/{p}", r))
     print(format_table(summaries))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         if len(pairs) == 1:
             write_summary(summaries[0], out / "summary.json")
             write_jobs_csv(results[0][1], out / "jobs.csv")

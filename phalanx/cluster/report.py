@@ -22,6 +22,8 @@ class Summary:
     jobs: int
     finished: int
     rejected: int
+    rejected_oversize: int      # of ``rejected``: gangs larger than the cluster can hold
+    unfinished: int             # admitted but never finished (could not start)
     mean_jct_s: float
     median_jct_s: float
     p99_jct_s: float
@@ -55,6 +57,7 @@ def summarise(res: SimResult, ordering: str, placement: str, cluster: str,
     frag = _time_mean(res.times, res.frag, end)
     return Summary(ordering, placement, cluster, trace, res.capacity,
                    len(res.jobs) + len(res.rejected), len(done), len(res.rejected),
+                   res.oversize, len(res.jobs) - len(done),
                    float(jct.mean()), float(np.median(jct)), float(np.percentile(jct, 99)),
                    float(delay.mean()), float(end - start), util, frag,
                    res.fragmentation_blocked, sum(j.preemptions for j in res.jobs),

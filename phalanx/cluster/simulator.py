@@ -39,7 +39,7 @@ class SimConfig:
     check_invariants: bool = False    # verify the bitmaps after every event (tests)
 
     def __post_init__(self) -> None:
-        if self.checkpoint_cost_s < 0:
+        if not (0 <= self.checkpoint_cost_s < math.inf):
             raise ConfigError(f"--checkpoint-cost must be >= 0, got {self.checkpoint_cost_s}")
 
 
@@ -55,6 +55,18 @@ class SimResult:
     wall_s: float = 0.0
     fragmentation_blocked: int = 0
     capacity: int = 0
+    oversize: int = 0       # rejected because the gang can never fit this cluster
+
+
+def oversize_reason(gpus: int, capacity: int, usable: int) -> str:
+    """Why a gang of ``gpus`` can never run on this cluster ('' if it can): more GPUs than
+    the cluster has, or than it can give a CPU core each."""
+    if gpus > capacity:
+        return f"needs {gpus} GPUs, cluster has {capacity}"
+    if gpus > usable:
+        return (f"needs {gpus} GPUs, cluster has {capacity} but only {usable} with a free "
+                f"CPU core each")
+    return ""
 
 
 class _Running:
@@ -92,7 +104,8 @@ class Simulator:
         self._order: tuple[int, ...] = ()
         self._order_stale = True
         self._gangs: dict[int, int] = {}       # waiting jobs per gang size
-        self._max_usable = max(min(s.num_devices, s.cpu_cores) for s in topology.servers)
+        # every device of a gang needs at least one CPU core of its server
+        self._usable = sum(min(s.num_devices, s.cpu_cores) for s in topology.servers)
 
     # ------------------------------------------------------------------ heap
     def _push(self, t: float, kind: int, job: int, version: int = 0) -> None:
@@ -178,6 +191,7 @@ class Simulator:
         del self.waiting[jid]
         g = st.spec.gpus
         self._gangs[g] -= 1
+        self.cluster.queued_gpus -= g
         if not self._gangs[g]:
             del self._gangs[g]
         self.running[jid] = st
@@ -223,6 +237,7 @@ class Simulator:
     def _enqueue(self, st: JobState) -> None:
         self.waiting[st.spec.id] = st
         self._gangs[st.spec.gpus] = self._gangs.get(st.spec.gpus, 0) + 1
+        self.cluster.queued_gpus += st.spec.gpus
         self._order_stale = True
 
     def _try_start(self, ids: Sequence[int]) -> None:
@@ -309,9 +324,11 @@ class Simulator:
                     do_round = True
             if do_round:
                 self._round()
-                if self.running or self.waiting or pending_arrivals:
-                    self._push(now + round_s, _ROUND, -1)
             self._fill()
+            if do_round and (self.running or pending_arrivals):
+                # no round once nothing runs and nothing will arrive: a job still waiting
+                # then cannot start on the empty cluster, and rounds would never end
+                self._push(now + round_s, _ROUND, -1)
             if self.config.check_invariants:
                 c.check_invariants()
             if (c.busy, len(self.waiting)) != last:
@@ -329,9 +346,10 @@ class Simulator:
         return res
 
     def _arrive(self, spec: JobSpec) -> None:
-        if spec.gpus > self._max_usable * len(self.topology.servers) or \
-                spec.gpus > self.cluster.capacity:
-            self.result.rejected.append((spec, "larger than the cluster"))
+        reason = oversize_reason(spec.gpus, self.cluster.capacity, self._usable)
+        if reason:
+            self.result.rejected.append((spec, reason))
+            self.result.oversize += 1
             return
         decision = self.admission.admit(spec, self.cluster, self._outstanding)
         if not decision.accept:

@@ -2,8 +2,7 @@
 
 * ``pollux`` — mean JCT on the 8 Pollux workloads (64 GPUs, 16 servers x 4) for FIFO, SJF,
   LAS and Tiresias with pack / spread / load-adaptive / topology-aware placement.
-* ``load`` — the Philly trace at three load levels (arrivals compressed by ``load_scale``)
-  on a 512-GPU cluster: when does load-adaptive placement beat always-pack and
+* ``load`` — see ``load_study.py``: when does load-adaptive placement beat always-pack and
   always-spread?
 
     phalanx simulate --study pollux --out reports/cluster
@@ -13,8 +12,7 @@
 from __future__ import annotations
 
 import csv
-import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +23,6 @@ from phalanx.errors import ConfigError
 
 POLLUX_ORDERINGS = ("fifo", "sjf", "las", "tiresias")
 POLLUX_PLACEMENTS = ("pack", "spread", "load-adaptive", "topology")
-LOAD_PLACEMENTS = ("pack", "spread", "load-adaptive")
-LOAD_CLUSTER = "uniform:2,2,16,8,2"      # 512 GPUs: 2 zones x 2 racks x 16 servers x 8
-LOAD_JOBS = 20000                        # the first 20,000 Philly jobs (~4 weeks)
-LOAD_TARGETS = (("low", 0.35), ("medium", 0.7), ("high", 1.0))
 
 
 def _plt():
@@ -93,63 +87,13 @@ def pollux_study(base: SimulateOptions, out: Path) -> list[Summary]:
     return rows
 
 
-def load_study(base: SimulateOptions, out: Path) -> list[tuple[str, float, Summary]]:
-    opts = replace(base, trace="philly", cluster=LOAD_CLUSTER, limit=LOAD_JOBS,
-                   ordering="fifo", progress=False)
-    inputs = load_inputs(opts)
-    jobs = inputs.trace.jobs
-    span = jobs[-1].submit - jobs[0].submit
-    demand = sum(j.gpus * j.duration for j in jobs)
-    cap = inputs.topology.num_devices
-    rows: list[tuple[str, float, Summary]] = []
-    for label, target in LOAD_TARGETS:
-        # offered load = GPU-seconds demanded / (capacity x arrival span / scale)
-        scale = target * cap * span / demand
-        level = replace(opts, load_scale=scale)
-        scaled = load_inputs(level)
-        for p in LOAD_PLACEMENTS:
-            s, _ = simulate(replace(level, placement=p), scaled)
-            rows.append((label, target, s))
-            print(f"load {label} ({target:.2f}, x{scale:.2f} arrivals) {p}: mean JCT "
-                  f"{s.mean_jct_s / 3600:.2f} h, wall {s.wall_s:.1f} s", flush=True)
-    (out / "load.json").write_text(json.dumps(
-        [{"level": lb, "offered_load": t, **asdict(s)} for lb, t, s in rows], indent=2) + "\n")
-    lines = [("| load (offered) | placement | mean JCT h | median JCT h | p99 JCT h "
-              "| mean queue h | utilisation | fragmentation | blocked by fragmentation |"),
-             "|---|---|---|---|---|---|---|---|---|"]
-    for lb, t, s in rows:
-        lines.append(f"| {lb} ({t:.2f}) | {s.placement} | {s.mean_jct_s / 3600:.3f} | "
-                     f"{s.median_jct_s / 3600:.3f} | {s.p99_jct_s / 3600:.1f} | "
-                     f"{s.mean_queue_delay_s / 3600:.3f} | {s.utilisation_mean:.3f} | "
-                     f"{s.fragmentation_mean:.3f} | {s.fragmentation_blocked} |")
-    (out / "load_table.md").write_text("\n".join(lines) + "\n")
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    labels = [f"{lb}\n({t:.2f})" for lb, t in LOAD_TARGETS]
-    x = np.arange(len(LOAD_TARGETS))
-    for i, p in enumerate(LOAD_PLACEMENTS):
-        jct = [s.mean_jct_s / 3600 for _, _, s in rows if s.placement == p]
-        q = [s.mean_queue_delay_s / 3600 for _, _, s in rows if s.placement == p]
-        axes[0].bar(x + (i - 1) * 0.27, jct, 0.27, label=p)
-        axes[1].bar(x + (i - 1) * 0.27, q, 0.27, label=p)
-    for ax, yl in zip(axes, ("mean JCT (hours)", "mean queueing delay (hours)")):
-        ax.set_xticks(x, labels)
-        ax.set_xlabel("offered load")
-        ax.set_ylabel(yl)
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(title="placement")
-    fig.suptitle(f"Philly, first {LOAD_JOBS} jobs, {cap} GPUs, FIFO")
-    fig.tight_layout()
-    fig.savefig(out / "load_jct.png", dpi=110)
-    plt.close(fig)
-    return rows
-
-
 def run_study(name: str, base: SimulateOptions, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if name == "pollux":
         pollux_study(base, out)
     elif name == "load":
+        from phalanx.cluster.load_study import load_study
+
         load_study(base, out)
     else:
         raise ConfigError(f"--study {name}: unknown (pollux, load)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -36,8 +36,8 @@ class TraceOptions:
     def __post_init__(self) -> None:
         if self.limit < 0:
             raise ConfigError(f"--limit must be >= 0, got {self.limit}")
-        if not self.load_scale > 0:
-            raise ConfigError(f"--load-scale must be > 0, got {self.load_scale}")
+        if not (self.load_scale > 0 and math.isfinite(self.load_scale)):
+            raise ConfigError(f"--load-scale must be a finite number > 0, got {self.load_scale}")
         if self.cpu_per_gpu < 1:
             raise ConfigError(f"--cpu-per-gpu must be >= 1, got {self.cpu_per_gpu}")
 
@@ -61,27 +61,33 @@ class _Rows:
             f = self.path.open(newline="")
         except OSError as e:
             raise DataError(f"trace {self.path}: cannot read ({e.strerror})") from None
-        out: list[JobSpec] = []
         with f:
-            reader = csv.reader(f)
-            header = next(reader, None)
-            if header != self.header:
-                raise DataError(f"trace {self.path}: line 1: expected header "
-                                f"{','.join(self.header)}, got {header}")
-            for line, row in enumerate(reader, start=2):
-                if not row:
-                    continue   # blank line (the Philly file ends with one)
-                try:
-                    if len(row) != len(self.header):
-                        raise ValueError(f"expected {len(self.header)} fields, got {len(row)}")
-                    job = fn(row)
-                except (ValueError, KeyError) as e:
-                    if self.skip_bad:
-                        self.skipped += 1
-                        continue
-                    raise DataError(f"trace {self.path}: line {line}: {e}") from None
-                if job is not None:
-                    out.append(job)
+            try:
+                return self._parse_rows(csv.reader(f), fn)
+            except (UnicodeDecodeError, csv.Error) as e:
+                raise DataError(f"trace {self.path}: not a text CSV file ({e})") from None
+
+    def _parse_rows(self, reader: Iterator[list[str]],
+                    fn: Callable[[list[str]], JobSpec | None]) -> list[JobSpec]:
+        out: list[JobSpec] = []
+        header = next(reader, None)
+        if header != self.header:
+            raise DataError(f"trace {self.path}: line 1: expected header "
+                            f"{','.join(self.header)}, got {header}")
+        for line, row in enumerate(reader, start=2):
+            if not row:
+                continue   # blank line (the Philly file ends with one)
+            try:
+                if len(row) != len(self.header):
+                    raise ValueError(f"expected {len(self.header)} fields, got {len(row)}")
+                job = fn(row)
+            except (ValueError, KeyError) as e:
+                if self.skip_bad:
+                    self.skipped += 1
+                    continue
+                raise DataError(f"trace {self.path}: line {line}: {e}") from None
+            if job is not None:
+                out.append(job)
         return out
 
 
@@ -226,6 +232,8 @@ def load_trace(spec: str, opts: TraceOptions, topology: Topology | None = None) 
             header = next(csv.reader(f), None)
     except OSError as e:
         raise DataError(f"trace {path}: cannot read ({e.strerror})") from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise DataError(f"trace {path}: not a text CSV file ({e})") from None
     if header == POLLUX_HEADER:
         return read_pollux(path, opts, node_gpus)
     return read_philly(path, opts)

@@ -57,7 +57,7 @@ def test_bad_flags_are_one_line(tmp_path):
     for args, text in ((("--policy", "lottery"), "unknown ordering"),
                        (("--placement", "random"), "placement 'random'"),
                        (("--cluster", "uniform:1,x"), "--cluster uniform:1,x"),
-                       (("--slot", "0", "--policy", "rr"), "time slot must be > 0")):
+                       (("--slot", "0", "--policy", "rr"), "--slot must be a finite number > 0")):
         r = phalanx("simulate", "--trace", str(FIXTURES / "philly_small.csv"), *args,
                     "--no-progress")
         assert r.returncode == 2 and text in r.stderr, (args, r.stderr)

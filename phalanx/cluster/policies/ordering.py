@@ -7,6 +7,7 @@ stop running jobs; non-preemptive ones only decide who starts next.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,8 +30,8 @@ class OrderingPolicy(Protocol):
 
 
 def _check_slot(slot: float) -> None:
-    if not slot > 0:
-        raise ConfigError(f"time slot must be > 0 seconds, got {slot}")
+    if not 0 < slot < math.inf:
+        raise ConfigError(f"time slot must be a finite number > 0 seconds, got {slot}")
 
 
 @dataclass(frozen=True)

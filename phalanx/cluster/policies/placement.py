@@ -148,22 +148,89 @@ class Spread:
 
 
 @dataclass(frozen=True)
+class SpreadKeepEmpty:
+    """Spread for interference without fragmenting: among *partly used* servers that hold
+    the gang, the one where the gang lands on the emptiest PCIe switch (then the emptiest
+    server); a wholly free server is broken only when no partly used one has room, so whole
+    servers stay available for big gangs. Else the fewest servers, like ``Spread``."""
+
+    name: str = "spread-keep-empty"
+
+    def place(self, job: JobSpec, cluster: ClusterState) -> Placement | None:
+        g = job.gpus
+        if g > cluster.total_free:
+            return None
+        t = cluster.topology
+        sw_free, srv_free = cluster.switch_free, cluster.server_free
+        best, best_key = -1, (-1.0, -1)
+        for s in range(len(srv_free)):
+            f = srv_free[s]
+            if f < g or f == t.server_size[s] or cluster.usable_on_server(s) < g:
+                continue   # too small, or wholly free (kept for gangs)
+            first = t.servers[s].first_switch
+            # share of the switch left free after the gang lands on the emptiest one that
+            # holds it (0 when the gang must span switches): higher = less interference
+            room = max(((sw_free[w] - g) / t.switch_size[w]
+                        for w in range(first, first + len(t.servers[s].switch_sizes))
+                        if sw_free[w] >= g), default=0.0)
+            key = (room, f)
+            if key > best_key:
+                best, best_key = s, key
+        if best >= 0:
+            return _build(cluster, job, [(best, g)], tight=False)
+        return Spread().place(job, cluster)
+
+
+@dataclass(frozen=True)
 class LoadAdaptive:
-    """The seeds' rule: spread while the cluster is idle (utilisation below ``threshold``),
-    pack when it is busy to leave room for big gang jobs."""
+    """The seeds' rule: spread while the cluster is idle, pack when it is busy to leave
+    room for big gang jobs.
+
+    ``signal`` is what "busy" means: ``utilisation`` (devices in use now, the seeds'
+    reading) or ``demand`` (devices in use + the gang being placed + GPUs asked by
+    everything waiting: queue pressure, known before the queue hits the wall). With
+    ``hysteresis`` > 0 the policy stays in pack mode until the signal falls below
+    ``threshold - hysteresis``, so a short dip inside a burst does not hand out spread
+    placements that outlive it. That mode is the one piece of state a placement policy
+    keeps: build a fresh object per run (``make_placement`` does).
+    """
 
     threshold: float = 0.5
     idle: PlacementPolicy = field(default_factory=Spread)
     busy: PlacementPolicy = field(default_factory=Pack)
+    signal: str = "utilisation"
+    hysteresis: float = 0.0
     name: str = "load-adaptive"
+    _packing: list[bool] = field(default_factory=lambda: [False], compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
             raise ConfigError(f"load-adaptive threshold must be in [0, 1], got {self.threshold}")
+        if self.signal not in LOAD_SIGNALS:
+            raise ConfigError(f"load-adaptive signal {self.signal!r}: choose from "
+                              f"{', '.join(LOAD_SIGNALS)}")
+        if not 0.0 <= self.hysteresis <= self.threshold:
+            raise ConfigError(f"load-adaptive hysteresis must be in [0, threshold], "
+                              f"got {self.hysteresis}")
+
+    def load(self, job: JobSpec, cluster: ClusterState) -> float:
+        if self.signal == "demand":
+            # the job is itself in the queue while it is being placed: queued_gpus counts it
+            # (a caller that placed it without queueing gets it added here)
+            queued = max(cluster.queued_gpus, job.gpus)
+            return (cluster.busy + queued) / cluster.capacity
+        return cluster.utilisation
 
     def place(self, job: JobSpec, cluster: ClusterState) -> Placement | None:
-        chosen = self.idle if cluster.utilisation < self.threshold else self.busy
-        return chosen.place(job, cluster)
+        x = self.load(job, cluster)
+        if x >= self.threshold:
+            self._packing[0] = True
+        elif x < self.threshold - self.hysteresis:
+            self._packing[0] = False
+        return (self.busy if self._packing[0] else self.idle).place(job, cluster)
+
+
+LOAD_SIGNALS = ("utilisation", "demand")
 
 
 @dataclass(frozen=True)
@@ -212,12 +279,30 @@ class TopologyAware:
         return _multi_server(cluster, job, tight=True)
 
 
+def _load_adaptive_demand(threshold: float = 0.5, hysteresis: float = 0.2) -> LoadAdaptive:
+    """Load-adaptive judged on demand (busy + queued GPUs), with hysteresis."""
+    return LoadAdaptive(threshold, signal="demand", hysteresis=min(hysteresis, threshold),
+                        name="load-adaptive-demand")
+
+
 PLACEMENTS = {"first-fit": FirstFit, "pack": Pack, "spread": Spread,
-              "load-adaptive": LoadAdaptive, "topology": TopologyAware}
+              "spread-keep-empty": SpreadKeepEmpty, "load-adaptive": LoadAdaptive,
+              "load-adaptive-demand": _load_adaptive_demand, "topology": TopologyAware}
 
 
-def make_placement(name: str, threshold: float = 0.5) -> PlacementPolicy:
+def make_placement(name: str, threshold: float = 0.5,
+                   hysteresis: float | None = None) -> PlacementPolicy:
+    """A fresh policy object (load-adaptive keeps its mode: one object per run)."""
     cls = PLACEMENTS.get(name)
     if cls is None:
         raise ConfigError(f"--placement {name}: unknown (choose from {', '.join(PLACEMENTS)})")
-    return LoadAdaptive(threshold=threshold) if cls is LoadAdaptive else cls()
+    if not 0.0 <= threshold <= 1.0:
+        raise ConfigError(f"--threshold must be in [0, 1], got {threshold}")
+    if hysteresis is not None and not 0.0 <= hysteresis <= threshold:
+        raise ConfigError(f"--hysteresis must be in [0, threshold={threshold}], "
+                          f"got {hysteresis}")
+    if cls is LoadAdaptive:
+        return LoadAdaptive(threshold=threshold, hysteresis=hysteresis or 0.0)
+    if cls is _load_adaptive_demand:
+        return _load_adaptive_demand(threshold, 0.2 if hysteresis is None else hysteresis)
+    return cls()
