@@ -95,7 +95,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from phalanx.api import train
 
     cfg = RunConfig(model="lenet5", data="fashion-mnist", epochs=args.epochs, rule="momentum",
-                    lr=0.02, batch_size=64, out=args.out).validate()
+                    batch_size=64, out=args.out).validate()
     print(f"phalanx demo: LeNet-5 on Fashion-MNIST, {args.epochs} epoch(s), single worker, "
           f"momentum SGD -> {args.out}", flush=True)
     s = train(config=cfg).summary
