@@ -56,6 +56,8 @@ def strategy_config(base: RunConfig, strategy: str, out: Path,
                     overrides: dict[str, Any] | None = None) -> RunConfig:
     """The base configuration with one strategy swapped in (single runs one worker)."""
     cfg = dataclasses.replace(base, strategy=strategy, out=str(out), progress=False)
+    if cfg.threads == 0:
+        cfg.threads = 1  # every process of every strategy gets one core's worth: a fair race
     if strategy in SINGLE_PROCESS:
         cfg.workers = 1
         cfg.slow_workers = {}
@@ -175,7 +177,8 @@ def compare(base: RunConfig, strategies: Sequence[str], out: Path, *, target: fl
     runs = run_variants(variants)
     desc = (f"Model `{base.model}` on `{base.data}`, {base.epochs:g} epoch(s), batch "
             f"{base.batch_size} per worker, rule `{base.rule}` (lr {base.lr}), seed {base.seed}, "
-            f"{base.workers} workers for the multi-worker strategies"
+            f"{base.workers} workers for the multi-worker strategies, one intra-op thread per "
+            "process"
             + (f", slow workers {base.slow_workers}" if base.slow_workers else "") + ".")
     report = write_report(runs, out, title="Strategy comparison", target=target,
                           preamble=desc, command=command)
