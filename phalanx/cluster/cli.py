@@ -72,6 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output folder")
     p.set_defaults(func=_cmd_simulate)
 
+    from phalanx.cluster.schedule_cli import register as register_schedule
+
+    register_schedule(sub)
+
 
 def _options(args: argparse.Namespace) -> SimulateOptions:
     return SimulateOptions(

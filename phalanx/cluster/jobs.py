@@ -47,6 +47,7 @@ class JobState:
     progress_from: float = 0.0        # progress resumes here (after a restore from checkpoint)
     version: int = 0                  # invalidates stale completion events
     placements: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
+    failure: str = ""                 # live mode: why the job's process failed ('' = it did not)
 
     @property
     def id(self) -> int:

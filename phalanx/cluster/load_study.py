@@ -5,7 +5,7 @@ Grid: two job mixes x three offered loads x interference weights (a multiplier o
 assumed 0.3 / 0.1 neighbour weights, 0 = no interference) x placements x seeds, FIFO with
 backfilling on 256 GPUs (1 zone x 2 racks x 16 servers x 8 GPUs, 2 PCIe switches each).
 
-* ``philly`` — the first 10,000 Philly jobs as they are (93% 1-GPU jobs by count, ~80% of
+* ``philly`` — the first 5,000 Philly jobs as they are (93% 1-GPU jobs by count, 86% of
   the GPU-time in gangs of 2-32); each job gets a model profile drawn with the seed.
 * ``1gpu-sensitive`` — the same arrivals and durations, every job 1 GPU and one of the
   models Gavel measured as most interference-sensitive (sensitivity >= 0.4): the mix where
@@ -32,7 +32,7 @@ from phalanx.cluster.policies.placement import PlacementPolicy, SpreadKeepEmpty
 from phalanx.cluster.run import Inputs, SimulateOptions, load_inputs, simulate
 
 CLUSTER = "uniform:1,2,16,8,2"           # 256 GPUs
-JOBS = 10000                             # first 10,000 Philly jobs (~2.5 weeks of arrivals)
+JOBS = 5000                              # first 5,000 Philly jobs (25 days of arrivals)
 LOADS = (("low", 0.35), ("medium", 0.7), ("high", 1.0))
 SCALES = (0.0, 1.0, 3.0, 10.0)           # x (0.3 same switch, 0.1 same server)
 SEEDS = {"philly": (0, 1), "1gpu-sensitive": (0,)}

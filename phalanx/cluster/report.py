@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from phalanx.cluster.jobs import JobState
 from phalanx.cluster.simulator import SimResult
 
 
@@ -24,6 +25,7 @@ class Summary:
     rejected: int
     rejected_oversize: int      # of ``rejected``: gangs larger than the cluster can hold
     unfinished: int             # admitted but never finished (could not start)
+    failed: int                 # live mode: the job's process exited with an error
     mean_jct_s: float
     median_jct_s: float
     p99_jct_s: float
@@ -47,21 +49,28 @@ def _time_mean(times: list[float], values: list[float], end: float) -> float:
 
 def summarise(res: SimResult, ordering: str, placement: str, cluster: str,
               trace: str) -> Summary:
-    done = [j for j in res.jobs if j.end >= 0]
+    done = [j for j in res.jobs if j.end >= 0 and not j.failure]
+    failed = sum(1 for j in res.jobs if j.failure)
     jct = np.array([j.end - j.spec.submit for j in done]) if done else np.zeros(1)
     delay = np.array([(j.end - j.spec.submit) - j.executed for j in done]) if done \
         else np.zeros(1)
     start = min((j.spec.submit for j in res.jobs), default=0.0)
-    end = max((j.end for j in done), default=start)
+    end = max((j.end for j in res.jobs if j.end >= 0), default=start)
     util = _time_mean(res.times, [b / res.capacity for b in res.busy], end)
     frag = _time_mean(res.times, res.frag, end)
     return Summary(ordering, placement, cluster, trace, res.capacity,
                    len(res.jobs) + len(res.rejected), len(done), len(res.rejected),
-                   res.oversize, len(res.jobs) - len(done),
+                   res.oversize, len(res.jobs) - len(done) - failed, failed,
                    float(jct.mean()), float(np.median(jct)), float(np.percentile(jct, 99)),
                    float(delay.mean()), float(end - start), util, frag,
                    res.fragmentation_blocked, sum(j.preemptions for j in res.jobs),
                    res.events, res.wall_s, res.events / max(res.wall_s, 1e-9))
+
+
+def _status(j: JobState) -> str:
+    if j.failure:
+        return f"failed: {j.failure}"
+    return "finished" if j.end >= 0 else "unfinished"
 
 
 def write_jobs_csv(res: SimResult, path: Path) -> None:
@@ -79,7 +88,7 @@ def write_jobs_csv(res: SimResult, path: Path) -> None:
             w.writerow([s.id, s.name, s.vc, s.model, s.gpus, f"{s.submit:.1f}",
                         f"{j.start:.1f}", f"{j.end:.1f}", jct if jct == "" else f"{jct:.1f}",
                         delay if delay == "" else f"{delay:.1f}", f"{j.executed:.1f}",
-                        j.preemptions, "finished" if j.end >= 0 else "unfinished", places])
+                        j.preemptions, _status(j), places])
         for s, reason in res.rejected:
             w.writerow([s.id, s.name, s.vc, s.model, s.gpus, f"{s.submit:.1f}", "", "", "", "",
                         "", 0, f"rejected: {reason}", ""])

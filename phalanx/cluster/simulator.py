@@ -21,10 +21,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from phalanx.cluster.allocator import ClusterState, Placement
+from phalanx.cluster.allocator import Placement
 from phalanx.cluster.jobs import JobSpec, JobState
 from phalanx.cluster.perf import PerfModel, Shape
-from phalanx.cluster.policies import AcceptAll, AdmissionPolicy, OrderingPolicy, PlacementPolicy
+from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
+from phalanx.cluster.scheduler import SchedulerCore
 from phalanx.cluster.topology import Topology
 from phalanx.errors import ConfigError
 from phalanx.metrics import Progress
@@ -58,17 +59,6 @@ class SimResult:
     oversize: int = 0       # rejected because the gang can never fit this cluster
 
 
-def oversize_reason(gpus: int, capacity: int, usable: int) -> str:
-    """Why a gang of ``gpus`` can never run on this cluster ('' if it can): more GPUs than
-    the cluster has, or than it can give a CPU core each."""
-    if gpus > capacity:
-        return f"needs {gpus} GPUs, cluster has {capacity}"
-    if gpus > usable:
-        return (f"needs {gpus} GPUs, cluster has {capacity} but only {usable} with a free "
-                f"CPU core each")
-    return ""
-
-
 class _Running:
     """Per running job: its allocation split by server, for the interference update."""
 
@@ -87,25 +77,20 @@ class Simulator:
                  ) -> None:
         self.topology, self.specs = topology, list(jobs)
         self.ordering, self.placement = ordering, placement
-        self.admission = admission if admission is not None else AcceptAll()
         self.perf, self.config = perf, config if config is not None else SimConfig()
-        self.cluster = ClusterState(topology)
+        # queue, admission and the fill pass are shared with the live executor
+        self.core = SchedulerCore(topology, ordering, placement, admission)
+        self.cluster = self.core.cluster
+        self.waiting = self.core.waiting
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
         self.states: dict[int, JobState] = {}
-        self.waiting: dict[int, JobState] = {}
         self.running: dict[int, JobState] = {}
         self._run_info: dict[int, _Running] = {}
         self._server_jobs: list[dict[int, None]] = [{} for _ in topology.servers]
-        self._outstanding: dict[str, int] = {}
         self._interference = perf.options.interference
         self._k_sw, self._k_srv = perf.options.k_switch, perf.options.k_server
-        self._order: tuple[int, ...] = ()
-        self._order_stale = True
-        self._gangs: dict[int, int] = {}       # waiting jobs per gang size
-        # every device of a gang needs at least one CPU core of its server
-        self._usable = sum(min(s.num_devices, s.cpu_cores) for s in topology.servers)
 
     # ------------------------------------------------------------------ heap
     def _push(self, t: float, kind: int, job: int, version: int = 0) -> None:
@@ -184,16 +169,10 @@ class Simulator:
 
     def _start(self, st: JobState, p: Placement) -> None:
         jid = st.spec.id
-        self.cluster.allocate(jid, p)
+        self.core.allocate(st, p)
         shape, servers = self._shape(st.spec, p)
         self._run_info[jid] = _Running(servers, self.perf.isolated_rate(st.spec, shape,
                                                                         self.topology))
-        del self.waiting[jid]
-        g = st.spec.gpus
-        self._gangs[g] -= 1
-        self.cluster.queued_gpus -= g
-        if not self._gangs[g]:
-            del self._gangs[g]
         self.running[jid] = st
         st.running = True
         if st.start < 0:
@@ -211,7 +190,7 @@ class Simulator:
     def _stop(self, st: JobState) -> None:
         jid = st.spec.id
         self._advance(st)
-        self.cluster.release(jid)
+        self.core.release(st)
         info = self._run_info.pop(jid)
         del self.running[jid]
         st.running = False
@@ -225,52 +204,17 @@ class Simulator:
         self._stop(st)
         st.remaining = 0.0
         st.end = self.now
-        self._outstanding[st.spec.vc] -= st.spec.gpus
+        self.core.done(st.spec)
 
     def _preempt(self, st: JobState) -> None:
         self._stop(st)
         st.preemptions += 1
         st.waiting_since = self.now
-        self._enqueue(st)
+        self.core.enqueue(st)
 
     # ------------------------------------------------------------------ scheduling
-    def _enqueue(self, st: JobState) -> None:
-        self.waiting[st.spec.id] = st
-        self._gangs[st.spec.gpus] = self._gangs.get(st.spec.gpus, 0) + 1
-        self.cluster.queued_gpus += st.spec.gpus
-        self._order_stale = True
-
-    def _try_start(self, ids: Sequence[int]) -> None:
-        c = self.cluster
-        failed = c.capacity + 1     # smallest gang that found no room in this pass
-        for jid in ids:
-            if not self._gangs or c.total_free < min(self._gangs):
-                return     # nothing waiting fits any more
-            st = self.waiting.get(jid)
-            if st is None:
-                continue
-            g = st.spec.gpus
-            if g > c.total_free or g >= failed:
-                continue   # a bigger gang cannot fit where a smaller one did not
-            p = self.placement.place(st.spec, c)
-            if p is None:
-                failed = g
-                self.result.fragmentation_blocked += 1
-                continue
-            self._start(st, p)
-
     def _fill(self) -> None:
-        c = self.cluster
-        if not self.waiting or c.total_free < min(self._gangs):
-            return
-        if self.ordering.time_invariant:
-            # reuse the last order until a job joins the queue (started ones are skipped)
-            if self._order_stale:
-                self._order = self.ordering.order(tuple(self.waiting.values()), self.now)
-                self._order_stale = False
-            self._try_start(self._order)
-        else:
-            self._try_start(self.ordering.order(tuple(self.waiting.values()), self.now))
+        self.core.fill(self.now, self._start)
 
     def _round(self) -> None:
         active = tuple(self.running.values()) + tuple(self.waiting.values())
@@ -287,7 +231,7 @@ class Simulator:
                 budget -= g
         for st in [s for s in self.running.values() if s.spec.id not in keep]:
             self._preempt(st)
-        self._try_start([j for j in order if j in keep])
+        self.core.try_start([j for j in order if j in keep], self._start)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> SimResult:
@@ -342,21 +286,14 @@ class Simulator:
         progress.update(len(self.specs))
         progress.close()
         res.jobs = [self.states[s.id] for s in self.specs if s.id in self.states]
+        res.fragmentation_blocked = self.core.fragmentation_blocked
         res.wall_s = time.perf_counter() - t0
         return res
 
     def _arrive(self, spec: JobSpec) -> None:
-        reason = oversize_reason(spec.gpus, self.cluster.capacity, self._usable)
-        if reason:
-            self.result.rejected.append((spec, reason))
-            self.result.oversize += 1
+        arrival = self.core.arrive(spec, self.now)
+        if arrival.state is None:
+            self.result.rejected.append((spec, arrival.reason))
+            self.result.oversize += arrival.oversize
             return
-        decision = self.admission.admit(spec, self.cluster, self._outstanding)
-        if not decision.accept:
-            self.result.rejected.append((spec, decision.reason))
-            return
-        st = JobState(spec, remaining=spec.work, waiting_since=self.now,
-                      last_update=self.now)
-        self.states[spec.id] = st
-        self._enqueue(st)
-        self._outstanding[spec.vc] = self._outstanding.get(spec.vc, 0) + spec.gpus
+        self.states[spec.id] = arrival.state

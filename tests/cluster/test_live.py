@@ -1,0 +1,111 @@
+"""Live mode with real processes: ``phalanx schedule`` runs real ``phalanx train`` jobs on 2
+local slots with the simulator's policy objects; plus its input checks (in one process)."""
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx.cli import main
+from phalanx.cluster.joblist import load_job_list
+from phalanx.cluster.live import LiveCluster, LiveConfig
+from phalanx.cluster.policies import Pack, make_ordering
+from phalanx.cluster.topology import uniform
+from phalanx.errors import ConfigError, DataError
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = "{model: mlp, data: synthetic, max_steps: 20, strategy: single, tensorboard: false}"
+
+
+def test_schedule_runs_real_jobs_on_two_slots(tmp_path):
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"""jobs:
+  - {{name: a, arrival: 0, gpus: 1, config: {TINY}}}
+  - {{name: b, arrival: 0, gpus: 1, config: {TINY}}}
+  - {{name: bad, arrival: 0.1, gpus: 1, config: {{model: nope, data: synthetic}}}}
+  - {{name: c, arrival: 0.2, gpus: 1, config: {TINY}}}
+  - {{name: huge, arrival: 0.3, gpus: 64, config: {TINY}}}
+""")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
+                        "--cluster", "uniform:1,1,1,2", "--policy", "fifo", "--placement",
+                        "pack", "--out", str(out)], capture_output=True, text=True, cwd=REPO,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert (s["jobs"], s["finished"], s["failed"], s["rejected"],
+            s["rejected_oversize"]) == (5, 3, 1, 1, 1)
+    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    assert rows["huge"]["status"] == "rejected: needs 64 GPUs, cluster has 2"
+    assert rows["bad"]["status"].startswith("failed: exit 2: phalanx: error: --model")
+    t = {n: (float(rows[n]["start"]), float(rows[n]["end"])) for n in ("a", "b", "bad", "c")}
+    # FIFO on 2 slots: a and b at once; bad takes the first freed slot, c the second
+    assert t["a"][0] < 1 and t["b"][0] < 1
+    first_free, second_free = sorted([t["a"][1], t["b"][1]])
+    assert first_free - 0.01 <= t["bad"][0] <= first_free + 1.0
+    assert t["c"][0] >= min(second_free, t["bad"][1]) - 0.01
+    # never more than 2 jobs at once, and never two on one slot (from the recorded times)
+    slots = {n: rows[n]["placements"].split("@")[1] for n in t}
+    for n, (start, _) in t.items():
+        live = [m for m, (s0, e0) in t.items() if s0 <= start < e0]
+        assert len(live) <= 2 and len({slots[m] for m in live}) == len(live), live
+    # each finished job is a real training run with its own outputs
+    for n in ("a", "b", "c"):
+        run = json.loads((out / "jobs" / n / "summary.json").read_text())
+        assert run["steps"] == 20 and 0 <= run["test_accuracy"] <= 1
+        assert json.loads((out / "configs" / f"{n}.json").read_text())["max_steps"] == 20
+    assert "bad" in r.stdout and "failed" in r.stdout
+
+
+def test_job_list_errors(tmp_path):
+    def bad(text, suffix=".yaml"):
+        p = tmp_path / f"j{suffix}"
+        p.write_text(text)
+        with pytest.raises((DataError, ConfigError)) as e:
+            load_job_list(p)
+        return str(e.value)
+
+    assert "jobs[0] (a): missing 'gpus'" in bad("jobs: [{name: a, arrival: 0}]")
+    assert "gpus must be an integer >= 1" in bad("jobs: [{name: a, arrival: 0, gpus: 0}]")
+    assert "arrival must be a number" in bad("jobs: [{name: a, arrival: soon, gpus: 1}]")
+    assert "duplicate job name 'a'" in bad("jobs: [{name: a, arrival: 0, gpus: 1}, "
+                                           "{name: a, arrival: 1, gpus: 1}]")
+    assert "name must be" in bad("jobs: [{name: ../x, arrival: 0, gpus: 1}]")
+    assert "config.lrr: unknown training setting" in bad(
+        "jobs: [{name: a, arrival: 0, gpus: 1, config: {lrr: 1}}]")
+    assert "config.workers: do not set it" in bad(
+        "jobs: [{name: a, arrival: 0, gpus: 2, config: {workers: 2}}]")
+    assert "invalid YAML" in bad("jobs: [")
+    assert "expected a mapping with a 'jobs' list" in bad("- 1\n")
+    assert "no jobs" in bad("jobs: []")
+    assert "line 3: expected 4 fields" in bad("name,arrival,gpus,model\na,0,1,mlp\nb,0\n",
+                                              ".csv")
+    assert "expected header" in bad("a,b\n", ".csv")
+    assert "expected a .yaml" in bad("x", ".txt")
+    # a good CSV: settings as columns, empty cells keep defaults
+    p = tmp_path / "ok.csv"
+    p.write_text("name,arrival,gpus,duration,model,max_steps\nx,1.5,2,30,mlp,\ny,0,1,,,5\n")
+    jobs = load_job_list(p)
+    assert [j.spec.name for j in jobs] == ["y", "x"]        # by arrival
+    assert jobs[1].spec.gpus == 2 and jobs[1].spec.duration == 30.0
+    assert jobs[1].config == {"model": "mlp"} and jobs[0].config == {"max_steps": "5"}
+
+
+def test_live_refuses_preemptive_policies_and_bad_flags(tmp_path, capsys):
+    jobs = tmp_path / "j.yaml"
+    jobs.write_text("jobs: [{name: a, arrival: 0, gpus: 1}]\n")
+    with pytest.raises(ConfigError, match="time-sliced"):
+        LiveCluster(uniform(servers=1, devices=2), load_job_list(jobs),
+                    make_ordering("tiresias"), Pack(), LiveConfig(tmp_path))
+    for args, text in ((["--policy", "las"], "not supported in live mode"),
+                       (["--policy", "lottery"], "unknown"),
+                       (["--placement", "random"], "--placement random"),
+                       (["--poll", "0"], "--poll must be"),
+                       (["--jobs", str(tmp_path / "none.yaml")], "cannot read")):
+        argv = ["schedule", "--jobs", str(jobs), "--out", str(tmp_path / "o"), *args]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert text in err and err.count("\n") == 1, (args, err)
