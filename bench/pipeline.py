@@ -167,7 +167,7 @@ def main() -> None:
     works = ("sleep", "compute") if work_arg == "both" else (work_arg,)
     for work in works:
         for stages in (2, 4):
-            depth = 1 if work == "sleep" else 4
+            depth = 1 if work == "sleep" else 24  # compute: ~30 ms of matmuls per stage-step
             rows += run_case(work, stages, micro, per_sample_s, depth, steps)
             for r in [r for r in rows if r['work'] == work and r['P'] == stages]:
                 print(f"{r['work']:7s} P={r['P']} M={r['M']:2d} {r['schedule']:5s} "
