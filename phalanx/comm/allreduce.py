@@ -54,12 +54,13 @@ def ring_schedule(world: int, rank: int) -> list[RingStep]:
 
 
 def ring_bytes(numel: int, element_size: int, world: int, rank: int) -> int:
-    """Bytes rank ``rank`` sends in one ring allreduce: every chunk but (rank+1)'s, twice.
-    Equals 2 X (N-1)/N exactly when N divides the element count."""
+    """Bytes rank ``rank`` sends in one ring allreduce: every chunk but (rank+1)'s in the
+    reduce-scatter, every chunk but (rank+2)'s in the all-gather. Equals 2 X (N-1)/N exactly
+    when N divides the element count; over all ranks it is always 2 X (N-1)."""
     if world == 1:
         return 0
-    lo, hi = chunk_bounds(numel, world)[(rank + 1) % world]
-    return 2 * (numel - (hi - lo)) * element_size
+    sizes = [hi - lo for lo, hi in chunk_bounds(numel, world)]
+    return (2 * numel - sizes[(rank + 1) % world] - sizes[(rank + 2) % world]) * element_size
 
 
 def simulate_ring(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

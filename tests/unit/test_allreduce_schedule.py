@@ -57,9 +57,15 @@ def test_simulated_ring_sums_exactly(world: int, shape: list[int], seed: int) ->
         assert torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("numel,world", [(1000, 4), (1024, 2), (7, 3), (2, 4), (0, 3), (5, 1)])
+@pytest.mark.parametrize("numel,world", [(1000, 4), (1024, 2), (7, 3), (2, 4), (0, 3), (5, 1),
+                                         (1, 2), (3, 4), (11, 5)])
 def test_ring_bytes_sum_to_2x_n_minus_1(numel: int, world: int) -> None:
     per_rank = [ring_bytes(numel, 4, world, r) for r in range(world)]
+    bounds = chunk_bounds(numel, world)
+    for rank in range(world):  # what the schedule sends, chunk by chunk
+        sent = sum(bounds[s.send_chunk][1] - bounds[s.send_chunk][0]
+                   for s in ring_schedule(world, rank))
+        assert per_rank[rank] == 4 * sent
     assert sum(per_rank) == 2 * numel * 4 * (world - 1)
     if numel % world == 0:
         assert per_rank == [2 * numel * 4 * (world - 1) // world] * world
