@@ -10,6 +10,7 @@ job stops. Neither caller re-implements queueing or placement.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -54,6 +55,7 @@ class SchedulerCore:
         self._outstanding: dict[str, int] = {}
         self._order: tuple[int, ...] = ()
         self._order_stale = True
+        self._order_until = math.inf
         # every device of a gang needs at least one CPU core of its server
         self.usable = sum(min(s.num_devices, s.cpu_cores) for s in topology.servers)
 
@@ -122,11 +124,11 @@ class SchedulerCore:
         c = self.cluster
         if not self.waiting or c.total_free < min(self._gangs):
             return
-        if self.ordering.time_invariant:
-            # reuse the last order until a job joins the queue (started ones are skipped)
-            if self._order_stale:
-                self._order = self.ordering.order(tuple(self.waiting.values()), now)
-                self._order_stale = False
-            self.try_start(self._order, start)
-        else:
-            self.try_start(self.ordering.order(tuple(self.waiting.values()), now), start)
+        if self._order_stale or now >= self._order_until:
+            # re-sort only when a job joined the queue or the policy said the order expires
+            # (started jobs stay in the cached order and are skipped)
+            waiting = tuple(self.waiting.values())
+            self._order = self.ordering.order(waiting, now)
+            self._order_until = self.ordering.stable_until(waiting, now)
+            self._order_stale = False
+        self.try_start(self._order, start)

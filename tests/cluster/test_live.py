@@ -49,7 +49,7 @@ def test_schedule_runs_real_jobs_on_two_slots(tmp_path):
     assert t["c"][0] >= min(second_free, t["bad"][1]) - 0.01
     # never more than 2 jobs at once, and never two on one slot (from the recorded times)
     slots = {n: rows[n]["placements"].split("@")[1] for n in t}
-    for n, (start, _) in t.items():
+    for start, _ in t.values():
         live = [m for m, (s0, e0) in t.items() if s0 <= start < e0]
         assert len(live) <= 2 and len({slots[m] for m in live}) == len(live), live
     # each finished job is a real training run with its own outputs

@@ -3,6 +3,8 @@ conformance): decisions are well-formed, inputs are never mutated, and each orde
 placement pair drives a simulation that passes the shared checks."""
 
 import copy
+import math
+from dataclasses import dataclass, replace
 
 import pytest
 from cluster_simcheck import check_result, rows
@@ -21,9 +23,11 @@ from phalanx.cluster.policies import (
     make_ordering,
     make_placement,
 )
+from phalanx.cluster.policies.placement import SpreadKeepEmpty
 from phalanx.cluster.simulator import SimConfig, Simulator
 from phalanx.cluster.topology import uniform
 from phalanx.cluster.traces import SyntheticSpec, TraceOptions, synthetic
+from phalanx.errors import ConfigError
 
 
 def states():
@@ -127,3 +131,103 @@ def test_every_pair_simulates(ordering, placement, small_trace, perf):
     res = go()
     check_result(res, len(small_trace), topo.num_devices)
     assert rows(res) == rows(go())
+
+
+def test_spread_keep_empty_never_breaks_a_free_server_while_others_have_room():
+    c = _cluster_with_load()          # server 0: 1 free, server 2: 3 free, others empty
+    t = c.topology
+    one = JobSpec(0, "j", 0, 1, 1, 1, "bert")
+    p = SpreadKeepEmpty().place(one, c)
+    # partly used servers only; server 2's free switch (2 of 2 free) beats server 0's last slot
+    assert t.device_server[p.devices[0]] == 2 and c.switch_free[t.device_switch[p.devices[0]]] == 2
+    # a gang no partly used server holds goes to an empty server
+    four = JobSpec(1, "j", 0, 4, 1, 1, "bert")
+    assert c.server_free[t.device_server[SpreadKeepEmpty().place(four, c).devices[0]]] == 4
+    # plain Spread takes an empty server even for one GPU
+    assert c.server_free[t.device_server[Spread().place(one, c).devices[0]]] == 4
+
+
+def test_load_adaptive_demand_signal_and_hysteresis():
+    c = ClusterState(uniform(servers=4, devices=4, switches=2, cpu_cores=16))   # 16 GPUs
+    c.allocate(9, Placement((0,), ((0, 1),)))
+    t = c.topology
+    job = JobSpec(0, "j", 0, 1, 1, 1, "bert")
+    la = LoadAdaptive(0.5, signal="demand", hysteresis=0.25)
+
+    def packs() -> bool:
+        return t.device_server[la.place(job, c).devices[0]] == 0
+    c.queued_gpus = 1                 # busy 1 + queued 1 = 2/16: spread
+    assert la.load(job, c) == 2 / 16 and not packs()
+    c.queued_gpus = 8                 # 9/16 >= 0.5: pack (utilisation alone says 1/16)
+    assert packs() and t.device_server[LoadAdaptive(0.5).place(job, c).devices[0]] != 0
+    c.queued_gpus = 4                 # 5/16 = 0.31: inside the hysteresis band, still pack
+    assert packs()
+    c.queued_gpus = 2                 # 3/16 < 0.25: back to spread
+    assert not packs()
+    # without hysteresis the same dip switches straight back
+    plain = LoadAdaptive(0.5, signal="demand")
+    c.queued_gpus = 8
+    plain.place(job, c)
+    c.queued_gpus = 4
+    assert t.device_server[plain.place(job, c).devices[0]] != 0
+    with pytest.raises(ConfigError, match="signal"):
+        LoadAdaptive(signal="vibes")
+    with pytest.raises(ConfigError, match="hysteresis"):
+        LoadAdaptive(0.3, hysteresis=0.5)
+
+
+def test_simulator_keeps_queued_demand(small_trace, perf):
+    topo = uniform(zones=1, racks=1, servers=2, devices=8, switches=2, cpu_cores=32)
+    seen = []
+
+    class Spy:
+        name = "spy"
+
+        def place(self, job, cluster):
+            seen.append((cluster.queued_gpus, sum(s.gpus for s in sim.waiting.values())))
+            return Pack().place(job, cluster)
+
+    sim = Simulator(topo, small_trace, make_ordering("fifo"), Spy(), perf)
+    res = sim.run()
+    assert seen and all(a == b for a, b in seen)     # always the waiting jobs' GPUs
+    assert sim.cluster.queued_gpus == 0 and all(j.end > 0 for j in res.jobs)
+
+
+@dataclass(frozen=True)
+class _AlwaysResort:
+    """Oracle: the same ordering, but the loop must re-sort the queue at every fill pass."""
+
+    inner: object
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def stable_until(self, waiting, now):
+        return now
+
+
+@pytest.mark.parametrize("ordering", sorted(ORDERINGS))
+def test_cached_order_equals_resorting_every_event(ordering, small_trace, perf):
+    """The incremental fill pass (order reused until the policy says it expires) gives the
+    exact schedule of re-sorting the queue at every event."""
+    topo = uniform(zones=1, racks=1, servers=2, devices=8, switches=2, cpu_cores=32)
+    pol = make_ordering(ordering, 900.0)
+    jobs = [replace(j, submit=j.submit / 4) for j in small_trace]      # long queues
+
+    def go(o):
+        return Simulator(topo, jobs, o, make_placement("topology"), perf).run()
+
+    fast = go(pol)
+    assert rows(fast) == rows(go(_AlwaysResort(pol)))
+    assert max(fast.queue) >= 10      # the queue really was long enough to matter
+
+
+def test_tiresias_order_expires_at_the_next_promotion():
+    t = Tiresias(thresholds=(1000.0,), starvation=2.0, round_s=600.0)
+    jobs = tuple(states())
+    # waiting jobs that ran: job 2 (200 s, since 5) is promoted at 5 + 2 x max(200, slot),
+    # job 3 (6250 s, since 9) at 9 + 2 x 6250; jobs that never ran are never promoted
+    assert t.stable_until(jobs, 100.0) == 5.0 + 2 * 600.0
+    assert t.stable_until(jobs, 1205.0) == 9.0 + 2 * 6250.0
+    assert t.stable_until(jobs, 9.0 + 2 * 6250.0) == math.inf
+    assert make_ordering("las").stable_until(jobs, 0.0) == math.inf

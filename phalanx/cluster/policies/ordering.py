@@ -22,11 +22,16 @@ class OrderingPolicy(Protocol):
     name: str
     preemptive: bool
     round_s: float | None
-    # True when the order depends only on the jobs' specs (not on time or progress): the
-    # event loop may then reuse an order until a job joins the queue
-    time_invariant: bool
 
     def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]: ...
+
+    def stable_until(self, waiting: Sequence[JobState], now: float) -> float:
+        """Until when ``order(waiting, t)`` stays what it is at ``now``, as long as no job
+        joins the queue (a job leaving does not reorder the rest). Waiting jobs do not
+        progress, so their attained service and last start are frozen: the event loop
+        reuses one order for the fill passes until then (``math.inf`` = until the queue
+        changes) instead of re-sorting the queue at every event."""
+        ...
 
 
 def _check_slot(slot: float) -> None:
@@ -41,7 +46,9 @@ class FIFO:
     name: str = "fifo"
     preemptive: bool = False
     round_s: float | None = None
-    time_invariant: bool = True
+
+    def stable_until(self, waiting: Sequence[JobState], now: float) -> float:
+        return math.inf     # keys of waiting jobs are frozen
 
     def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
         return tuple(j.spec.id for j in sorted(jobs, key=lambda j: (j.spec.submit, j.spec.id)))
@@ -54,7 +61,9 @@ class ShortestJobFirst:
     name: str = "sjf"
     preemptive: bool = False
     round_s: float | None = None
-    time_invariant: bool = True
+
+    def stable_until(self, waiting: Sequence[JobState], now: float) -> float:
+        return math.inf     # keys of waiting jobs are frozen
 
     def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
         return tuple(j.spec.id for j in sorted(
@@ -68,10 +77,12 @@ class LeastAttainedService:
     name: str = "las"
     preemptive: bool = True
     round_s: float | None = DEFAULT_SLOT_S
-    time_invariant: bool = False
 
     def __post_init__(self) -> None:
         _check_slot(self.round_s or 0)
+
+    def stable_until(self, waiting: Sequence[JobState], now: float) -> float:
+        return math.inf     # keys of waiting jobs are frozen
 
     def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
         return tuple(j.spec.id for j in sorted(
@@ -90,7 +101,6 @@ class Tiresias:
     name: str = "tiresias"
     preemptive: bool = True
     round_s: float | None = DEFAULT_SLOT_S
-    time_invariant: bool = False
 
     def __post_init__(self) -> None:
         _check_slot(self.round_s or 0)
@@ -113,6 +123,17 @@ class Tiresias:
                 q += 1
         return q
 
+    def promotion_time(self, job: JobState) -> float:
+        """When a waiting job that ran before reaches the starvation guard (inf if never)."""
+        if job.running or job.executed <= 0:
+            return math.inf
+        return job.waiting_since + self.starvation * max(job.executed, self.round_s or 0)
+
+    def stable_until(self, waiting: Sequence[JobState], now: float) -> float:
+        # queues by attained service are frozen while waiting; only starvation promotions,
+        # at known times, reorder the queue
+        return min((t for t in map(self.promotion_time, waiting) if t > now), default=math.inf)
+
     def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
         return tuple(j.spec.id for j in sorted(
             jobs, key=lambda j: (self.queue(j, now), j.spec.submit, j.spec.id)))
@@ -126,10 +147,12 @@ class RoundRobin:
     round_s: float | None = DEFAULT_SLOT_S
     name: str = "rr"
     preemptive: bool = True
-    time_invariant: bool = False
 
     def __post_init__(self) -> None:
         _check_slot(self.round_s or 0)
+
+    def stable_until(self, waiting: Sequence[JobState], now: float) -> float:
+        return math.inf     # keys of waiting jobs are frozen
 
     def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
         return tuple(j.spec.id for j in sorted(
