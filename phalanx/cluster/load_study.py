@@ -205,7 +205,7 @@ def _plot(rows: list[Row], out: Path) -> None:
             ax.axhline(1.0, color="grey", linewidth=0.6)
             ax.set_xticks(x, [f"{s:g}" for s in SCALES])
             ax.set_title(f"{mix}, {lb} load ({t:.2f})", fontsize=10)
-            ax.set_xlabel("interference weight multiplier (x 0.3 switch / 0.1 server)")
+            ax.set_xlabel("interference multiplier (x 0.3 switch, x 0.1 server)")
             ax.set_ylabel("mean JCT / pack's mean JCT")
             ax.grid(alpha=0.3)
     axes[0][0].legend(title="placement", fontsize=8)
@@ -228,9 +228,18 @@ def load_study(base: SimulateOptions, out: Path, workers: int | None = None) -> 
             print(f"[{n}/{len(tasks)}] {row.mix} {row.level} x{row.interference_scale:g} "
                   f"seed {row.seed} {row.placement}: mean JCT {row.mean_jct_h:.2f} h "
                   f"({row.wall_s:.0f} s)", flush=True)
+    (out / "load.json").write_text(json.dumps({"rows": [asdict(r) for r in rows]}, indent=1)
+                                   + "\n")
+    render(out)
+    return rows
+
+
+def render(out: Path) -> None:
+    """Tables, verdicts and the plot from ``out/load.json`` (re-render without re-running)."""
+    data = json.loads((out / "load.json").read_text())
+    rows = [Row(**r) for r in data["rows"]]
     table, verdicts = _tables(rows)
-    (out / "load.json").write_text(json.dumps({"rows": [asdict(r) for r in rows],
-                                               "verdicts": verdicts}, indent=1) + "\n")
+    (out / "load.json").write_text(json.dumps({"rows": data["rows"], "verdicts": verdicts},
+                                              indent=1) + "\n")
     (out / "load_table.md").write_text(table)
     _plot(rows, out)
-    return rows

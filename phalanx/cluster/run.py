@@ -13,6 +13,7 @@ from phalanx.cluster.perf import PerfModel, PerfOptions
 from phalanx.cluster.policies import (
     AcceptAll,
     AdmissionPolicy,
+    OrderingPolicy,
     PlacementPolicy,
     make_ordering,
     make_placement,
@@ -116,15 +117,17 @@ def perf_options(opts: SimulateOptions) -> PerfOptions:
 
 def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
              jobs: tuple[JobSpec, ...] | None = None,
-             placement: PlacementPolicy | None = None) -> tuple[Summary, SimResult]:
-    """Run one simulation; ``placement`` overrides ``opts.placement`` with a policy object
-    (studies use it for variants that have no registry name)."""
+             placement: PlacementPolicy | None = None,
+             ordering: OrderingPolicy | None = None) -> tuple[Summary, SimResult]:
+    """Run one simulation; ``placement`` / ``ordering`` override ``opts.placement`` /
+    ``opts.ordering`` with policy objects (studies and benches use variants that have no
+    registry name)."""
     inputs = inputs or load_inputs(opts)
     admission: AdmissionPolicy = parse_quota(opts.quota) if opts.quota else AcceptAll()
     if placement is None:
         placement = make_placement(opts.placement, opts.threshold, opts.hysteresis)
     sim = Simulator(inputs.topology, jobs if jobs is not None else inputs.trace.jobs,
-                    make_ordering(opts.ordering, opts.slot_s), placement,
+                    ordering or make_ordering(opts.ordering, opts.slot_s), placement,
                     inputs.perf, admission,
                     SimConfig(opts.checkpoint_cost_s, progress=opts.progress))
     res = sim.run()
