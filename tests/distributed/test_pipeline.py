@@ -23,7 +23,7 @@ def _opts(tmp_path, **kw):
 
 
 @pytest.mark.parametrize(("schedule", "stages", "microbatches"),
-                         [("gpipe", 2, 4), ("1f1b", 3, 4)])
+                         [("gpipe", 3, 4), ("1f1b", 2, 4)])
 def test_pipeline_equals_single_process(tmp_path, schedule, stages, microbatches):
     opts = _opts(tmp_path, pipeline_schedule=schedule, stages=stages, microbatches=microbatches)
     result = phalanx.train(**opts)
