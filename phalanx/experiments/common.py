@@ -11,10 +11,10 @@ from phalanx.config import RunConfig
 
 def base_config(out: Path, *, quick: bool, data: str | None, seed: int, **overrides: Any
                 ) -> RunConfig:
-    """Quick: MLP on the synthetic set, a fraction of an epoch. Full: LeNet-5 on
-    Fashion-MNIST for 2 epochs."""
+    """Quick: MLP on the synthetic set, one epoch. Full: LeNet-5 on Fashion-MNIST for 2
+    epochs."""
     if quick:
-        cfg = RunConfig(model="mlp", data=data or "synthetic", epochs=2, batch_size=32,
+        cfg = RunConfig(model="mlp", data=data or "synthetic", epochs=1, batch_size=32,
                         lr=0.05, seed=seed, out=str(out), progress=False, tensorboard=False,
                         threads=1)
     else:
@@ -26,8 +26,10 @@ def base_config(out: Path, *, quick: bool, data: str | None, seed: int, **overri
 
 
 def variant(base: RunConfig, out: Path, label: str, **changes: Any) -> tuple[str, RunConfig]:
-    cfg = dataclasses.replace(base, out=str(out / label), **changes)
-    return label, cfg.validate()
+    from phalanx.experiments.compare import plan_evals
+
+    cfg = dataclasses.replace(base, out=str(out / label.replace(" ", "_")), **changes)
+    return label, plan_evals(cfg).validate()
 
 
 def verdict_block(claim: str, measured: str, holds: bool | None) -> str:

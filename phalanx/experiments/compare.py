@@ -67,7 +67,24 @@ def strategy_config(base: RunConfig, strategy: str, out: Path,
         setattr(cfg, key, value)
     if cfg.softsync > cfg.workers:
         cfg.softsync = cfg.workers
-    return cfg.validate()
+    return plan_evals(cfg).validate()
+
+
+def plan_evals(cfg: RunConfig, points: int = 8) -> RunConfig:
+    """Unless the user chose, evaluate about ``points`` times per run, so accuracy curves
+    have a shape (``eval_every`` counts per-worker steps)."""
+    if cfg.eval_every == 0 and cfg.max_steps == 0:
+        per_worker_steps = cfg.epochs * base_train_size(cfg) / (cfg.workers * cfg.batch_size)
+        cfg.eval_every = max(1, int(per_worker_steps / points))
+    return cfg
+
+
+def base_train_size(cfg: RunConfig) -> int:
+    """Training-set size without loading it (known sets), for planning evaluations."""
+    known = {"fashion-mnist": 60000, "mnist": 60000, "synthetic": 4000, "digits": 1437,
+             "cifar10": 50000}
+    size = known.get(cfg.data, 60000)
+    return min(size, cfg.train_limit) if cfg.train_limit else size
 
 
 def read_run(label: str, out: Path) -> StrategyRun:

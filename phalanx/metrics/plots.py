@@ -68,6 +68,8 @@ def histogram_plot(path: Path, hists: Mapping[str, Sequence[int]], *, xlabel: st
         total = sum(counts)
         xs = [k + (i - (len(labels) - 1) / 2) * width for k in range(len(counts))]
         ax.bar(xs, [c / total for c in counts], width=width, label=label)
+    longest = max((len(hists[k]) for k in labels), default=0)
+    ax.set_xticks(range(longest) if longest <= 20 else range(0, longest, max(1, longest // 10)))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of applied updates")
     ax.set_title(title)
