@@ -98,10 +98,11 @@ def serve(state: ShardState, transport: Transport, layout: Layout, timeout_s: fl
         if msg.header.worker != w:
             state.reject_message("header names another worker than its sender")
             continue
-        last_heard[w] = now()
+        t = now()
+        last_heard[w] = t
         for out in state.handle(w, msg.header, msg.tensors):
             transport.send(layout.worker_rank(out.worker), out.header, out.tensors)
-        t = now()
+            last_heard[out.worker] = t  # its silence while we held it back was our doing
         dead = sorted(a for a in state.active - state.waiting if t - last_heard[a] > timeout_s)
         if dead:
             raise PhalanxError(f"parameter server shard {state.shard}: worker(s) {dead} silent "
