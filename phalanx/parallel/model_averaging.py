@@ -20,6 +20,7 @@ from torch import nn
 from phalanx.comm.allreduce import AllReduce, make_allreduce
 from phalanx.comm.counters import ByteCounter
 from phalanx.config import RunConfig
+from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog, Progress
 from phalanx.parallel.base import (
     Job,
@@ -34,6 +35,7 @@ from phalanx.parallel.sync_dp import (
     LOG_EVERY,
     WorkerContext,
     broadcast_from_rank0,
+    check_shards,
     open_log,
     total_bytes,
     total_steps,
@@ -48,6 +50,9 @@ def world_size(cfg: RunConfig) -> int:
 
 
 def run(job: Job, log: EventLog) -> Outcome:
+    if job.config.sfb:
+        raise ConfigError("--sfb: sufficient factors apply to gradients; use --strategy sync")
+    check_shards(job, world_size(job.config))
     spawn(process_main, world_size(job.config), (job,))
     return read_result(job)
 

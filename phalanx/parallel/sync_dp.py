@@ -23,6 +23,7 @@ from phalanx.comm.counters import ByteCounter
 from phalanx.comm.sfb import SufficientFactors
 from phalanx.config import RunConfig
 from phalanx.data import epoch_batches, steps_per_epoch
+from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog, Progress
 from phalanx.parallel.base import (
     Job,
@@ -46,23 +47,29 @@ def world_size(cfg: RunConfig) -> int:
 
 
 def run(job: Job, log: EventLog) -> Outcome:
+    check_shards(job, world_size(job.config))  # fail here, in one line, not in N children
     spawn(process_main, world_size(job.config), (job,))
     return read_result(job)
 
 
 # ---- pieces shared with model averaging and the DDP reference in the tests ---------------
 
+def check_shards(job: Job, world: int) -> int:
+    """Micro-batches per epoch every worker takes (that of the smallest shard)."""
+    cfg = job.config
+    per_epoch = steps_per_epoch(len(job.train) // world, cfg.batch_size)
+    if per_epoch == 0:
+        raise ConfigError(f"--batch-size: {cfg.batch_size} is larger than a worker's shard "
+                          f"({len(job.train) // world} samples with --workers {world})")
+    return per_epoch
+
+
 def worker_batches(job: Job, rank: int, world: int) -> Iterator[tuple[int, torch.Tensor]]:
     """(epoch, indices) of this worker's micro-batches, forever. Every worker takes the same
     number per epoch (that of the smallest shard) so collectives stay matched."""
     cfg = job.config
     shard = job.shard(rank, world)
-    per_epoch = steps_per_epoch(len(job.train) // world, cfg.batch_size)
-    if per_epoch == 0:
-        from phalanx.errors import ConfigError
-
-        raise ConfigError(f"--batch-size: {cfg.batch_size} is larger than a worker's shard "
-                          f"({len(job.train) // world} samples with --workers {world})")
+    per_epoch = check_shards(job, world)
     epoch = 0
     while True:
         for i, idx in enumerate(epoch_batches(shard, cfg.batch_size, epoch, cfg.seed)):
