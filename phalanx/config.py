@@ -172,12 +172,21 @@ class RunConfig:
         need(self.eval_every >= 0, "eval_every", "must be >= 0")
         need(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0")
         need(bool(self.out), "out", "must be a directory path")
+        ranks, flags = self.compute_ranks()
         for rank in self.slow_workers:
-            if rank >= self.workers:
-                raise ConfigError(
-                    f"--slow-workers: rank {rank} does not exist with --workers {self.workers}"
-                )
+            if rank >= ranks:
+                raise ConfigError(f"--slow-workers: rank {rank} does not exist with {flags}")
         return self
+
+    def compute_ranks(self) -> tuple[int, str]:
+        """How many computing ranks ``--slow-workers`` can name, and the flags that say so:
+        pipeline stages, pipeline x replicas for hybrid, otherwise the workers."""
+        if self.strategy == "pipeline":
+            return self.stages, f"--stages {self.stages}"
+        if self.strategy == "hybrid":
+            return (self.stages * self.replicas,
+                    f"--stages {self.stages} x --replicas {self.replicas}")
+        return self.workers, f"--workers {self.workers}"
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import datetime
 import os
+import tempfile
+import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,24 +31,39 @@ class WorkerFailed(PhalanxError):
 
 
 def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, backend: str,
-           args: tuple) -> None:
+           error_dir: str, args: tuple) -> None:
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
     try:
-        fn(rank, world, *args)
-    except PhalanxError:
-        raise
-    except Exception:
-        traceback.print_exc()
-        raise
-    finally:
+        store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
         try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - the group may already be broken by a dead peer
-            pass
+            fn(rank, world, *args)
+        finally:
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - the group may already be broken by a dead peer
+                pass
+    except BaseException as e:
+        # Record when and why this rank failed: when one rank dies its peers fail too
+        # ("connection closed by peer"), and the parent reports the FIRST failure, the cause.
+        line = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+        Path(error_dir, f"rank{rank}.err").write_text(f"{time.time():.6f} {line}\n")
+        if not isinstance(e, PhalanxError):
+            traceback.print_exc()
+        raise
+
+
+def _first_failure(error_dir: str) -> tuple[int, str] | None:
+    found = []
+    for path in Path(error_dir).glob("rank*.err"):
+        stamp, _, line = path.read_text().strip().partition(" ")
+        found.append((float(stamp), int(path.stem[4:]), line))
+    if not found:
+        return None
+    _, rank, line = min(found)
+    return rank, line
 
 
 def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str = "gloo",
@@ -57,19 +75,28 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
     """
     store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True,
                           timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
-    try:
-        mp.start_processes(_child, args=(fn, world, store.port, timeout_s, backend, args),
-                           nprocs=world, start_method="spawn", join=True)
-    except mp.ProcessRaisedException as e:
-        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-        raise WorkerFailed(f"process {e.error_index} failed: {lines[-1] if lines else e}") from None
-    except mp.ProcessExitedException as e:
-        raise WorkerFailed(
-            f"process {e.error_index} exited with code {e.exit_code}"
-            + (f" ({e.signal_name})" if getattr(e, "signal_name", None) else "")
-        ) from None
-    finally:
-        del store
+    with tempfile.TemporaryDirectory(prefix="phalanx-spawn-") as error_dir:
+        try:
+            mp.start_processes(_child, args=(fn, world, store.port, timeout_s, backend,
+                                             error_dir, args),
+                               nprocs=world, start_method="spawn", join=True)
+        except mp.ProcessRaisedException as e:
+            first = _first_failure(error_dir)
+            if first is not None:
+                raise WorkerFailed(f"process {first[0]} failed: {first[1]}") from None
+            lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+            raise WorkerFailed(
+                f"process {e.error_index} failed: {lines[-1] if lines else e}") from None
+        except mp.ProcessExitedException as e:
+            first = _first_failure(error_dir)
+            if first is not None:
+                raise WorkerFailed(f"process {first[0]} failed: {first[1]}") from None
+            raise WorkerFailed(
+                f"process {e.error_index} exited with code {e.exit_code}"
+                + (f" ({e.signal_name})" if getattr(e, "signal_name", None) else "")
+            ) from None
+        finally:
+            del store
 
 
 def run_under_torchrun(fn: Callable[..., Any], args: tuple = (), *, backend: str = "gloo",

@@ -108,3 +108,10 @@ def test_config_validation_messages():
         RunConfig.from_mapping({"sfb": "maybe"})
     cfg = RunConfig.from_mapping({"slow-workers": "0:3.0,1:1.5", "workers": 2}).validate()
     assert cfg.slow_workers == {0: 3.0, 1: 1.5}
+
+
+def test_slow_worker_ranks_follow_the_strategy_world():
+    RunConfig(strategy="hybrid", stages=2, replicas=2, slow_workers={3: 2.0}).validate()
+    RunConfig(strategy="pipeline", stages=3, slow_workers={2: 2.0}).validate()
+    with pytest.raises(ConfigError, match="rank 4 does not exist with --stages 2 x --replicas 2"):
+        RunConfig(strategy="hybrid", stages=2, replicas=2, slow_workers={4: 2.0}).validate()
