@@ -28,7 +28,7 @@ from phalanx.config import RunConfig  # noqa: E402
 from phalanx.data import load_data  # noqa: E402
 from phalanx.metrics import read_events  # noqa: E402
 from phalanx.parallel import sync_dp  # noqa: E402
-from phalanx.parallel.base import Job  # noqa: E402
+from phalanx.parallel.base import Job, read_result  # noqa: E402
 from phalanx.runtime.launch import spawn  # noqa: E402
 
 WARMUP = 10  # steps (a multiple of sync_dp.LOG_EVERY: ours is timed from its events)
@@ -59,6 +59,44 @@ def _ddp(rank: int, world: int, job: Job, out: str) -> None:
 
 def _ours(rank: int, world: int, job: Job, out: str) -> None:
     sync_dp.process_main(rank, world, job)
+
+
+SFB_BATCHES = (8, 32, 128, 512)
+SFB_STEPS = 20  # the start broadcast (one model, once) is amortised over these
+
+
+def _sfb_bytes(rank: int, world: int, jobs: list[Job], out: str) -> None:
+    """Bytes sent per step by all ranks, with and without sufficient factors."""
+    sent = []
+    for job in jobs:
+        with sync_dp.open_log(job, rank) as log:
+            sync_dp.train_worker(sync_dp.WorkerContext(job, rank, world, log, time.perf_counter()))
+        sent.append(read_result(job).stats["bytes_sent"] if rank == 0 else 0)
+        dist.barrier()
+    if rank == 0:
+        Path(out).write_text(json.dumps(sent))
+
+
+def sfb_table(data, tmp: str, world: int) -> dict[str, dict[str, float]]:
+    jobs = []
+    for batch in SFB_BATCHES:
+        for sfb in (False, True):
+            cfg = RunConfig(model="mlp", data="synthetic", strategy="sync", workers=world,
+                            batch_size=batch, max_steps=SFB_STEPS, epochs=1000.0, sfb=sfb,
+                            allreduce="ring", progress=False, tensorboard=False, test_limit=100,
+                            out=f"{tmp}/sfb{world}_{batch}_{int(sfb)}").validate()
+            jobs.append(make_job(cfg, "mlp", data))
+    spawn(_sfb_bytes, world, (jobs, f"{tmp}/sfb.json"))
+    sent = json.loads(Path(f"{tmp}/sfb.json").read_text())
+    table = {}
+    for i, batch in enumerate(SFB_BATCHES):
+        plain, factored = sent[2 * i] / SFB_STEPS, sent[2 * i + 1] / SFB_STEPS
+        table[f"N{world}_batch{batch}"] = {"bytes_per_step": plain,
+                                           "bytes_per_step_sfb": factored,
+                                           "sfb_over_plain": round(factored / plain, 3)}
+        print(f"N={world} batch {batch:>4}: {plain / 1e6:.2f} MB/step, with --sfb "
+              f"{factored / 1e6:.2f} MB/step", file=sys.stderr)
+    return table
 
 
 def _ours_seconds(job: Job) -> float:
@@ -104,6 +142,9 @@ def main() -> None:
                 targets[key] = 0.95
             print(f"N={world}: " + "  ".join(f"{k} {v:.0f} samples/s" for k, v in med.items()),
                   file=sys.stderr)
+        for world in (2, 4):
+            results["sfb_bytes"] = {**results.get("sfb_bytes", {}),
+                                    **sfb_table(data, tmp, world)}
     print(json.dumps({"bench": "sync_dp", "results": results, "ratios": ratios,
                       "targets": targets}))
 
