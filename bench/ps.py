@@ -76,6 +76,18 @@ def pushes_per_s(pushes: int, raw: bool) -> float:
         return json.loads(Path(out).read_text())["pushes_per_s"]
 
 
+def state_pushes_per_s(pushes: int) -> float:
+    """The shard's own work per push (validate + update rule), no transport: the ceiling
+    the server loop could reach with a free network."""
+    part = Partition(1, (0,), ((PARAMS,),), (0, PARAMS))
+    state = ShardState(0, part, torch.zeros(PARAMS), None, sgd(0.01), Asynchronous(), 1)
+    grad = torch.randn(PARAMS) * 1e-3
+    t0 = time.perf_counter()
+    for c in range(pushes):
+        state.handle(0, Header(Kind.PUSH, worker=0, clock=c, version=state.version), [grad])
+    return pushes / (time.perf_counter() - t0)
+
+
 def throughput(run_dir: Path) -> float:
     """Samples/s summed over workers, from each worker's last "train" event."""
     last: dict[int, dict] = {}
@@ -102,11 +114,12 @@ def main() -> None:
     ap.add_argument("--data", default="synthetic")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    pushes, steps, repeats = (40, 60, 1) if args.quick else (150, 200, 3)
-    shard, raw = [], []
+    pushes, steps, repeats = (30, 40, 1) if args.quick else (150, 200, 3)
+    shard, raw, local = [], [], []
     for _ in range(repeats):
         raw.append(pushes_per_s(pushes, raw=True))
         shard.append(pushes_per_s(pushes, raw=False))
+        local.append(state_pushes_per_s(pushes))
     rates: dict[str, list[float]] = {"single": []}
     for n in (1, 2, 4):
         rates[f"asp{n}"] = []
@@ -123,6 +136,7 @@ def main() -> None:
         {"params": PARAMS, "pushers": PUSHERS, "pushes": pushes, "steps": steps,
          "model": args.model, "data": args.data, "cores": torch.get_num_threads(),
          "shard_pushes_per_s": m_shard, "raw_transport_msgs_per_s": m_raw,
+         "shard_state_only_pushes_per_s": _common.median(local),
          "samples_per_s": med, "all": {"shard": shard, "raw": raw, **rates}},
         ratios,
         # one shard should absorb at least half of what the bare transport carries; ASP with

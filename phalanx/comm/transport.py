@@ -161,10 +161,17 @@ class GlooTransport:
         # gloo completes a send only inside wait(); waiting on the oldest sends bounds the
         # memory held by in-flight tensors (they were posted long ago, so this is cheap)
         keep = self._inflight[-16:]
-        for works, _ in self._inflight[:-16]:
-            for w in works:
-                w.wait()
+        self._wait(self._inflight[:-16])
         self._inflight = keep
+
+    def _wait(self, inflight: list) -> None:
+        try:
+            for works, _ in inflight:
+                for w in works:
+                    w.wait()
+        except RuntimeError as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise PeerLost(f"rank {self.rank}: a send failed ({_short(first)})") from None
 
     def recv(self, src: int | None = None, timeout_s: float | None = None) -> Message:
         import torch.distributed as dist
@@ -197,9 +204,7 @@ class GlooTransport:
         return Message(sender, header, tensors)
 
     def flush(self) -> None:
-        for works, _ in self._inflight:
-            for w in works:
-                w.wait()
+        self._wait(self._inflight)
         self._inflight = []
 
 

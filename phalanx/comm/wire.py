@@ -33,14 +33,13 @@ DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 
 class Kind(IntEnum):
     """Message kinds. Worker -> server: PULL, PUSH, DONE. Server -> worker: PARAMS.
-    Server -> server 0 at the end: FINAL (its parameters), STATS (its counters)."""
+    Server -> server 0 at the end: FINAL (its parameters and counters)."""
 
     PULL = 1
     PUSH = 2
     DONE = 3
     PARAMS = 4
     FINAL = 5
-    STATS = 6
 
 
 class WireError(ValueError):
@@ -53,8 +52,9 @@ class Header:
 
     ``worker``: worker index (-1 from a server); ``clock``: the worker's push count;
     ``version``: a shard's update count (in PARAMS: now; in PUSH: at the pull the gradient
-    was computed on); ``flags``: kind-specific bits (PULL: 1 = wants the dense part);
-    ``payload``: (dtype code, numel) of each payload tensor, in order.
+    was computed on); ``seq``: reserved for retransmission / de-duplication; ``flags``:
+    kind-specific bits (see :mod:`phalanx.ps.shard`); ``payload``: (dtype code, numel)
+    of each payload tensor, in order.
     """
 
     kind: int

@@ -38,6 +38,15 @@ def run_threads(job):
     net = InProcNetwork(layout.world)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     errors = []
+    # threads share torch's global RNG: build_model (seed, then init) must not interleave,
+    # or ranks would start from different weights (processes each have their own RNG)
+    lock, build = threading.Lock(), job.build_model
+
+    def build_locked():
+        with lock:
+            return build()
+
+    job.build_model = build_locked
 
     def rank_main(rank):
         try:
@@ -152,10 +161,13 @@ def test_silent_worker_ends_the_server_with_an_error_naming_it(tmp_path):
         client = PSClient(net.transport(1), part, layout, 0, 5.0)
         flat = torch.zeros(part.dense_numel)
         clock = 0
-        while not stop.is_set():
-            client.pull(clock, flat)
-            client.push(clock, torch.zeros(part.dense_numel))
-            clock += 1
+        try:
+            while not stop.is_set():
+                client.pull(clock, flat)
+                client.push(clock, torch.zeros(part.dense_numel))
+                clock += 1
+        except PhalanxError:
+            assert stop.wait(10)  # only once the server has given up (no answer)
 
     t = threading.Thread(target=busy_worker, daemon=True)
     t.start()
