@@ -49,8 +49,10 @@ def unpack(flat: torch.Tensor, rows: int, out_features: int,
 class _Layer:
     def __init__(self, module: nn.Linear) -> None:
         self.module = module
-        self.inputs: list[torch.Tensor] = []  # V per micro-step of this optimizer step
-        self.grads: list[torch.Tensor] = []  # U per micro-step
+        # (U, V) pairs of this optimizer step: one per forward call per micro-step (a layer
+        # used twice in one forward contributes two pairs, matched by the closure below)
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.pending = 0  # forward calls whose output gradient has not arrived yet
         self.gathered: list[torch.Tensor] | None = None
 
 
@@ -88,18 +90,22 @@ class SufficientFactors:
         def hook(module: nn.Linear, args: tuple, output: torch.Tensor) -> None:
             if not torch.is_grad_enabled() or not output.requires_grad:
                 return  # evaluation: nothing to factor
-            layer.inputs.append(args[0].detach().reshape(-1, module.in_features))
+            v = args[0].detach().reshape(-1, module.in_features)
+            layer.pending += 1
             sync = self._sync
-            output.register_hook(lambda g: self._on_output_grad(layer, g, sync))
+            output.register_hook(lambda g: self._on_output_grad(layer, g, v, sync))
 
         return hook
 
-    def _on_output_grad(self, layer: _Layer, grad: torch.Tensor, sync: bool) -> None:
-        layer.grads.append(grad.detach().reshape(-1, layer.module.out_features))
-        if not sync:
+    def _on_output_grad(self, layer: _Layer, grad: torch.Tensor, v: torch.Tensor,
+                        sync: bool) -> None:
+        layer.pairs.append((grad.detach().reshape(-1, layer.module.out_features), v))
+        layer.pending -= 1
+        if not sync or layer.pending:
             return
-        u, v = torch.cat(layer.grads), torch.cat(layer.inputs)
-        layer.grads, layer.inputs = [], []
+        u = torch.cat([pair[0] for pair in layer.pairs])
+        v = torch.cat([pair[1] for pair in layer.pairs])
+        layer.pairs = []
         packed = pack(u, v)
 
         def gather() -> None:
