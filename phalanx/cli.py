@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from phalanx.config import RunConfig, load_config_file, parse_slow_workers
 from phalanx.errors import PhalanxError
@@ -92,16 +92,14 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from phalanx.api import train
+    from phalanx.experiments.demo import STRATEGIES, run_demo
 
-    cfg = RunConfig(model="lenet5", data="fashion-mnist", epochs=args.epochs, rule="momentum",
-                    batch_size=64, out=args.out).validate()
-    print(f"phalanx demo: LeNet-5 on Fashion-MNIST, {args.epochs} epoch(s), single worker, "
-          f"momentum SGD -> {args.out}", flush=True)
-    s = train(config=cfg).summary
-    print(json.dumps({k: s[k] for k in ("test_accuracy", "test_loss", "train_samples", "wall_s",
-                                        "samples_per_s")}, indent=2))
-    print(f"test accuracy: {s['test_accuracy']:.4f}  (summary in {args.out}/summary.json)")
+    print(f"phalanx demo: {', '.join(STRATEGIES)} on Fashion-MNIST (LeNet-5, "
+          f"{args.epochs:g} epoch(s), {args.workers} workers) -> {args.out}", flush=True)
+    text, report = run_demo(Path(args.out), epochs=args.epochs, workers=args.workers,
+                            data=args.data)
+    print(text)
+    print(f"\nreport: {report}  (plots beside it; tensorboard --logdir {args.out})")
     return 0
 
 
@@ -118,8 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", type=int, default=10)
     p.set_defaults(func=_cmd_models)
 
-    p = sub.add_parser("demo", help="the flagship demo run")
-    p.add_argument("--epochs", type=float, default=3.0)
+    p = sub.add_parser("demo", help="the flagship demo: four strategies compared")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--data", default="fashion-mnist")
     p.add_argument("--out", default="runs/demo")
     p.set_defaults(func=_cmd_demo)
 

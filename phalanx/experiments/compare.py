@@ -61,8 +61,6 @@ def strategy_config(base: RunConfig, strategy: str, out: Path,
     if strategy in SINGLE_PROCESS:
         cfg.workers = 1
         cfg.slow_workers = {}
-    if strategy == "dc-asgd" and overrides is None:
-        cfg.dc_adaptive = base.dc_adaptive
     for key, value in (overrides or {}).items():
         setattr(cfg, key, value)
     if cfg.softsync > cfg.workers:

@@ -23,6 +23,7 @@ class EventLog:
         self._fd: int | None = None
         self._tb = None
         self._t0 = time.perf_counter()
+        self._last_train: tuple[float, float] | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -30,7 +31,8 @@ class EventLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(Path(tensorboard_dir) / f"{role}{rank}"))
+                name = role if rank < 0 else f"{role}{rank}"
+                self._tb = SummaryWriter(str(Path(tensorboard_dir) / name))
             except ImportError:  # tensorboard is optional at run time
                 self._tb = None
 
@@ -41,10 +43,21 @@ class EventLog:
             line = json.dumps(record, default=_jsonable, allow_nan=False) + "\n"
             os.write(self._fd, line.encode())
         if self._tb is not None and "step" in fields:
+            step = int(fields["step"])
             for key, value in fields.items():
                 if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(f"{kind}/{key}", value, int(fields["step"]))
+                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+            if kind == "train" and "samples" in fields and "wall_s" in fields:
+                self._throughput(step, fields["samples"], fields["wall_s"])
         return record
+
+    def _throughput(self, step: int, samples: float, wall_s: float) -> None:
+        """``train/samples_per_s`` between consecutive train events of this process."""
+        last = self._last_train
+        self._last_train = (samples, wall_s)
+        if last is not None and wall_s > last[1]:
+            self._tb.add_scalar("train/samples_per_s", (samples - last[0]) / (wall_s - last[1]),
+                                step)
 
     def close(self) -> None:
         if self._fd is not None:
