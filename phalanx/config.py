@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import ConfigError
+from phalanx.runtime.faults import check_fault_flags
 
 STRATEGIES = (
     "single",
@@ -100,6 +101,12 @@ class RunConfig:
     dc_momentum: float = 0.95  # moving average of g*g for DC-ASGD-a
     staleness_lr: bool = False  # divide each applied step by its staleness
     ps_timeout: float = 60.0  # seconds a PS server/worker waits for a silent peer
+    heartbeat_s: float = 1.0  # seconds between PS worker heartbeats (dead: silent ps_timeout s)
+    on_worker_loss: str = "continue"  # PS: drop a dead worker and go on, or stop the run
+    # fault injection (phalanx.runtime.faults): RANK@STEP, SHARD@UPDATE, push loss probability
+    kill_worker: str = ""
+    kill_server: str = ""
+    drop_messages: float = 0.0
 
     # synchronous data parallel / averaging
     allreduce: str = "native"
@@ -120,6 +127,7 @@ class RunConfig:
     out: str = "runs/latest"
     eval_every: int = 0  # evaluate every N steps (0 = once per epoch)
     checkpoint_every: int = 0
+    resume: str = ""  # restart a crashed run from DIR/config.json and DIR's checkpoints
     progress: bool = True
     tensorboard: bool = True
 
@@ -171,6 +179,13 @@ class RunConfig:
         need(0.0 <= self.non_iid <= 1.0, "non_iid", "must be in [0, 1]")
         need(self.eval_every >= 0, "eval_every", "must be >= 0")
         need(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0")
+        need(math.isfinite(self.heartbeat_s) and 0 < self.heartbeat_s <= self.ps_timeout / 2,
+             "heartbeat_s", "must be > 0 and at most half of --ps-timeout")
+        need(self.on_worker_loss in ("continue", "stop"), "on_worker_loss",
+             "is not one of continue, stop")
+        need(math.isfinite(self.drop_messages) and 0 <= self.drop_messages < 1,
+             "drop_messages", "must be in [0, 1)")
+        check_fault_flags(self)
         need(bool(self.out), "out", "must be a directory path")
         ranks, flags = self.compute_ranks()
         for rank in self.slow_workers:
