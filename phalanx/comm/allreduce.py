@@ -115,6 +115,10 @@ class _GroupInfo:
         return self._global[group_rank % self.world]
 
 
+def _segments(n: int, seg: int) -> list[tuple[int, int]]:
+    return [(a, min(a + seg, n)) for a in range(0, n, seg)]
+
+
 class RingAllReduce:
     """Baidu's ring allreduce on point-to-point isend/irecv: reduce-scatter then all-gather
     over N chunks, each rank talking only to its two neighbours."""
@@ -123,9 +127,10 @@ class RingAllReduce:
     estimated = False
 
     def __init__(self, group: dist.ProcessGroup | None = None,
-                 counter: ByteCounter | None = None) -> None:
+                 counter: ByteCounter | None = None, segment_bytes: int = 1 << 20) -> None:
         self.g = _GroupInfo(group)
         self.counter = counter if counter is not None else ByteCounter()
+        self.segment_bytes = segment_bytes
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         world, rank = self.g.world, self.g.rank
@@ -136,27 +141,33 @@ class RingAllReduce:
         right, left = self.g.peer(rank + 1), self.g.peer(rank - 1)
         scratch = torch.empty(max(hi - lo for lo, hi in bounds), dtype=flat.dtype,
                               device=flat.device)
+        seg = max(1, self.segment_bytes // flat.element_size())
         for step in ring_schedule(world, rank):
             slo, shi = bounds[step.send_chunk]
             rlo, rhi = bounds[step.recv_chunk]
             # both neighbours compute the same chunk sizes, so an empty chunk (numel < N)
             # is skipped on both ends of the link and no one waits for it
-            reqs = []
+            # messages are cut in the same segments on both ends (gloo matches a receive
+            # to a send of the same size)
+            sends = [dist.isend(flat[slo + a : slo + b], right, group=self.g.group)
+                     for a, b in _segments(shi - slo, seg)]
             if shi > slo:
-                reqs.append(dist.isend(flat[slo:shi], right, group=self.g.group))
-                self.counter.on_send(nbytes(flat[slo:shi]))
-            incoming = scratch[: rhi - rlo]
+                self.counter.on_send((shi - slo) * flat.element_size())
             if rhi > rlo:
-                reqs.append(dist.irecv(incoming, left, group=self.g.group))
-            # sync point: the next step sends what this step received
-            for req in reqs:
+                reduce = step.phase == "reduce-scatter"
+                # the all-gather receives straight into place (the chunk is not being sent
+                # in this step); the reduce-scatter receives into scratch, then adds, in
+                # segments, so adding one segment overlaps receiving the next
+                target = scratch if reduce else flat[rlo:rhi]
+                segs = _segments(rhi - rlo, seg)
+                recvs = [dist.irecv(target[a:b], left, group=self.g.group) for a, b in segs]
+                for (a, b), req in zip(segs, recvs):
+                    req.wait()
+                    if reduce:
+                        flat[rlo + a : rlo + b] += scratch[a:b]
+                self.counter.on_recv((rhi - rlo) * flat.element_size())
+            for req in sends:  # sync point: the next step sends what this step received
                 req.wait()
-            if rhi > rlo:
-                self.counter.on_recv(nbytes(incoming))
-                if step.phase == "reduce-scatter":
-                    flat[rlo:rhi] += incoming
-                else:  # all-gather
-                    flat[rlo:rhi] = incoming
         if flat.data_ptr() != tensor.data_ptr():
             tensor.copy_(flat.view_as(tensor))
         return tensor

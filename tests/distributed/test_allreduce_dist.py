@@ -75,6 +75,9 @@ def _worker(rank: int, world: int, out: str) -> None:
                 expected = x.clone()
                 dist.all_reduce(expected, group=groups[n])
                 assert torch.allclose(RingAllReduce(groups[n])(x.clone()), expected, atol=1e-5)
+                # tiny segments: many messages per ring step, matched on both ends
+                segmented = RingAllReduce(groups[n], segment_bytes=12)(x.clone())
+                assert torch.allclose(segmented, expected, atol=1e-5)
                 assert torch.allclose(NativeAllReduce(groups[n])(x.clone()), expected)
         dist.barrier()
     # all_gather of every implementation returns every rank's tensor in rank order
