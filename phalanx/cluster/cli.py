@@ -99,12 +99,12 @@ def _check_policies(pairs: list[tuple[str, str]]) -> None:
 
 
 def format_table(rows: list[Summary]) -> str:
-    head = (f"{'policy':>10s} {'placement':>13s} {'jobs':>6s} {'mean JCT h':>10s} "
+    head = (f"{'policy':>10s} {'placement':>22s} {'jobs':>6s} {'mean JCT h':>10s} "
             f"{'median h':>9s} {'p99 h':>8s} {'queue h':>8s} {'makespan h':>10s} "
             f"{'util':>5s} {'frag':>5s} {'preempt':>7s} {'wall s':>6s}")
     lines = [head]
     for s in rows:
-        lines.append(f"{s.ordering:>10s} {s.placement:>13s} {s.finished:6d} "
+        lines.append(f"{s.ordering:>10s} {s.placement:>22s} {s.finished:6d} "
                      f"{s.mean_jct_s / 3600:10.3f} {s.median_jct_s / 3600:9.3f} "
                      f"{s.p99_jct_s / 3600:8.2f} {s.mean_queue_delay_s / 3600:8.3f} "
                      f"{s.makespan_s / 3600:10.1f} {s.utilisation_mean:5.2f} "
