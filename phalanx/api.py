@@ -69,15 +69,20 @@ def train(model: str | Callable[[], nn.Module] | None = None,
     else:
         cfg = config
     cfg.validate()
+    if cfg.resume:
+        from phalanx.runtime.resume import resume_config
+
+        cfg = resume_config(cfg)  # DIR/config.json; checkpoints checked before anything runs
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is available on this machine")
     job = make_job(cfg, model, data if isinstance(data, tuple) else None)
     out = job.run_dir
     out.mkdir(parents=True, exist_ok=True)
     events_path = out / "events.jsonl"
-    if events_path.exists():
-        events_path.unlink()  # a new run in the same folder starts a new log
-    (out / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    if not cfg.resume:  # a resumed run keeps its log and its config
+        if events_path.exists():
+            events_path.unlink()  # a new run in the same folder starts a new log
+        (out / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
     tb_dir = out / "tensorboard" if cfg.tensorboard else None
     module = strategy_module(cfg.strategy)
     threads_before = torch.get_num_threads()

@@ -7,6 +7,11 @@
 A message is a :class:`~phalanx.comm.wire.Header` plus payload tensors. Both transports
 encode the header to its int64 wire form and decode (validate) it on receipt, so the
 in-process tests exercise the same wire code. Every message is counted in bytes.
+
+Two channels: FINAL messages (server -> server 0 at the end of a run) travel on their own
+*control* channel, received with ``recv(control=True)``. A gloo receive that timed out
+stays posted and would swallow the next header on its tag, so after a timeout on the
+worker channel a server can still collect its peers' FINAL messages.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from typing import Protocol
 import torch
 
 from phalanx.comm.counters import ByteCounter, nbytes
-from phalanx.comm.wire import HEADER_BYTES, HEADER_LEN, Header, WireError, describe
+from phalanx.comm.wire import HEADER_BYTES, HEADER_LEN, Header, Kind, WireError, describe
 
 HEADER_TAG = 7001  # headers and payloads travel on separate tags so that a receive from
 PAYLOAD_TAG = 7002  # "any source" only ever matches a header, never someone's payload
+CONTROL_TAG = 7003  # headers of FINAL messages (the control channel)
 
 
 class TransportTimeout(TimeoutError):
@@ -32,7 +38,12 @@ class TransportTimeout(TimeoutError):
 
 
 class PeerLost(ConnectionError):
-    """The connection to a peer broke (the peer process failed or exited)."""
+    """The connection to a peer broke (the peer process failed or exited). ``rank`` is
+    the peer when it is known (a failed send, or a payload cut off mid-message)."""
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
 
 
 @dataclass
@@ -48,9 +59,14 @@ class Transport(Protocol):
 
     def send(self, dst: int, header: Header, tensors: Sequence[torch.Tensor] = ()) -> None: ...
 
-    def recv(self, src: int | None = None, timeout_s: float | None = None) -> Message: ...
+    def recv(self, src: int | None = None, timeout_s: float | None = None, *,
+             control: bool = False) -> Message: ...
 
     def flush(self) -> None: ...
+
+
+def _is_control(header: Header) -> bool:
+    return header.kind == Kind.FINAL
 
 
 def _with_payload(header: Header, tensors: Sequence[torch.Tensor]) -> tuple[Header, list]:
@@ -79,12 +95,13 @@ class InProcNetwork:
             self._boxes[dst].append(item)
             self._cond.notify_all()
 
-    def _take(self, rank: int, src: int | None, timeout_s: float | None) -> tuple:
+    def _take(self, rank: int, src: int | None, timeout_s: float | None,
+              control: bool = False) -> tuple:
         box = self._boxes[rank]
         with self._cond:
             while True:
                 for i, item in enumerate(box):
-                    if src is None or item[0] == src:
+                    if (src is None or item[0] == src) and item[3] == control:
                         del box[i]
                         return item
                 if not self._cond.wait(timeout_s):
@@ -106,15 +123,16 @@ class InProcTransport:
         header, flat = _with_payload(header, tensors)
         wire = header.encode()
         # clone: the receiver must not see later in-place changes of the sender's tensors
-        self.network._put(dst, (self.rank, wire, [t.clone() for t in flat]))
+        self.network._put(dst, (self.rank, wire, [t.clone() for t in flat], _is_control(header)))
         self.counter.on_send(HEADER_BYTES + nbytes(*flat))
 
     def send_raw(self, dst: int, wire: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
         """Send an arbitrary header tensor (tests of the receiver's validation)."""
-        self.network._put(dst, (self.rank, wire.clone(), [t.clone() for t in tensors]))
+        self.network._put(dst, (self.rank, wire.clone(), [t.clone() for t in tensors], False))
 
-    def recv(self, src: int | None = None, timeout_s: float | None = None) -> Message:
-        sender, wire, tensors = self.network._take(self.rank, src, timeout_s)
+    def recv(self, src: int | None = None, timeout_s: float | None = None, *,
+             control: bool = False) -> Message:
+        sender, wire, tensors, _ = self.network._take(self.rank, src, timeout_s, control)
         self.counter.on_recv(wire.numel() * wire.element_size() + nbytes(*tensors))
         header = Header.decode(wire)  # raises WireError; the payload is dropped with it
         got = [(t.dtype, t.numel()) for t in tensors]
@@ -135,13 +153,17 @@ class GlooTransport:
 
     Sends are ``isend``: a process never blocks on a send, so two processes sending to
     each other at the same time cannot deadlock. The tensors of an in-flight send are kept
-    alive until it completes (:meth:`flush` waits for all of them).
+    alive until it completes (:meth:`flush` waits for all of them). Sends may come from
+    two threads (a worker's heartbeat thread and its training loop): a lock keeps the
+    bookkeeping whole. A receive from any source keeps working after a peer died (measured:
+    gloo fails only the pair to the dead peer), so survivors go on talking.
     """
 
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
         self.counter = ByteCounter()
-        self._inflight: list[tuple[object, list[torch.Tensor]]] = []
+        self._inflight: list[tuple[int, list, list[torch.Tensor]]] = []
+        self._lock = threading.Lock()
 
     def send(self, dst: int, header: Header, tensors: Sequence[torch.Tensor] = ()) -> None:
         import torch.distributed as dist
@@ -150,34 +172,44 @@ class GlooTransport:
             raise ValueError(f"rank {self.rank}: cannot send to rank {dst}")
         header, flat = _with_payload(header, tensors)
         wire = header.encode()
-        works = [dist.isend(wire, dst, tag=HEADER_TAG)]
-        works += [dist.isend(t, dst, tag=PAYLOAD_TAG) for t in flat]
-        self._inflight.append((works, [wire, *flat]))
-        self.counter.on_send(HEADER_BYTES + nbytes(*flat))
-        if len(self._inflight) > 64:
-            self._reap()
-
-    def _reap(self) -> None:
-        # gloo completes a send only inside wait(); waiting on the oldest sends bounds the
-        # memory held by in-flight tensors (they were posted long ago, so this is cheap)
-        keep = self._inflight[-16:]
-        self._wait(self._inflight[:-16])
-        self._inflight = keep
+        tag = CONTROL_TAG if _is_control(header) else HEADER_TAG
+        with self._lock:
+            try:
+                works = [dist.isend(wire, dst, tag=tag)]
+                works += [dist.isend(t, dst, tag=PAYLOAD_TAG) for t in flat]
+            except RuntimeError as e:  # gloo refuses at once a send to a known-dead peer
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise PeerLost(f"rank {self.rank}: a send to rank {dst} failed "
+                               f"({_short(first)})", rank=dst) from None
+            self._inflight.append((dst, works, [wire, *flat]))
+            self.counter.on_send(HEADER_BYTES + nbytes(*flat))
+            if len(self._inflight) > 64:
+                # gloo completes a send only inside wait(); waiting on the oldest sends
+                # bounds the memory held by in-flight tensors (posted long ago: cheap)
+                old, self._inflight = self._inflight[:-16], self._inflight[-16:]
+                self._wait(old)
 
     def _wait(self, inflight: list) -> None:
-        try:
-            for works, _ in inflight:
+        """Wait for every send in ``inflight``; a failed one raises PeerLost naming its
+        destination, after all the others were waited for (none is left half-tracked)."""
+        lost = None
+        for dst, works, _ in inflight:
+            try:
                 for w in works:
                     w.wait()
-        except RuntimeError as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise PeerLost(f"rank {self.rank}: a send failed ({_short(first)})") from None
+            except RuntimeError as e:
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                lost = lost or (dst, first)
+        if lost is not None:
+            raise PeerLost(f"rank {self.rank}: a send to rank {lost[0]} failed "
+                           f"({_short(lost[1])})", rank=lost[0])
 
-    def recv(self, src: int | None = None, timeout_s: float | None = None) -> Message:
+    def recv(self, src: int | None = None, timeout_s: float | None = None, *,
+             control: bool = False) -> Message:
         import torch.distributed as dist
 
         wire = torch.empty(HEADER_LEN, dtype=torch.int64)
-        work = dist.irecv(wire, src=src, tag=HEADER_TAG)
+        work = dist.irecv(wire, src=src, tag=CONTROL_TAG if control else HEADER_TAG)
         try:
             if timeout_s is None:
                 work.wait()
@@ -199,13 +231,14 @@ class GlooTransport:
         except RuntimeError as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise PeerLost(f"rank {self.rank}: connection to rank {sender} lost "
-                           f"({_short(first)})") from None
+                           f"({_short(first)})", rank=sender) from None
         self.counter.on_recv(HEADER_BYTES + nbytes(*tensors))
         return Message(sender, header, tensors)
 
     def flush(self) -> None:
-        self._wait(self._inflight)
-        self._inflight = []
+        with self._lock:
+            inflight, self._inflight = self._inflight, []
+            self._wait(inflight)
 
 
 def _short(gloo_message: str) -> str:

@@ -32,7 +32,8 @@ DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 
 
 class Kind(IntEnum):
-    """Message kinds. Worker -> server: PULL, PUSH, DONE. Server -> worker: PARAMS.
+    """Message kinds. Worker -> server: PULL, PUSH, DONE, HEARTBEAT (I am alive; sent by
+    a worker's background thread, also while it waits). Server -> worker: PARAMS.
     Server -> server 0 at the end: FINAL (its parameters and counters)."""
 
     PULL = 1
@@ -40,6 +41,7 @@ class Kind(IntEnum):
     DONE = 3
     PARAMS = 4
     FINAL = 5
+    HEARTBEAT = 6
 
 
 class WireError(ValueError):
@@ -52,7 +54,9 @@ class Header:
 
     ``worker``: worker index (-1 from a server); ``clock``: the worker's push count;
     ``version``: a shard's update count (in PARAMS: now; in PUSH: at the pull the gradient
-    was computed on); ``seq``: reserved for retransmission / de-duplication; ``flags``:
+    was computed on); ``seq``: in a PUSH, its sequence number from this worker to this
+    shard (0, 1, 2, ...: the shard applies each number once and counts gaps as lost
+    pushes), else 0; ``flags``:
     kind-specific bits (see :mod:`phalanx.ps.shard`); ``payload``: (dtype code, numel)
     of each payload tensor, in order.
     """

@@ -3,10 +3,16 @@ every shard. A worker's clock is the number of pushes it has made.
 
 Requests go to all shards first and replies are collected afterwards, so the shards work
 in parallel and a slow shard costs one wait, not S.
+
+While a worker runs, a :class:`Heartbeat` thread tells every shard it is alive, so a shard
+can tell a worker that is busy (or held back at a barrier) from one that died. Pushes carry
+their sequence number (the clock) in ``seq``; a :class:`~phalanx.runtime.faults.MessageDropper`
+may lose some of them on purpose (``--drop-messages``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -16,23 +22,29 @@ from phalanx.comm.wire import Header, Kind, WireError
 from phalanx.errors import PhalanxError
 from phalanx.ps.partition import Partition
 from phalanx.ps.server import Layout
-from phalanx.ps.shard import HAS_ROWS, WANT_DENSE
+from phalanx.ps.shard import HAS_ROWS, RESUME, WANT_DENSE
+from phalanx.runtime.faults import MessageDropper
 
 LOST_PEER_GRACE_S = 5.0
 
 
 class PSClient:
     def __init__(self, transport: Transport, part: Partition, layout: Layout, worker: int,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, dropper: MessageDropper | None = None) -> None:
         self.transport, self.part, self.layout, self.worker = transport, part, layout, worker
         self.timeout_s = timeout_s
+        self.dropper = dropper
         self.versions = [0] * part.shards  # each shard's version at our last pull
+        self.server_clocks = [0] * part.shards  # our clock as each shard knew it then
 
     def pull(self, clock: int, dense_out: torch.Tensor | None = None,
-             rows: torch.Tensor | None = None, table_out: torch.Tensor | None = None) -> None:
+             rows: torch.Tensor | None = None, table_out: torch.Tensor | None = None,
+             resume: bool = False) -> None:
         """Fetch the dense parameters into ``dense_out`` (flat, all shards) and the table rows
         ``rows`` into ``table_out``. May block: the consistency model decides when the
-        shards answer (this is the synchronisation point of BSP and SSP)."""
+        shards answer (this is the synchronisation point of BSP and SSP). ``resume``: a
+        restarted worker does not know its clock; each shard's answer tells it
+        (:attr:`server_clocks`)."""
         per_shard = self.part.split_rows(rows) if rows is not None else None
         asked = []
         for k in range(self.part.shards):
@@ -42,6 +54,7 @@ class PSClient:
             if not want_dense and (ids is None or not ids.numel()):
                 continue
             flags = (WANT_DENSE if want_dense else 0) | (HAS_ROWS if ids is not None else 0)
+            flags |= RESUME if resume else 0
             self.transport.send(self.layout.server_rank(k),
                                 Header(Kind.PULL, worker=self.worker, clock=clock, shard=k,
                                        flags=flags), [ids] if ids is not None else [])
@@ -63,6 +76,7 @@ class PSClient:
             if ids is not None and ids.numel():
                 table_out[ids] = t[1].view(-1, self.part.table.dim).to(table_out.dtype)
             self.versions[k] = h.version
+            self.server_clocks[k] = h.clock
 
     def push(self, clock: int, dense_grad: torch.Tensor, versions: list[int] | None = None,
              rows: torch.Tensor | None = None, row_grads: torch.Tensor | None = None) -> None:
@@ -78,9 +92,12 @@ class PSClient:
                 mask = self.part.owner(rows) == k
                 tensors += [per_shard[k], row_grads[mask]]
                 flags = HAS_ROWS
+            if self.dropper is not None and self.dropper.drop():
+                continue  # a lossy link: the shard will see the gap in the sequence numbers
             self.transport.send(self.layout.server_rank(k),
                                 Header(Kind.PUSH, worker=self.worker, clock=clock,
-                                       version=versions[k], shard=k, flags=flags), tensors)
+                                       version=versions[k], shard=k, seq=clock, flags=flags),
+                                tensors)
 
     def done(self, clock: int, stats: torch.Tensor, extra: list[torch.Tensor] = ()) -> None:
         """Tell every shard this worker is finished (with its counters for the summary)."""
@@ -104,3 +121,34 @@ class PSClient:
             time.sleep(LOST_PEER_GRACE_S)
             raise PhalanxError(f"worker {self.worker}: lost the connection to parameter "
                                f"server shard {k} (it failed or exited)") from None
+
+
+class Heartbeat:
+    """A daemon thread that sends HEARTBEAT to every shard every ``interval_s`` seconds
+    until :meth:`stop`. It ends quietly when a send fails: the training loop, blocked or
+    not, finds out about a dead server by itself and reports it."""
+
+    def __init__(self, transport: Transport, layout: Layout, worker: int,
+                 interval_s: float) -> None:
+        self.transport, self.layout, self.worker = transport, layout, worker
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{worker}",
+                                        daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                for k in range(self.layout.servers):
+                    self.transport.send(self.layout.server_rank(k),
+                                        Header(Kind.HEARTBEAT, worker=self.worker, shard=k))
+            except (PeerLost, RuntimeError):
+                return

@@ -14,9 +14,11 @@ questions with one interface, so one conformance suite checks them all:
 | BSP            | clock <= slowest        | every active worker has pushed (a barrier)   |
 | ASP            | always                  | at once (one push)                           |
 | SSP(s)         | clock - slowest <= s    | at once (one push)                           |
-| SoftSync(n)    | always                  | n pushes buffered (n=1: ASP; n=N: sync-like) |
+| SoftSync(n)    | always                  | min(n, live workers) pushes buffered         |
 
 When no worker is active any more the shard flushes whatever is left in its buffer.
+``active`` holds the live workers only: a worker that died is dropped from it, so BSP's
+barrier, SSP's slowest clock and SoftSync's n all count the survivors.
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ class SoftSynchronous(Consistency):
         return True
 
     def ready(self, pushed_by: Sequence[int], active: Collection[int]) -> bool:
-        return len(pushed_by) >= self.n
+        # capped at the live workers: with fewer than n left, n pushes would never come
+        return bool(pushed_by) and len(pushed_by) >= min(self.n, len(active))
 
 
 def consistency_for(strategy: str, *, staleness: int = 0, softsync: int = 1) -> Consistency:

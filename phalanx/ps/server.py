@@ -5,11 +5,16 @@ World layout (see ``docs/parameter-server.md``): ranks ``0..S-1`` are server sha
 ranks ``S..S+N-1`` are workers ``0..N-1``. Server 0 assembles the final model, so under
 ``torchrun`` on several machines the result is written where rank 0 runs.
 
-Liveness: the loop knows which workers are active and which it is holding back (parked
-pulls). An active worker that is not held back and has been silent for ``timeout_s``, or
-no message at all for ``timeout_s``, ends the run with an error that names the workers —
-never a hang. (Heartbeats and recovery can be added here: a HEARTBEAT kind would refresh
-``last_heard``; a dead worker could be dropped from ``state.active`` instead of raising.)
+Liveness: every message from a worker refreshes when it was last heard of; workers send
+HEARTBEAT messages from a background thread (``heartbeats=True``), so a live worker is
+never silent, not even while the shard holds its pull back. A worker silent for
+``timeout_s`` is dead. ``on_worker_loss="continue"`` drops it (:meth:`ShardState.drop_worker`:
+barriers and bounds count the survivors) and the run goes on; ``"stop"`` ends the run
+with an error that names it — never a hang. Without heartbeats (tests that drive the
+shard by hand) a worker whose pull is held back is not watched.
+
+A gloo receive that timed out cannot be waited on again, so ``timeout_s`` with no message
+at all ends this loop: with heartbeats it means every remaining worker is dead.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from phalanx.comm.counters import ByteCounter, nbytes
-from phalanx.comm.transport import Message, PeerLost, Transport, TransportTimeout
+from phalanx.comm.transport import PeerLost, Transport, TransportTimeout
 from phalanx.comm.wire import HEADER_BYTES, Header, Kind, WireError
 from phalanx.errors import PhalanxError
 from phalanx.ps.shard import ShardState, ShardStats
@@ -66,54 +71,99 @@ class ShardResult:
 
 
 STAT_FIELDS = ("pushes_applied", "pushes_rejected", "messages_rejected", "updates",
-               "bytes_sent", "bytes_received")
+               "bytes_sent", "bytes_received", "pushes_lost", "duplicates", "workers_lost")
 
 
 def serve(state: ShardState, transport: Transport, layout: Layout, timeout_s: float,
-          now: Callable[[], float] = time.monotonic) -> list[Message]:
-    """Run the shard until every worker sent DONE. Returns messages from other servers that
-    arrived early (server 0 may get a FINAL before its own workers are done)."""
-    early: list[Message] = []
+          now: Callable[[], float] = time.monotonic, *, heartbeats: bool = False,
+          on_worker_loss: str = "stop",
+          after_update: Callable[[ShardState], None] | None = None) -> None:
+    """Run the shard until every worker sent DONE or was dropped as dead.
+
+    ``after_update(state)`` runs whenever the shard's version moved (checkpoints, fault
+    injection)."""
     last_heard = {w: now() for w in range(layout.workers)}
+    version = state.version
+    shard = state.shard
+
+    def lose(workers: list[int], why: str) -> None:
+        if on_worker_loss != "continue":
+            raise PhalanxError(f"parameter server shard {shard}: worker(s) {workers} {why}; "
+                               "presumed dead") from None
+        for w in workers:
+            state.log_worker_lost(w, why)
+            deliver(state.drop_worker(w))
+
+    def deliver(outs) -> None:
+        nonlocal version
+        t = now()
+        for out in outs:
+            try:
+                transport.send(layout.worker_rank(out.worker), out.header, out.tensors)
+            except PeerLost as e:
+                lost_worker(e)
+            last_heard[out.worker] = t  # its silence while we held it back was our doing
+        if state.version != version:
+            version = state.version
+            if after_update is not None:
+                after_update(state)
+
+    def lost_worker(e: PeerLost) -> None:
+        nonlocal unnamed_losses
+        w = layout.worker_of(e.rank) if e.rank is not None else None
+        if on_worker_loss == "continue" and heartbeats and e.rank is None:
+            # a receive from any source failed because some peer's connection broke; gloo
+            # does not say whose. The other pairs keep working (measured), and the dead
+            # worker is the one whose heartbeats stop. Bounded: a broken group must not spin
+            unnamed_losses += 1
+            if unnamed_losses <= layout.workers:
+                return
+        if w is None or on_worker_loss != "continue":
+            raise PhalanxError(f"parameter server shard {shard}: a peer process failed "
+                               f"or exited ({e})") from None
+        lose([w], "lost its connection")
+
+    unnamed_losses = 0
+
     while state.active:
         try:
             msg = transport.recv(timeout_s=timeout_s)
         except TransportTimeout:
-            silent = sorted(state.active - state.waiting)
-            raise PhalanxError(f"parameter server shard {state.shard}: no message for "
-                               f"{timeout_s:g} s; worker(s) {silent} presumed dead") from None
+            silent = sorted(state.active if heartbeats else state.active - state.waiting)
+            if not heartbeats:
+                on_worker_loss = "stop"  # a held-back worker might still be alive
+            # the timed-out receive stays posted: nothing more can be received on this
+            # channel, so this ends the loop either way (FINALs use the control channel)
+            lose(silent, f"sent nothing for {timeout_s:g} s (no message at all)")
+            continue
         except WireError as e:
             state.reject_message(f"bad header: {e}")
             continue
         except PeerLost as e:
-            raise PhalanxError(f"parameter server shard {state.shard}: a peer process failed "
-                               f"or exited ({e})") from None
+            lost_worker(e)
+            continue
         w = layout.worker_of(msg.src)
         if w is None:
-            if msg.header.kind in (Kind.FINAL,) and msg.src < layout.servers:
-                early.append(msg)
-            else:
-                state.reject_message("message from a non-worker rank")
+            state.reject_message("message from a non-worker rank")
             continue
         if msg.header.worker != w:
             state.reject_message("header names another worker than its sender")
             continue
         t = now()
         last_heard[w] = t
-        for out in state.handle(w, msg.header, msg.tensors):
-            transport.send(layout.worker_rank(out.worker), out.header, out.tensors)
-            last_heard[out.worker] = t  # its silence while we held it back was our doing
-        dead = sorted(a for a in state.active - state.waiting if t - last_heard[a] > timeout_s)
+        deliver(state.handle(w, msg.header, msg.tensors))
+        watched = state.active if heartbeats else state.active - state.waiting
+        dead = sorted(a for a in watched if t - last_heard[a] > timeout_s)
         if dead:
-            raise PhalanxError(f"parameter server shard {state.shard}: worker(s) {dead} silent "
-                               f"for more than {timeout_s:g} s; presumed dead")
-    return early
+            lose(dead, f"silent for more than {timeout_s:g} s")
 
 
 def _counters(stats: ShardStats, counter: ByteCounter, extra_sent: int = 0) -> list[float]:
     values = {"pushes_applied": stats.pushes_applied, "pushes_rejected": stats.pushes_rejected,
               "messages_rejected": stats.messages_rejected, "updates": stats.updates,
-              "bytes_sent": counter.sent + extra_sent, "bytes_received": counter.received}
+              "bytes_sent": counter.sent + extra_sent, "bytes_received": counter.received,
+              "pushes_lost": stats.pushes_lost, "duplicates": stats.duplicates,
+              "workers_lost": stats.workers_lost}
     return [float(values[k]) for k in STAT_FIELDS] + [float(c) for c in stats.histogram()]
 
 
@@ -131,24 +181,24 @@ def send_final(state: ShardState, transport: Transport, layout: Layout) -> None:
 
 
 def gather_final(state: ShardState, transport: Transport, layout: Layout,
-                 early: list[Message], timeout_s: float) -> list[ShardResult]:
-    """Server 0 collects every shard's FINAL message (its own state included)."""
+                 timeout_s: float) -> list[ShardResult]:
+    """Server 0 collects every shard's FINAL message (its own state included), on the
+    control channel."""
     results = {0: ShardResult(0, state.dense, state.rows,
                               _counters(state.stats, transport.counter), state.worker_stats)}
-    pending = list(early)
     while len(results) < layout.servers:
-        if pending:
-            msg = pending.pop(0)
-        else:
-            try:
-                msg = transport.recv(timeout_s=timeout_s)
-            except TransportTimeout:
-                missing = sorted(set(range(layout.servers)) - set(results))
-                raise PhalanxError(f"parameter server 0: shard(s) {missing} never sent their "
-                                   f"parameters ({timeout_s:g} s)") from None
-            except WireError as e:
-                state.reject_message(f"bad header: {e}")
-                continue
+        try:
+            msg = transport.recv(timeout_s=timeout_s, control=True)
+        except TransportTimeout:
+            missing = sorted(set(range(layout.servers)) - set(results))
+            raise PhalanxError(f"parameter server 0: shard(s) {missing} never sent their "
+                               f"parameters ({timeout_s:g} s)") from None
+        except WireError as e:
+            state.reject_message(f"bad header: {e}")
+            continue
+        except PeerLost as e:
+            raise PhalanxError(f"parameter server 0: a shard failed before sending its "
+                               f"parameters ({e})") from None
         k = msg.header.shard
         if msg.header.kind != Kind.FINAL or msg.src != layout.server_rank(k) or k in results:
             state.reject_message("unexpected message while gathering the final model")

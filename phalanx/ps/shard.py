@@ -7,6 +7,14 @@ transport. The shard owns its slice of the parameters and the server-side optimi
 
 Staleness of an applied gradient = the shard's version (updates applied so far) when it is
 applied minus the version the worker had pulled when it computed it.
+
+Faults: every push carries its sequence number (``seq``: 0, 1, 2, ... from one worker to
+this shard, which is also the worker's clock). The shard applies each number at most once
+(a repeat is a *duplicate*, ignored) and a gap — a push, pull or DONE whose number is
+ahead of the next expected push — means pushes were lost on the way: they are counted
+(``pushes_lost``) and end the worker's iteration like a rejected push, so no barrier waits
+for them. :meth:`ShardState.drop_worker` removes a dead worker; the consistency models
+then count the live workers only.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from phalanx.rules import UpdateRule, apply_updates
 
 WANT_DENSE = 1  # PULL flag: send the dense slice (else only the requested rows)
 HAS_ROWS = 2  # PULL / PUSH flag: the payload carries sparse row ids (+ row gradients)
+RESUME = 4  # PULL flag: a restarted worker asks where it stands (the reply's clock)
+MAX_GAP = 1024  # more pushes lost in a row than this: the message is rejected as bogus
 
 
 @dataclass
@@ -53,6 +63,9 @@ class ShardStats:
     pushes_rejected: int = 0
     messages_rejected: int = 0
     updates: int = 0
+    pushes_lost: int = 0  # sequence gaps: pushes that never arrived
+    duplicates: int = 0  # pushes whose sequence number was already applied (ignored)
+    workers_lost: int = 0  # workers dropped as dead
     staleness: Counter = field(default_factory=Counter)
     reasons: Counter = field(default_factory=Counter)
 
@@ -86,6 +99,7 @@ class ShardState:
         self.buffer: list[Pending] = []
         self.stats = ShardStats()
         self.worker_stats: dict[int, list[torch.Tensor]] = {}
+        self.lost_workers: dict[int, int] = {}  # dead worker -> its clock when dropped
         self._log = log
 
     # ---- what the server loop needs to know ------------------------------------------
@@ -119,13 +133,53 @@ class ShardState:
         if header.kind == Kind.PUSH:
             return self._on_push(worker, header, tensors)
         if header.kind == Kind.DONE:
-            return self._on_done(worker, tensors)
+            return self._on_done(worker, header, tensors)
+        if header.kind == Kind.HEARTBEAT:
+            return []  # liveness is the server loop's business
         self.reject_message(f"unexpected message kind {header.kind}")
         return []
 
+    def log_worker_lost(self, w: int, why: str) -> None:
+        if self._log is not None:
+            self._log("worker_lost", shard=self.shard, worker=w, clock=self.clocks[w],
+                      version=self.version, reason=why)
+
+    def drop_worker(self, w: int) -> list[Outgoing]:
+        """``w`` is dead: stop expecting it. Its buffered pushes stay (they were good
+        gradients); barriers and bounds now count the survivors, which may release them."""
+        if w not in self.active:
+            return []
+        self.active.discard(w)
+        self.lost_workers[w] = self.clocks[w]
+        self.stats.workers_lost += 1
+        self.parked = [p for p in self.parked if p[0] != w]
+        if self.buffer and (not self.active or self.consistency.ready(
+                [p.worker for p in self.buffer], self.active)):
+            self._apply()
+        return self._release()
+
+    def _lost(self, w: int, upto: int) -> bool:
+        """Pushes ``clocks[w] .. upto-1`` of ``w`` never arrived (a lossy link). Count them,
+        end those iterations (a barrier must not wait for them). False: a bogus gap."""
+        gap = upto - self.clocks[w]
+        if gap <= 0:
+            return True
+        if gap > MAX_GAP:
+            self.reject_message(f"sequence number {upto} too far ahead of {self.clocks[w]}")
+            return False
+        self.stats.pushes_lost += gap
+        if self._log is not None:
+            self._log("lost", shard=self.shard, worker=w, first=self.clocks[w], count=gap)
+        self.buffer.append(Pending(w, upto - 1, self.version))  # counts for the barrier only
+        self.clocks[w] = upto
+        if self.consistency.ready([p.worker for p in self.buffer], self.active):
+            self._apply()
+        return True
+
     def _on_pull(self, w: int, h: Header, tensors: list[torch.Tensor]) -> list[Outgoing]:
-        if h.clock != self.clocks[w]:
-            self.reject_message("pull with a clock the shard has not seen")
+        # a pull at clock c follows the worker's push c-1: a larger clock than ours means
+        # pushes were lost; a smaller one is a restarted worker catching up (resume)
+        if not h.flags & RESUME and not self._lost(w, h.clock):
             return []
         ids = None
         if h.flags & HAS_ROWS:
@@ -137,23 +191,26 @@ class ShardState:
         return self._release()
 
     def _on_push(self, w: int, h: Header, tensors: list[torch.Tensor]) -> list[Outgoing]:
-        if h.clock != self.clocks[w]:
-            # a duplicate or out-of-order push: it cannot count for any clock
-            self.reject_message("push out of order", push=True)
+        if h.seq < self.clocks[w]:
+            # already applied (or counted lost): e.g. a restarted worker resending
+            self.stats.duplicates += 1
+            return []
+        if not self._lost(w, h.seq):
             return []
         bad = self._bad_push(h, tensors)
         self.clocks[w] += 1  # even a rejected push ends the worker's iteration (no deadlock)
         if bad:
             self.reject_message(f"push: {bad}", push=True)
-            self.buffer.append(Pending(w, h.clock, h.version))
+            self.buffer.append(Pending(w, h.seq, h.version))
         else:
             ids, rows = (tensors[1], tensors[2]) if h.flags & HAS_ROWS else (None, None)
-            self.buffer.append(Pending(w, h.clock, h.version, tensors[0], ids, rows))
+            self.buffer.append(Pending(w, h.seq, h.version, tensors[0], ids, rows))
         if self.consistency.ready([p.worker for p in self.buffer], self.active):
             self._apply()
         return self._release()
 
-    def _on_done(self, w: int, tensors: list[torch.Tensor]) -> list[Outgoing]:
+    def _on_done(self, w: int, h: Header, tensors: list[torch.Tensor]) -> list[Outgoing]:
+        self._lost(w, h.clock)  # its last pushes may have been lost on the way
         self.active.discard(w)
         self.worker_stats[w] = list(tensors)
         if self.buffer and (not self.active or self.consistency.ready(

@@ -111,8 +111,8 @@ def _rogue(rank: int, world: int, job: Job) -> None:
     bad = torch.ones(part.dense_numel)
     bad[3] = float("nan")
     client.push(0, bad)
-    transport.send(0, Header(Kind.PUSH, worker=0, clock=1, version=0), [torch.ones(5)])
-    transport.send(0, Header(Kind.PUSH, worker=0, clock=2, version=0),
+    transport.send(0, Header(Kind.PUSH, worker=0, clock=1, seq=1, version=0), [torch.ones(5)])
+    transport.send(0, Header(Kind.PUSH, worker=0, clock=2, seq=2, version=0),
                    [torch.ones(part.dense_numel, dtype=torch.float64)])
     client.pull(3, flat)
     assert torch.equal(flat, before), "a rejected push changed the model"
@@ -138,9 +138,9 @@ def _one_worker_hangs(rank: int, world: int, job: Job) -> None:
     ps.process_main(rank, world, job)
 
 
-def test_silent_worker_ends_the_run_with_a_clear_error(tmp_path):
+def test_silent_worker_ends_the_run_with_a_clear_error_under_stop(tmp_path):
     job = make(tmp_path, strategy="asp", workers=2, servers=1, ps_timeout=3.0, epochs=50,
-               max_steps=10_000)
+               max_steps=10_000, on_worker_loss="stop")
     job.run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     # either worker 0 is still pushing (worker 1 "silent for more than 2 s") or nothing

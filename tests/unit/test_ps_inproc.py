@@ -175,7 +175,7 @@ def test_silent_worker_ends_the_server_with_an_error_naming_it(tmp_path):
         serve(state, net.transport(0), layout, timeout_s=0.3)
     stop.set()
     # nobody talks at all: the receive itself times out, naming both workers
-    with pytest.raises(PhalanxError, match=r"no message for 0.2 s; worker\(s\) \[0, 1\]"):
+    with pytest.raises(PhalanxError, match=r"worker\(s\) \[0, 1\] sent nothing for 0.2 s"):
         serve(make_shard(job, 0), InProcNetwork(3).transport(0), layout, timeout_s=0.2)
 
 

@@ -1,0 +1,204 @@
+"""A parameter-server worker process: pull, compute, push, for its shard of the data.
+
+Worker 0 evaluates the servers' current weights once per epoch (or every ``--eval-every``
+steps). A background :class:`~phalanx.ps.client.Heartbeat` tells the shards the worker is
+alive. Under ``--resume`` the worker asks the shards where it stands and continues from
+that clock (same data order: the epoch's batches are skipped up to that step). Fault
+injection: ``--kill-worker`` exits the process at a step, ``--drop-messages`` loses pushes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from phalanx.comm.counters import nbytes
+from phalanx.comm.transport import Transport
+from phalanx.comm.wire import HEADER_BYTES
+from phalanx.data import epoch_batches, steps_per_epoch
+from phalanx.metrics import EventLog, Progress
+from phalanx.parallel.base import Job, Straggler, augmenter, evaluate
+from phalanx.ps.client import Heartbeat, PSClient
+from phalanx.ps.partition import flat_dense, partition, trainable, unflatten_into
+from phalanx.ps.server import Layout
+from phalanx.runtime.faults import (
+    KILLED_WORKER_EXIT,
+    MessageDropper,
+    die,
+    kill_point,
+    parse_kills,
+)
+
+LOG_EVERY = 10
+WORKER_STATS = ("samples", "steps", "bytes_sent", "bytes_received", "pushes_dropped")
+
+
+def steps_per_worker(job: Job) -> int:
+    """Every worker takes the same number of steps (the smallest shard decides), so BSP and
+    SSP never wait on a worker that has stopped early."""
+    n = job.config.workers
+    return min(job.planned_steps(len(job.shard(w, n))) for w in range(n))
+
+
+class PSWorker:
+    def __init__(self, job: Job, transport: Transport, layout: Layout, worker: int,
+                 log: EventLog) -> None:
+        cfg = self.cfg = job.config
+        self.job, self.transport, self.worker, self.log = job, transport, worker, log
+        self.model = job.build_model()
+        self.model.train()
+        self.params = trainable(self.model)
+        self.part = partition(self.model, cfg.servers)
+        self.flat = flat_dense(self.part, self.params)
+        self.table = self.params[self.part.table.param] if self.part.table else None
+        self.dropper = (MessageDropper(cfg.drop_messages, seed=cfg.seed * 7919 + worker)
+                        if cfg.drop_messages else None)
+        # a worker waits longer than a server: when a peer dies, the server (which knows
+        # who is silent) should be the one to end the run, with the better message
+        self.client = PSClient(transport, self.part, layout, worker, 2 * cfg.ps_timeout + 10,
+                               self.dropper)
+        self.kill_at = kill_point(parse_kills(cfg.kill_worker, "--kill-worker"), worker)
+        self.shard = job.shard(worker, cfg.workers)
+        self.total = steps_per_worker(job)
+        self.heartbeat = Heartbeat(transport, layout, worker, cfg.heartbeat_s)
+        self.step = self.clock = self.samples = 0
+        self.t0 = time.perf_counter()
+
+    # ---- talking to the shards ---------------------------------------------------------
+
+    def pull(self, rows: torch.Tensor | None, dense: bool, resume: bool = False) -> None:
+        with torch.no_grad():
+            self.client.pull(self.clock, self.flat if dense else None, rows,
+                             self.table.data if self.table is not None else None,
+                             resume=resume)
+        if dense:
+            unflatten_into(self.part, self.flat, self.params)
+
+    def evaluate_now(self, epoch: int) -> None:
+        self.pull(None, dense=True)  # evaluate the servers' weights, not a stale copy
+        loss, acc = evaluate(self.model, self.job.test)
+        self.log.log("eval", step=self.step, epoch=epoch,
+                     samples=self.samples * self.cfg.workers, test_loss=loss,
+                     test_accuracy=acc, wall_s=time.perf_counter() - self.t0)
+
+    def resume(self) -> int:
+        """A restarted worker: the shards say how far it got (the smallest clock any shard
+        restored; a shard that is ahead ignores the repeated pushes by sequence number).
+        Returns the epoch to continue in; the first ``step % per_epoch`` batches of it
+        were trained on before the crash."""
+        self.pull(None, dense=True, resume=True)
+        self.clock = min(self.client.server_clocks)
+        self.step = min(self.clock * self.cfg.npush, self.total)
+        self.samples = self.step * self.cfg.batch_size
+        self.log.log("resume", worker=self.worker, clock=self.clock, step=self.step)
+        return self.step // steps_per_epoch(len(self.shard), self.cfg.batch_size)
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        # a live worker is never silent, even while a barrier holds it: the shards tell a
+        # dead worker from a busy one by these heartbeats
+        self.heartbeat.start()
+        try:
+            self.train()
+        finally:
+            self.heartbeat.stop()
+        self.done()
+
+    def train(self) -> None:
+        cfg, job, part, table = self.cfg, self.job, self.part, self.table
+        straggler = Straggler(cfg.slow_workers.get(self.worker, 1.0))
+        aug = augmenter(cfg)
+        gen = torch.Generator().manual_seed(cfg.seed + 1 + self.worker)
+        loss_fn = nn.CrossEntropyLoss()
+        progress = Progress(self.total, cfg.strategy, enabled=cfg.progress and self.worker == 0)
+        epoch = self.resume() if cfg.resume else 0
+        skip = self.step - epoch * steps_per_epoch(len(self.shard), cfg.batch_size)
+        acc_dense = acc_versions = None
+        acc_rows: list[torch.Tensor] = []
+        acc_row_grads: list[torch.Tensor] = []
+        self.t0 = time.perf_counter()
+        while self.step < self.total:
+            for i, idx in enumerate(epoch_batches(self.shard, cfg.batch_size, epoch, cfg.seed)):
+                if i < skip:
+                    continue  # resumed mid-epoch: trained on before the crash
+                if self.step == self.kill_at:
+                    die(self.log.log, "worker", self.worker, f"step {self.step}",
+                        KILLED_WORKER_EXIT)
+                x, y = job.train.x[idx], job.train.y[idx]
+                if aug is not None:
+                    x = aug(x, gen)
+                rows = x.unique() if table is not None else None
+                if self.step % cfg.nfetch == 0:
+                    self.pull(rows, dense=True)  # BSP / SSP workers wait here
+                elif rows is not None:
+                    self.pull(rows, dense=False)  # this batch's table rows are always fresh
+                if acc_versions is None:
+                    acc_versions = list(self.client.versions)  # staleness counts from here
+                straggler.start()
+                out = self.model(x)
+                loss = loss_fn(out, y)
+                grads = torch.autograd.grad(loss, self.params)
+                straggler.finish()
+                g = flat_dense(part, list(grads))
+                acc_dense = g if acc_dense is None else acc_dense + g
+                if table is not None:
+                    acc_rows.append(rows)
+                    acc_row_grads.append(grads[part.table.param][rows])
+                self.step += 1
+                self.samples += len(idx)
+                if self.step % cfg.npush == 0 or self.step == self.total:
+                    ids = row_grads = None
+                    if table is not None:
+                        ids, row_grads = _coalesce(acc_rows, acc_row_grads)
+                    self.client.push(self.clock, acc_dense, acc_versions, ids, row_grads)
+                    self.clock += 1
+                    acc_dense = acc_versions = None
+                    acc_rows, acc_row_grads = [], []
+                if self.step % LOG_EVERY == 0 or self.step == self.total:
+                    acc = (out.argmax(1) == y).float().mean().item()
+                    self.log.log("train", step=self.step, epoch=epoch, loss=loss.item(),
+                                 accuracy=acc, samples=self.samples,
+                                 wall_s=time.perf_counter() - self.t0,
+                                 bytes_sent=self.transport.counter.sent)
+                    progress.update(self.step, loss=loss.item())
+                if self.worker == 0 and cfg.eval_every and self.step % cfg.eval_every == 0:
+                    self.evaluate_now(epoch)
+                if self.step >= self.total:
+                    break
+            epoch += 1
+            skip = 0
+            if self.worker == 0 and not cfg.eval_every:
+                self.evaluate_now(epoch)
+        progress.close()
+
+    def done(self) -> None:
+        # every worker sends its buffers (BatchNorm statistics, not served by the PS):
+        # the first worker that finished provides them, worker 0 unless it died
+        bufs = [b.detach().reshape(-1).double() for b in self.model.buffers()]
+        extra = [torch.cat(bufs) if bufs else torch.zeros(0, dtype=torch.float64)]
+        stats = torch.zeros(len(WORKER_STATS), dtype=torch.float64)
+        # count the DONE messages themselves in bytes_sent
+        done_bytes = self.part.shards * (HEADER_BYTES + nbytes(stats)) + nbytes(*extra)
+        dropped = self.dropper.dropped if self.dropper is not None else 0
+        stats[:] = torch.tensor([self.samples, self.step, self.transport.counter.sent
+                                 + done_bytes, self.transport.counter.received, dropped],
+                                dtype=torch.float64)
+        self.client.done(self.clock, stats, extra)
+
+
+def worker_main(job: Job, transport: Transport, layout: Layout, worker: int,
+                log: EventLog) -> None:
+    PSWorker(job, transport, layout, worker, log).run()
+
+
+def _coalesce(rows: list[torch.Tensor], grads: list[torch.Tensor]):
+    """Sum the row gradients of several steps (Downpour's npush) into one row per id."""
+    ids = torch.cat(rows)
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    dim = grads[0].shape[-1]
+    out = torch.zeros(len(uniq), dim, dtype=grads[0].dtype)
+    out.index_add_(0, inverse, torch.cat(grads).view(-1, dim))
+    return uniq, out

@@ -1,0 +1,43 @@
+"""``--resume DIR``: restart a crashed run from its own directory.
+
+The restarted run takes every setting from ``DIR/config.json`` (the flags given with
+``--resume`` are not merged in, so the run is the same run), except that injected faults
+(``--kill-worker``, ``--kill-server``) are not repeated. The strategy checks its
+checkpoints before any process starts (``check_resume(cfg)``; for the parameter server:
+every shard's checkpoint exists, passes its checksum and belongs to this run), so a
+missing or corrupt checkpoint is one line and exit 2, and nothing in DIR is touched.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from phalanx.config import RunConfig
+from phalanx.errors import ConfigError
+
+
+def resume_config(cfg: RunConfig) -> RunConfig:
+    """The configuration of the run in ``cfg.resume``, ready to resume (validated)."""
+    run_dir = Path(cfg.resume)
+    if not run_dir.is_dir():
+        raise ConfigError(f"--resume: {run_dir}: no such directory")
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--resume: {run_dir} has no config.json (not a phalanx run directory)")
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--resume: {path}: not valid JSON ({type(e).__name__})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"--resume: {path}: not a mapping of setting -> value")
+    values.update(resume=str(run_dir), out=str(run_dir), kill_worker="", kill_server="")
+    resumed = RunConfig.from_mapping(values, source=f"--resume {path}").validate()
+    from phalanx.parallel import strategy_module
+
+    module = strategy_module(resumed.strategy)
+    if not hasattr(module, "check_resume"):
+        raise ConfigError(f"--resume: --strategy {resumed.strategy} cannot resume a run "
+                          "(only the parameter-server strategies checkpoint their servers)")
+    module.check_resume(resumed)
+    return resumed
