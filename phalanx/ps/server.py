@@ -111,10 +111,12 @@ def serve(state: ShardState, transport: Transport, layout: Layout, timeout_s: fl
     def lost_worker(e: PeerLost) -> None:
         nonlocal unnamed_losses
         w = layout.worker_of(e.rank) if e.rank is not None else None
-        if on_worker_loss == "continue" and heartbeats and e.rank is None:
+        if heartbeats and e.rank is None:
             # a receive from any source failed because some peer's connection broke; gloo
             # does not say whose. The other pairs keep working (measured), and the dead
-            # worker is the one whose heartbeats stop. Bounded: a broken group must not spin
+            # worker is the one whose heartbeats stop: it is named (and dropped, or the
+            # run stopped) when its silence passes timeout_s. Bounded: a broken group
+            # must not spin
             unnamed_losses += 1
             if unnamed_losses <= layout.workers:
                 return

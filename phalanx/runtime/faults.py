@@ -82,7 +82,7 @@ def die(log: Callable[..., Any] | None, role: str, rank: int, at: str, code: int
     ``log`` (an ``EventLog.log``) records a ``fault`` event first, so studies can measure
     what the fault cost (e.g. updates lost by a killed server)."""
     if log is not None:
-        log("fault", fault=f"kill-{role}", rank=rank, at=at)
+        log("fault", fault=f"kill-{role}", **{role: rank}, at=at)  # e.g. worker=2
     sys.stderr.write(f"phalanx: fault injection: {role} {rank} killed at {at}\n")
     sys.stderr.flush()
     os._exit(code)
