@@ -2,6 +2,7 @@
 
     python bench/simulator.py            # full trace (default)
     python bench/simulator.py --quick    # first 10,000 jobs
+    python bench/simulator.py --quick --policy las --cluster uniform:1,2,16,8,2   # long queues
 
 Ratios (higher is better):
 * ``philly_wall``: target wall time / measured wall time, target 60 s for the full trace
@@ -86,12 +87,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="first 10,000 jobs only")
     ap.add_argument("--policy", default="fifo")
     ap.add_argument("--placement", default="topology")
+    ap.add_argument("--cluster", default="philly-2048",
+                    help="e.g. uniform:1,2,16,8,2 (256 GPUs) for long queues")
     ap.add_argument("--repeats", type=int, default=0, help="runs (default 1 full, 3 quick)")
     ap.add_argument("--data-dir", default=None)
     args = ap.parse_args()
     limit = 10000 if args.quick else 0
     repeats = args.repeats or (3 if args.quick else 1)
-    opts = SimulateOptions(trace="philly", cluster="philly-2048", ordering=args.policy,
+    opts = SimulateOptions(trace="philly", cluster=args.cluster, ordering=args.policy,
                            placement=args.placement, limit=limit,
                            **({"data_dir": Path(args.data_dir)} if args.data_dir else {}))
     t0 = time.perf_counter()
