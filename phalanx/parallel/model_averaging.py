@@ -8,6 +8,10 @@ With period 1 and plain SGD this equals synchronous gradient averaging (the aver
 does at period 1, because the mean of the workers' momentum buffers follows the same
 recursion as the momentum of the mean gradient; with AdaGrad / Adam (non-linear state)
 or a period above 1 it does not.
+
+Checkpoints (``--checkpoint-every``, a multiple of ``--period``: replicas are equal only
+right after a round) hold every worker's own optimizer state; resume and
+``--kill-worker`` work as for ``sync`` (:mod:`phalanx.parallel.dp_checkpoint`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,13 @@ from phalanx.parallel.base import (
     read_result,
     write_result,
 )
+from phalanx.parallel.dp_checkpoint import (
+    Position,
+    check_checkpointing,
+    check_resume,
+    has_checkpoint,
+    spawn_workers,
+)
 from phalanx.parallel.sync_dp import (
     LOG_EVERY,
     WorkerContext,
@@ -42,7 +53,9 @@ from phalanx.parallel.sync_dp import (
     worker_batches,
 )
 from phalanx.rules import apply_updates, make_rule, state_tensors
-from phalanx.runtime.launch import spawn
+
+__all__ = ["average_", "can_restart", "check_resume", "process_main", "run", "train_worker",
+           "world_size"]
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -53,8 +66,16 @@ def run(job: Job, log: EventLog) -> Outcome:
     if job.config.sfb:
         raise ConfigError("--sfb: sufficient factors apply to gradients; use --strategy sync")
     check_shards(job, world_size(job.config))
-    spawn(process_main, world_size(job.config), (job,))
+    check_checkpointing(job.config)
+    if job.config.resume:
+        check_resume(job.config)
+    spawn_workers(job, process_main, world_size(job.config))
     return read_result(job)
+
+
+def can_restart(cfg: RunConfig) -> bool:
+    """For ``torchrun_entry`` on a restarted attempt: is there a checkpoint to resume?"""
+    return has_checkpoint(cfg)
 
 
 def process_main(rank: int, world: int, job: Job) -> None:
@@ -98,6 +119,10 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
     loss_fn = nn.CrossEntropyLoss()
     straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
+    # each worker's optimizer state is its own (unless averaged): checkpointed per rank
+    ckpt = ctx.checkpointer(shared_rule_state=False)
+    pos = ckpt.restore(model, state, gen, counter) if cfg.resume else Position()
+    ctx.t0 -= pos.wall_s
     progress = Progress(total, f"average x{world}", enabled=cfg.progress and rank == 0)
 
     def synchronise() -> None:
@@ -108,9 +133,14 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             average_([t for t in state_tensors(state) if t.is_floating_point()], allreduce,
                      world)
 
-    step, micro, samples, last_epoch, rounds = 0, 0, 0, 0, 0
+    step, samples, last_epoch, rounds = pos.step, pos.samples, pos.epoch, pos.rounds
+    micro = step * cfg.grad_accum
     grads: list[torch.Tensor] | None = None
-    for epoch, idx in worker_batches(job, rank, world):
+    for epoch, idx in worker_batches(job, rank, world, skip=micro):
+        if step >= total:
+            break  # resumed from the final checkpoint: nothing left to do
+        if micro % cfg.grad_accum == 0:
+            ckpt.maybe_kill(step)
         if epoch != last_epoch:
             ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
             last_epoch = epoch
@@ -142,13 +172,14 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             progress.update(step, loss=loss.item())
         if cfg.eval_every:
             ctx.maybe_eval(model, step, epoch, samples * world, epoch_ended=False)
-        ctx.maybe_checkpoint(model, state, step)
+        if ckpt.due(step, final=step == total):  # a multiple of --period: just averaged
+            ckpt.save(model, state, Position(step, epoch, samples, rounds,
+                                             time.perf_counter() - ctx.t0), gen, counter)
         if step >= total:
             break
     progress.close()
     if not cfg.eval_every:
         ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
-    ctx.maybe_checkpoint(model, state, step, final=True)
     sent = total_bytes(counter)
     if rank == 0:
         stats = {

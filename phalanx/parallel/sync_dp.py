@@ -5,10 +5,15 @@ so the replicas stay identical without ever exchanging parameters after the star
 
 ``--sfb`` sends sufficient factors instead of the weight gradient of the fully connected
 layers where that is smaller (see :mod:`phalanx.comm.sfb`).
+
+Faults (:mod:`phalanx.parallel.dp_checkpoint`): checkpoints every ``--checkpoint-every``
+steps, ``--resume DIR`` / a torchrun restart continues the same trajectory, and
+``--kill-worker RANK@STEP`` crashes a worker.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,9 +40,15 @@ from phalanx.parallel.base import (
     read_result,
     write_result,
 )
-from phalanx.rules import apply_updates, make_rule, state_tensors
-from phalanx.runtime.checkpoint import save_checkpoint
-from phalanx.runtime.launch import spawn
+from phalanx.parallel.dp_checkpoint import (
+    Checkpointer,
+    Position,
+    check_checkpointing,
+    has_checkpoint,
+    spawn_workers,
+)
+from phalanx.parallel.dp_checkpoint import check_resume as _check_resume
+from phalanx.rules import apply_updates, make_rule
 
 LOG_EVERY = 10  # steps between "train" events
 
@@ -48,8 +59,21 @@ def world_size(cfg: RunConfig) -> int:
 
 def run(job: Job, log: EventLog) -> Outcome:
     check_shards(job, world_size(job.config))  # fail here, in one line, not in N children
-    spawn(process_main, world_size(job.config), (job,))
+    check_checkpointing(job.config)
+    if job.config.resume:
+        check_resume(job.config)
+    spawn_workers(job, process_main, world_size(job.config))
     return read_result(job)
+
+
+def check_resume(cfg: RunConfig) -> None:
+    """``--resume DIR``: DIR's checkpoint exists, is intact and belongs to this run."""
+    _check_resume(cfg)
+
+
+def can_restart(cfg: RunConfig) -> bool:
+    """For ``torchrun_entry`` on a restarted attempt: is there a checkpoint to resume?"""
+    return has_checkpoint(cfg)
 
 
 # ---- pieces shared with model averaging and the DDP reference in the tests ---------------
@@ -64,19 +88,28 @@ def check_shards(job: Job, world: int) -> int:
     return per_epoch
 
 
-def worker_batches(job: Job, rank: int, world: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """(epoch, indices) of this worker's micro-batches, forever. Every worker takes the same
-    number per epoch (that of the smallest shard) so collectives stay matched."""
+def worker_batches(job: Job, rank: int, world: int,
+                   skip: int = 0) -> Iterator[tuple[int, torch.Tensor]]:
+    """(epoch, indices) of this worker's micro-batches, forever, after the first ``skip``
+    (consumed before a checkpoint). Every worker takes the same number per epoch (that of
+    the smallest shard) so collectives stay matched. The order depends only on (seed,
+    epoch, rank), which is what makes a resumed run continue the same trajectory."""
     cfg = job.config
     shard = job.shard(rank, world)
     per_epoch = check_shards(job, world)
-    epoch = 0
-    while True:
-        for i, idx in enumerate(epoch_batches(shard, cfg.batch_size, epoch, cfg.seed)):
-            if i == per_epoch:
-                break
-            yield epoch, idx
-        epoch += 1
+    epoch = skip // per_epoch  # whole epochs skipped without drawing their permutations
+    skip -= epoch * per_epoch
+
+    def batches() -> Iterator[tuple[int, torch.Tensor]]:
+        e = epoch
+        while True:
+            for i, idx in enumerate(epoch_batches(shard, cfg.batch_size, e, cfg.seed)):
+                if i == per_epoch:
+                    break
+                yield e, idx
+            e += 1
+
+    return itertools.islice(batches(), skip, None)
 
 
 def total_steps(job: Job, world: int) -> int:
@@ -140,13 +173,9 @@ class WorkerContext:
         self.log.log("eval", step=step, epoch=epoch, samples=samples, test_loss=loss,
                      test_accuracy=acc, wall_s=time.perf_counter() - self.t0)
 
-    def maybe_checkpoint(self, model: nn.Module, state, step: int, final: bool = False) -> None:
-        cfg = self.job.config
-        if self.rank != 0 or not (final or (cfg.checkpoint_every
-                                            and step % cfg.checkpoint_every == 0)):
-            return
-        save_checkpoint(self.job.run_dir / "checkpoint.pt", {
-            "step": step, "model": model.state_dict(), "rule_state": state_tensors(state)})
+    def checkpointer(self, shared_rule_state: bool) -> Checkpointer:
+        return Checkpointer(self.job.config, self.job.run_dir, self.rank, self.world,
+                            self.log, shared_rule_state)
 
 
 def open_log(job: Job, rank: int) -> EventLog:
@@ -191,11 +220,21 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
     loss_fn = nn.CrossEntropyLoss()
     straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
+    ckpt = ctx.checkpointer(shared_rule_state=True)  # the replicas share one rule state
+    pos = ckpt.restore(model, state, gen, counter) if cfg.resume else Position()
+    # the checkpoint holds rank 0's (= every rank's) weights: the broadcast above already
+    # ran on the fresh model, so this rank loaded them itself
+    ctx.t0 -= pos.wall_s
     progress = Progress(total, f"sync x{world}", enabled=cfg.progress and rank == 0)
 
-    step, micro, samples, last_epoch = 0, 0, 0, 0
+    step, samples, last_epoch = pos.step, pos.samples, pos.epoch
+    micro = step * cfg.grad_accum
     try:
-        for epoch, idx in worker_batches(job, rank, world):
+        for epoch, idx in worker_batches(job, rank, world, skip=micro):
+            if step >= total:
+                break  # resumed from the final checkpoint: nothing left to do
+            if micro % cfg.grad_accum == 0:
+                ckpt.maybe_kill(step)
             if epoch != last_epoch:
                 ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
                 last_epoch = epoch
@@ -233,7 +272,9 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
                 progress.update(step, loss=loss.item())
             if cfg.eval_every:
                 ctx.maybe_eval(model, step, epoch, samples * world, epoch_ended=False)
-            ctx.maybe_checkpoint(model, state, step)
+            if ckpt.due(step, final=step == total):
+                ckpt.save(model, state, Position(step, epoch, samples, 0,
+                                                 time.perf_counter() - ctx.t0), gen, counter)
             if step >= total:
                 break
     finally:
@@ -243,7 +284,6 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     progress.close()
     if not cfg.eval_every:
         ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
-    ctx.maybe_checkpoint(model, state, step, final=True)
     sent = total_bytes(counter)
     if rank == 0:
         stats = {

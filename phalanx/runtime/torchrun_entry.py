@@ -7,11 +7,18 @@ Takes the same flags as ``phalanx train``. A multi-process strategy module expos
 ``world_size(cfg) -> int`` and ``process_main(rank, world, job)``; torchrun's
 ``--nproc-per-node x --nnodes`` must equal ``world_size(cfg)``. Rank 0 writes
 ``summary.json`` like ``phalanx train`` does.
+
+Restarts (``torchrun --max-restarts N``): when a process dies torchrun stops the group and
+starts it again (``TORCHELASTIC_RESTART_COUNT`` > 0). Injected faults (``--kill-worker``,
+``--kill-server``) belong to the first attempt only; a strategy with ``can_restart(cfg)``
+(sync, average) continues from its checkpoint in ``--out`` when it has one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -20,7 +27,15 @@ import torch.distributed as dist
 from phalanx.errors import PhalanxError
 
 
-def _main(rank: int, world: int, cfg, t0: float) -> None:
+def _restarted(module, cfg, attempt: int):
+    """The configuration of a group torchrun started again after a process died."""
+    cfg = dataclasses.replace(cfg, kill_worker="", kill_server="")
+    if hasattr(module, "can_restart") and module.can_restart(cfg):
+        cfg.resume = cfg.out
+    return cfg
+
+
+def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
     from phalanx.api import make_job
     from phalanx.metrics import EventLog
     from phalanx.parallel import strategy_module
@@ -33,10 +48,18 @@ def _main(rank: int, world: int, cfg, t0: float) -> None:
     if world != expected:
         raise PhalanxError(f"torchrun started {world} processes but --strategy {cfg.strategy} "
                            f"with these flags needs {expected}")
+    if attempt > 0:
+        cfg = _restarted(module, cfg, attempt)
     job = make_job(cfg)
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    if rank == 0:
+    if rank == 0 and attempt == 0:
         (job.run_dir / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    if rank == 0 and attempt > 0:
+        with EventLog(job.run_dir / "events.jsonl", rank=-1, role="driver") as log:
+            log.log("restart", attempt=attempt, resume=bool(cfg.resume))
+        sys.stderr.write(f"phalanx: torchrun restart {attempt}: "
+                         + ("resuming from the checkpoint in " + cfg.out if cfg.resume
+                            else "no checkpoint yet, starting over") + "\n")
     module.process_main(rank, world, job)
     dist.barrier()
     if rank == 0:
@@ -61,9 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="phalanx.runtime.torchrun_entry")
     add_run_config_flags(parser)
     args = parser.parse_args(argv)
+    # torchrun's attempt number, read here at the entry point and passed down
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     try:
         cfg = config_from_args(args)
-        run_under_torchrun(_main, (cfg, time.perf_counter()))
+        run_under_torchrun(_main, (cfg, time.perf_counter(), attempt))
     except PhalanxError as e:
         sys.stderr.write(f"phalanx: error: {e}\n")
         return 2

@@ -1,0 +1,285 @@
+"""Checkpoints, resume and injected worker kills for the replicated strategies (``sync``,
+``average``).
+
+Every ``--checkpoint-every K`` steps rank 0 writes ``RUN_DIR/checkpoint.pt`` (atomic,
+checksummed: :func:`phalanx.runtime.checkpoint.save_checkpoint`) with everything needed to
+continue the SAME trajectory: the model, the update-rule state, the step, the data
+position (epoch, samples), and per rank its augmentation and torch RNG states and byte
+counter (and, for ``average``, its own rule state: local optimizers differ between
+averaging rounds). The data order is a pure function of (seed, epoch, rank), so a resumed
+worker skips the micro-batches it already consumed and continues where the checkpoint
+left off: a resumed run ends with the parameters of an uninterrupted run, and the steps
+between the checkpoint and the crash (at most K-1) are computed twice.
+
+When a run resumes (decided by the launcher, never by this module reading the
+environment): ``phalanx train --resume DIR`` (``cfg.resume`` = DIR), or a group restarted by
+``torchrun --max-restarts`` (``torchrun_entry`` sets ``cfg.resume`` on attempts after the
+first when a checkpoint exists). A fresh run deletes a stale checkpoint of an earlier run
+in the same directory before its first collective, so a restart never resumes someone
+else's run; the checkpoint also carries a fingerprint of every setting that shapes the
+trajectory and is refused (one line) when it does not match.
+
+``--kill-worker RANK@STEP``: worker RANK exits with :data:`KILLED_EXIT` (non-zero, so the
+launcher stops the group and torchrun restarts it) when it is about to start a step after
+STEP steps; kills are injected in the first attempt only (the restart clears them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from phalanx.comm.counters import ByteCounter
+from phalanx.config import RunConfig
+from phalanx.errors import ConfigError
+from phalanx.metrics import EventLog
+from phalanx.rules import state_tensors
+from phalanx.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from phalanx.runtime.faults import die, kill_point, parse_kills
+from phalanx.runtime.launch import WorkerFailed, spawn
+
+FORMAT = "phalanx-dp/1"
+CHECKPOINT = "checkpoint.pt"
+# non-zero on purpose (unlike the parameter server's killed worker, which its peers
+# survive): a sync group cannot go on without a replica, so the launcher must stop it and
+# torchrun --max-restarts restart it from the last checkpoint
+KILLED_EXIT = 4
+# settings that do not change the trajectory: a resumed run may differ in these
+NOT_TRAJECTORY = ("out", "resume", "kill_worker", "kill_server", "drop_messages", "progress",
+                  "tensorboard", "eval_every", "checkpoint_every", "threads", "ps_timeout",
+                  "heartbeat_s", "on_worker_loss", "slow_workers")
+
+
+def checkpoint_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINT
+
+
+def fingerprint(cfg: RunConfig) -> str:
+    values = {k: v for k, v in cfg.to_json().items() if k not in NOT_TRAJECTORY}
+    return json.dumps(values, sort_keys=True)
+
+
+def check_checkpointing(cfg: RunConfig) -> None:
+    """Replicas of ``average`` are equal only right after an averaging round: checkpoints
+    are taken there."""
+    if cfg.strategy == "average" and cfg.checkpoint_every % cfg.period:
+        raise ConfigError(f"--checkpoint-every: {cfg.checkpoint_every} must be a multiple of "
+                          f"--period {cfg.period} (replicas are equal only after averaging)")
+
+
+@dataclass
+class Position:
+    """Where a worker is in the run (per worker; equal on every rank at a checkpoint)."""
+
+    step: int = 0
+    epoch: int = 0
+    samples: int = 0  # this worker's samples
+    rounds: int = 0  # averaging rounds (``average``)
+    wall_s: float = 0.0  # rank 0's elapsed training time, so wall_s continues after a resume
+
+
+@dataclass
+class RankState:
+    """What differs between ranks and must come back for the same trajectory."""
+
+    aug_rng: torch.Tensor
+    torch_rng: torch.Tensor
+    sent: torch.Tensor  # int64 scalar: bytes this rank sent
+    rule_state: list[torch.Tensor] = field(default_factory=list)  # only when not shared
+
+
+def read_checkpoint(cfg: RunConfig, path: Path | None = None) -> dict[str, Any]:
+    """Load ``RUN_DIR/checkpoint.pt`` and check it belongs to a run with these settings."""
+    path = path or checkpoint_path(cfg.resume or cfg.out)
+    payload = load_checkpoint(path)
+
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise CheckpointError(f"{path}: {what}")
+
+    need(payload.get("format") == FORMAT, "not a sync / average checkpoint")
+    need(payload.get("strategy") == cfg.strategy and payload.get("workers") == cfg.workers,
+         f"written by --strategy {payload.get('strategy')} --workers {payload.get('workers')}, "
+         f"not --strategy {cfg.strategy} --workers {cfg.workers}")
+    saved = payload.get("fingerprint")
+    need(isinstance(saved, str), "field 'fingerprint' missing")
+    if saved != fingerprint(cfg):
+        try:
+            old, new = json.loads(saved), json.loads(fingerprint(cfg))
+            diff = next((k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)),
+                        "?")
+        except (ValueError, AttributeError):
+            diff = "?"
+        need(False, f"written with other settings (--{diff.replace('_', '-')} differs)")
+    for key in ("step", "epoch", "samples", "rounds"):
+        need(isinstance(payload.get(key), int) and payload[key] >= 0, f"bad {key!r}")
+    need(isinstance(payload.get("wall_s"), float), "bad 'wall_s'")
+    need(isinstance(payload.get("model"), dict), "field 'model' missing")
+    ranks = payload.get("ranks")
+    need(isinstance(ranks, list) and len(ranks) == cfg.workers
+         and all(isinstance(r, list) and len(r) >= 3
+                 and all(isinstance(t, torch.Tensor) for t in r) for r in ranks),
+         "bad per-rank state")
+    need(isinstance(payload.get("rule_state"), list)
+         and all(isinstance(t, torch.Tensor) for t in payload["rule_state"]),
+         "field 'rule_state' missing")
+    return payload
+
+
+def _fill(targets: list[torch.Tensor], saved: list[torch.Tensor], path: Path) -> None:
+    if len(saved) != len(targets) or any(a.shape != b.shape or a.dtype != b.dtype
+                                         for a, b in zip(saved, targets)):
+        raise CheckpointError(f"{path}: optimizer state does not match --rule")
+    with torch.no_grad():
+        for t, v in zip(targets, saved):
+            t.copy_(v)  # rule states are tuples of tensors: fill them in place
+
+
+class Checkpointer:
+    """Takes and restores the checkpoints of one worker (rank 0 writes; every rank adds its
+    own RNG state, so saving is a collective every rank calls at the same steps)."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, rank: int, world: int, log: EventLog,
+                 shared_rule_state: bool) -> None:
+        self.cfg, self.rank, self.world, self.log = cfg, rank, world, log
+        self.path = checkpoint_path(run_dir)
+        self.shared = shared_rule_state
+        self.kill_at = kill_point(parse_kills(cfg.kill_worker, "--kill-worker"), rank)
+        if not cfg.resume and rank == 0:
+            # a fresh run: a checkpoint left by an earlier run in this directory must never
+            # be resumed by a restart of this one. Done before the first collective, so no
+            # rank can crash (and be restarted) before it is gone.
+            self.path.unlink(missing_ok=True)
+
+    def due(self, step: int, final: bool = False) -> bool:
+        k = self.cfg.checkpoint_every
+        return final or bool(k and step % k == 0)
+
+    def maybe_kill(self, step: int) -> None:
+        """``--kill-worker``: die as a crash would, about to start a step after ``step``."""
+        if self.kill_at is not None and step == self.kill_at:
+            die(self.log.log, "worker", self.rank, f"step {step}", KILLED_EXIT)
+
+    def _mine(self, aug_gen: torch.Generator, counter: ByteCounter,
+              state: Any) -> list[torch.Tensor]:
+        own = [aug_gen.get_state(), torch.get_rng_state(),
+               torch.tensor(counter.sent, dtype=torch.int64)]
+        return own + ([] if self.shared else [t.detach().clone() for t in state_tensors(state)])
+
+    def save(self, model: nn.Module, state: Any, pos: Position, aug_gen: torch.Generator,
+             counter: ByteCounter) -> None:
+        """Collective: every rank must call it at the same step."""
+        mine = self._mine(aug_gen, counter, state)
+        ranks: list[list[torch.Tensor]] = [mine]
+        if self.world > 1:
+            # per-rank state to rank 0 (fixed-shape tensors, as everything on the wire);
+            # bookkeeping, not counted as training traffic
+            gathered = [[torch.empty_like(t) for _ in range(self.world)] for t in mine]
+            for t, out in zip(mine, gathered):
+                dist.gather(t, out if self.rank == 0 else None, dst=0)
+            ranks = [[out[r] for out in gathered] for r in range(self.world)]
+        if self.rank == 0:
+            save_checkpoint(self.path, {
+                "format": FORMAT, "strategy": self.cfg.strategy, "workers": self.world,
+                "fingerprint": fingerprint(self.cfg), "step": pos.step, "epoch": pos.epoch,
+                "samples": pos.samples, "rounds": pos.rounds, "wall_s": float(pos.wall_s),
+                "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                "rule_state": [t.detach().clone() for t in state_tensors(state)],
+                "ranks": ranks,
+            })
+            self.log.log("checkpoint", step=pos.step, epoch=pos.epoch)
+        if self.world > 1:
+            # sync point: after it every rank knows checkpoint ``step`` is on disk, so a
+            # crash from here on resumes from it (a kill right after a checkpoint redoes
+            # nothing, whichever rank dies)
+            dist.barrier()
+
+    def restore(self, model: nn.Module, state: Any, aug_gen: torch.Generator,
+                counter: ByteCounter) -> Position:
+        """Every rank reads the checkpoint itself (the run directory is shared; with
+        torchrun on several machines it must be on a shared file system)."""
+        path = checkpoint_path(self.cfg.resume)
+        payload = read_checkpoint(self.cfg, path)
+        try:
+            model.load_state_dict(payload["model"])
+        except RuntimeError:
+            raise CheckpointError(f"{path}: parameters do not match this model") from None
+        mine = payload["ranks"][self.rank]
+        own_rule = mine[3:]
+        if self.shared:
+            _fill(state_tensors(state), payload["rule_state"], path)
+        else:
+            _fill(state_tensors(state), own_rule, path)
+        try:
+            aug_gen.set_state(mine[0])
+            torch.set_rng_state(mine[1])
+        except (RuntimeError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: bad RNG state of rank {self.rank}") from None
+        counter.sent = int(mine[2])
+        pos = Position(payload["step"], payload["epoch"], payload["samples"], payload["rounds"],
+                       payload["wall_s"])
+        self.log.log("resume", step=pos.step, epoch=pos.epoch, samples=pos.samples * self.world)
+        return pos
+
+
+def check_resume(cfg: RunConfig) -> None:
+    """Before any process starts (``--resume DIR``): the checkpoint exists, passes its
+    checksum and belongs to this run."""
+    check_checkpointing(cfg)
+    read_checkpoint(cfg)
+
+
+def has_checkpoint(cfg: RunConfig) -> bool:
+    """For a launcher restarting a group: is there a checkpoint of this run to resume?"""
+    return checkpoint_path(cfg.out).is_file()
+
+
+def injected_kills(events: Path, offset: int) -> list[dict[str, Any]]:
+    """``fault`` events written to ``events`` after byte ``offset`` (this launch's)."""
+    if not events.is_file():
+        return []
+    with open(events, "rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").splitlines()
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("kind") == "fault":
+            out.append(record)
+    return out
+
+
+def spawn_workers(job, process_main, world: int) -> None:
+    """``spawn`` the workers; a run stopped by ``--kill-worker`` ends with one line naming
+    the killed worker (its peers' connection errors are consequences, not the cause) and
+    how to continue it."""
+    events = job.run_dir / "events.jsonl"
+    offset = events.stat().st_size if events.is_file() else 0
+    t0 = time.time()
+    try:
+        spawn(process_main, world, (job,))
+    except WorkerFailed:
+        kills = injected_kills(events, offset)
+        if not kills:
+            raise
+        kill = kills[0]
+        ckpt = checkpoint_path(job.run_dir)
+        if ckpt.is_file() and ckpt.stat().st_mtime >= t0:
+            then = (f"`phalanx train --resume {job.run_dir}` continues it from its last "
+                    "checkpoint")
+        else:
+            then = "no checkpoint was written yet (--checkpoint-every K)"
+        raise WorkerFailed(
+            f"worker {kill.get('worker')} was killed at {kill.get('at')} (--kill-worker) and "
+            f"the run stopped; {then}; under torchrun --max-restarts the group restarts "
+            "by itself") from None
