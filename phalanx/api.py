@@ -17,6 +17,7 @@ from phalanx.config import RunConfig
 from phalanx.data import Dataset, load_data
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog, read_events
+from phalanx.metrics.events import finite_or_none
 from phalanx.models import build_model, count_parameters
 from phalanx.parallel import strategy_module
 from phalanx.parallel.base import Job, evaluate
@@ -119,5 +120,5 @@ def _run(cfg: RunConfig, job: Job, module, out: Path, events_path: Path,
             **outcome.stats,
         }
         log.log("summary", **summary)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "summary.json").write_text(json.dumps(finite_or_none(summary), indent=2) + "\n")
     return RunResult(summary, read_events(events_path), outcome.model, out)

@@ -38,7 +38,9 @@ class EventLog:
 
     def log(self, kind: str, **fields: Any) -> dict[str, Any]:
         record = {"kind": kind, "rank": self.rank, "role": self.role,
-                  "t": round(time.perf_counter() - self._t0, 6), **fields}
+                  "t": round(time.perf_counter() - self._t0, 6),
+                  # a diverged run logs its NaN/inf loss as null instead of failing the log
+                  **finite_or_none(fields)}
         if self._fd is not None:
             line = json.dumps(record, default=_jsonable, allow_nan=False) + "\n"
             os.write(self._fd, line.encode())
@@ -80,6 +82,12 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return str(value)
+
+
+def finite_or_none(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN / inf (a diverged run) become None, so the JSON stays standard."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in record.items()}
 
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:

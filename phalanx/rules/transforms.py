@@ -152,6 +152,7 @@ def staleness_scaled() -> UpdateRule:
 
 class DcState(NamedTuple):
     mean_sq: Tensors
+    count: torch.Tensor  # int64 scalar: updates seen (for the bias correction of mean_sq)
 
 
 def dc_asgd(lam: float, adaptive: bool = False, momentum: float = 0.95,
@@ -161,27 +162,31 @@ def dc_asgd(lam: float, adaptive: bool = False, momentum: float = 0.95,
 
     * constant (DC-ASGD-c): ``g + lam * g * g * (w_now - w_backup)``
     * adaptive (DC-ASGD-a): ``lam`` becomes ``lam / sqrt(meansquare + eps)`` where
-      ``meansquare`` is a moving average of ``g * g`` (elementwise).
+      ``meansquare`` is a moving average of ``g * g`` (elementwise), bias-corrected as in
+      Adam (``/ (1 - momentum**t)``). The paper's average starts at zero without the
+      correction, which makes the first steps' lambda up to 1/sqrt(1 - momentum) = 4.5x too
+      large; measured here, LeNet-5 with 8 workers and lam = 2 diverged (NaN) without it.
 
     Put it first in a chain, before the learning rate. ``lam = 0`` is plain ASGD.
     """
 
     def init(params):
-        return DcState(_zeros(params) if adaptive else [])
+        return DcState(_zeros(params) if adaptive else [], torch.zeros((), dtype=torch.int64))
 
     def update(updates, state, params=None, *, staleness=0, backup=None):
         if params is None or backup is None:
             raise ValueError("dc_asgd needs params= and backup= (the worker's pulled weights)")
         if lam == 0.0:
             return list(updates), state
-        ms = state.mean_sq
+        ms, count = state.mean_sq, state.count + 1
         if adaptive:
             ms = [momentum * m + (1 - momentum) * g * g for m, g in zip(ms, updates)]
-            lams = [lam / (m + eps).sqrt() for m in ms]
+            correction = 1.0 - momentum ** int(count)
+            lams = [lam / (m / correction + eps).sqrt() for m in ms]
         else:
             lams = [lam] * len(updates)
         out = [g + lm * g * g * (w - b) for g, lm, w, b in zip(updates, lams, params, backup)]
-        return out, DcState(ms)
+        return out, DcState(ms, count)
 
     return UpdateRule(init, update)
 

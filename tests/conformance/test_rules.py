@@ -100,8 +100,13 @@ def test_dc_asgd_adaptive_formula():
     rule = R.dc_asgd(0.2, adaptive=True, momentum=0.5, eps=0.0)
     (u,), state = rule.update([g], rule.init([w]), [w], backup=[b])
     ms = 0.5 * 9.0
-    assert torch.allclose(u, g + (0.2 / ms**0.5) * g * g * (w - b))
+    ms_hat = ms / (1 - 0.5)  # bias-corrected, as Adam: the first step sees g*g itself
+    assert torch.allclose(u, g + (0.2 / ms_hat**0.5) * g * g * (w - b))
     assert torch.allclose(state.mean_sq[0], torch.tensor([ms]))
+    g2 = torch.tensor([1.0])
+    (u2,), state = rule.update([g2], state, [w], backup=[b])
+    ms2 = 0.5 * ms + 0.5 * 1.0
+    assert torch.allclose(u2, g2 + (0.2 / (ms2 / (1 - 0.25)) ** 0.5) * g2 * g2 * (w - b))
 
 
 def test_staleness_scaling():
