@@ -17,14 +17,17 @@ starts it again (``TORCHELASTIC_RESTART_COUNT`` > 0). Injected faults (``--kill-
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import sys
 import time
 
+import torch
 import torch.distributed as dist
 
 from phalanx.errors import PhalanxError
+from phalanx.runtime.launch import DEFAULT_TIMEOUT_S
 
 
 def _restarted(module, cfg, attempt: int):
@@ -77,9 +80,25 @@ def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
         print(f"test_accuracy {acc:.4f} -> {job.run_dir}")
 
 
+def _run_attempt(fn, args: tuple, attempt: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """``run_under_torchrun`` for attempt ``attempt`` of the group. torchrun's agent store
+    outlives a restart, and gloo publishes each rank's address under keys that do not name
+    the attempt: without a per-attempt prefix a restarted rank reads its peer's address from
+    the dead attempt and fails ("Connection refused" in connectFullMesh)."""
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    store, rank, world = next(dist.rendezvous("env://"))
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"phalanx/attempt{attempt}", store),
+                            rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     from phalanx.cli import _Parser, add_run_config_flags, config_from_args
-    from phalanx.runtime.launch import run_under_torchrun
 
     parser = _Parser(prog="phalanx.runtime.torchrun_entry")
     add_run_config_flags(parser)
@@ -88,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     try:
         cfg = config_from_args(args)
-        run_under_torchrun(_main, (cfg, time.perf_counter(), attempt))
+        _run_attempt(_main, (cfg, time.perf_counter(), attempt), attempt)
     except PhalanxError as e:
         sys.stderr.write(f"phalanx: error: {e}\n")
         return 2
