@@ -80,6 +80,7 @@ def can_restart(cfg: RunConfig) -> bool:
 
 def process_main(rank: int, world: int, job: Job) -> None:
     """One worker; runs inside an initialised process group (spawn or torchrun)."""
+    check_checkpointing(job.config)  # again here: under torchrun no driver checked first
     with open_log(job, rank) as log:
         train_worker(WorkerContext(job, rank, world, log, time.perf_counter()))
 
