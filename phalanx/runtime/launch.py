@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -91,8 +92,15 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
     ``fn`` and ``args`` must be picklable; tensors inside ``args`` travel through shared
     memory, not copies.
     """
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True,
-                          timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    # Bind the rendezvous to loopback ourselves: given only a host name, TCPStore listens on
+    # every interface (seen with ss -ltnp). Port 0: the OS picks a free one, no races.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(world + 1)
+    store = dist.TCPStore("127.0.0.1", listener.getsockname()[1], world + 1, is_master=True,
+                          timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+                          master_listen_fd=listener.fileno())
+    listener.detach()  # the store owns (and closes) the descriptor now
     with tempfile.TemporaryDirectory(prefix="phalanx-spawn-") as error_dir:
         try:
             mp.start_processes(_child, args=(fn, world, store.port, timeout_s, backend,

@@ -38,6 +38,6 @@ def resume_config(cfg: RunConfig) -> RunConfig:
     module = strategy_module(resumed.strategy)
     if not hasattr(module, "check_resume"):
         raise ConfigError(f"--resume: --strategy {resumed.strategy} cannot resume a run "
-                          "(only the parameter-server strategies checkpoint their servers)")
+                          "(the parameter-server strategies, sync and average can)")
     module.check_resume(resumed)
     return resumed
