@@ -11,10 +11,11 @@ from phalanx.config import RunConfig
 
 def base_config(out: Path, *, quick: bool, data: str | None, seed: int, **overrides: Any
                 ) -> RunConfig:
-    """Quick: MLP on the synthetic set, one epoch. Full: LeNet-5 on Fashion-MNIST for 2
-    epochs."""
+    """Quick: MLP on 2,000 synthetic samples, one epoch (CI-sized). Full: LeNet-5 on
+    Fashion-MNIST for 2 epochs."""
     if quick:
         cfg = RunConfig(model="mlp", data=data or "synthetic", epochs=1, batch_size=32,
+                        train_limit=2000,
                         lr=0.05, seed=seed, out=str(out), progress=False, tensorboard=False,
                         threads=1)
     else:

@@ -11,8 +11,8 @@ from phalanx.experiments.compare import run_variants, write_report
 
 def run(out: Path, *, quick: bool, data: str | None, seed: int) -> Path:
     n = 4
-    bounds = (0, 2, 8) if quick else (0, 1, 3, 10)
-    softs = (1, 2, 4)
+    bounds = (0, 4) if quick else (0, 1, 3, 10)
+    softs = (1, 4) if quick else (1, 2, 4)
     target = 0.5 if quick else 0.8
     base = base_config(out, quick=quick, data=data, seed=seed, workers=n, servers=1,
                        rule="sgd", lr=0.05, slow_workers={0: 2.0}, eval_every=0)

@@ -11,7 +11,7 @@ from phalanx.metrics import plots
 
 
 def run(out: Path, *, quick: bool, data: str | None, seed: int) -> Path:
-    sizes = (1, 2, 4) if quick else (1, 2, 4, 8)
+    sizes = (2, 4) if quick else (1, 2, 4, 8)
     base = base_config(out, quick=quick, data=data, seed=seed, strategy="asp", servers=1,
                        rule="sgd", lr=0.02, epochs=1)
     runs = run_variants([variant(base, out, f"asp N={n}", workers=n) for n in sizes])

@@ -54,7 +54,8 @@ def run(out: Path, *, quick: bool, data: str | None, seed: int) -> Path:
     steps = 40 if quick else 300
     base = base_config(out, quick=quick, data=data, seed=seed, batch_size=b, lr=0.1,
                        rule="sgd", tensorboard=False)
-    exact_cfg = dataclasses.replace(base, strategy="sync", workers=n, max_steps=steps,
+    # epochs high enough that max_steps decides: both sides take exactly `steps` steps
+    exact_cfg = dataclasses.replace(base, strategy="sync", workers=n, max_steps=steps, epochs=100,
                                     out=str(out / "exact_sync"), eval_every=0).validate()
     synced = train(config=exact_cfg).model
     large = serial_replay(exact_cfg, tuple(range(n)), n, steps)
