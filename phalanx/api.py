@@ -76,6 +76,9 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         cfg = resume_config(cfg)  # DIR/config.json; checkpoints checked before anything runs
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is available on this machine")
+    if cfg.device == "cuda" and cfg.strategy != "single":
+        raise ConfigError(f"--device cuda: --strategy {cfg.strategy} runs on CPU processes "
+                          "(gloo) in this version; only --strategy single uses CUDA")
     job = make_job(cfg, model, data if isinstance(data, tuple) else None)
     out = job.run_dir
     out.mkdir(parents=True, exist_ok=True)

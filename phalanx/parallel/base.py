@@ -68,9 +68,11 @@ def evaluate(model: nn.Module, data: Dataset, batch: int = 2000) -> tuple[float,
     """(mean cross-entropy, accuracy) over a whole data set, in eval mode."""
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     total_loss, correct = 0.0, 0
     for start in range(0, len(data), batch):
-        x, y = data.x[start : start + batch], data.y[start : start + batch]
+        x = data.x[start : start + batch].to(device)
+        y = data.y[start : start + batch].to(device)
         out = model(x)
         total_loss += nn.functional.cross_entropy(out, y, reduction="sum").item()
         correct += (out.argmax(1) == y).sum().item()

@@ -18,7 +18,8 @@ LOG_EVERY = 10  # steps between "train" events; evaluation is logged per epoch
 
 def run(job: Job, log: EventLog) -> Outcome:
     cfg = job.config
-    model = job.build_model()
+    device = torch.device(cfg.device)
+    model = job.build_model().to(device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     weights = detached(params)
@@ -29,7 +30,8 @@ def run(job: Job, log: EventLog) -> Outcome:
     aug = augmenter(cfg)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     loss_fn = nn.CrossEntropyLoss()
-    x_all, y_all = job.train.x, job.train.y
+    # the whole training set moves to the device once; batches are then indexed there
+    x_all, y_all = job.train.x.to(device), job.train.y.to(device)
     progress = Progress(total, "single", enabled=cfg.progress)
 
     step, micro, samples, epoch = 0, 0, 0, 0
@@ -37,6 +39,7 @@ def run(job: Job, log: EventLog) -> Outcome:
     t0 = time.perf_counter()
     while step < total:
         for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed):
+            idx = idx.to(device)
             x, y = x_all[idx], y_all[idx]
             if aug is not None:
                 x = aug(x, gen)
@@ -71,7 +74,7 @@ def run(job: Job, log: EventLog) -> Outcome:
             _eval(job, model, log, step, epoch, samples, t0)
     progress.close()
     _checkpoint(job, model, state, step)
-    return Outcome(model, samples, step)
+    return Outcome(model.cpu(), samples, step)
 
 
 def _eval(job: Job, model: nn.Module, log: EventLog, step: int, epoch: int, samples: int,
@@ -84,6 +87,6 @@ def _eval(job: Job, model: nn.Module, log: EventLog, step: int, epoch: int, samp
 def _checkpoint(job: Job, model: nn.Module, state, step: int) -> None:
     save_checkpoint(job.run_dir / "checkpoint.pt", {
         "step": step,
-        "model": model.state_dict(),
-        "rule_state": state_tensors(state),
+        "model": {k: v.cpu() for k, v in model.state_dict().items()},
+        "rule_state": [t.cpu() for t in state_tensors(state)],
     })

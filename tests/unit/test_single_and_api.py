@@ -122,3 +122,9 @@ def test_slow_worker_ranks_follow_the_strategy_world():
     RunConfig(strategy="pipeline", stages=3, slow_workers={2: 2.0}).validate()
     with pytest.raises(ConfigError, match="rank 4 does not exist with --stages 2 x --replicas 2"):
         RunConfig(strategy="hybrid", stages=2, replicas=2, slow_workers={4: 2.0}).validate()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's message")
+def test_cuda_requested_without_a_gpu(tmp_path):
+    with pytest.raises(ConfigError, match="--device cuda: no CUDA device"):
+        phalanx.train("mlp", "synthetic", device="cuda", out=str(tmp_path))
