@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from phalanx.comm.allreduce import chunk_bounds
 from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError
 from phalanx.parallel.base import Job, Straggler, augmenter, detached, write_result
@@ -31,13 +32,7 @@ def shard_bounds(features: int, world: int) -> list[tuple[int, int]]:
     """``[lo, hi)`` output features of each worker; sizes differ by at most one."""
     if not 1 <= world <= features:
         raise ValueError(f"cannot split {features} features over {world} workers")
-    base, extra = divmod(features, world)
-    out, lo = [], 0
-    for r in range(world):
-        hi = lo + base + (1 if r < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
+    return chunk_bounds(features, world)  # the ring's chunking: the same contiguous split
 
 
 def split_linear(layer: nn.Linear, world: int) -> list[nn.Linear]:
