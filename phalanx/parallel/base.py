@@ -100,12 +100,6 @@ def detached(params: list[torch.Tensor]) -> list[torch.Tensor]:
     return [p.detach() for p in params]
 
 
-def flat_size(params: list[torch.Tensor]) -> int:
-    return sum(p.numel() for p in params)
-
-
-def stopping_epochs(cfg: RunConfig) -> int:
-    return max(1, math.ceil(cfg.epochs))
 
 
 # ---- handing results from worker processes back to the driver ---------------------------

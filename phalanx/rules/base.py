@@ -23,11 +23,10 @@ import torch
 Tensors = list[torch.Tensor]
 
 
-class UpdateFn:
-    """Typing aid: ``update(grads, state, params=None, *, staleness=0, backup=None)``."""
-
-
 class UpdateRule(NamedTuple):
+    """``init(params) -> state``;
+    ``update(grads, state, params=None, *, staleness=0, backup=None) -> (updates, state)``."""
+
     init: Callable[[Sequence[torch.Tensor]], Any]
     update: Callable[..., tuple[Tensors, Any]]
 
