@@ -27,6 +27,7 @@ from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog, Progress
 from phalanx.parallel.base import (
+    GradAccumulator,
     Job,
     Outcome,
     Straggler,
@@ -136,7 +137,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
 
     step, samples, last_epoch, rounds = pos.step, pos.samples, pos.epoch, pos.rounds
     micro = step * cfg.grad_accum
-    grads: list[torch.Tensor] | None = None
+    accumulator = GradAccumulator(cfg.grad_accum)
     for epoch, idx in worker_batches(job, rank, world, skip=micro):
         if step >= total:
             break  # resumed from the final checkpoint: nothing left to do
@@ -153,16 +154,13 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
         loss = loss_fn(out, y)
         g = torch.autograd.grad(loss, params)
         straggler.finish()
-        grads = list(g) if grads is None else [a + b for a, b in zip(grads, g)]
         micro += 1
         samples += len(idx)
-        if micro % cfg.grad_accum:
+        grads = accumulator.add(g)
+        if grads is None:
             continue
-        if cfg.grad_accum > 1:
-            grads = [gr / cfg.grad_accum for gr in grads]
         updates, state = rule.update(grads, state, weights)
         apply_updates(weights, updates)
-        grads = None
         step += 1
         if step % cfg.period == 0 or step == total:
             synchronise()

@@ -9,7 +9,14 @@ from torch import nn
 
 from phalanx.data import epoch_batches
 from phalanx.metrics import EventLog, Progress
-from phalanx.parallel.base import Job, Outcome, augmenter, detached, evaluate
+from phalanx.parallel.base import (
+    GradAccumulator,
+    Job,
+    Outcome,
+    augmenter,
+    detached,
+    evaluate,
+)
 from phalanx.rules import apply_updates, make_rule, state_tensors
 from phalanx.runtime.checkpoint import save_checkpoint
 
@@ -34,8 +41,8 @@ def run(job: Job, log: EventLog) -> Outcome:
     x_all, y_all = job.train.x.to(device), job.train.y.to(device)
     progress = Progress(total, "single", enabled=cfg.progress)
 
-    step, micro, samples, epoch = 0, 0, 0, 0
-    grads: list[torch.Tensor] | None = None
+    step, samples, epoch = 0, 0, 0
+    accumulator = GradAccumulator(cfg.grad_accum)
     t0 = time.perf_counter()
     while step < total:
         for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed):
@@ -46,16 +53,12 @@ def run(job: Job, log: EventLog) -> Outcome:
             out = model(x)
             loss = loss_fn(out, y)
             g = torch.autograd.grad(loss, params)
-            grads = list(g) if grads is None else [a + b for a, b in zip(grads, g)]
-            micro += 1
             samples += len(idx)
-            if micro % cfg.grad_accum:
+            grads = accumulator.add(g)
+            if grads is None:
                 continue  # accumulate; the optimizer steps on the last micro-batch
-            if cfg.grad_accum > 1:
-                grads = [gr / cfg.grad_accum for gr in grads]
             updates, state = rule.update(grads, state, weights)
             apply_updates(weights, updates)
-            grads = None
             step += 1
             if step % LOG_EVERY == 0 or step == total:
                 # .item() is a sync point on GPU; only paid every LOG_EVERY steps
