@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from phalanx.cluster.policies import make_ordering
+from phalanx.cluster.policies.ordering import ResortEveryEvent
 from phalanx.cluster.run import SimulateOptions, load_inputs, simulate
 
 FULL_JOBS = 82247
@@ -66,20 +67,6 @@ def bitmap_ops(n_ops: int, seed: int = 0) -> tuple[float, float]:
         arr[take_np] = True
     t_np = time.perf_counter() - t0
     return t_int, t_np
-
-
-class ResortEveryEvent:
-    """Reference ordering: the wrapped policy, but its queue order expires at once, so the
-    fill pass re-sorts the whole waiting queue at every event (the pre-incremental loop)."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-    def stable_until(self, waiting, now: float) -> float:
-        return now
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ placement pair drives a simulation that passes the shared checks."""
 
 import copy
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 from cluster_simcheck import check_result, rows
@@ -23,6 +23,7 @@ from phalanx.cluster.policies import (
     make_ordering,
     make_placement,
 )
+from phalanx.cluster.policies.ordering import ResortEveryEvent
 from phalanx.cluster.policies.placement import SpreadKeepEmpty
 from phalanx.cluster.simulator import SimConfig, Simulator
 from phalanx.cluster.topology import uniform
@@ -193,19 +194,6 @@ def test_simulator_keeps_queued_demand(small_trace, perf):
     assert sim.cluster.queued_gpus == 0 and all(j.end > 0 for j in res.jobs)
 
 
-@dataclass(frozen=True)
-class _AlwaysResort:
-    """Oracle: the same ordering, but the loop must re-sort the queue at every fill pass."""
-
-    inner: object
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def stable_until(self, waiting, now):
-        return now
-
-
 @pytest.mark.parametrize("ordering", sorted(ORDERINGS))
 def test_cached_order_equals_resorting_every_event(ordering, small_trace, perf):
     """The incremental fill pass (order reused until the policy says it expires) gives the
@@ -218,7 +206,7 @@ def test_cached_order_equals_resorting_every_event(ordering, small_trace, perf):
         return Simulator(topo, jobs, o, make_placement("topology"), perf).run()
 
     fast = go(pol)
-    assert rows(fast) == rows(go(_AlwaysResort(pol)))
+    assert rows(fast) == rows(go(ResortEveryEvent(pol)))
     assert max(fast.queue) >= 10      # the queue really was long enough to matter
 
 

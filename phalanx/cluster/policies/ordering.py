@@ -170,3 +170,18 @@ def make_ordering(name: str, slot_s: float = DEFAULT_SLOT_S) -> OrderingPolicy:
     if cls in (FIFO, ShortestJobFirst):
         return cls()
     return cls(round_s=slot_s)
+
+
+class ResortEveryEvent:
+    """Reference ordering: the wrapped policy, but its queue order expires at once, so the
+    fill pass re-sorts the whole waiting queue at every event (the pre-incremental loop).
+    The oracle for the cached order (tests) and its baseline (bench/simulator.py)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def stable_until(self, waiting, now: float) -> float:
+        return now
