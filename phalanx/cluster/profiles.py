@@ -36,6 +36,7 @@ POLLUX_EPOCHS = {"bert": 2, "cifar10": 100, "ncf": 10, "imagenet": 90, "deepspee
                  "yolov3": 50}
 POLLUX_FAMILY = {"bert": "Transformer", "cifar10": "ResNet-18", "deepspeech2": "LM",
                  "imagenet": "ResNet-50", "ncf": "Recommendation", "yolov3": "ResNet-50"}
+MAX_LOCAL_BSZ = {"yolov3": 8}   # the artifact's applications.py: max_local_bsz=8
 CPU_SENSITIVITY = {"ResNet-18": 0.5, "ResNet-50": 0.5, "CycleGAN": 0.5, "A3C": 1.0,
                    "cifar10": 0.5, "imagenet": 0.5, "yolov3": 0.5, "deepspeech2": 0.5}
 
@@ -85,67 +86,184 @@ class _Curve:
                 float(np.interp(local_bsz, self.bsz, self.sync)))
 
 
+@dataclass(frozen=True)
+class BatchConfig:
+    """How a total batch runs on ``replicas`` GPUs: per-GPU ``atomic`` batch, repeated
+    ``1 + accum`` times (gradient accumulation) before one gradient sync."""
+
+    atomic: int
+    accum: int
+    replicas: int
+
+    @property
+    def batch(self) -> int:
+        """The batch actually trained (the rounding up may exceed the asked one)."""
+        return self.replicas * self.atomic * (self.accum + 1)
+
+
+class _Validation:
+    """Per-epoch columns of one validation-<batch>.csv."""
+
+    def __init__(self, rows: list[dict[str, str]], path: Path) -> None:
+        try:
+            self.progress = np.array([float(r["progress"]) for r in rows])
+            self.iteration = np.array([float(r["iteration"]) for r in rows])
+            self.grad_sqr = np.array([float(r["grad_sqr"]) for r in rows])
+            self.grad_var = np.array([float(r["grad_var"]) for r in rows])
+        except (KeyError, ValueError) as e:
+            raise DataError(f"{path}: bad validation row ({e})") from None
+
+
 class PolluxApplication:
-    """Measured step times of one Pollux application, and its work per job."""
+    """Measured step times of one Pollux application, and its work per job.
+
+    The rules follow the Pollux artifact's simulator (petuum/adaptdl, osdi21-artifact):
+    how a total batch becomes per-GPU batch + accumulation steps (``batch_config``), the
+    step time of a placement (``step_time``; placements over more than 4 nodes are
+    interpolated linearly in (nodes, replicas, per-GPU batch) over all measurements), the
+    statistical efficiency of a batch in each epoch (``gain``), and the work of a job
+    (``work_steps``)."""
 
     def __init__(self, name: str, root: Path) -> None:
         self.name = name
         self.epochs = POLLUX_EPOCHS[name]
         d = root / "applications" / name
         placements: dict[str, list[tuple[float, float, float]]] = {}
+        self._points: dict[tuple[int, int, float], list[tuple[float, float]]] = {}
         for r in _read_csv(d / "placements.csv"):
-            placements.setdefault(r["placement"], []).append(
-                (float(r["local_bsz"]), float(r["step_time"]), float(r["sync_time"])))
+            row = (float(r["local_bsz"]), float(r["step_time"]), float(r["sync_time"]))
+            placements.setdefault(r["placement"], []).append(row)
+            key = (len(r["placement"]), sum(int(c) for c in r["placement"]), row[0])
+            self._points.setdefault(key, []).append(row[1:])
         self.placements = {k: _Curve(v) for k, v in placements.items()}
         scal: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
+        self._scal_rows: list[tuple[float, ...]] = []
         for r in _read_csv(d / "scalability.csv"):
-            scal.setdefault((int(r["num_nodes"]), int(r["num_replicas"])), []).append(
-                (float(r["local_bsz"]), float(r["step_time"]), float(r["sync_time"])))
+            row = (float(r["local_bsz"]), float(r["step_time"]), float(r["sync_time"]))
+            scal.setdefault((int(r["num_nodes"]), int(r["num_replicas"])), []).append(row)
+            self._scal_rows.append((int(r["num_nodes"]), int(r["num_replicas"])) + row)
         self.scalability = {k: _Curve(v) for k, v in scal.items()}
         bsz = [b for c in self.placements.values() for b in c.bsz]
-        self.min_local_bsz, self.max_local_bsz = min(bsz), max(bsz)
+        # the artifact caps yolov3's per-GPU batch at 8 (memory), below its measured 16
+        self.min_local_bsz = min(bsz)
+        self.max_local_bsz = MAX_LOCAL_BSZ.get(name, max(bsz))
         self.validation: dict[int, list[dict[str, str]]] = {}
         for f in d.glob("validation-*.csv"):
             self.validation[int(f.stem.split("-")[1])] = _read_csv(f)
         if not self.validation:
             raise DataError(f"{d}: no validation-<batch>.csv files")
+        self._val = {b: _Validation(self.validation[b], d / f"validation-{b}.csv")
+                     for b in sorted(self.validation)}
+        self.batches = tuple(self._val)
+        self.init_batch, self.max_batch = self.batches[0], self.batches[-1]
+        short = min(len(v.progress) for v in self._val.values())
+        if short < self.epochs:
+            raise DataError(f"{d}: validation files have {short} epochs, {name} trains "
+                            f"{self.epochs}")
+        # progress (iterations at the initial batch) at the end of each epoch: the
+        # slowest validated run's, as the artifact reads it
+        self.epoch_end = np.array([0.0] + [min(float(v.progress[e]) for v in self._val.values())
+                                           for e in range(self.epochs)])
+        self._interp = None
         self._cache: dict[tuple[str, int], float] = {}
+        self._tput: dict[tuple[str, int], tuple[float, float]] = {}
+        self._gain: dict[tuple[int, int], float] = {}
 
-    def steps(self, batch_size: int) -> float:
-        """Steps to train ``epochs`` epochs at this total batch: the ``iteration`` column of
-        the last epoch of validation-<batch>.csv, or epochs x samples/batch when that batch
-        was not validated (samples per epoch from the smallest validated batch)."""
-        rows = self.validation.get(batch_size)
-        if rows is not None and len(rows) >= self.epochs:
-            return float(rows[self.epochs - 1]["iteration"])
-        b0 = min(self.validation)
-        first = self.validation[b0][0]
-        samples_per_epoch = float(first["iteration"]) * b0
-        return math.ceil(samples_per_epoch / batch_size) * self.epochs
+    # ------------------------------------------------------------------ batch and speed
+    def batch_config(self, replicas: int, batch: int) -> BatchConfig:
+        """The artifact's rule for a fixed total batch on ``replicas`` GPUs: accumulate
+        when the per-GPU share exceeds the per-GPU limit; a 1-GPU job whose batch is
+        larger than the initial batch always takes at least one accumulation step."""
+        local = math.ceil(batch / replicas - 1e-8)
+        accum = math.ceil(local / self.max_local_bsz - 1e-8) - 1
+        if replicas == 1 and batch > self.init_batch:
+            accum = max(1, accum)
+        atomic = math.ceil(local / (accum + 1) - 1e-8)
+        atomic = min(atomic, int(self.max_batch / (replicas * (accum + 1))))
+        return BatchConfig(atomic, accum, replicas)
 
-    def _curve(self, counts: tuple[int, ...]) -> _Curve:
+    def throughput(self, counts: tuple[int, ...], atomic: float) -> tuple[float, float]:
+        """(step time, sync time) of one step at per-GPU batch ``atomic``."""
         key = min_rotation(counts)
-        c = self.placements.get(key) or self.placements.get(min_rotation(sorted(counts)))
-        if c is not None:
-            return c
-        n, r = len(counts), sum(counts)
-        best = min(self.scalability, key=lambda k: (abs(k[0] - n), abs(k[1] - r)))
-        return self.scalability[best]
+        hit = self._tput.get((key, atomic))
+        if hit is not None:
+            return hit
+        curve = self.placements.get(key)
+        if curve is not None:
+            compute, sync = curve.at(atomic)
+            out = (compute + sync, sync)
+        else:
+            out = self._interpolate(len(counts), sum(counts), atomic)
+        self._tput[(key, atomic)] = out
+        return out
+
+    def _interpolate(self, nodes: int, replicas: int, atomic: float) -> tuple[float, float]:
+        """Placements not measured (more than 4 nodes): linear interpolation over (nodes,
+        replicas, per-GPU batch) of every measured point (placement means + scalability),
+        nodes capped at 16; nearest measured curve outside their hull."""
+        if self._interp is None:
+            from scipy.interpolate import LinearNDInterpolator
+
+            pts = [(k[0], k[1], k[2], float(np.mean([v[0] for v in vs])),
+                    float(np.mean([v[1] for v in vs]))) for k, vs in self._points.items()]
+            pts += [(n, r, b, st, sy) for n, r, b, st, sy in self._scal_rows]
+            arr = np.array(pts, dtype=float)
+            self._interp = LinearNDInterpolator(arr[:, :3], arr[:, 3:])
+        st, sy = self._interp([min(nodes, 16), replicas, atomic])[0]
+        if not (math.isfinite(st) and math.isfinite(sy)):
+            best = min(self.scalability, key=lambda k: (abs(k[0] - nodes), abs(k[1] - replicas)))
+            compute, sync = self.scalability[best].at(atomic)
+            return compute + sync, sync
+        return float(st), float(sy)
+
+    def config_step_time(self, counts: tuple[int, ...], cfg: BatchConfig) -> float:
+        """Seconds per (accumulated) step: the compute part repeats, the sync happens once."""
+        step, sync = self.throughput(counts, cfg.atomic)
+        return step + cfg.accum * (step - sync)
 
     def step_time(self, counts: tuple[int, ...], batch_size: int) -> float:
-        """Seconds per step with ``counts[i]`` GPUs on the i-th node (node order as placed).
-
-        A per-GPU batch over the measured maximum uses gradient accumulation: the compute
-        part repeats ``k`` times, the gradient sync happens once.
-        """
+        """Seconds per step at total batch ``batch_size`` with ``counts[i]`` GPUs on the
+        i-th node (node order as placed)."""
         key = (min_rotation(counts), batch_size)
         t = self._cache.get(key)
         if t is None:
-            local = batch_size / sum(counts)
-            k = max(1, math.ceil(local / self.max_local_bsz - 1e-9))
-            compute, sync = self._curve(counts).at(local / k)
-            t = self._cache[key] = k * compute + sync
+            t = self._cache[key] = self.config_step_time(
+                counts, self.batch_config(sum(counts), batch_size))
         return t
+
+    # ------------------------------------------------------------------ statistical efficiency
+    def grad_stats(self, batch: float, epoch: int) -> tuple[float, float]:
+        """(grad_sqr, grad_var) in ``epoch`` at ``batch``: linear between the validated
+        batches around it (clamped to the validated range)."""
+        bs = self.batches
+        b = min(max(batch, bs[0]), bs[-1])
+        i = int(np.searchsorted(bs, b))      # first validated batch >= b
+        hi = bs[i]
+        lo = hi if hi == b else bs[i - 1]
+        vl, vh = self._val[lo], self._val[hi]
+        if lo == hi:
+            return float(vl.grad_sqr[epoch]), float(vl.grad_var[epoch])
+        w = (b - lo) / (hi - lo)
+        return (float((1 - w) * vl.grad_sqr[epoch] + w * vh.grad_sqr[epoch]),
+                float((1 - w) * vl.grad_var[epoch] + w * vh.grad_var[epoch]))
+
+    def gain(self, batch: int, epoch: int) -> float:
+        """Progress per step at ``batch`` relative to one step at the initial batch:
+        ``(var + sqr) / (var / scale + sqr)``, scale = batch / initial batch."""
+        key = (batch, epoch)
+        g = self._gain.get(key)
+        if g is None:
+            sqr, var = self.grad_stats(batch, epoch)
+            scale = batch / self.init_batch
+            g = self._gain[key] = (var + sqr) / (var / scale + sqr)
+        return g
+
+    def work_steps(self, replicas: int, batch_size: int) -> float:
+        """Steps to train ``epochs`` epochs at this batch on ``replicas`` GPUs: the sum
+        over epochs of (progress in the epoch / gain of the batch actually trained)."""
+        b = self.batch_config(replicas, batch_size).batch
+        return float(sum((self.epoch_end[e + 1] - self.epoch_end[e]) / self.gain(b, e)
+                         for e in range(self.epochs)))
 
     def spread_penalty(self) -> float:
         one_node = {k: c for k, c in self.placements.items() if len(k) == 1}

@@ -141,8 +141,9 @@ def read_philly(path: Path, opts: TraceOptions) -> Trace:
 
 def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4) -> Trace:
     """A Pollux workload: work = steps to train the application's fixed number of epochs
-    at the row's total batch (validation-<batch>.csv); duration = steps x the measured step
-    time on the tightest placement of ``num_replicas`` GPUs on ``node_gpus``-GPU nodes."""
+    at the row's total batch (``PolluxApplication.work_steps``); duration = steps x the
+    measured step time on the tightest placement of ``num_replicas`` GPUs on
+    ``node_gpus``-GPU nodes."""
     apps = load_pollux_apps(opts.data_dir)
     rows = _Rows(path, POLLUX_HEADER, opts.skip_bad_rows)
     counter = iter(range(1 << 62))
@@ -160,7 +161,7 @@ def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4) -> Trace:
         gpus = int(_positive(row[3], "num_replicas", int))
         batch = int(_positive(row[4], "batch_size", int))
         a = apps[app]
-        steps = a.steps(batch)
+        steps = a.work_steps(gpus, batch)
         counts = tuple([node_gpus] * (gpus // node_gpus)
                        + ([gpus % node_gpus] if gpus % node_gpus else []))
         duration = steps * a.step_time(counts, batch)
