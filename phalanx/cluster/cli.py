@@ -17,7 +17,10 @@ from pathlib import Path
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
 from phalanx.cluster.report import Summary, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.run import (
+    ELASTIC,
+    PRESETS,
     SimulateOptions,
+    apply_preset,
     check_fits,
     default_data_dir,
     load_inputs,
@@ -32,12 +35,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", default="philly",
                    help="philly | pollux:N | synthetic[:jobs=,rate=,median=,max_gpus=] | a CSV "
                         "(default philly)")
-    p.add_argument("--cluster", default="philly-2048",
+    p.add_argument("--cluster", default=None,
                    help="philly-2048 | pollux-64 | alibaba | uniform:Z,R,S,G[,SW] | a YAML "
-                        "configuration set (default philly-2048)")
-    p.add_argument("--policy", default="fifo", help=f"ordering: {', '.join(ORDERINGS)}")
-    p.add_argument("--placement", default="topology",
-                   help=f"placement: {', '.join(PLACEMENTS)} (default topology)")
+                        "configuration set (default philly-2048; preset pollux-artifact: "
+                        "pollux-64)")
+    p.add_argument("--policy", default="fifo",
+                   help=f"ordering: {', '.join(ORDERINGS)}; or {ELASTIC} (elastic: GPUs and "
+                        f"batch per job, interval engine)")
+    p.add_argument("--placement", default=None,
+                   help=f"placement: {', '.join(PLACEMENTS)} (default topology; preset "
+                        f"pollux-artifact: count)")
     p.add_argument("--compare", default="",
                    help="comma list of orderings (or ORDERING:PLACEMENT) to run on the same "
                         "input; prints one table")
@@ -70,6 +77,32 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="skip malformed trace rows (counted) instead of failing")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default=None, help="output folder")
+    g = p.add_argument_group("interval engine and presets (docs/cluster.md)")
+    g.add_argument("--preset", default="", choices=("", *PRESETS),
+                   help="pollux-artifact: the Pollux artifact's simulator conditions "
+                        "(--interval 60 --restart-cost 30 --restart-first yes "
+                        "--tiresias-thresholds 57600 --starvation 0 --placement count "
+                        "--no-interference --cluster pollux-64); explicit flags win")
+    g.add_argument("--interval", type=float, default=None,
+                   help="run the interval engine: schedule every S seconds, arrivals and "
+                        "completions seen at the boundaries (default: event engine)")
+    g.add_argument("--restart-cost", type=float, default=None,
+                   help="interval engine: seconds without progress after every allocation "
+                        "change (default 30)")
+    g.add_argument("--restart-first", choices=("yes", "no"), default=None,
+                   help="interval engine: the first start pays the restart cost too "
+                        "(default yes)")
+    g.add_argument("--tiresias-thresholds", default=None,
+                   help="Tiresias queue thresholds, GPU-seconds, comma list (default "
+                        "3600,36000)")
+    g.add_argument("--starvation", type=float, default=None,
+                   help="Tiresias starvation factor, 0 = no promotion (default 4)")
+    g.add_argument("--goodput-priority", default=None, choices=("srpt", "las", "none"),
+                   help="goodput policy: weight of a job's goodput (default srpt: 1 / "
+                        "remaining progress)")
+    g.add_argument("--goodput-horizon", type=float, default=None,
+                   help="goodput policy: seconds over which a reallocation must pay back "
+                        "its restart (default 1800)")
     p.set_defaults(func=_cmd_simulate)
 
     from phalanx.cluster.schedule_cli import register as register_schedule
@@ -77,21 +110,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_schedule(sub)
 
 
+def _thresholds(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--tiresias-thresholds {text!r}: not a comma list of numbers"
+                          ) from None
+
+
 def _options(args: argparse.Namespace) -> SimulateOptions:
-    return SimulateOptions(
-        trace=args.trace, cluster=args.cluster, ordering=args.policy,
-        placement=args.placement, threshold=args.threshold, slot_s=args.slot,
+    given: dict[str, object] = dict(
+        trace=args.trace, ordering=args.policy, threshold=args.threshold, slot_s=args.slot,
         checkpoint_cost_s=args.checkpoint_cost, quota=args.quota,
-        interference=not args.no_interference, interference_scale=args.interference_scale,
-        hysteresis=args.hysteresis,
+        interference_scale=args.interference_scale, hysteresis=args.hysteresis,
         data_dir=Path(args.data_dir) if args.data_dir else default_data_dir(),
         seed=args.seed, limit=args.limit, load_scale=args.load_scale,
         skip_bad_rows=args.skip_bad_rows, progress=not args.no_progress)
+    # flags a preset sets: only when given, so that the preset fills the rest
+    optional = dict(cluster=args.cluster, placement=args.placement,
+                    interval_s=args.interval, restart_cost_s=args.restart_cost,
+                    starvation=args.starvation, goodput_priority=args.goodput_priority,
+                    goodput_horizon_s=args.goodput_horizon,
+                    restart_first=(None if args.restart_first is None
+                                   else args.restart_first == "yes"),
+                    tiresias_thresholds=(None if args.tiresias_thresholds is None
+                                         else _thresholds(args.tiresias_thresholds)),
+                    interference=False if args.no_interference else None)
+    given.update({k: v for k, v in optional.items() if v is not None})
+    return SimulateOptions(**apply_preset(args.preset, given))
 
 
 def _check_policies(pairs: list[tuple[str, str]]) -> None:
     for o, p in pairs:
-        if o not in ORDERINGS:
+        if o not in ORDERINGS and o != ELASTIC:
             raise ConfigError(f"policy {o!r}: unknown ordering (choose from "
                               f"{', '.join(ORDERINGS)})")
         if p not in PLACEMENTS:

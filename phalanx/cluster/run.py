@@ -8,8 +8,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from phalanx.cluster.clusters import resolve_cluster
+from phalanx.cluster.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.jobs import JobSpec
-from phalanx.cluster.perf import PerfModel, PerfOptions
+from phalanx.cluster.perf import PerfModel, PerfOptions, ideal_shape
 from phalanx.cluster.policies import (
     AcceptAll,
     AdmissionPolicy,
@@ -19,6 +20,7 @@ from phalanx.cluster.policies import (
     make_placement,
     parse_quota,
 )
+from phalanx.cluster.policies.goodput import GoodputPolicy
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S
 from phalanx.cluster.profiles import load_pollux_apps, load_profiles
 from phalanx.cluster.report import Summary, summarise
@@ -26,6 +28,8 @@ from phalanx.cluster.simulator import SimConfig, SimResult, Simulator
 from phalanx.cluster.topology import Topology
 from phalanx.cluster.traces import Trace, TraceOptions, load_trace
 from phalanx.errors import ConfigError
+
+ELASTIC = "goodput"     # the elastic policy's name (interval engine only)
 
 
 def default_data_dir() -> Path:
@@ -52,9 +56,38 @@ class SimulateOptions:
     load_scale: float = 1.0
     skip_bad_rows: bool = False
     progress: bool = False
+    # interval engine (interval_s set, or the goodput policy): see interval.py
+    interval_s: float | None = None
+    restart_cost_s: float = 30.0
+    restart_first: bool = True
+    tiresias_thresholds: tuple[float, ...] | None = None   # None: Tiresias's defaults
+    starvation: float | None = None
+    goodput_priority: str = "srpt"
+    goodput_horizon_s: float = 1800.0
+    preset: str = ""
 
     def __post_init__(self) -> None:
         # flags are checked here, before any file is read or any run starts
+        if self.interval_s is not None and not 0.0 < self.interval_s < math.inf:
+            raise ConfigError(f"--interval must be a finite number > 0 seconds, "
+                              f"got {self.interval_s}")
+        if not 0.0 <= self.restart_cost_s < math.inf:
+            raise ConfigError(f"--restart-cost must be a finite number >= 0 seconds, "
+                              f"got {self.restart_cost_s}")
+        if self.tiresias_thresholds is not None:
+            t = self.tiresias_thresholds
+            if (not t or any(not 0 < x < math.inf for x in t) or list(t) != sorted(set(t))):
+                raise ConfigError(f"--tiresias-thresholds must be finite GPU-seconds > 0, "
+                                  f"strictly increasing, got {','.join(map(str, t))}")
+        if self.starvation is not None and not 0.0 <= self.starvation < math.inf:
+            raise ConfigError(f"--starvation must be a finite number >= 0 (0 = off), "
+                              f"got {self.starvation}")
+        if self.goodput_priority not in ("srpt", "las", "none"):
+            raise ConfigError(f"--goodput-priority {self.goodput_priority}: unknown (choose "
+                              f"from srpt, las, none)")
+        if not 0.0 < self.goodput_horizon_s < math.inf:
+            raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
+                              f"got {self.goodput_horizon_s}")
         if not 0.0 <= self.threshold <= 1.0:
             raise ConfigError(f"--threshold must be in [0, 1], got {self.threshold}")
         if self.hysteresis is not None and not 0.0 <= self.hysteresis <= self.threshold:
@@ -87,6 +120,32 @@ def load_inputs(opts: SimulateOptions) -> Inputs:
     perf = PerfModel(load_profiles(opts.data_dir), load_pollux_apps(opts.data_dir),
                      perf_options(opts))
     return Inputs(topology, trace, perf)
+
+
+# The Pollux artifact's conditions (petuum/adaptdl osdi21-artifact simulator): 60 s
+# scheduling interval with arrivals and completions seen at its boundaries, 30 s restart
+# on every allocation including the first, Tiresias with 2 queues split at 57,600 GPU-s
+# (16 GPU-hours) and no starvation guard, placement by GPU count (most free node first),
+# no interference. Explicit flags override each field.
+PRESETS: dict[str, dict[str, object]] = {
+    "pollux-artifact": {"interval_s": 60.0, "restart_cost_s": 30.0, "restart_first": True,
+                        "tiresias_thresholds": (57600.0,), "starvation": 0.0,
+                        "placement": "count", "interference": False,
+                        "cluster": "pollux-64"},
+}
+
+
+def apply_preset(name: str, given: dict[str, object]) -> dict[str, object]:
+    """Fields of the preset ``name`` that ``given`` (the options set explicitly) leaves
+    open, merged with ``given``."""
+    if not name:
+        return dict(given)
+    if name not in PRESETS:
+        raise ConfigError(f"--preset {name}: unknown (choose from {', '.join(PRESETS)})")
+    out = dict(PRESETS[name])
+    out.update(given)
+    out["preset"] = name
+    return out
 
 
 def usable_gpus(topology: Topology) -> int:
@@ -126,11 +185,29 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
     admission: AdmissionPolicy = parse_quota(opts.quota) if opts.quota else AcceptAll()
     if placement is None:
         placement = make_placement(opts.placement, opts.threshold, opts.hysteresis)
-    sim = Simulator(inputs.topology, jobs if jobs is not None else inputs.trace.jobs,
-                    ordering or make_ordering(opts.ordering, opts.slot_s), placement,
-                    inputs.perf, admission,
-                    SimConfig(opts.checkpoint_cost_s, progress=opts.progress))
-    res = sim.run()
+    specs = jobs if jobs is not None else inputs.trace.jobs
+    elastic = opts.ordering == ELASTIC
+    if opts.interval_s is not None or elastic:
+        interval = opts.interval_s if opts.interval_s is not None else 60.0
+        if ordering is None:
+            ordering = make_ordering("fifo" if elastic else opts.ordering, interval,
+                                     opts.tiresias_thresholds, opts.starvation)
+        goodput = None
+        if elastic:
+            goodput = GoodputPolicy(inputs.perf.pollux, ideal_shape(4, inputs.topology)[0][0],
+                                    opts.restart_cost_s, opts.goodput_horizon_s,
+                                    opts.goodput_priority)
+        res = IntervalSimulator(inputs.topology, specs, ordering, placement, inputs.perf,
+                                admission, IntervalConfig(interval, opts.restart_cost_s,
+                                                          opts.restart_first, opts.progress),
+                                goodput).run()
+    else:
+        sim = Simulator(inputs.topology, specs,
+                        ordering or make_ordering(opts.ordering, opts.slot_s,
+                                                  opts.tiresias_thresholds, opts.starvation),
+                        placement, inputs.perf, admission,
+                        SimConfig(opts.checkpoint_cost_s, progress=opts.progress))
+        res = sim.run()
     return summarise(res, opts.ordering, opts.placement, inputs.topology.name,
                      opts.trace), res
 

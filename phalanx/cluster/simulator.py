@@ -59,6 +59,33 @@ class SimResult:
     oversize: int = 0       # rejected because the gang can never fit this cluster
 
 
+def allocation_shape(topology: Topology, perf: PerfModel, spec: JobSpec, p: Placement
+                     ) -> tuple[Shape, list]:
+    """The perf model's view of a placement, and (server, own devices, switches,
+    their capacity) per server used."""
+    t = topology
+    per_server: dict[int, list[int]] = {}
+    for d in p.devices:
+        per_server.setdefault(t.device_server[d], []).append(d)
+    cores = dict(p.cores)
+    servers, extra, racks, zones = [], 0, set(), set()
+    speed, share = math.inf, 1.0
+    prof = perf.profile(spec.model)
+    for s in sorted(per_server):
+        devs = per_server[s]
+        sws = tuple(sorted({t.device_switch[d] for d in devs}))
+        extra += len(sws) - 1
+        servers.append((s, len(devs), sws, sum(t.switch_size[w] for w in sws)))
+        racks.add(t.server_rack[s])
+        zones.add(t.rack_zone[t.server_rack[s]])
+        dtype = t.servers[s].device_type
+        speed = min(speed, prof.speed_on(dtype, t.device_types[dtype].speed))
+        share = min(share, cores[s] / (spec.cpu_per_gpu * len(devs)))
+    shape = Shape(tuple(n for _, n, _, _ in servers), extra, len(racks), len(zones),
+                  speed, share)
+    return shape, servers
+
+
 class _Running:
     """Per running job: its allocation split by server, for the interference update."""
 
@@ -145,27 +172,7 @@ class Simulator:
 
     # ------------------------------------------------------------------ start / stop
     def _shape(self, spec: JobSpec, p: Placement) -> tuple[Shape, list]:
-        t = self.topology
-        per_server: dict[int, list[int]] = {}
-        for d in p.devices:
-            per_server.setdefault(t.device_server[d], []).append(d)
-        cores = dict(p.cores)
-        servers, extra, racks, zones = [], 0, set(), set()
-        speed, share = math.inf, 1.0
-        prof = self.perf.profile(spec.model)
-        for s in sorted(per_server):
-            devs = per_server[s]
-            sws = tuple(sorted({t.device_switch[d] for d in devs}))
-            extra += len(sws) - 1
-            servers.append((s, len(devs), sws, sum(t.switch_size[w] for w in sws)))
-            racks.add(t.server_rack[s])
-            zones.add(t.rack_zone[t.server_rack[s]])
-            dtype = t.servers[s].device_type
-            speed = min(speed, prof.speed_on(dtype, t.device_types[dtype].speed))
-            share = min(share, cores[s] / (spec.cpu_per_gpu * len(devs)))
-        shape = Shape(tuple(n for _, n, _, _ in servers), extra, len(racks), len(zones),
-                      speed, share)
-        return shape, servers
+        return allocation_shape(self.topology, self.perf, spec, p)
 
     def _start(self, st: JobState, p: Placement) -> None:
         jid = st.spec.id

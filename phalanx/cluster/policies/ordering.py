@@ -7,6 +7,7 @@ stop running jobs; non-preemptive ones only decide who starts next.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,7 +95,9 @@ class Tiresias:
     """Discretised 2D-LAS (Tiresias, NSDI'19): jobs sit in queues by attained GPU-time
     (``thresholds`` in GPU-seconds split the queues), FIFO inside a queue; a job that has
     waited ``starvation`` times longer than it ever ran (at least one slot) is promoted to
-    the top queue so long jobs are not starved."""
+    the top queue so long jobs are not starved (``starvation`` 0: never, as the Pollux
+    artifact's). FIFO inside a lower queue is by the time a job entered it when the
+    engine records it (``JobState.service_marks``: the interval engine), else by submit."""
 
     thresholds: tuple[float, ...] = (3600.0, 36000.0)
     starvation: float = 4.0
@@ -108,11 +111,12 @@ class Tiresias:
                                                                    self.thresholds):
             raise ConfigError(f"tiresias thresholds must be positive and increasing, "
                               f"got {self.thresholds}")
-        if self.starvation <= 0:
-            raise ConfigError(f"tiresias starvation factor must be > 0, got {self.starvation}")
+        if not 0 <= self.starvation < math.inf:
+            raise ConfigError(f"tiresias starvation factor must be >= 0 (0 = off), "
+                              f"got {self.starvation}")
 
     def queue(self, job: JobState, now: float) -> int:
-        if not job.running:
+        if not job.running and self.starvation > 0:
             waited = now - job.waiting_since
             if job.executed > 0 and waited >= self.starvation * max(job.executed,
                                                                     self.round_s or 0):
@@ -125,7 +129,7 @@ class Tiresias:
 
     def promotion_time(self, job: JobState) -> float:
         """When a waiting job that ran before reaches the starvation guard (inf if never)."""
-        if job.running or job.executed <= 0:
+        if job.running or job.executed <= 0 or self.starvation == 0:
             return math.inf
         return job.waiting_since + self.starvation * max(job.executed, self.round_s or 0)
 
@@ -134,9 +138,22 @@ class Tiresias:
         # at known times, reorder the queue
         return min((t for t in map(self.promotion_time, waiting) if t > now), default=math.inf)
 
+    def entered(self, job: JobState, queue: int) -> float:
+        """When the job entered ``queue``: the first recorded boundary at which its
+        attained service reached the queue's threshold (submit time for queue 0, or when
+        the engine records no marks)."""
+        marks = job.service_marks
+        if queue == 0 or not marks:
+            return job.spec.submit
+        i = bisect.bisect_left(marks, self.thresholds[queue - 1], key=lambda m: m[1])
+        return marks[i][0] if i < len(marks) else job.spec.submit
+
+    def _key(self, j: JobState, now: float) -> tuple[int, float, float, int]:
+        q = self.queue(j, now)
+        return (q, self.entered(j, q), j.spec.submit, j.spec.id)
+
     def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
-        return tuple(j.spec.id for j in sorted(
-            jobs, key=lambda j: (self.queue(j, now), j.spec.submit, j.spec.id)))
+        return tuple(j.spec.id for j in sorted(jobs, key=lambda j: self._key(j, now)))
 
 
 @dataclass(frozen=True)
@@ -163,12 +180,20 @@ ORDERINGS = {"fifo": FIFO, "sjf": ShortestJobFirst, "las": LeastAttainedService,
              "tiresias": Tiresias, "rr": RoundRobin}
 
 
-def make_ordering(name: str, slot_s: float = DEFAULT_SLOT_S) -> OrderingPolicy:
+def make_ordering(name: str, slot_s: float = DEFAULT_SLOT_S,
+                  thresholds: tuple[float, ...] | None = None,
+                  starvation: float | None = None) -> OrderingPolicy:
+    """``thresholds`` / ``starvation`` set Tiresias's queues (None: its defaults)."""
     cls = ORDERINGS.get(name)
     if cls is None:
         raise ConfigError(f"--policy {name}: unknown (choose from {', '.join(ORDERINGS)})")
     if cls in (FIFO, ShortestJobFirst):
         return cls()
+    if cls is Tiresias:
+        d = Tiresias()
+        return Tiresias(thresholds=d.thresholds if thresholds is None else thresholds,
+                        starvation=d.starvation if starvation is None else starvation,
+                        round_s=slot_s)
     return cls(round_s=slot_s)
 
 

@@ -279,6 +279,20 @@ class TopologyAware:
         return _multi_server(cluster, job, tight=True)
 
 
+@dataclass(frozen=True)
+class MostFreeFirst:
+    """Placement by GPU count alone (the Pollux artifact's Tiresias): take GPUs from the
+    server with the most free ones (ties: lowest index), then the next, until the gang is
+    complete. No consolidation and no topology: a 4-GPU gang may land as 3 + 1."""
+
+    name: str = "count"
+
+    def place(self, job: JobSpec, cluster: ClusterState) -> Placement | None:
+        if job.gpus > cluster.total_free:
+            return None
+        return _multi_server(cluster, job, tight=True)
+
+
 def _load_adaptive_demand(threshold: float = 0.5, hysteresis: float = 0.2) -> LoadAdaptive:
     """Load-adaptive judged on demand (busy + queued GPUs), with hysteresis."""
     return LoadAdaptive(threshold, signal="demand", hysteresis=min(hysteresis, threshold),
@@ -287,7 +301,8 @@ def _load_adaptive_demand(threshold: float = 0.5, hysteresis: float = 0.2) -> Lo
 
 PLACEMENTS = {"first-fit": FirstFit, "pack": Pack, "spread": Spread,
               "spread-keep-empty": SpreadKeepEmpty, "load-adaptive": LoadAdaptive,
-              "load-adaptive-demand": _load_adaptive_demand, "topology": TopologyAware}
+              "load-adaptive-demand": _load_adaptive_demand, "topology": TopologyAware,
+              "count": MostFreeFirst}
 
 
 def make_placement(name: str, threshold: float = 0.5,

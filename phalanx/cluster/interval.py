@@ -1,0 +1,307 @@
+"""Interval engine: the clock of the Pollux artifact's simulator (petuum/adaptdl,
+osdi21-artifact, ``simulator/simulator.py``), reimplemented.
+
+Time moves in fixed steps of ``interval_s`` from 0. At each boundary ``k x interval``
+(k >= 1) the engine, in order:
+1. advances every job that holds GPUs through the interval just ended (a job that
+   finishes inside it records its exact completion time, but its GPUs stay held until
+   the boundary);
+2. admits the jobs submitted up to the boundary (arrivals are seen only there);
+3. asks the policy for the next allocation: a non-elastic ordering + placement (the
+   round of ``Simulator``: keep the first jobs of the order that fit by GPU count,
+   preempt the rest, place the kept ones that wait), or an elastic policy that returns
+   each job's GPU count and batch;
+4. charges ``restart_cost_s`` (no progress) to every job whose allocation changed,
+   including its first start when ``restart_first``.
+
+Pollux jobs progress in iterations at the application's initial batch, epoch by epoch, at
+``gain(batch, epoch) / step_time`` (``PolluxApplication``); like the artifact, the time
+to the end of each epoch is rounded to whole seconds. Other jobs (Philly, synthetic)
+progress at the perf model's isolated rate (no interference in this engine).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from phalanx.cluster.allocator import Placement
+from phalanx.cluster.jobs import JobSpec, JobState
+from phalanx.cluster.perf import PerfModel
+from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, Pack, PlacementPolicy
+from phalanx.cluster.policies.goodput import GoodputPolicy, JobView
+from phalanx.cluster.profiles import BatchConfig, PolluxApplication
+from phalanx.cluster.scheduler import SchedulerCore
+from phalanx.cluster.simulator import SimResult, allocation_shape
+from phalanx.cluster.topology import Topology
+from phalanx.errors import ConfigError
+from phalanx.metrics import Progress
+
+
+@dataclass(frozen=True)
+class IntervalConfig:
+    interval_s: float = 60.0
+    restart_cost_s: float = 30.0
+    restart_first: bool = True     # the first start pays the restart cost too
+    progress: bool = False
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.interval_s < math.inf:
+            raise ConfigError(f"--interval must be a finite number > 0 seconds, "
+                              f"got {self.interval_s}")
+        if not 0 <= self.restart_cost_s < math.inf:
+            raise ConfigError(f"--restart-cost must be a finite number >= 0 seconds, "
+                              f"got {self.restart_cost_s}")
+
+
+class _Run:
+    """Progress of one admitted job (kept across preemptions)."""
+
+    __slots__ = ("app", "work", "epoch", "progress", "cfg", "step_t", "rate", "restart_left",
+                 "counts")
+
+    def __init__(self, app: PolluxApplication | None, work: float) -> None:
+        self.app = app
+        self.work = work           # non-Pollux jobs: work units
+        self.epoch = 0
+        self.progress = 0.0        # Pollux: iterations at the initial batch; else work
+        self.cfg: BatchConfig | None = None
+        self.step_t = 0.0
+        self.rate = 0.0            # non-Pollux jobs: work units per second
+        self.restart_left = 0.0
+        self.counts: tuple[int, ...] = ()
+
+    def remaining(self, spec: JobSpec) -> float:
+        if self.app is None:
+            return self.work - self.progress
+        return float(self.app.epoch_end[-1] - self.progress)
+
+    def advance(self, t: float, dt: float) -> float | None:
+        """Run ``dt`` seconds from ``t``; the completion time if the job ends."""
+        d = min(self.restart_left, dt)
+        self.restart_left -= d
+        t, dt = t + d, dt - d
+        if self.app is None:
+            if dt <= 0:
+                return None
+            need = (self.work - self.progress) / self.rate
+            if need <= dt:
+                self.progress += need * self.rate
+                return t + need
+            self.progress += dt * self.rate
+            return None
+        app, batch = self.app, self.cfg.batch
+        while dt > 0:
+            g = app.gain(batch, self.epoch) / self.step_t
+            nxt = float(app.epoch_end[self.epoch + 1])
+            if self.progress + g * dt < nxt:
+                self.progress += g * dt
+                return None
+            # the artifact rounds the time to each epoch's end to whole seconds
+            delta = min(float(round((nxt - self.progress) / g)), dt)
+            self.progress = nxt
+            self.epoch += 1
+            t, dt = t + delta, dt - delta
+            if self.epoch >= app.epochs:
+                return t
+        return None
+
+
+def _counts_in_order(topology: Topology, p: Placement) -> tuple[int, ...]:
+    """GPUs per server in the order the placement took them (the artifact keys a
+    placement by this order's smallest rotation)."""
+    seen: dict[int, int] = {}
+    for d in p.devices:
+        s = topology.device_server[d]
+        seen[s] = seen.get(s, 0) + 1
+    return tuple(seen.values())
+
+
+class IntervalSimulator:
+    def __init__(self, topology: Topology, jobs: Sequence[JobSpec], ordering: OrderingPolicy,
+                 placement: PlacementPolicy, perf: PerfModel,
+                 admission: AdmissionPolicy | None = None,
+                 config: IntervalConfig | None = None,
+                 elastic: GoodputPolicy | None = None) -> None:
+        self.topology, self.specs = topology, sorted(jobs, key=lambda s: (s.submit, s.id))
+        self.ordering, self.placement = ordering, placement
+        self.perf, self.config = perf, config if config is not None else IntervalConfig()
+        self.elastic = elastic
+        self.core = SchedulerCore(topology, ordering, placement, admission)
+        self.cluster = self.core.cluster
+        self.states: dict[int, JobState] = {}
+        self.runs: dict[int, _Run] = {}
+        self.running: dict[int, JobState] = {}
+        self.now = 0.0
+        if elastic is not None:
+            bad = sorted({s.model for s in jobs if not perf.is_step_based(s)})
+            if bad:
+                raise ConfigError(f"--policy goodput: needs Pollux applications (with "
+                                  f"placement and validation profiles), not {', '.join(bad)}")
+
+    # ------------------------------------------------------------------ start / stop
+    def _set_speed(self, st: JobState, run: _Run, p: Placement, cfg: BatchConfig | None
+                   ) -> None:
+        run.counts = _counts_in_order(self.topology, p)
+        if run.app is not None:
+            run.cfg = cfg or run.app.batch_config(len(p.devices), st.spec.batch_size)
+            run.step_t = run.app.config_step_time(run.counts, run.cfg)
+        else:
+            shape, _ = allocation_shape(self.topology, self.perf, st.spec, p)
+            run.rate = self.perf.isolated_rate(st.spec, shape, self.topology)
+
+    def _start(self, st: JobState, p: Placement, cfg: BatchConfig | None = None) -> None:
+        self.core.allocate(st, p)
+        run = self.runs[st.spec.id]
+        self._set_speed(st, run, p, cfg)
+        first = st.start < 0
+        run.restart_left = (self.config.restart_cost_s
+                            if (self.config.restart_first or not first) else 0.0)
+        if first:
+            st.start = self.now
+        st.running = True
+        st.last_start = self.now
+        self.running[st.spec.id] = st
+        st.placements.append((self.now, p.devices))
+
+    def _stop(self, st: JobState) -> None:
+        self.core.release(st)
+        del self.running[st.spec.id]
+        st.running = False
+
+    def _preempt(self, st: JobState) -> None:
+        self._stop(st)
+        st.preemptions += 1
+        st.waiting_since = self.now
+        self.core.enqueue(st)
+
+    # ------------------------------------------------------------------ policies
+    def _round(self) -> None:
+        """Non-elastic: the round of ``Simulator`` at every boundary."""
+        core = self.core
+        if not self.ordering.preemptive:
+            core.fill(self.now, self._start)
+            return
+        active = tuple(self.running.values()) + tuple(core.waiting.values())
+        if not active:
+            return
+        order = self.ordering.order(active, self.now)
+        budget, keep = self.cluster.capacity, set()
+        for jid in order:
+            g = self.states[jid].spec.gpus
+            if g <= budget:
+                keep.add(jid)
+                budget -= g
+        for st in [s for s in self.running.values() if s.spec.id not in keep]:
+            self._preempt(st)
+        core.try_start([j for j in order if j in keep], self._start)
+
+    def _elastic_round(self) -> None:
+        pol = self.elastic
+        views = []
+        for jid, st in list(self.running.items()) + list(self.core.waiting.items()):
+            run = self.runs[jid]
+            views.append(JobView(jid, st.spec.model, st.spec.submit, run.epoch,
+                                 run.remaining(st.spec),
+                                 sum(run.counts) if st.running else 0, st.attained))
+        if not views:
+            return
+        choice = pol.allocate(tuple(views), self.cluster.capacity, self.now)
+        # shrink / stop first, so the growing jobs find the GPUs
+        moves = []
+        for v in views:
+            c = choice[v.id]
+            st, run = self.states[v.id], self.runs[v.id]
+            if c.gpus == v.gpus:
+                if c.gpus and c.config != run.cfg:
+                    # a new batch on the same GPUs: re-scaled between steps, no restart
+                    run.cfg = c.config
+                    run.step_t = run.app.config_step_time(run.counts, c.config)
+                continue
+            if v.gpus:
+                if c.gpus == 0:
+                    self._preempt(st)
+                    continue
+                self._stop(st)
+                self.core.enqueue(st)
+            moves.append((c.gpus, st, c.config))
+        pack = Pack()
+        for gpus, st, cfg in sorted(moves, key=lambda m: (-m[0], m[1].spec.submit, m[1].id)):
+            p = pack.place(replace(st.spec, gpus=gpus), self.cluster)
+            if p is not None:
+                self._start(st, p, cfg)
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> SimResult:
+        t0 = time.perf_counter()
+        c, cfg = self.cluster, self.config
+        step = cfg.interval_s
+        res = SimResult([], [], capacity=c.capacity)
+        specs, nxt = self.specs, 0
+        progress = Progress(len(specs), "simulate", enabled=cfg.progress)
+        done = 0
+        while True:
+            # 1. the interval just ended
+            finished = []
+            for jid, st in self.running.items():
+                run = self.runs[jid]
+                end = run.advance(self.now, step)
+                g = len(st.placements[-1][1])
+                st.executed += step
+                st.attained += step * g
+                st.service_marks.append((self.now + step, st.attained))
+                if end is not None:
+                    st.end = end
+                    finished.append(st)
+            self.now += step
+            res.events += 1
+            for st in finished:
+                self._stop(st)
+                st.remaining = 0.0
+                self.core.done(st.spec)
+                done += 1
+            # 2. arrivals up to this boundary
+            while nxt < len(specs) and specs[nxt].submit <= self.now:
+                self._arrive(specs[nxt], res)
+                nxt += 1
+            # 3. the policy's next allocation
+            if self.elastic is not None:
+                self._elastic_round()
+            else:
+                self._round()
+            if cfg.check_invariants:
+                c.check_invariants()
+            res.times.append(self.now)
+            res.busy.append(c.busy)
+            res.queue.append(len(self.core.waiting))
+            res.frag.append(c.fragmentation)
+            if done % 64 == 0:
+                progress.update(done + len(res.rejected), clock_h=self.now / 3600)
+            if not self.running:
+                if nxt >= len(specs):
+                    break    # nothing runs, nothing will arrive: waiting jobs never fit
+                if not self.core.waiting:
+                    # idle: jump to the boundary of the next arrival
+                    k = math.ceil(specs[nxt].submit / step) - 1
+                    self.now = max(self.now, k * step)
+        progress.update(len(specs))
+        progress.close()
+        res.jobs = [self.states[s.id] for s in self.specs if s.id in self.states]
+        res.jobs.sort(key=lambda st: st.spec.id)
+        res.fragmentation_blocked = self.core.fragmentation_blocked
+        res.wall_s = time.perf_counter() - t0
+        return res
+
+    def _arrive(self, spec: JobSpec, res: SimResult) -> None:
+        arrival = self.core.arrive(spec, self.now)
+        if arrival.state is None:
+            res.rejected.append((spec, arrival.reason))
+            res.oversize += arrival.oversize
+            return
+        st = arrival.state
+        self.states[spec.id] = st
+        app = self.perf.pollux.get(spec.model) if self.perf.is_step_based(spec) else None
+        self.runs[spec.id] = _Run(app, spec.work)

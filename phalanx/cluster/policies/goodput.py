@@ -1,0 +1,187 @@
+"""Elastic, goodput-driven allocation: the scheduler chooses each job's GPU count AND its
+total batch size (per-GPU batch x accumulation steps), every interval.
+
+* goodput(job, n GPUs, batch) = throughput x statistical efficiency, in progress units
+  (iterations at the application's initial batch) per second:
+  ``gain(batch, epoch) / step_time(placement, per-GPU batch, accumulation)`` with the
+  measured step times (placements / scalability profiles, accumulation when the batch
+  does not fit) and ``gain = (var + sqr) / (var / scale + sqr)`` from the validation
+  files' gradient statistics. For each (application, epoch, n) the best batch within the
+  application's limits is searched over per-GPU batches x accumulation steps.
+* allocation: greedy on marginal value per GPU. A job's value at n GPUs is
+  ``w x goodput(n)``, discounted by ``restart_s / horizon`` when n is not its current
+  count (a change restarts the job). With ``priority="srpt"`` the weight is 1 / the job's
+  remaining progress, so the value is 1 / (its remaining time at n GPUs): the greedy gives
+  a GPU to whichever job's completion it hastens most (shortest remaining first, with
+  speedups). ``"las"`` weighs by 1 / (attained GPU-seconds + one GPU-hour) instead (no
+  knowledge of the remaining work); ``"none"`` maximises total goodput.
+  Each step adds to one job the GPU block (next allowed count: 1-4 on one node, then whole
+  nodes) with the best value per added GPU; a heap keeps each job's best block, so a round
+  costs O((jobs + GPUs) x counts) lookups, all cached.
+
+Policies read ``JobView`` snapshots and never write them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from phalanx.cluster.profiles import BatchConfig, PolluxApplication
+from phalanx.errors import ConfigError
+
+PRIORITIES = ("srpt", "las", "none")
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the elastic policy sees of one active job."""
+
+    id: int
+    app: str
+    submit: float
+    epoch: int
+    remaining: float          # progress still to make (iterations at the initial batch)
+    gpus: int                 # GPUs held now (0: waiting)
+    attained: float           # GPU-seconds so far
+
+
+@dataclass(frozen=True)
+class Choice:
+    gpus: int
+    config: BatchConfig | None     # None when gpus == 0
+
+
+def packed_counts(n: int, node_gpus: int) -> tuple[int, ...]:
+    """n GPUs on as few ``node_gpus``-GPU nodes as possible."""
+    return tuple([node_gpus] * (n // node_gpus) + ([n % node_gpus] if n % node_gpus else []))
+
+
+@dataclass(frozen=True)
+class GoodputPolicy:
+    apps: Mapping[str, PolluxApplication]
+    node_gpus: int = 4
+    restart_s: float = 30.0
+    horizon_s: float = 1800.0      # a change must pay its restart back within this
+    priority: str = "srpt"
+    max_accum: int = 7
+    name: str = "goodput"
+    _best: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.priority not in PRIORITIES:
+            raise ConfigError(f"--goodput-priority {self.priority}: unknown (choose from "
+                              f"{', '.join(PRIORITIES)})")
+        if not 0 < self.horizon_s < math.inf:
+            raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
+                              f"got {self.horizon_s}")
+        if self.node_gpus < 1:
+            raise ConfigError(f"goodput: node_gpus must be >= 1, got {self.node_gpus}")
+
+    # ------------------------------------------------------------------ goodput
+    def max_gpus(self, app: PolluxApplication, capacity: int) -> int:
+        """The most GPUs a job may use: each needs at least the smallest per-GPU batch."""
+        return max(1, min(capacity, int(app.max_batch // app.min_local_bsz)))
+
+    def counts_allowed(self, app: PolluxApplication, capacity: int) -> list[int]:
+        top = self.max_gpus(app, capacity)
+        small = list(range(1, min(self.node_gpus, top) + 1))
+        return small + list(range(2 * self.node_gpus, top + 1, self.node_gpus))
+
+    def best(self, app: PolluxApplication, epoch: int, n: int) -> tuple[float, BatchConfig]:
+        """(goodput, batch config) of the best batch for ``n`` GPUs in ``epoch``."""
+        key = (app.name, epoch, n)
+        hit = self._best.get(key)
+        if hit is not None:
+            return hit
+        counts = packed_counts(n, self.node_gpus)
+        lo, hi = app.min_local_bsz, app.max_local_bsz
+        atomics = sorted({int(round(lo * (hi / lo) ** (i / 7))) for i in range(8)})
+        best = (0.0, BatchConfig(int(hi), 0, n))
+        for accum in range(self.max_accum + 1):
+            for atomic in atomics:
+                b = n * atomic * (accum + 1)
+                if b > app.max_batch:
+                    break
+                if b < app.init_batch:
+                    continue
+                cfg = BatchConfig(atomic, accum, n)
+                g = app.gain(b, epoch) / app.config_step_time(counts, cfg)
+                if g > best[0]:
+                    best = (g, cfg)
+        if best[0] == 0.0:
+            # the initial batch does not split into n admissible per-GPU batches:
+            # train it as the artifact would (its rule of rounding and accumulation)
+            cfg = app.batch_config(n, max(app.init_batch, n * int(lo)))
+            if cfg.batch <= app.max_batch and cfg.atomic >= lo:
+                best = (app.gain(cfg.batch, epoch) / app.config_step_time(counts, cfg), cfg)
+        self._best[key] = best
+        return best
+
+    # ------------------------------------------------------------------ allocation
+    def _weight(self, j: JobView) -> float:
+        if self.priority == "srpt":
+            return 1.0 / max(j.remaining, 1e-9)
+        if self.priority == "las":
+            return 1.0 / (j.attained + 3600.0)
+        return 1.0
+
+    def _value(self, j: JobView, app: PolluxApplication, n: int, w: float) -> float:
+        if n == 0:
+            return 0.0
+        g = self.best(app, j.epoch, n)[0]
+        if n != j.gpus:
+            # a change restarts the job: no progress for restart_s, paid back over the
+            # horizon (or the job's remaining time if it ends sooner)
+            h = min(self.horizon_s, j.remaining / g) if g > 0 else self.horizon_s
+            g *= max(0.0, 1.0 - self.restart_s / max(h, 1e-9))
+        return w * g
+
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
+                 ) -> dict[int, Choice]:
+        """GPU count and batch of every job (``gpus`` 0: it waits); the counts sum to at
+        most ``capacity``."""
+        free = capacity
+        level = {j.id: 0 for j in jobs}
+        info = {}
+        heap: list[tuple[float, int, int, int]] = []
+        for j in jobs:
+            app = self.apps[j.app]
+            info[j.id] = (j, app, self._weight(j), self.counts_allowed(app, capacity))
+        # a job's best next block is recomputed after it grows or when the free GPUs
+        # shrink below it (lazily, when popped)
+
+        def push(jid: int) -> None:
+            j, app, w, allowed = info[jid]
+            cur = level[jid]
+            base = self._value(j, app, cur, w)
+            best = None
+            for n in allowed:
+                if n <= cur:
+                    continue
+                if n - cur > free:
+                    break
+                score = (self._value(j, app, n, w) - base) / (n - cur)
+                if best is None or score > best[0]:
+                    best = (score, n)
+            if best is not None and best[0] > 0:
+                heapq.heappush(heap, (-best[0], j.submit, jid, best[1]))
+
+        for j in sorted(jobs, key=lambda j: (j.submit, j.id)):
+            push(j.id)
+        while heap and free > 0:
+            _, _, jid, n = heapq.heappop(heap)
+            add = n - level[jid]
+            if add > free:
+                push(jid)        # stale: fewer GPUs left than this block needs
+                continue
+            level[jid] = n
+            free -= add
+            push(jid)
+        out = {}
+        for jid, n in level.items():
+            j, app, _, _ = info[jid]
+            out[jid] = Choice(n, self.best(app, j.epoch, n)[1] if n else None)
+        return out
