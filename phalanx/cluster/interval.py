@@ -296,6 +296,9 @@ class IntervalSimulator:
         return res
 
     def _arrive(self, spec: JobSpec, res: SimResult) -> None:
+        if self.elastic is not None:
+            # the elastic policy picks the GPU count: the trace's gang size is ignored
+            spec = replace(spec, gpus=1)
         arrival = self.core.arrive(spec, self.now)
         if arrival.state is None:
             res.rejected.append((spec, arrival.reason))

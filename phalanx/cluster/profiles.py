@@ -24,6 +24,7 @@ import csv
 import functools
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,23 +185,34 @@ class PolluxApplication:
 
     def throughput(self, counts: tuple[int, ...], atomic: float) -> tuple[float, float]:
         """(step time, sync time) of one step at per-GPU batch ``atomic``."""
-        key = min_rotation(counts)
-        hit = self._tput.get((key, atomic))
-        if hit is not None:
-            return hit
-        curve = self.placements.get(key)
-        if curve is not None:
-            compute, sync = curve.at(atomic)
-            out = (compute + sync, sync)
-        else:
-            out = self._interpolate(len(counts), sum(counts), atomic)
-        self._tput[(key, atomic)] = out
-        return out
+        hit = self._tput.get((counts, atomic))
+        if hit is None:
+            self.prefetch(counts, (atomic,))
+            hit = self._tput[(counts, atomic)]
+        return hit
 
-    def _interpolate(self, nodes: int, replicas: int, atomic: float) -> tuple[float, float]:
+    def prefetch(self, counts: tuple[int, ...], atomics: Sequence[float]) -> None:
+        """Compute (and cache) the throughput at several per-GPU batches at once (the
+        interpolation beyond 4 nodes costs one call for all of them)."""
+        todo = [a for a in atomics if (counts, a) not in self._tput]
+        if not todo:
+            return
+        curve = self.placements.get(min_rotation(counts))
+        if curve is not None:
+            for a in todo:
+                compute, sync = curve.at(a)
+                self._tput[(counts, a)] = (compute + sync, sync)
+            return
+        for a, out in zip(todo, self._interpolate(len(counts), sum(counts), todo)):
+            self._tput[(counts, a)] = out
+
+    def _interpolate(self, nodes: int, replicas: int, atomics: Sequence[float]
+                     ) -> list[tuple[float, float]]:
         """Placements not measured (more than 4 nodes): linear interpolation over (nodes,
         replicas, per-GPU batch) of every measured point (placement means + scalability),
         nodes capped at 16; nearest measured curve outside their hull."""
+        from threadpoolctl import threadpool_limits
+
         if self._interp is None:
             from scipy.interpolate import LinearNDInterpolator
 
@@ -209,12 +221,19 @@ class PolluxApplication:
             pts += [(n, r, b, st, sy) for n, r, b, st, sy in self._scal_rows]
             arr = np.array(pts, dtype=float)
             self._interp = LinearNDInterpolator(arr[:, :3], arr[:, 3:])
-        st, sy = self._interp([min(nodes, 16), replicas, atomic])[0]
-        if not (math.isfinite(st) and math.isfinite(sy)):
+        # the first query computes every simplex's barycentric transform with LAPACK; its
+        # thread pool spinning on a loaded 2-core machine took 15-30 s instead of 10 ms
+        with threadpool_limits(1):
+            vals = self._interp([(min(nodes, 16), replicas, a) for a in atomics])
+        out = []
+        for a, (st, sy) in zip(atomics, vals):
+            if math.isfinite(st) and math.isfinite(sy):
+                out.append((float(st), float(sy)))
+                continue
             best = min(self.scalability, key=lambda k: (abs(k[0] - nodes), abs(k[1] - replicas)))
-            compute, sync = self.scalability[best].at(atomic)
-            return compute + sync, sync
-        return float(st), float(sy)
+            compute, sync = self.scalability[best].at(a)
+            out.append((compute + sync, sync))
+        return out
 
     def config_step_time(self, counts: tuple[int, ...], cfg: BatchConfig) -> float:
         """Seconds per (accumulated) step: the compute part repeats, the sync happens once."""

@@ -219,3 +219,71 @@ def test_tiresias_order_expires_at_the_next_promotion():
     assert t.stable_until(jobs, 1205.0) == 9.0 + 2 * 6250.0
     assert t.stable_until(jobs, 9.0 + 2 * 6250.0) == math.inf
     assert make_ordering("las").stable_until(jobs, 0.0) == math.inf
+
+
+# ------------------------------------------------------------------ elastic: goodput
+
+def _views():
+    from phalanx.cluster.policies.goodput import JobView
+
+    return (JobView(0, "bert", 0.0, 0, 500.0, 0, 0.0),
+            JobView(1, "cifar10", 5.0, 3, 1e5, 8, 3600.0),
+            JobView(2, "ncf", 6.0, 0, 1e4, 0, 0.0),
+            JobView(3, "yolov3", 7.0, 10, 5e4, 4, 100.0),
+            JobView(4, "imagenet", 1.0, 0, 1e6, 16, 1e5),
+            JobView(5, "deepspeech2", 9.0, 2, 2e4, 1, 60.0))
+
+
+@pytest.mark.parametrize("priority", ["srpt", "las", "none"])
+@pytest.mark.parametrize("capacity", [1, 7, 64])
+def test_goodput_contract(priority, capacity, data_dir):
+    """GPU counts within the cluster and each application's limits, batches within the
+    validated range and per-GPU limits, input untouched, input order irrelevant."""
+    from phalanx.cluster.policies.goodput import GoodputPolicy
+    from phalanx.cluster.profiles import load_pollux_apps
+
+    apps = load_pollux_apps(data_dir)
+    pol = GoodputPolicy(apps, priority=priority)
+    views = _views()
+    before = copy.deepcopy(views)
+    out = pol.allocate(views, capacity, 100.0)
+    assert views == before
+    assert set(out) == {v.id for v in views}
+    assert sum(c.gpus for c in out.values()) <= capacity
+    for v in views:
+        c, app = out[v.id], apps[v.app]
+        assert 0 <= c.gpus <= min(capacity, pol.max_gpus(app, capacity))
+        if c.gpus == 0:
+            assert c.config is None
+            continue
+        cfg = c.config
+        assert cfg.replicas == c.gpus
+        assert app.init_batch <= cfg.batch <= app.max_batch
+        assert app.min_local_bsz <= cfg.atomic <= app.max_local_bsz
+    if any(c.gpus == 0 for c in out.values()):
+        assert sum(c.gpus for c in out.values()) == capacity   # nobody waits on a free GPU
+    assert pol.allocate(tuple(reversed(views)), capacity, 100.0) == out
+
+
+def test_goodput_simulates_within_limits(data_dir):
+    """The elastic policy through the interval engine (bitmaps checked every interval):
+    every job finishes, no allocation exceeds the cluster or the job's limit."""
+    from phalanx.cluster.interval import IntervalConfig, IntervalSimulator
+    from phalanx.cluster.perf import PerfModel
+    from phalanx.cluster.policies.goodput import GoodputPolicy
+    from phalanx.cluster.profiles import load_pollux_apps, load_profiles
+    from phalanx.cluster.traces import load_trace
+
+    apps = load_pollux_apps(data_dir)
+    topo = uniform(racks=1, servers=4, devices=4)
+    jobs = load_trace("pollux:1", TraceOptions(data_dir, limit=25), topo).jobs
+    pol = GoodputPolicy(apps)
+    sim = IntervalSimulator(topo, jobs, make_ordering("fifo"), make_placement("pack"),
+                            PerfModel(load_profiles(data_dir), apps), config=IntervalConfig(
+                                check_invariants=True), elastic=pol)
+    res = sim.run()
+    assert len(res.jobs) == 25 and all(j.end > j.submit for j in res.jobs)
+    assert max(res.busy) <= 16
+    for j in res.jobs:
+        for _, devices in j.placements:
+            assert 1 <= len(devices) <= pol.max_gpus(apps[j.spec.model], 16)

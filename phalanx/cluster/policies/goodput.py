@@ -9,9 +9,10 @@ total batch size (per-GPU batch x accumulation steps), every interval.
   files' gradient statistics. For each (application, epoch, n) the best batch within the
   application's limits is searched over per-GPU batches x accumulation steps.
 * allocation: greedy on marginal value per GPU. A job's value at n GPUs is
-  ``w x goodput(n)``, discounted by ``restart_s / horizon`` when n is not its current
-  count (a change restarts the job). With ``priority="srpt"`` the weight is 1 / the job's
-  remaining progress, so the value is 1 / (its remaining time at n GPUs): the greedy gives
+  ``w x goodput(n)``, times ``T / (T + restart_s)`` when n is not its current count (a
+  change restarts the job; T = the horizon, or its remaining time if shorter). With
+  ``priority="srpt"`` the weight is 1 / the job's remaining progress, so the value is
+  1 / (its remaining time at n GPUs, restart included): the greedy gives
   a GPU to whichever job's completion it hastens most (shortest remaining first, with
   speedups). ``"las"`` weighs by 1 / (attained GPU-seconds + one GPU-hour) instead (no
   knowledge of the remaining work); ``"none"`` maximises total goodput.
@@ -100,17 +101,18 @@ class GoodputPolicy:
         lo, hi = app.min_local_bsz, app.max_local_bsz
         atomics = sorted({int(round(lo * (hi / lo) ** (i / 7))) for i in range(8)})
         best = (0.0, BatchConfig(int(hi), 0, n))
-        for accum in range(self.max_accum + 1):
-            for atomic in atomics:
+        app.prefetch(counts, atomics)
+        for atomic in atomics:
+            step, sync = app.throughput(counts, atomic)
+            for accum in range(self.max_accum + 1):
                 b = n * atomic * (accum + 1)
                 if b > app.max_batch:
                     break
                 if b < app.init_batch:
                     continue
-                cfg = BatchConfig(atomic, accum, n)
-                g = app.gain(b, epoch) / app.config_step_time(counts, cfg)
+                g = app.gain(b, epoch) / (step + accum * (step - sync))
                 if g > best[0]:
-                    best = (g, cfg)
+                    best = (g, BatchConfig(atomic, accum, n))
         if best[0] == 0.0:
             # the initial batch does not split into n admissible per-GPU batches:
             # train it as the artifact would (its rule of rounding and accumulation)
@@ -133,10 +135,11 @@ class GoodputPolicy:
             return 0.0
         g = self.best(app, j.epoch, n)[0]
         if n != j.gpus:
-            # a change restarts the job: no progress for restart_s, paid back over the
-            # horizon (or the job's remaining time if it ends sooner)
-            h = min(self.horizon_s, j.remaining / g) if g > 0 else self.horizon_s
-            g *= max(0.0, 1.0 - self.restart_s / max(h, 1e-9))
+            # a change restarts the job: over the next T seconds (the horizon, or the
+            # job's remaining time if it ends sooner) it makes T / (T + restart) of the
+            # progress. With srpt weights the value is then 1 / (remaining time + restart)
+            t = min(self.horizon_s, j.remaining / g) if g > 0 else self.horizon_s
+            g *= t / (t + self.restart_s)
         return w * g
 
     def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
