@@ -1,7 +1,10 @@
 """Studies behind ``reports/cluster/``:
 
-* ``pollux`` — mean JCT on the 8 Pollux workloads (64 GPUs, 16 servers x 4) for FIFO, SJF,
-  LAS and Tiresias with pack / spread / load-adaptive / topology-aware placement.
+* ``pollux`` — (1) under ``--preset pollux-artifact`` (``pollux_study.py``): the preset's
+  Tiresias, every non-elastic policy and the goodput policy beside the Pollux artifact's
+  published numbers; (2) under our default conditions (event engine, 40-min slots,
+  interference): mean JCT on the 8 Pollux workloads (64 GPUs, 16 servers x 4) for FIFO,
+  SJF, LAS and Tiresias with pack / spread / load-adaptive / topology-aware placement.
 * ``load`` — see ``load_study.py``: when does load-adaptive placement beat always-pack and
   always-spread?
 
@@ -90,6 +93,9 @@ def pollux_study(base: SimulateOptions, out: Path) -> list[Summary]:
 def run_study(name: str, base: SimulateOptions, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if name == "pollux":
+        from phalanx.cluster.pollux_study import preset_study
+
+        preset_study(base, out)
         pollux_study(base, out)
     elif name == "load":
         from phalanx.cluster.load_study import load_study

@@ -1,0 +1,133 @@
+"""The Pollux comparison under the artifact's conditions (``--preset pollux-artifact``):
+per-workload mean JCT of the preset's Tiresias, our best non-elastic policy and the
+goodput policy, beside the Pollux artifact's published Tiresias and Pollux figures.
+
+    phalanx simulate --study pollux --out reports/cluster
+    -> pollux_preset.csv, pollux_preset.md, pollux_preset.png
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from phalanx.cluster.run import SimulateOptions, apply_preset, load_inputs, simulate
+
+# Published mean JCT (s) of the Pollux artifact (OSDI'21, petuum/adaptdl osdi21-artifact),
+# workloads 1..8 at 1.0x load, 64 GPUs
+ARTIFACT_TIRESIAS = (2474, 5145, 3876, 3280, 3501, 3470, 5480, 5080)
+ARTIFACT_POLLUX = (2089, 3323, 2188, 2721, 2674, 2446, 3616, 2952)
+
+NON_ELASTIC = tuple((o, p) for o in ("fifo", "sjf", "las", "tiresias", "rr")
+                    for p in ("count", "pack", "topology"))
+# the goodput policy with remaining-work weights (default) and the two weights that need
+# no knowledge of a job's remaining work
+GOODPUT = (("goodput", "srpt"), ("goodput", "none"), ("goodput", "las"))
+
+
+@dataclass(frozen=True)
+class Row:
+    workload: int
+    policy: str          # ordering or goodput
+    variant: str         # placement, or the goodput priority
+    mean_jct_s: float
+    finished: int
+    preemptions: int
+    wall_s: float
+
+
+def _label(policy: str, variant: str) -> str:
+    return f"{policy}/{variant}"
+
+
+def preset_study(base: SimulateOptions, out: Path) -> list[Row]:
+    rows: list[Row] = []
+    for w in range(1, 9):
+        given = {"trace": f"pollux:{w}", "data_dir": base.data_dir, "progress": False}
+        opts = SimulateOptions(**apply_preset("pollux-artifact", given))
+        inputs = load_inputs(opts)
+        for o, p in NON_ELASTIC:
+            s, _ = simulate(replace(opts, ordering=o, placement=p), inputs)
+            rows.append(Row(w, o, p, s.mean_jct_s, s.finished, s.preemptions, s.wall_s))
+        for o, prio in GOODPUT:
+            s, _ = simulate(replace(opts, ordering=o, goodput_priority=prio), inputs)
+            rows.append(Row(w, o, prio, s.mean_jct_s, s.finished, s.preemptions, s.wall_s))
+        print(f"preset, workload {w}: done", flush=True)
+    write_preset_outputs(rows, out)
+    return rows
+
+
+def _means(rows: list[Row]) -> dict[str, list[float]]:
+    by: dict[str, list[float]] = {}
+    for r in sorted(rows, key=lambda r: r.workload):
+        by.setdefault(_label(r.policy, r.variant), []).append(r.mean_jct_s)
+    return by
+
+
+def write_preset_outputs(rows: list[Row], out: Path) -> None:
+    with (out / "pollux_preset.csv").open("w", newline="") as f:
+        wr = csv.writer(f)
+        wr.writerow(["workload", "policy", "variant", "mean_jct_s", "finished",
+                     "preemptions", "wall_s"])
+        for r in rows:
+            wr.writerow([r.workload, r.policy, r.variant, f"{r.mean_jct_s:.1f}", r.finished,
+                         r.preemptions, f"{r.wall_s:.2f}"])
+    by = _means(rows)
+    ours_t = by["tiresias/count"]
+    non_elastic = {k: v for k, v in by.items() if not k.startswith("goodput/")}
+    best = min(non_elastic, key=lambda k: np.mean(non_elastic[k]))
+    good = by["goodput/srpt"]
+    cols = [("artifact Tiresias", ARTIFACT_TIRESIAS), ("our Tiresias (preset)", ours_t),
+            (f"best non-elastic ({best})", by[best]), ("artifact Pollux", ARTIFACT_POLLUX),
+            ("goodput (srpt)", good), ("goodput (none)", by["goodput/none"]),
+            ("goodput (las)", by["goodput/las"])]
+    lines = ["| workload | " + " | ".join(c for c, _ in cols)
+             + " | Tiresias ours/artifact | goodput/Pollux |",
+             "|---|" + "---|" * (len(cols) + 2)]
+    for i in range(8):
+        lines.append(f"| {i + 1} | " + " | ".join(f"{v[i]:,.0f}" for _, v in cols)
+                     + f" | {ours_t[i] / ARTIFACT_TIRESIAS[i]:.3f}"
+                     + f" | {good[i] / ARTIFACT_POLLUX[i]:.3f} |")
+    mean = {c: float(np.mean(v)) for c, v in cols}
+    lines.append("| **mean** | " + " | ".join(f"**{mean[c]:,.0f}**" for c, _ in cols)
+                 + f" | {mean['our Tiresias (preset)'] / mean['artifact Tiresias']:.3f}"
+                 + f" | {mean['goodput (srpt)'] / mean['artifact Pollux']:.3f} |")
+    grid = ["| ordering \\ placement | count | pack | topology |", "|---|---|---|---|"]
+    for o in ("fifo", "sjf", "las", "tiresias", "rr"):
+        grid.append(f"| {o} | " + " | ".join(f"{np.mean(by[_label(o, p)]):,.0f}"
+                                             for p in ("count", "pack", "topology")) + " |")
+    (out / "pollux_preset.md").write_text(
+        "Mean JCT (s) per workload, 64 GPUs (16 x 4), `--preset pollux-artifact` (60 s "
+        "interval, 30 s restart on every allocation, no interference):\n\n"
+        + "\n".join(lines) + "\n\nNon-elastic policies under the preset, mean of the 8 "
+        "workloads (s):\n\n" + "\n".join(grid) + "\n")
+    _plot(cols, out / "pollux_preset.png")
+
+
+def _plot(cols: list[tuple[str, object]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = np.array([list(v) + [float(np.mean(v))] for _, v in cols]) / 3600
+    x = np.arange(9)
+    width = 0.8 / len(cols)
+    colours = ["#bbbbbb", "#1f77b4", "#2ca02c", "#ff9f9f", "#d62728", "#ff7f0e", "#9467bd"]
+    fig, ax = plt.subplots(figsize=(9, 4.4))
+    for i, (name, _) in enumerate(cols):
+        ax.bar(x + (i - (len(cols) - 1) / 2) * width, data[i], width, label=name,
+               color=colours[i % len(colours)],
+               hatch="//" if name.startswith("artifact") else None)
+    ax.set_xticks(x, [str(i) for i in range(1, 9)] + ["mean"])
+    ax.set_xlabel("Pollux workload")
+    ax.set_ylabel("mean JCT (hours)")
+    ax.set_title("Pollux workloads, 64 GPUs, artifact conditions (hatched: published)")
+    ax.legend(fontsize=8, ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
