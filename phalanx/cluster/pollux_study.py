@@ -60,6 +60,14 @@ def preset_study(base: SimulateOptions, out: Path) -> list[Row]:
     return rows
 
 
+def read_rows(path: Path) -> list[Row]:
+    """The rows of a ``pollux_preset.csv`` (to redraw the table and plot)."""
+    with path.open(newline="") as f:
+        return [Row(int(r["workload"]), r["policy"], r["variant"], float(r["mean_jct_s"]),
+                    int(r["finished"]), int(r["preemptions"]), float(r["wall_s"]))
+                for r in csv.DictReader(f)]
+
+
 def _means(rows: list[Row]) -> dict[str, list[float]]:
     by: dict[str, list[float]] = {}
     for r in sorted(rows, key=lambda r: r.workload):
@@ -126,7 +134,8 @@ def _plot(cols: list[tuple[str, object]], path: Path) -> None:
     ax.set_xlabel("Pollux workload")
     ax.set_ylabel("mean JCT (hours)")
     ax.set_title("Pollux workloads, 64 GPUs, artifact conditions (hatched: published)")
-    ax.legend(fontsize=8, ncol=2)
+    ax.set_ylim(0, float(data.max()) * 1.3)
+    ax.legend(fontsize=8, ncol=4, loc="upper left")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
