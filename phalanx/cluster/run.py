@@ -10,7 +10,7 @@ from pathlib import Path
 from phalanx.cluster.clusters import resolve_cluster
 from phalanx.cluster.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.jobs import JobSpec
-from phalanx.cluster.perf import PerfModel, PerfOptions, ideal_shape
+from phalanx.cluster.perf import PerfModel, PerfOptions
 from phalanx.cluster.policies import (
     AcceptAll,
     AdmissionPolicy,
@@ -194,7 +194,8 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
                                      opts.tiresias_thresholds, opts.starvation)
         goodput = None
         if elastic:
-            goodput = GoodputPolicy(inputs.perf.pollux, ideal_shape(4, inputs.topology)[0][0],
+            node_gpus = max(s.num_devices for s in inputs.topology.servers)
+            goodput = GoodputPolicy(inputs.perf.pollux, node_gpus,
                                     opts.restart_cost_s, opts.goodput_horizon_s,
                                     opts.goodput_priority)
         res = IntervalSimulator(inputs.topology, specs, ordering, placement, inputs.perf,

@@ -121,3 +121,25 @@ def test_explicit_flags_override_the_preset():
 def test_bad_preset_options_are_one_line(args, text, capsys):
     rc, _, err = run_cli(capsys, "--preset", "pollux-artifact", "--trace", "pollux:1", *args)
     assert rc == 2 and text in err and err.count("\n") == 1, err
+
+
+def test_preset_study_outputs(tmp_path):
+    """The study's table and plot from rows (the runs themselves are the study's)."""
+    from phalanx.cluster.pollux_study import (
+        ARTIFACT_POLLUX,
+        GOODPUT,
+        NON_ELASTIC,
+        Row,
+        read_rows,
+        write_preset_outputs,
+    )
+
+    rows = [Row(w, o, v, 1000.0 * w + (50 if o == "tiresias" else 0), 160, 0, 0.1)
+            for w in range(1, 9) for o, v in NON_ELASTIC + GOODPUT]
+    write_preset_outputs(rows, tmp_path)
+    assert read_rows(tmp_path / "pollux_preset.csv") == rows
+    table = (tmp_path / "pollux_preset.md").read_text()
+    assert "best non-elastic (fifo/count)" in table      # the lowest mean, first on ties
+    assert "| 1 | 2,474 | 1,050 |" in table and f"{ARTIFACT_POLLUX[7]:,}" in table
+    assert "| **mean** | **4,038** | **4,550** |" in table
+    assert (tmp_path / "pollux_preset.png").stat().st_size > 10_000
