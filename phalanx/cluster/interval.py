@@ -249,9 +249,9 @@ class IntervalSimulator:
             for jid, st in self.running.items():
                 run = self.runs[jid]
                 end = run.advance(self.now, step)
-                g = len(st.placements[-1][1])
-                st.executed += step
-                st.attained += step * g
+                held = step if end is None else end - self.now
+                st.executed += held
+                st.attained += held * len(st.placements[-1][1])
                 st.service_marks.append((self.now + step, st.attained))
                 if end is not None:
                     st.end = end
