@@ -209,7 +209,9 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
                         placement, inputs.perf, admission,
                         SimConfig(opts.checkpoint_cost_s, progress=opts.progress))
         res = sim.run()
-    return summarise(res, opts.ordering, opts.placement, inputs.topology.name,
+    # the elastic policy places its own jobs (pack, biggest first)
+    return summarise(res, opts.ordering, "pack" if elastic else opts.placement,
+                     inputs.topology.name,
                      opts.trace), res
 
 

@@ -143,3 +143,16 @@ def test_preset_study_outputs(tmp_path):
     assert "| 1 | 2,474 | 1,050 |" in table and f"{ARTIFACT_POLLUX[7]:,}" in table
     assert "| **mean** | **4,038** | **4,550** |" in table
     assert (tmp_path / "pollux_preset.png").stat().st_size > 10_000
+
+
+def test_cli_preset_compare(tmp_path, capsys):
+    import json
+
+    rc, out, err = run_cli(capsys, "--preset", "pollux-artifact", "--trace", "pollux:3",
+                           "--limit", "30", "--compare", "tiresias,goodput,fifo:pack",
+                           "--out", str(tmp_path))
+    assert rc == 0, err
+    rows = json.loads((tmp_path / "compare.json").read_text())
+    assert [(r["ordering"], r["placement"]) for r in rows] == [
+        ("tiresias", "count"), ("goodput", "pack"), ("fifo", "pack")]
+    assert all(r["cluster"] == "pollux-64" and r["finished"] == 30 for r in rows)
