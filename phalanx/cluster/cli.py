@@ -103,6 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--goodput-horizon", type=float, default=None,
                    help="goodput policy: seconds over which a reallocation must pay back "
                         "its restart (default 1800)")
+    g.add_argument("--goodput-batch", default=None, choices=("adaptive", "fixed"),
+                   help="goodput policy: choose each job's batch (adaptive, default) or keep "
+                        "the trace's (fixed: GPU counts only, an ablation)")
     p.set_defaults(func=_cmd_simulate)
 
     from phalanx.cluster.schedule_cli import register as register_schedule
@@ -131,6 +134,7 @@ def _options(args: argparse.Namespace) -> SimulateOptions:
                     interval_s=args.interval, restart_cost_s=args.restart_cost,
                     starvation=args.starvation, goodput_priority=args.goodput_priority,
                     goodput_horizon_s=args.goodput_horizon,
+                    goodput_batch=args.goodput_batch,
                     restart_first=(None if args.restart_first is None
                                    else args.restart_first == "yes"),
                     tiresias_thresholds=(None if args.tiresias_thresholds is None

@@ -206,7 +206,8 @@ class IntervalSimulator:
             run = self.runs[jid]
             views.append(JobView(jid, st.spec.model, st.spec.submit, run.epoch,
                                  run.remaining(st.spec),
-                                 sum(run.counts) if st.running else 0, st.attained))
+                                 sum(run.counts) if st.running else 0, st.attained,
+                                 st.spec.batch_size))
         if not views:
             return
         choice = pol.allocate(tuple(views), self.cluster.capacity, self.now)

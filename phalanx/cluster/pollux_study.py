@@ -23,9 +23,11 @@ ARTIFACT_POLLUX = (2089, 3323, 2188, 2721, 2674, 2446, 3616, 2952)
 
 NON_ELASTIC = tuple((o, p) for o in ("fifo", "sjf", "las", "tiresias", "rr")
                     for p in ("count", "pack", "topology"))
-# the goodput policy with remaining-work weights (default) and the two weights that need
-# no knowledge of a job's remaining work
-GOODPUT = (("goodput", "srpt"), ("goodput", "none"), ("goodput", "las"))
+# the goodput policy with remaining-work weights (default), the two weights that need no
+# knowledge of a job's remaining work, and an ablation that keeps each job's own batch
+GOODPUT: tuple[tuple[str, dict[str, str]], ...] = (
+    ("srpt", {"goodput_priority": "srpt"}), ("none", {"goodput_priority": "none"}),
+    ("las", {"goodput_priority": "las"}), ("fixed-batch", {"goodput_batch": "fixed"}))
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,10 @@ def preset_study(base: SimulateOptions, out: Path) -> list[Row]:
         for o, p in NON_ELASTIC:
             s, _ = simulate(replace(opts, ordering=o, placement=p), inputs)
             rows.append(Row(w, o, p, s.mean_jct_s, s.finished, s.preemptions, s.wall_s))
-        for o, prio in GOODPUT:
-            s, _ = simulate(replace(opts, ordering=o, goodput_priority=prio), inputs)
-            rows.append(Row(w, o, prio, s.mean_jct_s, s.finished, s.preemptions, s.wall_s))
+        for variant, kw in GOODPUT:
+            s, _ = simulate(replace(opts, ordering="goodput", **kw), inputs)
+            rows.append(Row(w, "goodput", variant, s.mean_jct_s, s.finished, s.preemptions,
+                            s.wall_s))
         print(f"preset, workload {w}: done", flush=True)
     write_preset_outputs(rows, out)
     return rows
@@ -91,7 +94,8 @@ def write_preset_outputs(rows: list[Row], out: Path) -> None:
     cols = [("artifact Tiresias", ARTIFACT_TIRESIAS), ("our Tiresias (preset)", ours_t),
             (f"best non-elastic ({best})", by[best]), ("artifact Pollux", ARTIFACT_POLLUX),
             ("goodput (srpt)", good), ("goodput (none)", by["goodput/none"]),
-            ("goodput (las)", by["goodput/las"])]
+            ("goodput (las)", by["goodput/las"]),
+            ("goodput, fixed batch", by["goodput/fixed-batch"])]
     lines = ["| workload | " + " | ".join(c for c, _ in cols)
              + " | Tiresias ours/artifact | goodput/Pollux |",
              "|---|" + "---|" * (len(cols) + 2)]
@@ -124,7 +128,8 @@ def _plot(cols: list[tuple[str, object]], path: Path) -> None:
     data = np.array([list(v) + [float(np.mean(v))] for _, v in cols]) / 3600
     x = np.arange(9)
     width = 0.8 / len(cols)
-    colours = ["#bbbbbb", "#1f77b4", "#2ca02c", "#ff9f9f", "#d62728", "#ff7f0e", "#9467bd"]
+    colours = ["#bbbbbb", "#1f77b4", "#2ca02c", "#ff9f9f", "#d62728", "#ff7f0e", "#9467bd",
+               "#8c564b"]
     fig, ax = plt.subplots(figsize=(9, 4.4))
     for i, (name, _) in enumerate(cols):
         ax.bar(x + (i - (len(cols) - 1) / 2) * width, data[i], width, label=name,

@@ -64,6 +64,7 @@ class SimulateOptions:
     starvation: float | None = None
     goodput_priority: str = "srpt"
     goodput_horizon_s: float = 1800.0
+    goodput_batch: str = "adaptive"     # or "fixed": each job keeps its own batch (ablation)
     preset: str = ""
 
     def __post_init__(self) -> None:
@@ -85,6 +86,9 @@ class SimulateOptions:
         if self.goodput_priority not in ("srpt", "las", "none"):
             raise ConfigError(f"--goodput-priority {self.goodput_priority}: unknown (choose "
                               f"from srpt, las, none)")
+        if self.goodput_batch not in ("adaptive", "fixed"):
+            raise ConfigError(f"--goodput-batch {self.goodput_batch}: unknown (choose from "
+                              f"adaptive, fixed)")
         if not 0.0 < self.goodput_horizon_s < math.inf:
             raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
                               f"got {self.goodput_horizon_s}")
@@ -197,7 +201,8 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
             node_gpus = max(s.num_devices for s in inputs.topology.servers)
             goodput = GoodputPolicy(inputs.perf.pollux, node_gpus,
                                     opts.restart_cost_s, opts.goodput_horizon_s,
-                                    opts.goodput_priority)
+                                    opts.goodput_priority,
+                                    fixed_batch=opts.goodput_batch == "fixed")
         res = IntervalSimulator(inputs.topology, specs, ordering, placement, inputs.perf,
                                 admission, IntervalConfig(interval, opts.restart_cost_s,
                                                           opts.restart_first, opts.progress),

@@ -134,8 +134,9 @@ def test_preset_study_outputs(tmp_path):
         write_preset_outputs,
     )
 
+    pairs = NON_ELASTIC + tuple(("goodput", v) for v, _ in GOODPUT)
     rows = [Row(w, o, v, 1000.0 * w + (50 if o == "tiresias" else 0), 160, 0, 0.1)
-            for w in range(1, 9) for o, v in NON_ELASTIC + GOODPUT]
+            for w in range(1, 9) for o, v in pairs]
     write_preset_outputs(rows, tmp_path)
     assert read_rows(tmp_path / "pollux_preset.csv") == rows
     table = (tmp_path / "pollux_preset.md").read_text()

@@ -287,3 +287,25 @@ def test_goodput_simulates_within_limits(data_dir):
     for j in res.jobs:
         for _, devices in j.placements:
             assert 1 <= len(devices) <= pol.max_gpus(apps[j.spec.model], 16)
+
+
+def test_goodput_fixed_batch_keeps_each_jobs_batch(data_dir):
+    """The ablation: GPU counts only; each job trains its own batch (the artifact's rule
+    of per-GPU batch and accumulation), never on more GPUs than its batch can feed."""
+    from dataclasses import replace as dc_replace
+
+    from phalanx.cluster.policies.goodput import GoodputPolicy
+    from phalanx.cluster.profiles import load_pollux_apps
+
+    apps = load_pollux_apps(data_dir)
+    pol = GoodputPolicy(apps, fixed_batch=True)
+    batches = {"bert": 96, "cifar10": 512, "ncf": 32768, "yolov3": 64, "imagenet": 1600,
+               "deepspeech2": 80}
+    views = tuple(dc_replace(v, batch=batches[v.app]) for v in _views())
+    out = pol.allocate(views, 64, 0.0)
+    assert sum(c.gpus for c in out.values()) <= 64
+    for v in views:
+        c, app = out[v.id], apps[v.app]
+        assert c.gpus <= v.batch // app.min_local_bsz
+        if c.gpus:
+            assert c.config == app.batch_config(c.gpus, v.batch)

@@ -47,6 +47,7 @@ class JobView:
     remaining: float          # progress still to make (iterations at the initial batch)
     gpus: int                 # GPUs held now (0: waiting)
     attained: float           # GPU-seconds so far
+    batch: int = 0            # the job's own total batch (used with ``fixed_batch``)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class GoodputPolicy:
     horizon_s: float = 1800.0      # a change must pay its restart back within this
     priority: str = "srpt"
     max_accum: int = 7
+    fixed_batch: bool = False      # ablation: keep each job's own batch, choose GPUs only
     name: str = "goodput"
     _best: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -82,22 +84,33 @@ class GoodputPolicy:
             raise ConfigError(f"goodput: node_gpus must be >= 1, got {self.node_gpus}")
 
     # ------------------------------------------------------------------ goodput
-    def max_gpus(self, app: PolluxApplication, capacity: int) -> int:
-        """The most GPUs a job may use: each needs at least the smallest per-GPU batch."""
-        return max(1, min(capacity, int(app.max_batch // app.min_local_bsz)))
+    def max_gpus(self, app: PolluxApplication, capacity: int, batch: int = 0) -> int:
+        """The most GPUs a job may use: each needs at least the smallest per-GPU batch
+        (of the largest validated batch, or of the job's own with ``fixed_batch``)."""
+        top = batch if self.fixed_batch and batch else app.max_batch
+        return max(1, min(capacity, int(top // app.min_local_bsz)))
 
-    def counts_allowed(self, app: PolluxApplication, capacity: int) -> list[int]:
-        top = self.max_gpus(app, capacity)
+    def counts_allowed(self, app: PolluxApplication, capacity: int, batch: int = 0
+                       ) -> list[int]:
+        top = self.max_gpus(app, capacity, batch)
         small = list(range(1, min(self.node_gpus, top) + 1))
         return small + list(range(2 * self.node_gpus, top + 1, self.node_gpus))
 
-    def best(self, app: PolluxApplication, epoch: int, n: int) -> tuple[float, BatchConfig]:
-        """(goodput, batch config) of the best batch for ``n`` GPUs in ``epoch``."""
-        key = (app.name, epoch, n)
+    def best(self, app: PolluxApplication, epoch: int, n: int, batch: int = 0
+             ) -> tuple[float, BatchConfig]:
+        """(goodput, batch config) of the best batch for ``n`` GPUs in ``epoch`` (with
+        ``fixed_batch``: of ``batch``, run by the artifact's rule)."""
+        fixed = batch if self.fixed_batch else 0
+        key = (app.name, epoch, n, fixed)
         hit = self._best.get(key)
         if hit is not None:
             return hit
         counts = packed_counts(n, self.node_gpus)
+        if fixed:
+            cfg = app.batch_config(n, fixed)
+            hit = self._best[key] = (app.gain(cfg.batch, epoch)
+                                     / app.config_step_time(counts, cfg), cfg)
+            return hit
         lo, hi = app.min_local_bsz, app.max_local_bsz
         atomics = sorted({int(round(lo * (hi / lo) ** (i / 7))) for i in range(8)})
         best = (0.0, BatchConfig(int(hi), 0, n))
@@ -133,7 +146,7 @@ class GoodputPolicy:
     def _value(self, j: JobView, app: PolluxApplication, n: int, w: float) -> float:
         if n == 0:
             return 0.0
-        g = self.best(app, j.epoch, n)[0]
+        g = self.best(app, j.epoch, n, j.batch)[0]
         if n != j.gpus:
             # a change restarts the job: over the next T seconds (the horizon, or the
             # job's remaining time if it ends sooner) it makes T / (T + restart) of the
@@ -152,7 +165,7 @@ class GoodputPolicy:
         heap: list[tuple[float, int, int, int]] = []
         for j in jobs:
             app = self.apps[j.app]
-            info[j.id] = (j, app, self._weight(j), self.counts_allowed(app, capacity))
+            info[j.id] = (j, app, self._weight(j), self.counts_allowed(app, capacity, j.batch))
         # a job's best next block is recomputed after it grows or when the free GPUs
         # shrink below it (lazily, when popped)
 
@@ -186,5 +199,5 @@ class GoodputPolicy:
         out = {}
         for jid, n in level.items():
             j, app, _, _ = info[jid]
-            out[jid] = Choice(n, self.best(app, j.epoch, n)[1] if n else None)
+            out[jid] = Choice(n, self.best(app, j.epoch, n, j.batch)[1] if n else None)
         return out
