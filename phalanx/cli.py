@@ -20,7 +20,7 @@ from phalanx.errors import PhalanxError
 COMMAND_MODULES = ("phalanx.cluster.cli", "phalanx.experiments.cli")
 
 _HELP = {
-    "model": "model name (mlp, lenet5, resnet)",
+    "model": "model name (mlp, lenet5, resnet, logreg)",
     "data": "data set (fashion-mnist, mnist, idx, cifar10, digits, synthetic)",
     "data_dir": "directory with IDX or CIFAR-10 binary files",
     "strategy": "training strategy (single, sync, average, bsp, asp, ssp, softsync, downpour, "
