@@ -24,7 +24,7 @@ _HELP = {
     "data": "data set (fashion-mnist, mnist, idx, cifar10, digits, synthetic)",
     "data_dir": "directory with IDX or CIFAR-10 binary files",
     "strategy": "training strategy (single, sync, average, bsp, asp, ssp, softsync, downpour, "
-                "dc-asgd, hogwild, model-parallel, pipeline, hybrid)",
+                "dc-asgd, hogwild, model-parallel, pipeline, hybrid, sandblaster)",
     "slow_workers": "slow chosen workers by a factor, e.g. 0:3.0,2:1.5",
     "out": "output directory (config.json, events.jsonl, summary.json)",
 }
