@@ -78,6 +78,7 @@ def run(job: Job, log: EventLog) -> Outcome:
 def process_main(rank: int, world: int, job: Job) -> None:
     cfg = job.config
     check_config(cfg)
+    check_model(job)  # again here: under torchrun, run() is not called
     layout = SandblasterLayout(cfg.servers, cfg.workers)
     if world != layout.world:
         raise PhalanxError(f"{world} processes, but sandblaster with --servers {cfg.servers} "
