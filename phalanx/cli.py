@@ -27,6 +27,10 @@ _HELP = {
                 "dc-asgd, hogwild, model-parallel, pipeline, hybrid, sandblaster)",
     "slow_workers": "slow chosen workers by a factor, e.g. 0:3.0,2:1.5",
     "out": "output directory (config.json, events.jsonl, summary.json)",
+    "portions": "sandblaster: portions each batch is cut into (0 = 8 x workers)",
+    "history": "sandblaster: L-BFGS history size m",
+    "line_search": "sandblaster: backtracking (Armijo) or none (fixed step --lr)",
+    "static_portions": "sandblaster: one fixed portion per worker, no backup tasks",
 }
 
 
