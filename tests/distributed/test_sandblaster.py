@@ -90,8 +90,9 @@ def _sequence(rank: int, world: int, jobs: list[Job]) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, tuple[Job, Outcome]]:
-    """Three runs in one group of 5 processes (starting processes is the slow part on a
-    loaded machine): the torch oracle's, and two for the traffic measurement."""
+    """Four runs in one group of 5 processes (starting processes is the slow part on a
+    loaded machine): the torch oracle's, two for the traffic measurement, one with
+    backtracking."""
     tmp = tmp_path_factory.mktemp("sandblaster")
     data = str(fashion_shaped(tmp / "idx"))  # 28x28: 3x the parameters of synthetic 16x16
     m = TRAFFIC_HISTORY
@@ -104,6 +105,8 @@ def runs(tmp_path_factory) -> dict[str, tuple[Job, Outcome]]:
                         max_steps=6),
         "big": config(tmp / "big", servers=3, workers=1, history=m, line_search="none",
                       max_steps=6, data="idx", data_dir=data),
+        # lr 40: the first trials overshoot, so the Armijo test rejects some
+        "backtracking": config(tmp / "bt", lr=40.0, history=3, max_steps=5),
     }
     jobs = {name: make_job(cfg) for name, cfg in configs.items()}
     for job in jobs.values():
@@ -124,6 +127,65 @@ def test_matches_torch_lbfgs_in_one_process(runs):
     assert out.stats["iterations"] == out.steps == 20
     assert 0.5 < theirs < train_loss(job, job.build_model())  # a real path, not separable
     assert abs(ours - theirs) < 1e-4, (ours, theirs)
+
+
+def backtracking_reference(cfg: RunConfig) -> tuple[float, list[int]]:
+    """The documented algorithm on whole vectors in one process: torch's L-BFGS iteration
+    with Armijo backtracking (c1 1e-4, halving, at most 10 trials). Returns the final loss
+    and the function evaluations of each iteration."""
+    job = make_job(cfg)
+    model = job.build_model()
+    params = list(model.parameters())
+
+    def full(x: torch.Tensor) -> tuple[float, torch.Tensor]:
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                p.copy_(x[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+        loss = torch.nn.functional.cross_entropy(model(job.train.x), job.train.y)
+        grads = torch.autograd.grad(loss, params)
+        return loss.item(), torch.cat([g.reshape(-1) for g in grads]).double()
+
+    x = torch.cat([p.detach().reshape(-1) for p in params]).double()
+    f, g = full(x)
+    s_hist, y_hist, h_diag, evals = [], [], 1.0, []
+    d = t = g_prev = None
+    for n in range(1, cfg.max_steps + 1):
+        if g_prev is not None:
+            s, y = t * d, g - g_prev
+            if float(y @ s) > 1e-10:
+                if len(s_hist) == cfg.history:
+                    s_hist.pop(0), y_hist.pop(0)
+                s_hist.append(s), y_hist.append(y)
+                h_diag = float(y @ s) / float(y @ y)
+        q, al = -g.clone(), []
+        for s_i, y_i in reversed(list(zip(s_hist, y_hist))):
+            al.insert(0, float(s_i @ q) / float(y_i @ s_i))
+            q -= al[0] * y_i
+        d = q * h_diag
+        for i, (s_i, y_i) in enumerate(zip(s_hist, y_hist)):
+            d += (al[i] - float(y_i @ d) / float(y_i @ s_i)) * s_i
+        t = (min(1.0, 1.0 / float(g.abs().sum())) if n == 1 else 1.0) * cfg.lr
+        gtd = float(g @ d)
+        f_new, g_new = full(x + t * d)
+        trials = 1
+        while not f_new <= f + 1e-4 * t * gtd and trials < 10:
+            t /= 2
+            f_new, g_new = full(x + t * d)
+            trials += 1
+        evals.append(trials)
+        x, f, g_prev, g = x + t * d, f_new, g, g_new
+    return f, evals
+
+
+def test_backtracking_line_search_equals_the_one_process_reference(runs):
+    job, out = runs["backtracking"]
+    records = lbfgs_records(job.run_dir)
+    ref_loss, ref_evals = backtracking_reference(job.config)
+    assert [r["evals"] for r in records[1:]] == ref_evals and max(ref_evals) > 1
+    assert all(b["loss"] < a["loss"] for a, b in zip(records, records[1:]))  # Armijo
+    assert abs(train_loss(job, out.model) - ref_loss) < 1e-4
 
 
 TRAFFIC_HISTORY = 3
