@@ -238,3 +238,22 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, flags, message):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("phalanx: error: "), err
     assert message in err, err
+
+
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FASHION.is_dir(), reason="Fashion-MNIST is not installed")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mlp_fashion_mnist_non_convex_trains(tmp_path, seed):
+    """The non-convex run of the issue: an MLP on 10,000 Fashion-MNIST images, 30 passes
+    (backtracking, history 10), 4 workers, 2 shards. Its Downpour comparison:
+    ``phalanx compare --strategies downpour,sandblaster`` (docs/parameter-server.md)."""
+    result = train("mlp", "fashion-mnist", strategy="sandblaster", workers=4, servers=2,
+                   train_limit=10_000, epochs=30, seed=seed, progress=False,
+                   tensorboard=False, out=str(tmp_path))
+    s = result.summary
+    print(f"seed {seed}: test accuracy {s['test_accuracy']:.4f}, loss {s['final_loss']:.4f}, "
+          f"{s['iterations']} iterations")
+    assert s["test_accuracy"] > 0.8 and s["train_samples"] == 30 * 10_000

@@ -114,10 +114,14 @@ def test_shard_counts_duplicate_and_late_pushes_as_wasted():
 
 def drive(sched: PortionScheduler, speeds: list[float], seed: int = 0,
           die: dict[int, int] | None = None) -> float:
-    """Simulate one evaluation: worker w takes speeds[w] per portion. Returns the time."""
+    """Simulate one evaluation: worker w takes speeds[w] per portion. Returns the time.
+    Portions still running at the end (losing backups) carry over to the next call, as in
+    the real run: their late answers are wasted."""
     rng = random.Random(seed)
     die = dict(die or {})
-    now, running = 0.0, {}  # worker -> (finish time, evaluation, portion)
+    # worker -> (finish time, evaluation, portion); times restart at 0 per evaluation
+    running = {w: (0.0, e, p) for w, (_, e, p) in getattr(sched, "_running", {}).items()}
+    now = 0.0
     done_by = {w: 0 for w in range(sched.workers)}
     while not sched.complete:
         for w, p in sched.assign():
@@ -130,6 +134,7 @@ def drive(sched: PortionScheduler, speeds: list[float], seed: int = 0,
             continue
         done_by[w] += 1
         sched.finish(w, e, p)
+    sched._running = running
     return now
 
 
@@ -173,4 +178,5 @@ def test_every_evaluation_completes_with_each_portion_counted_once(workers, extr
         sched.begin(e)
         drive(sched, speeds[:workers], seed + e)
         assert sum(sched.counts.portions_done) == workers + extra
-        assert sched.counts.backups_wasted <= sched.counts.backups_issued
+        # wasted: this evaluation's losing backups + late answers of the previous one
+        assert sched.counts.backups_wasted <= sched.counts.backups_issued + workers
