@@ -20,13 +20,17 @@ from phalanx.errors import PhalanxError
 COMMAND_MODULES = ("phalanx.cluster.cli", "phalanx.experiments.cli")
 
 _HELP = {
-    "model": "model name (mlp, lenet5, resnet)",
+    "model": "model name (mlp, lenet5, resnet, logreg)",
     "data": "data set (fashion-mnist, mnist, idx, cifar10, digits, synthetic)",
     "data_dir": "directory with IDX or CIFAR-10 binary files",
     "strategy": "training strategy (single, sync, average, bsp, asp, ssp, softsync, downpour, "
-                "dc-asgd, hogwild, model-parallel, pipeline, hybrid)",
+                "dc-asgd, hogwild, model-parallel, pipeline, hybrid, sandblaster)",
     "slow_workers": "slow chosen workers by a factor, e.g. 0:3.0,2:1.5",
     "out": "output directory (config.json, events.jsonl, summary.json)",
+    "portions": "sandblaster: portions each batch is cut into (0 = 8 x workers)",
+    "history": "sandblaster: L-BFGS history size m",
+    "line_search": "sandblaster: backtracking (Armijo) or none (fixed step --lr)",
+    "static_portions": "sandblaster: one fixed portion per worker, no backup tasks",
 }
 
 

@@ -27,7 +27,9 @@ STRATEGIES = (
     "model-parallel",
     "pipeline",
     "hybrid",
+    "sandblaster",
 )
+LINE_SEARCHES = ("backtracking", "none")  # sandblaster L-BFGS
 RULES = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
 SCHEDULES = ("constant", "step", "cosine")
 DEVICES = ("cpu", "cuda")
@@ -123,6 +125,12 @@ class RunConfig:
     split_layer: str = ""
     lock: bool = False
 
+    # sandblaster L-BFGS (a coordinator, shards holding parameters + history, workers)
+    portions: int = 0  # portions each batch is cut into (0 = 8 x workers)
+    history: int = 10  # L-BFGS history size m (pairs kept on the shards)
+    line_search: str = "backtracking"  # backtracking (Armijo) | none (fixed step lr)
+    static_portions: bool = False  # one fixed portion per worker, no backup tasks
+
     # output
     out: str = "runs/latest"
     eval_every: int = 0  # evaluate every N steps (0 = once per epoch)
@@ -150,8 +158,8 @@ class RunConfig:
         need(math.isfinite(self.epochs) and self.epochs > 0, "epochs", "must be > 0")
         need(self.max_steps >= 0, "max_steps", "must be >= 0")
         need(self.batch_size >= 1, "batch_size", "must be >= 1")
-        if self.lr is None:
-            self.lr = DEFAULT_LR[self.rule]
+        if self.lr is None:  # L-BFGS's natural step is 1 (its lr scales the step)
+            self.lr = 1.0 if self.strategy == "sandblaster" else DEFAULT_LR[self.rule]
         need(math.isfinite(self.lr) and self.lr > 0, "lr", "must be a finite number > 0")
         need(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
@@ -185,6 +193,11 @@ class RunConfig:
              "is not one of continue, stop")
         need(math.isfinite(self.drop_messages) and 0 <= self.drop_messages < 1,
              "drop_messages", "must be in [0, 1)")
+        need(self.history >= 1, "history", "must be >= 1 (L-BFGS keeps at least one pair)")
+        need(self.line_search in LINE_SEARCHES, "line_search",
+             f"is not one of {', '.join(LINE_SEARCHES)}")
+        need(self.portions == 0 or self.portions >= self.workers, "portions",
+             f"must be 0 (8 x workers) or at least --workers ({self.workers})")
         check_fault_flags(self)
         need(bool(self.out), "out", "must be a directory path")
         ranks, flags = self.compute_ranks()

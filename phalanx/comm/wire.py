@@ -42,6 +42,8 @@ class Kind(IntEnum):
     PARAMS = 4
     FINAL = 5
     HEARTBEAT = 6
+    VECTOR = 7  # Sandblaster: coordinator <-> shard vector command / its partial scalars
+    TASK = 8  # Sandblaster: coordinator <-> worker portion of a batch / its result
 
 
 class WireError(ValueError):

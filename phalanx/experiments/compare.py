@@ -61,6 +61,10 @@ def strategy_config(base: RunConfig, strategy: str, out: Path,
     if strategy in SINGLE_PROCESS:
         cfg.workers = 1
         cfg.slow_workers = {}
+    if strategy == "sandblaster":
+        # L-BFGS: --lr scales its step (natural value 1); Downpour's fetch/push knobs do not
+        # apply; every iteration is a full-batch pass, counted in samples processed
+        cfg.lr, cfg.nfetch, cfg.npush = 1.0, 1, 1
     for key, value in (overrides or {}).items():
         setattr(cfg, key, value)
     if cfg.softsync > cfg.workers:
@@ -73,6 +77,8 @@ def plan_evals(cfg: RunConfig, points: int = 8) -> RunConfig:
     have a shape (``eval_every`` counts per-worker steps)."""
     if cfg.eval_every == 0 and cfg.max_steps == 0:
         per_worker_steps = cfg.epochs * base_train_size(cfg) / (cfg.workers * cfg.batch_size)
+        if cfg.strategy == "sandblaster":  # an L-BFGS evaluation is one pass over the data
+            per_worker_steps = cfg.epochs
         cfg.eval_every = max(1, int(per_worker_steps / points))
     return cfg
 

@@ -27,6 +27,16 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 256) -> nn
     ]))
 
 
+def logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
+    """Multinomial logistic regression: one linear layer on the flattened input, no buffers
+    (a convex loss, for optimizers that have an oracle, e.g. L-BFGS)."""
+    features = int(torch.tensor(input_shape).prod())
+    return nn.Sequential(OrderedDict([
+        ("flatten", nn.Flatten()),
+        ("fc", nn.Linear(features, num_classes)),
+    ]))
+
+
 def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
     """LeNet-5 (ReLU, max-pool), padded so 28x28 inputs keep the classic 32x32 geometry."""
     c, h, w = input_shape
@@ -86,7 +96,8 @@ def resnet(input_shape: tuple[int, ...], num_classes: int, width: int = 16) -> n
     ]))
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "lenet5": lenet5, "resnet": resnet}
+MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "lenet5": lenet5, "resnet": resnet,
+                                               "logreg": logreg}
 
 
 def he_init(model: nn.Module) -> nn.Module:

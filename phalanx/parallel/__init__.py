@@ -22,6 +22,7 @@ STRATEGY_MODULES = {
     "model-parallel": "phalanx.parallel.model_parallel",
     "pipeline": "phalanx.parallel.pipeline",
     "hybrid": "phalanx.parallel.hybrid",
+    "sandblaster": "phalanx.parallel.sandblaster",
 }
 
 

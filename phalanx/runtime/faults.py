@@ -110,7 +110,7 @@ PS_STRATEGIES = ("bsp", "asp", "ssp", "softsync", "downpour", "dc-asgd")
 # which strategies honour each fault flag (a flag a strategy would ignore is an error);
 # a strategy that learns to honour --kill-worker adds itself here
 HONOURED_BY: dict[str, tuple[str, ...]] = {
-    "kill_worker": (*PS_STRATEGIES, "sync", "average"),
+    "kill_worker": (*PS_STRATEGIES, "sync", "average", "sandblaster"),
     "kill_server": PS_STRATEGIES,
     "drop_messages": PS_STRATEGIES,
 }

@@ -1,0 +1,136 @@
+"""Sandblaster L-BFGS (Dean et al. 2012, "Large Scale Distributed Deep Networks", 4.2):
+DistBelief's batch optimizer on the parameter server.
+
+World layout: rank 0 is the coordinator (runs L-BFGS, holds no parameters), ranks 1..S
+are shards (``--servers S``: a slice of the parameters AND of the L-BFGS history each),
+ranks S+1..S+N are workers (``--workers N``). Every function evaluation is a batch (the
+whole training set; ``--train-limit`` sizes it) cut into ``--portions P`` portions
+(default 8 x N) handed to whichever worker is free, with backup tasks near the end;
+``--static-portions`` gives each worker one fixed portion instead. Budget: ``--max-steps``
+L-BFGS iterations, or else ``--epochs`` passes over the data (each evaluation is one).
+
+Flags: ``--history m`` (pairs kept), ``--line-search backtracking|none``, ``--lr`` (the
+step scale, 1 by default). Faults: workers heartbeat to the coordinator; a worker silent
+for ``--ps-timeout`` s (or whose connection broke) is dropped and its portion re-issued;
+``--kill-worker W@K`` kills worker W before its K-th portion. See docs/parameter-server.md.
+"""
+
+from __future__ import annotations
+
+from phalanx.comm.transport import GlooTransport
+from phalanx.config import RunConfig
+from phalanx.errors import ConfigError, PhalanxError
+from phalanx.metrics import EventLog
+from phalanx.parallel.base import Job, Outcome, read_result, write_result
+from phalanx.parallel.sandblaster_coord import Coordinator, portions_for, worker_totals
+from phalanx.parallel.sandblaster_worker import (
+    SandblasterLayout,
+    SandblasterWorker,
+    model_partition,
+)
+from phalanx.ps.partition import flat_dense, trainable
+from phalanx.ps.sandblaster_shard import SHARD_STATS, SandblasterShard, serve_shard
+
+__all__ = ["check_config", "process_main", "run", "world_size"]
+
+
+def world_size(cfg: RunConfig) -> int:
+    return 1 + cfg.servers + cfg.workers
+
+
+def check_config(cfg: RunConfig) -> None:
+    """What Sandblaster cannot honour is an error, not silently ignored."""
+    unsupported = {"grad_accum": cfg.grad_accum != 1, "augment": bool(cfg.augment),
+                   "checkpoint_every": cfg.checkpoint_every != 0, "resume": bool(cfg.resume),
+                   "nfetch": cfg.nfetch != 1, "npush": cfg.npush != 1}
+    for name, bad in unsupported.items():
+        if bad:
+            raise ConfigError(f"--{name.replace('_', '-')}: not supported by --strategy "
+                              "sandblaster (a deterministic full-batch objective, no "
+                              "checkpoints)")
+    if cfg.static_portions and cfg.portions not in (0, cfg.workers):
+        raise ConfigError(f"--portions {cfg.portions}: --static-portions uses one portion "
+                          f"per worker ({cfg.workers})")
+
+
+def check_model(job: Job) -> None:
+    model = job.build_model()
+    buffers = [name for name, _ in model.named_buffers()]
+    if buffers:
+        raise ConfigError(f"--model {job.config.model}: has buffers ({buffers[0]}, ...: e.g. "
+                          "BatchNorm statistics) that sandblaster L-BFGS cannot handle; use "
+                          "a model without them (logreg, mlp, lenet5)")
+    if portions_for(job.config) > len(job.train):
+        raise ConfigError(f"--portions {portions_for(job.config)}: more portions than "
+                          f"training samples ({len(job.train)})")
+
+
+def run(job: Job, log: EventLog) -> Outcome:
+    from phalanx.runtime.launch import spawn
+
+    check_config(job.config)
+    check_model(job)
+    spawn(process_main, world_size(job.config), (job,),
+          timeout_s=max(120.0, 2 * job.config.ps_timeout))
+    return read_result(job)
+
+
+def process_main(rank: int, world: int, job: Job) -> None:
+    cfg = job.config
+    check_config(cfg)
+    check_model(job)  # again here: under torchrun, run() is not called
+    layout = SandblasterLayout(cfg.servers, cfg.workers)
+    if world != layout.world:
+        raise PhalanxError(f"{world} processes, but sandblaster with --servers {cfg.servers} "
+                           f"and --workers {cfg.workers} needs {layout.world}")
+    transport = GlooTransport(rank, world)
+    shard, worker = layout.shard_of(rank), layout.worker_of(rank)
+    role = "coordinator" if rank == 0 else "server" if shard is not None else "worker"
+    tb = job.run_dir / "tensorboard" if cfg.tensorboard and rank == 0 else None
+    with EventLog(job.run_dir / "events.jsonl", rank=rank, role=role, tensorboard_dir=tb) as log:
+        if rank == layout.coordinator:
+            coordinator_main(job, transport, layout, log)
+        elif shard is not None:
+            model = job.build_model()
+            part = model_partition(model, cfg.servers)
+            a, b = part.dense_range(shard)
+            state = SandblasterShard(shard, flat_dense(part, trainable(model))[a:b],
+                                     cfg.history)
+            serve_shard(state, transport, layout.coordinator,
+                        lambda r: layout.worker_of(r) is not None)
+        else:
+            SandblasterWorker(job, transport, layout, worker, log).run()
+
+
+def coordinator_main(job: Job, transport: GlooTransport, layout: SandblasterLayout,
+                     log: EventLog) -> None:
+    coord = Coordinator(job, transport, layout, log)
+    iterations, loss = coord.optimise()
+    model = coord.fetch_model()
+    workers, shard_stats = coord.finish()
+    per_worker = worker_totals(workers)
+    c = coord.totals
+    bytes_sent = int(transport.counter.sent + sum(s["bytes_sent"] for s in per_worker.values())
+                     + sum(coord.link.shard_sent))
+    stats = {
+        "iterations": iterations,
+        "function_evals": coord.evals,
+        "final_loss": loss,
+        "line_search": job.config.line_search,
+        "history": job.config.history,
+        "portions": coord.portions,
+        "servers": job.config.servers,
+        "portions_per_worker": c.portions_done,
+        "backups_issued": c.backups_issued,
+        "backups_wasted": c.backups_wasted,
+        "portions_reissued": c.reissued,
+        "workers_lost": sorted(set(coord.lost)),
+        "coordinator_bytes": coord.link.bytes,
+        "coordinator_fetch_bytes": coord.fetch_bytes,
+        **{f"shard_{k}": int(v) for k, v in zip(SHARD_STATS, shard_stats)},
+        "bytes_sent": bytes_sent,
+        "bytes_per_sample": bytes_sent / coord.samples if coord.samples else 0.0,
+    }
+    log.log("sandblaster_stats", **stats)
+    write_result(job, model.state_dict(), train_samples=coord.samples, steps=iterations,
+                 stats=stats)
