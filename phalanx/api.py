@@ -21,6 +21,7 @@ from phalanx.metrics.events import finite_or_none
 from phalanx.models import build_model, count_parameters
 from phalanx.parallel import strategy_module
 from phalanx.parallel.base import Job, evaluate
+from phalanx.preflight import check_job_data
 
 
 @dataclass
@@ -80,6 +81,7 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         raise ConfigError(f"--device cuda: --strategy {cfg.strategy} runs on CPU processes "
                           "(gloo) in this version; only --strategy single uses CUDA")
     job = make_job(cfg, model, data if isinstance(data, tuple) else None)
+    check_job_data(job)  # no strategy may loop over empty epochs (phalanx.preflight)
     out = job.run_dir
     out.mkdir(parents=True, exist_ok=True)
     events_path = out / "events.jsonl"
