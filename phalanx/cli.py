@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from phalanx.config import RunConfig, load_config_file, parse_slow_workers
 from phalanx.errors import PhalanxError
+from phalanx.paths import check_out, resume_hint
 
 # modules that add sub-commands: each has register(subparsers)
 COMMAND_MODULES = ("phalanx.cluster.cli", "phalanx.experiments.cli")
@@ -71,9 +73,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)  # flags and files first: a bad one costs no torch import
+    if not cfg.resume:
+        check_out(cfg.out)
+    args.interrupt_hint = resume_hint(cfg)
     from phalanx.api import train
 
-    cfg = config_from_args(args)
     result = train(config=cfg)
     s = result.summary
     print(f"test_accuracy {s['test_accuracy']:.4f}  test_loss {s['test_loss']:.4f}  "
@@ -93,6 +98,9 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from phalanx.experiments.demo import STRATEGIES, run_demo
+    from phalanx.paths import check_out
+
+    check_out(args.out)
 
     print(f"phalanx demo: {', '.join(STRATEGIES)} on Fashion-MNIST (LeNet-5, "
           f"{args.epochs:g} epoch(s), {args.workers} workers) -> {args.out}", flush=True)
@@ -135,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from phalanx.runtime.signals import install_driver_handlers, signal_of
+
+    install_driver_handlers()  # SIGTERM unwinds like Ctrl-C: children stopped, temp removed
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -142,9 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PhalanxError as e:
         sys.stderr.write(f"phalanx: error: {e}\n")
         return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("phalanx: interrupted\n")
-        return 130
+    except KeyboardInterrupt as e:
+        signum = signal_of(e)
+        hint = getattr(args, "interrupt_hint", "")
+        sys.stderr.write(f"phalanx: interrupted by {signal.Signals(signum).name}: every "
+                         f"process of the run stopped{hint}\n")
+        return 128 + signum
 
 
 if __name__ == "__main__":

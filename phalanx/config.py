@@ -131,6 +131,7 @@ class RunConfig:
     resume: str = ""  # restart a crashed run from DIR/config.json and DIR's checkpoints
     progress: bool = True
     tensorboard: bool = True
+    overwrite: bool = False  # a non-empty --out is refused unless this (clears it) or --resume
 
     def validate(self) -> RunConfig:
         def need(cond: bool, name: str, what: str) -> None:
@@ -138,7 +139,6 @@ class RunConfig:
                 value = getattr(self, name)
                 raise ConfigError(f"--{name.replace('_', '-')}: {short(value)} {what}")
 
-        check_ranges(self)  # finite, fits its C type, not absurd (phalanx.limits)
         need(self.strategy in STRATEGIES, "strategy", f"is not one of {', '.join(STRATEGIES)}")
         need(self.rule in RULES, "rule", f"is not one of {', '.join(RULES)}")
         need(self.schedule in SCHEDULES, "schedule", f"is not one of {', '.join(SCHEDULES)}")
@@ -187,6 +187,7 @@ class RunConfig:
              "is not one of continue, stop")
         need(math.isfinite(self.drop_messages) and 0 <= self.drop_messages < 1,
              "drop_messages", "must be in [0, 1)")
+        check_ranges(self)  # every number: finite, fits its C type, not absurd
         check_fault_flags(self)
         need(bool(self.out), "out", "must be a directory path")
         ranks, flags = self.compute_ranks()
