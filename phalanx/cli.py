@@ -75,6 +75,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)  # flags and files first: a bad one costs no torch import
     if not cfg.resume:
+        from phalanx.preflight import check_flags_apply
+
+        check_flags_apply(cfg)  # a flag the strategy would drop silently is an error
         check_out(cfg.out)
     args.interrupt_hint = resume_hint(cfg)
     from phalanx.api import train

@@ -9,8 +9,12 @@ inside the loops (under ``torchrun`` no driver checked first).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from phalanx.errors import ConfigError, DataError
-from phalanx.parallel.base import Job
+
+if TYPE_CHECKING:  # the CLI checks flags with this module before torch is imported
+    from phalanx.parallel.base import Job
 
 # strategies whose workers each train on their own shard of the data, and the flag that
 # sets how many shards there are; every other strategy walks the whole set as one stream
@@ -43,3 +47,36 @@ def check_job_data(job: Job) -> None:
                  else f"the training set ({smallest} samples)")
         raise ConfigError(f"--batch-size: {cfg.batch_size} is larger than {where}; an epoch "
                           "would have no step")
+
+
+# settings only some strategies read (checked against the code that reads them); a value
+# other than the default with any other strategy would be silently dropped, so it is refused
+ONLY_FOR: dict[str, tuple[str, ...]] = {
+    "dc_lambda": ("dc-asgd",),
+    "dc_adaptive": ("dc-asgd",),
+    "dc_momentum": ("dc-asgd",),
+    "staleness": ("ssp",),
+    "softsync": ("softsync",),
+    "period": ("average",),
+    "average_optimizer_state": ("average",),
+    "lock": ("hogwild",),
+    "microbatches": ("pipeline", "hybrid"),
+    "pipeline_schedule": ("pipeline", "hybrid"),
+    "replicas": ("hybrid",),
+    "split_layer": ("model-parallel",),
+    "bucket_mb": ("sync",),
+}
+
+
+def check_flags_apply(cfg) -> None:
+    """Refuse a setting that the chosen strategy would ignore (``phalanx train``)."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name, strategies in ONLY_FOR.items():
+        if cfg.strategy not in strategies and getattr(cfg, name) != defaults[name]:
+            raise ConfigError(f"--{name.replace('_', '-')}: --strategy {cfg.strategy} does not "
+                              f"use it (only {', '.join(strategies)}); drop it")
+    if cfg.strategy == "single" and cfg.workers != 1:
+        raise ConfigError(f"--workers: --strategy single trains with one worker, got "
+                          f"{cfg.workers} (choose a parallel strategy, e.g. sync)")
