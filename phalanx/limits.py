@@ -46,6 +46,9 @@ FLOAT_LIMITS: dict[str, float] = {  # upper bounds (anything larger is a typo, n
     "bucket_mb": 1e6,
 }
 
+# lower bounds that keep a process from spinning (a heartbeat every nanosecond)
+FLOAT_MINIMA: dict[str, float] = {"heartbeat_s": 0.01, "ps_timeout": 0.05}
+
 _repr = reprlib.Repr()
 _repr.maxstring = 60
 _repr.maxother = 60
@@ -76,6 +79,9 @@ def check_ranges(cfg: Any) -> None:
             high = FLOAT_LIMITS.get(f.name)
             if high is not None and abs(v) > high:
                 raise ConfigError(f"{_flag(f.name)}: {v:g} is out of range (at most {high:g})")
+            low = FLOAT_MINIMA.get(f.name)
+            if low is not None and v < low:
+                raise ConfigError(f"{_flag(f.name)}: {v:g} is too small (at least {low:g})")
         elif isinstance(v, int):
             low, high = INT_LIMITS.get(f.name, (-(2**63), 2**63 - 1))
             if not low <= v <= high:

@@ -47,6 +47,7 @@ def check_job_data(job: Job) -> None:
                  else f"the training set ({smallest} samples)")
         raise ConfigError(f"--batch-size: {cfg.batch_size} is larger than {where}; an epoch "
                           "would have no step")
+    check_grad_accum(job)
 
 
 # settings only some strategies read (checked against the code that reads them); a value
@@ -80,3 +81,14 @@ def check_flags_apply(cfg) -> None:
     if cfg.strategy == "single" and cfg.workers != 1:
         raise ConfigError(f"--workers: --strategy single trains with one worker, got "
                           f"{cfg.workers} (choose a parallel strategy, e.g. sync)")
+
+
+def check_grad_accum(job: Job) -> None:
+    """More micro-batches per step than an epoch holds would stretch one optimizer step
+    over several epochs (and evaluate between its micro-batches)."""
+    cfg = job.config
+    shards, _ = data_shards(cfg.strategy, cfg)
+    per_epoch = min(len(job.shard(r, shards)) for r in range(shards)) // cfg.batch_size
+    if cfg.grad_accum > per_epoch:
+        raise ConfigError(f"--grad-accum: {cfg.grad_accum} micro-batches per step, but an "
+                          f"epoch has only {per_epoch} batches of {cfg.batch_size}")

@@ -18,6 +18,12 @@ def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    from phalanx.data.idx import _memory_bytes
+
+    size = path.stat().st_size
+    if size * 4 > _memory_bytes() // 2:  # held as float32 once loaded
+        raise DataError(f"{path}: {size} bytes would need more than half of this machine's "
+                        "memory as float32")
     raw = np.fromfile(path, dtype=np.uint8)
     if raw.size == 0 or raw.size % RECORD:
         raise DataError(

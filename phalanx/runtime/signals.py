@@ -44,9 +44,11 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 def install_driver_handlers() -> None:
-    """SIGTERM -> :class:`Terminated` in the main thread (a no-op elsewhere)."""
+    """SIGTERM and SIGHUP (the terminal went away) -> :class:`Terminated` in the main
+    thread (a no-op elsewhere)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_terminated)
+        signal.signal(signal.SIGHUP, _raise_terminated)
 
 
 def _watch_parent(parent_pid: int) -> None:

@@ -127,6 +127,11 @@ def job_list(d: Path) -> None:
                                  f"    config: {{model: mlp, resume: {d / 'victim'}}}\n")
 
 
+def deep_json(d: Path) -> None:
+    (d / "run").mkdir()
+    (d / "run" / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+
+
 HUGE_CLUSTER = (b"name: c\ndevice_types: [{name: v100}]\nzones:\n  - racks:\n"
                 b"      - repeat: 1000000000000\n        servers:\n"
                 b"          - {name: s, device_type: v100, devices: 4, cpu_cores: 8}\n")
@@ -192,6 +197,18 @@ CASES = [
     Case("empty test split", lambda d: [*TRAIN, "--data", "idx", "--data-dir",
                                         str(d / "data"), *OUT, str(d / "out")],
          "test split is empty", lambda d: idx_dir(d, n_test=0) and None),
+    # other commands and settings found by probing further
+    Case("models shape", lambda d: ["models", "--input-shape", "abc"], "--input-shape"),
+    Case("models classes", lambda d: ["models", "--classes", "-1"], "--classes"),
+    Case("demo epochs nan", lambda d: ["demo", "--epochs", "nan", *OUT, str(d / "out")],
+         "--epochs"),
+    Case("heartbeat 1e-9", lambda d: [*TRAIN, "--strategy", "asp", "--workers", "2",
+                                      "--heartbeat-s", "1e-9", *OUT, str(d / "out")],
+         "--heartbeat-s"),
+    Case("grad-accum > epoch", lambda d: [*TRAIN, "--grad-accum", "1000", *OUT,
+                                          str(d / "out")], "--grad-accum"),
+    Case("resume deep json", lambda d: [*TRAIN[:1], "--resume", str(d / "run")],
+         "not valid JSON", deep_json),
     # simulator and scheduler inputs
     Case("huge num_replicas", lambda d: ["simulate", "--trace", str(d / "w.csv"),
                                          "--skip-bad-rows", "--data-dir", str(SHARED),
