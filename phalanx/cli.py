@@ -173,11 +173,11 @@ def one_line(message: str, limit: int = 2000) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from phalanx.runtime.signals import install_driver_handlers, signal_of
+    from phalanx.runtime.signals import install_driver_handlers, restore, signal_of
 
-    install_driver_handlers()  # SIGTERM unwinds like Ctrl-C: children stopped, temp removed
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = install_driver_handlers()  # SIGTERM unwinds like Ctrl-C: children stopped
     try:
         return int(args.func(args) or 0)
     except PhalanxError as e:
@@ -189,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"phalanx: interrupted by {signal.Signals(signum).name}: every "
                          f"process of the run stopped{hint}\n")
         return 128 + signum
+    finally:
+        restore(previous)
 
 
 if __name__ == "__main__":

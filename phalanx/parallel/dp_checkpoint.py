@@ -267,7 +267,7 @@ def spawn_workers(job, process_main, world: int) -> None:
     offset = events.stat().st_size if events.is_file() else 0
     t0 = time.time()
     try:
-        spawn(process_main, world, (job,))
+        spawn(process_main, world, (job,), name=lambda rank: f"worker {rank}")
     except WorkerFailed:
         kills = injected_kills(events, offset)
         if not kills:

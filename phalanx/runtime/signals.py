@@ -43,12 +43,19 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
-def install_driver_handlers() -> None:
+def install_driver_handlers() -> dict[int, object]:
     """SIGTERM and SIGHUP (the terminal went away) -> :class:`Terminated` in the main
-    thread (a no-op elsewhere)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)
-        signal.signal(signal.SIGHUP, _raise_terminated)
+    thread (a no-op elsewhere). Returns the previous handlers for :func:`restore`."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+
+def restore(previous: dict[int, object]) -> None:
+    """Put back what :func:`install_driver_handlers` replaced (``main()`` may run inside
+    another program, e.g. a test runner)."""
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def _watch_parent(parent_pid: int) -> None:
