@@ -23,7 +23,7 @@ from phalanx.models import build_model, count_parameters
 from phalanx.parallel import strategy_module
 from phalanx.parallel.base import Job, evaluate
 from phalanx.parallel.divergence import check_parameters, diverged
-from phalanx.paths import check_resume_out, prepare_run_dir
+from phalanx.paths import check_resume_out, hold_run_dir, prepare_run_dir
 from phalanx.preflight import check_job_data
 
 
@@ -88,6 +88,7 @@ def train(model: str | Callable[[], nn.Module] | None = None,
     job = make_job(cfg, model, data if isinstance(data, tuple) else None)
     check_job_data(job)  # no strategy may loop over empty epochs (phalanx.preflight)
     # empty, cleared by --overwrite, or resumed: never two runs mixed in one folder
+    lock = hold_run_dir(job.run_dir)  # one run writes in a folder at a time (closed below)
     out = prepare_run_dir(job.run_dir, overwrite=cfg.overwrite, resume=bool(cfg.resume))
     events_path = out / "events.jsonl"
     if not cfg.resume:  # a resumed run keeps its log and its config
@@ -103,6 +104,7 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         return _run(cfg, job, module, out, events_path, tb_dir)
     finally:
         torch.set_num_threads(threads_before)
+        lock.close()
 
 
 def _run(cfg: RunConfig, job: Job, module, out: Path, events_path: Path,

@@ -10,12 +10,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from phalanx.errors import ConfigError
 
@@ -24,6 +25,7 @@ SYSTEM_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
 # these and nothing else
 RUN_OUTPUTS = ("config.json", "events.jsonl", "summary.json", "*.pt", "*.ckpt", ".*.tmp*",
                "*.tmp", "tensorboard")
+LOCK = ".phalanx.lock"  # held (flock) by the process that runs in the folder
 
 
 def inside(path: str | Path, folder: str | Path) -> bool:
@@ -76,7 +78,7 @@ def prepare_run_dir(out: str | Path, *, overwrite: bool, resume: bool) -> Path:
     p = check_out(out)
     if resume:
         return p
-    entries = sorted(e.name for e in p.iterdir())
+    entries = sorted(e.name for e in p.iterdir() if e.name != LOCK)
     if not entries:
         return p
     if not overwrite:
@@ -104,6 +106,21 @@ def check_resume_out(cfg: Any) -> None:
     if cfg.out != default and not (inside(cfg.out, cfg.resume) and inside(cfg.resume, cfg.out)):
         raise ConfigError(f"--out {cfg.out} and --resume {cfg.resume}: a resumed run writes "
                           "into its own folder; drop --out")
+
+
+def hold_run_dir(out: str | Path) -> IO[bytes]:
+    """Lock the run folder for this process (close the returned file to release it; the
+    kernel releases it if the process dies). A second run into the same folder at the same
+    time is refused in one line instead of mixing its files with the first one's."""
+    p = check_out(out)
+    f = open(p / LOCK, "ab")  # noqa: SIM115 - held open for the whole run
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise ConfigError(f"--out {out}: another phalanx run is writing in this folder "
+                          "right now") from None
+    return f
 
 
 def resume_hint(cfg: Any) -> str:

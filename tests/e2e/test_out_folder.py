@@ -79,3 +79,15 @@ def test_resume_with_another_out_is_refused(tmp_path, capsys):
                     str(tmp_path / "b"))
     assert code == 2 and "a resumed run writes into its own folder" in err
     assert not (tmp_path / "b").exists()
+
+
+def test_two_runs_into_one_folder_at_once_are_refused(tmp_path):
+    from phalanx.errors import ConfigError
+    from phalanx.paths import hold_run_dir, prepare_run_dir
+
+    lock = hold_run_dir(tmp_path / "run")  # as a running `phalanx train` holds it
+    with pytest.raises(ConfigError, match="another phalanx run is writing"):
+        hold_run_dir(tmp_path / "run")
+    lock.close()
+    hold_run_dir(tmp_path / "run").close()
+    prepare_run_dir(tmp_path / "run", overwrite=False, resume=False)  # the lock is not a run
