@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import reprlib
 from typing import Any
 
@@ -53,6 +54,14 @@ _repr = reprlib.Repr()
 _repr.maxstring = 60
 _repr.maxother = 60
 _repr.maxlevel = 2
+
+
+def memory_bytes() -> int:
+    """Physical memory of this machine (a generous guess where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
 
 
 def short(value: Any) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from phalanx.errors import DataError
+from phalanx.limits import memory_bytes
 
 RECORD = 1 + 3 * 32 * 32
 
@@ -18,10 +19,8 @@ def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    from phalanx.data.idx import _memory_bytes
-
     size = path.stat().st_size
-    if size * 4 > _memory_bytes() // 2:  # held as float32 once loaded
+    if size * 4 > memory_bytes() // 2:  # held as float32 once loaded
         raise DataError(f"{path}: {size} bytes would need more than half of this machine's "
                         "memory as float32")
     raw = np.fromfile(path, dtype=np.uint8)

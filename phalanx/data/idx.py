@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from phalanx.errors import DataError
+from phalanx.limits import memory_bytes
 
 # third byte of the magic number -> numpy dtype (big-endian on disk)
 _IDX_TYPES = {
@@ -27,13 +28,6 @@ _IDX_TYPES = {
 # deflate cannot expand data more than ~1032:1; a header that claims more than this many
 # bytes per byte of gzip file is lying (a "gzip bomb" or a corrupt header)
 GZIP_MAX_RATIO = 1100
-
-
-def _memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 40
 
 
 def read_idx(path: str | Path, limit: int = 0) -> np.ndarray:
@@ -84,7 +78,7 @@ def _read_stream(path: Path, stream, size: int, gz: bool, limit: int) -> np.ndar
     want = keep * math.prod(shape[1:]) * dtype.itemsize
     # the data becomes float32 tensors: refuse what cannot fit before reading it
     as_float = keep * math.prod(shape[1:]) * 4
-    if as_float > _memory_bytes() // 2:
+    if as_float > memory_bytes() // 2:
         raise DataError(f"{path}: {shape} would need {as_float / 2**30:.1f} GiB as float32, "
                         f"more than half of this machine's memory (use --train-limit / "
                         f"--test-limit)")
