@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 STOPPING = "stopping"  # file in the error folder: the driver is stopping everyone
+ORPHAN_GRACE_S = 10.0  # survivable processes left after the others finished: stopped then
 
 
 def default_name(rank: int) -> str:
@@ -84,8 +85,19 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
               name: Callable[[int], str] = default_name) -> None:
     """Wait for every process; raise ``fail(message)`` at the first fatal end."""
     waiting = dict(enumerate(procs))
+    orphaned_since: float | None = None
     try:
         while waiting:
+            if survivable is not None and all(survivable(r) for r in waiting):
+                # every process the run needs has finished well; what is left are workers
+                # the servers already dropped (e.g. a stopped, hung process): end them
+                orphaned_since = orphaned_since or time.monotonic()
+                if time.monotonic() - orphaned_since > ORPHAN_GRACE_S:
+                    for rank in waiting:
+                        sys.stderr.write(f"phalanx: {name(rank)} was still running after the "
+                                         "run finished without it; stopped\n")
+                    stop([waiting[r] for r in waiting], error_dir)
+                    return
             multiprocessing.connection.wait([p.sentinel for p in waiting.values()], 1.0)
             ended = [(rank, p.exitcode) for rank, p in waiting.items()
                      if p.exitcode is not None]

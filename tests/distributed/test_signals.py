@@ -123,3 +123,20 @@ def test_kill9_of_the_driver_takes_its_children_and_the_next_run_sweeps_its_temp
     assert len(left) == 1  # nobody could remove it ...
     sweep_stale_dirs("phalanx-spawn-")  # ... so the next run does, first thing
     assert not left[0].exists()
+
+
+@pytest.mark.slow  # ~30 s: --ps-timeout plus the launcher's grace for left-over workers
+def test_a_hung_asp_worker_does_not_hold_the_run_open(tmp_path):
+    out = tmp_path / "run"
+    p = start(*ASP, "--max-steps", "40", "--slow-workers", "0:2,1:2", "--out", str(out))
+    wait_for(lambda: worker_events(out) >= 2, 60, "the workers to train")
+    hung = ranks(p.pid)[-1]
+    os.kill(hung, signal.SIGSTOP)  # alive but silent: no heartbeats, never exits by itself
+    try:
+        _, err = p.communicate(timeout=120)
+    finally:
+        if alive(hung):
+            os.kill(hung, signal.SIGKILL)
+    assert p.returncode == 0, err
+    assert "worker 1 was still running after the run finished without it; stopped" in err
+    assert json.loads((out / "summary.json").read_text())["workers_lost"] == [1]
