@@ -183,6 +183,10 @@ def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4) -> Trace:
     return _finish(jobs, opts, str(path), rows.skipped)
 
 
+# bounds of a synthetic trace: a million jobs, a gang of MAX_GANG, finite rates and times
+SYNTHETIC_MAX = {"jobs": 1e6, "rate": 1e9, "median": 1e9, "max_gpus": MAX_GANG}
+
+
 @dataclass(frozen=True)
 class SyntheticSpec:
     jobs: int = 200
@@ -203,8 +207,8 @@ class SyntheticSpec:
                 values[k] = fields[k](v)
             except ValueError:
                 raise ConfigError(f"--trace {text}: {k}={v!r} is not a number") from None
-            if values[k] <= 0:
-                raise ConfigError(f"--trace {text}: {k} must be > 0")
+            if not 0 < values[k] <= SYNTHETIC_MAX[k]:
+                raise ConfigError(f"--trace {text}: {k} must be in (0, {SYNTHETIC_MAX[k]:g}]")
         return SyntheticSpec(int(values.get("jobs", 200)), values.get("rate", 30.0),
                              values.get("median", 3600.0), int(values.get("max_gpus", 32)))
 

@@ -76,3 +76,14 @@ def test_binary_cluster_file_is_one_line(tmp_path):
     path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_topology(path)
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("synthetic:jobs=100000000", "jobs must be in"), ("synthetic:rate=inf", "rate must be in"),
+    ("synthetic:median=nan", "median must be in"), ("synthetic:max_gpus=99999999", "max_gpus"),
+])
+def test_synthetic_trace_spec_is_bounded(spec, match):
+    from phalanx.cluster.traces import SyntheticSpec
+
+    with pytest.raises(ConfigError, match=match):
+        SyntheticSpec.parse(spec)
