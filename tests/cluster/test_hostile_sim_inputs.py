@@ -87,3 +87,10 @@ def test_synthetic_trace_spec_is_bounded(spec, match):
 
     with pytest.raises(ConfigError, match=match):
         SyntheticSpec.parse(spec)
+
+
+def test_a_slot_under_a_second_is_refused():
+    from phalanx.cluster.run import SimulateOptions
+
+    with pytest.raises(ConfigError, match="--slot must be .* at least 1"):
+        SimulateOptions(slot_s=1e-300)
