@@ -207,8 +207,10 @@ class SyntheticSpec:
                 values[k] = fields[k](v)
             except ValueError:
                 raise ConfigError(f"--trace {text}: {k}={v!r} is not a number") from None
-            if not 0 < values[k] <= SYNTHETIC_MAX[k]:
-                raise ConfigError(f"--trace {text}: {k} must be in (0, {SYNTHETIC_MAX[k]:g}]")
+            if not values[k] > 0:
+                raise ConfigError(f"--trace {text}: {k} must be > 0")
+            if not values[k] <= SYNTHETIC_MAX[k]:
+                raise ConfigError(f"--trace {text}: {k} must be at most {SYNTHETIC_MAX[k]:g}")
         return SyntheticSpec(int(values.get("jobs", 200)), values.get("rate", 30.0),
                              values.get("median", 3600.0), int(values.get("max_gpus", 32)))
 

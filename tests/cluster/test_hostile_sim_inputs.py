@@ -79,8 +79,9 @@ def test_binary_cluster_file_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("spec,match", [
-    ("synthetic:jobs=100000000", "jobs must be in"), ("synthetic:rate=inf", "rate must be in"),
-    ("synthetic:median=nan", "median must be in"), ("synthetic:max_gpus=99999999", "max_gpus"),
+    ("synthetic:jobs=100000000", "jobs must be at most"),
+    ("synthetic:rate=inf", "rate must be at most"),
+    ("synthetic:median=nan", "median must be > 0"), ("synthetic:max_gpus=99999999", "max_gpus"),
 ])
 def test_synthetic_trace_spec_is_bounded(spec, match):
     from phalanx.cluster.traces import SyntheticSpec
