@@ -102,6 +102,9 @@ def prepare_run_dir(out: str | Path, *, overwrite: bool, resume: bool) -> Path:
 def check_resume_out(cfg: Any) -> None:
     """``--resume DIR`` writes into DIR: a different ``--out`` is a contradiction, refused
     (it used to be ignored silently, which let a job list write into another run)."""
+    if cfg.overwrite:
+        raise ConfigError(f"--overwrite and --resume {cfg.resume}: a resumed run continues "
+                          "in its folder, nothing is cleared; drop --overwrite")
     default = type(cfg).__dataclass_fields__["out"].default
     if cfg.out != default and not (inside(cfg.out, cfg.resume) and inside(cfg.resume, cfg.out)):
         raise ConfigError(f"--out {cfg.out} and --resume {cfg.resume}: a resumed run writes "

@@ -91,3 +91,9 @@ def test_two_runs_into_one_folder_at_once_are_refused(tmp_path):
     lock.close()
     hold_run_dir(tmp_path / "run").close()
     prepare_run_dir(tmp_path / "run", overwrite=False, resume=False)  # the lock is not a run
+
+
+def test_overwrite_with_resume_is_refused(tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    code, err = run(capsys, "train", *QUICK, "--resume", str(tmp_path / "a"), "--overwrite")
+    assert code == 2 and "--overwrite and --resume" in err
