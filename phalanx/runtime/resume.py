@@ -31,7 +31,8 @@ def resume_config(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"--resume: {path}: not valid JSON ({type(e).__name__})") from None
     if not isinstance(values, dict):
         raise ConfigError(f"--resume: {path}: not a mapping of setting -> value")
-    values.update(resume=str(run_dir), out=str(run_dir), kill_worker="", kill_server="")
+    values.update(resume=str(run_dir), out=str(run_dir), kill_worker="", kill_server="",
+                  overwrite=False)
     resumed = RunConfig.from_mapping(values, source=f"--resume {path}").validate()
     from phalanx.parallel import strategy_module
 
