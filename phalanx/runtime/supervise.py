@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from phalanx.errors import PhalanxError
+
 STOPPING = "stopping"  # file in the error folder: the driver is stopping everyone
 ORPHAN_GRACE_S = 10.0  # survivable processes left after the others finished: stopped then
 
@@ -54,6 +56,10 @@ def start(target: Callable[..., Any], world: int, args: Callable[[int], tuple]) 
             p = ctx.Process(target=target, args=args(rank), name=f"phalanx-rank{rank}")
             p.start()
             procs.append(p)
+    except OSError as e:  # out of processes or memory (fork/exec failed)
+        stop(procs, None)
+        raise PhalanxError(f"cannot start process {len(procs)} of {world}: "
+                           f"{e.strerror or e}") from None
     except BaseException:
         stop(procs, None)
         raise
