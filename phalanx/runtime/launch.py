@@ -25,7 +25,7 @@ import torch.multiprocessing  # noqa: F401 - registers tensor sharing for spawn
 
 from phalanx.errors import PhalanxError
 from phalanx.runtime.signals import child_setup, make_run_tempdir
-from phalanx.runtime.supervise import STOPPING, default_name, start, supervise
+from phalanx.runtime.supervise import ERROR_FILE, STOPPING, default_name, start, supervise
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -37,7 +37,7 @@ class WorkerFailed(PhalanxError):
 def _record_failure(error_dir: str, rank: int, e: BaseException) -> None:
     """Write when and why this rank failed (once): when one rank dies its peers fail too
     ("connection closed by peer"), and the parent reports the FIRST failure, the cause."""
-    path = Path(error_dir, f"rank{rank}.err")
+    path = Path(error_dir, ERROR_FILE.format(rank=rank))
     if path.exists():
         return
     line = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__

@@ -31,6 +31,7 @@ from typing import Any
 from phalanx.errors import PhalanxError
 
 STOPPING = "stopping"  # file in the error folder: the driver is stopping everyone
+ERROR_FILE = "rank{rank}.err"  # where a child records its first error (launch.py)
 ORPHAN_GRACE_S = 10.0  # survivable processes left after the others finished: stopped then
 
 
@@ -127,6 +128,12 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
             killed = [(rank, code) for rank, code in fatal if code < 0]
             if killed:
                 raise fail(f"{name(killed[0][0])} {describe_exit(killed[0][1])}")
+            # likewise a process that exited without recording an error (an injected fault,
+            # os._exit) caused the errors its peers recorded after it
+            silent = [(rank, code) for rank, code in fatal
+                      if not Path(error_dir, ERROR_FILE.format(rank=rank)).exists()]
+            if silent:
+                raise fail(f"{name(silent[0][0])} {describe_exit(silent[0][1])}")
             if first is not None:
                 raise fail(f"{name(first[0])} failed: {first[1]}")
             raise fail(f"{name(fatal[0][0])} {describe_exit(fatal[0][1])}")
