@@ -125,13 +125,15 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
             stop(procs, error_dir)
             # a death by a signal came from outside (kill, OOM, segfault): it is the cause,
             # and its peers' errors ("connection reset by peer") are its consequences
-            killed = [(rank, code) for rank, code in fatal if code < 0]
+            # (SIGABRT excepted: a C++ library aborts a process whose peer died first)
+            killed = [(rank, code) for rank, code in fatal
+                      if code < 0 and -code != signal.SIGABRT]
             if killed:
                 raise fail(f"{name(killed[0][0])} {describe_exit(killed[0][1])}")
             # likewise a process that exited without recording an error (an injected fault,
             # os._exit) caused the errors its peers recorded after it
             silent = [(rank, code) for rank, code in fatal
-                      if not Path(error_dir, ERROR_FILE.format(rank=rank)).exists()]
+                      if code > 0 and not Path(error_dir, ERROR_FILE.format(rank=rank)).exists()]
             if silent:
                 raise fail(f"{name(silent[0][0])} {describe_exit(silent[0][1])}")
             if first is not None:
