@@ -27,6 +27,9 @@ ASP = ["train", "--strategy", "asp", "--workers", "2", "--data", "synthetic", "-
        "--no-tensorboard"]
 
 
+START_S = 240.0  # start-up of 3 processes importing torch, on a loaded 2-core machine
+
+
 def start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "phalanx.cli", *args], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -58,9 +61,12 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def wait_for(cond, timeout: float, what: str) -> None:
+def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}: "
+                                 f"{proc.stderr.read()[-2000:]}")
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
 
@@ -76,11 +82,11 @@ def worker_events(out: Path) -> int:
 def test_sigkill_of_an_asp_worker_is_survived(tmp_path):
     out = tmp_path / "run"
     p = start(*ASP, "--max-steps", "40", "--slow-workers", "0:2,1:2", "--out", str(out))
-    wait_for(lambda: worker_events(out) >= 2, 60, "the workers to train")
+    wait_for(lambda: worker_events(out) >= 2, START_S, "the workers to train", p)
     children = ranks(p.pid)
     assert len(children) == 3  # server 0, worker 0, worker 1
     os.kill(children[-1], signal.SIGKILL)  # worker 1: a crash, an OOM kill
-    _, err = p.communicate(timeout=120)
+    _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
     assert "worker 1 was killed by SIGKILL; the run goes on without it" in err
     assert "Traceback" not in err
@@ -92,13 +98,13 @@ def test_sigkill_of_an_asp_worker_is_survived(tmp_path):
 def test_sigterm_and_sigint_to_the_driver_stop_the_run_cleanly(tmp_path, sig):
     out = tmp_path / "run"
     p = start(*ASP, "--max-steps", "100000", "--checkpoint-every", "5", "--out", str(out))
-    wait_for(lambda: (out / "ps_shard0.ckpt").exists(), 60, "a checkpoint")
+    wait_for(lambda: (out / "ps_shard0.ckpt").exists(), START_S, "a checkpoint", p)
     children = ranks(p.pid)
     assert children
     t0 = time.monotonic()
     p.send_signal(sig)  # the driver alone, not its process group
     _, err = p.communicate(timeout=30)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 15  # ~1-2 s on an idle machine
     assert p.returncode == 128 + sig, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert "Traceback" not in err
@@ -113,7 +119,7 @@ def test_sigterm_and_sigint_to_the_driver_stop_the_run_cleanly(tmp_path, sig):
 def test_kill9_of_the_driver_takes_its_children_and_the_next_run_sweeps_its_temp(tmp_path):
     out = tmp_path / "run"
     p = start(*ASP, "--max-steps", "100000", "--out", str(out))
-    wait_for(lambda: worker_events(out) >= 1, 60, "the workers to train")
+    wait_for(lambda: worker_events(out) >= 1, START_S, "the workers to train", p)
     children = ranks(p.pid)
     p.kill()
     _, err = p.communicate(timeout=30)
@@ -129,11 +135,11 @@ def test_kill9_of_the_driver_takes_its_children_and_the_next_run_sweeps_its_temp
 def test_a_hung_asp_worker_does_not_hold_the_run_open(tmp_path):
     out = tmp_path / "run"
     p = start(*ASP, "--max-steps", "40", "--slow-workers", "0:2,1:2", "--out", str(out))
-    wait_for(lambda: worker_events(out) >= 2, 60, "the workers to train")
+    wait_for(lambda: worker_events(out) >= 2, START_S, "the workers to train", p)
     hung = ranks(p.pid)[-1]
     os.kill(hung, signal.SIGSTOP)  # alive but silent: no heartbeats, never exits by itself
     try:
-        _, err = p.communicate(timeout=120)
+        _, err = p.communicate(timeout=300)
     finally:
         if alive(hung):
             os.kill(hung, signal.SIGKILL)
