@@ -29,7 +29,7 @@ def measure(name: str, workers: int, lock: bool, args, out: Path) -> dict:
     result = phalanx.train(
         args.model, "synthetic", strategy="hogwild", workers=workers, lock=lock,
         epochs=args.epochs, batch_size=args.batch_size, lr=0.05, rule="momentum",
-        out=str(out / name), progress=False, tensorboard=False)
+        out=str(out / name), progress=False, tensorboard=False, overwrite=True)
     s = result.summary
     return {"samples_per_s": s["train_samples_per_s"], "train_s": s["train_wall_s"],
             "samples": s["train_samples"], "test_accuracy": s["test_accuracy"]}

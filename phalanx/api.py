@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from phalanx.metrics.events import finite_or_none
 from phalanx.models import build_model, count_parameters
 from phalanx.parallel import strategy_module
 from phalanx.parallel.base import Job, evaluate
+from phalanx.parallel.divergence import check_parameters, diverged
+from phalanx.paths import check_resume_out, hold_run_dir, prepare_run_dir
+from phalanx.preflight import check_job_data
 
 
 @dataclass
@@ -33,7 +37,8 @@ class RunResult:
 
 def make_job(cfg: RunConfig, model: str | Callable[[], nn.Module] | None = None,
              data: tuple[Dataset, Dataset] | None = None) -> Job:
-    train_set, test_set = data if data is not None else load_data(cfg.data, cfg.data_dir, cfg.seed)
+    train_set, test_set = data if data is not None else load_data(
+        cfg.data, cfg.data_dir, cfg.seed, cfg.train_limit, cfg.test_limit)
     train_set, test_set = train_set.subset(cfg.train_limit), test_set.subset(cfg.test_limit)
     if model is None or isinstance(model, str):
         name = model or cfg.model
@@ -71,6 +76,7 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         cfg = config
     cfg.validate()
     if cfg.resume:
+        check_resume_out(cfg)
         from phalanx.runtime.resume import resume_config
 
         cfg = resume_config(cfg)  # DIR/config.json; checkpoints checked before anything runs
@@ -80,12 +86,12 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         raise ConfigError(f"--device cuda: --strategy {cfg.strategy} runs on CPU processes "
                           "(gloo) in this version; only --strategy single uses CUDA")
     job = make_job(cfg, model, data if isinstance(data, tuple) else None)
-    out = job.run_dir
-    out.mkdir(parents=True, exist_ok=True)
+    check_job_data(job)  # no strategy may loop over empty epochs (phalanx.preflight)
+    # empty, cleared by --overwrite, or resumed: never two runs mixed in one folder
+    lock = hold_run_dir(job.run_dir)  # one run writes in a folder at a time (closed below)
+    out = prepare_run_dir(job.run_dir, overwrite=cfg.overwrite, resume=bool(cfg.resume))
     events_path = out / "events.jsonl"
     if not cfg.resume:  # a resumed run keeps its log and its config
-        if events_path.exists():
-            events_path.unlink()  # a new run in the same folder starts a new log
         (out / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
     tb_dir = out / "tensorboard" if cfg.tensorboard else None
     module = strategy_module(cfg.strategy)
@@ -98,6 +104,7 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         return _run(cfg, job, module, out, events_path, tb_dir)
     finally:
         torch.set_num_threads(threads_before)
+        lock.close()
 
 
 def _run(cfg: RunConfig, job: Job, module, out: Path, events_path: Path,
@@ -108,7 +115,10 @@ def _run(cfg: RunConfig, job: Job, module, out: Path, events_path: Path,
                 data=cfg.data, parameters=count_parameters(job.model_fn()))
         outcome = module.run(job, log)
         wall = time.perf_counter() - t0
+        check_parameters(cfg, outcome.model.parameters())  # every strategy, before a summary
         test_loss, test_acc = evaluate(outcome.model, job.test)
+        if not math.isfinite(test_loss):
+            raise diverged(cfg, f"the test loss of the trained model is {test_loss}")
         summary: dict[str, Any] = {
             "strategy": cfg.strategy,
             "model": cfg.model,

@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from phalanx.config import RunConfig, load_config_file, parse_slow_workers
-from phalanx.errors import PhalanxError
+from phalanx.errors import ConfigError, PhalanxError
+from phalanx.limits import short
+from phalanx.paths import check_out, resume_hint
 
 # modules that add sub-commands: each has register(subparsers)
 COMMAND_MODULES = ("phalanx.cluster.cli", "phalanx.experiments.cli")
@@ -36,7 +39,7 @@ _HELP = {
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (no usage block)
-        sys.stderr.write(f"phalanx: error: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(f"phalanx: error: {one_line(message)} (see {self.prog} --help)\n")
         raise SystemExit(2)
 
 
@@ -75,9 +78,15 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)  # flags and files first: a bad one costs no torch import
+    if not cfg.resume:
+        from phalanx.preflight import check_flags_apply
+
+        check_flags_apply(cfg)  # a flag the strategy would drop silently is an error
+        check_out(cfg.out)
+    args.interrupt_hint = resume_hint(cfg)
     from phalanx.api import train
 
-    cfg = config_from_args(args)
     result = train(config=cfg)
     s = result.summary
     print(f"test_accuracy {s['test_accuracy']:.4f}  test_loss {s['test_loss']:.4f}  "
@@ -85,18 +94,40 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_input_shape(text: str, classes: int) -> tuple[int, ...]:
+    """``--input-shape CxHxW`` (each 1..4096, C <= 64) and ``--classes`` (2..100000)."""
+    try:
+        shape = tuple(int(v) for v in text.split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or not (1 <= shape[0] <= 64 and all(1 <= v <= 4096 for v in shape[1:])
+                               and shape[0] * shape[1] * shape[2] <= 1 << 20):
+        raise ConfigError(f"--input-shape: {short(text)} is not CxHxW with C in 1..64, "
+                          "H, W in 1..4096 and at most 2^20 values")
+    if not 2 <= classes <= 100_000:
+        raise ConfigError(f"--classes: {classes} is not in 2..100000")
+    return shape
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from phalanx.models import MODELS, build_model, count_parameters
 
-    shape = tuple(int(v) for v in args.input_shape.split("x"))
+    shape = parse_input_shape(args.input_shape, args.classes)
     print(f"{'model':10s} {'parameters':>12s}   (input {args.input_shape}, {args.classes} classes)")
     for name in MODELS:
-        print(f"{name:10s} {count_parameters(build_model(name, shape, args.classes)):12,d}")
+        try:
+            print(f"{name:10s} {count_parameters(build_model(name, shape, args.classes)):12,d}")
+        except PhalanxError as e:  # this model cannot take that input; the others can
+            print(f"{name:10s} {'-':>12s}   ({e})")
     return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from phalanx.experiments.demo import STRATEGIES, run_demo
+    from phalanx.paths import check_out
+
+    RunConfig(epochs=args.epochs, workers=args.workers, data=args.data).validate()
+    check_out(args.out)
 
     print(f"phalanx demo: {', '.join(STRATEGIES)} on Fashion-MNIST (LeNet-5, "
           f"{args.epochs:g} epoch(s), {args.workers} workers) -> {args.out}", flush=True)
@@ -138,17 +169,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(message: str, limit: int = 2000) -> str:
+    """An error message as one bounded line (a file name may hold a newline, a value may be
+    a megabyte long)."""
+    message = message.replace("\r", "\\r").replace("\n", "\\n")
+    return message if len(message) <= limit else message[:limit] + "..."
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from phalanx.runtime.signals import install_driver_handlers, restore, signal_of
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = install_driver_handlers()  # SIGTERM unwinds like Ctrl-C: children stopped
     try:
         return int(args.func(args) or 0)
     except PhalanxError as e:
-        sys.stderr.write(f"phalanx: error: {e}\n")
+        sys.stderr.write(f"phalanx: error: {one_line(str(e))}\n")
         return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("phalanx: interrupted\n")
-        return 130
+    except KeyboardInterrupt as e:
+        signum = signal_of(e)
+        hint = getattr(args, "interrupt_hint", "")
+        sys.stderr.write(f"phalanx: interrupted by {signal.Signals(signum).name}: every "
+                         f"process of the run stopped{hint}\n")
+        return 128 + signum
+    finally:
+        restore(previous)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import ConfigError
+from phalanx.limits import check_ranges, short
 from phalanx.runtime.faults import check_fault_flags
 
 STRATEGIES = (
@@ -138,12 +139,13 @@ class RunConfig:
     resume: str = ""  # restart a crashed run from DIR/config.json and DIR's checkpoints
     progress: bool = True
     tensorboard: bool = True
+    overwrite: bool = False  # a non-empty --out is refused unless this (clears it) or --resume
 
     def validate(self) -> RunConfig:
         def need(cond: bool, name: str, what: str) -> None:
             if not cond:
                 value = getattr(self, name)
-                raise ConfigError(f"--{name.replace('_', '-')}: {value!r} {what}")
+                raise ConfigError(f"--{name.replace('_', '-')}: {short(value)} {what}")
 
         need(self.strategy in STRATEGIES, "strategy", f"is not one of {', '.join(STRATEGIES)}")
         need(self.rule in RULES, "rule", f"is not one of {', '.join(RULES)}")
@@ -198,6 +200,7 @@ class RunConfig:
              f"is not one of {', '.join(LINE_SEARCHES)}")
         need(self.portions == 0 or self.portions >= self.workers, "portions",
              f"must be 0 (8 x workers) or at least --workers ({self.workers})")
+        check_ranges(self)  # every number: finite, fits its C type, not absurd
         check_fault_flags(self)
         need(bool(self.out), "out", "must be a directory path")
         ranks, flags = self.compute_ranks()
@@ -227,16 +230,18 @@ class RunConfig:
         names = {f.name: f for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{source}: setting names must be strings, got {short(key)}")
             name = key.replace("-", "_")
             if name not in names:
-                raise ConfigError(f"{source}: unknown setting {key!r}")
+                raise ConfigError(f"{source}: unknown setting {short(key)}")
             if name == "slow_workers":
                 if isinstance(value, str):
                     value = parse_slow_workers(value)
                 elif isinstance(value, dict):
                     try:
                         value = {int(k): float(v) for k, v in value.items()}
-                    except (TypeError, ValueError):
+                    except (TypeError, ValueError, OverflowError):
                         raise ConfigError(
                             f"{source}: slow_workers must map rank -> factor") from None
                 else:
@@ -272,8 +277,8 @@ def _coerce(f: dataclasses.Field, value: Any, source: str) -> Any:
             if not isinstance(value, str):
                 raise ValueError
             return value
-    except (TypeError, ValueError):
-        raise ConfigError(f"{source}: {f.name} = {value!r} is not a valid {kind}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{source}: {f.name} = {short(value)} is not a valid {kind}") from None
     return value
 
 
@@ -282,7 +287,7 @@ def load_config_file(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--config: {path}: no such file")
-    text = p.read_text()
+    text = read_config_text(p, "--config")
     try:
         if p.suffix in (".yaml", ".yml"):
             import yaml
@@ -296,3 +301,25 @@ def load_config_file(path: str) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"--config: {path}: must be a mapping of setting -> value")
     return values
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a run configuration is a few hundred bytes
+
+
+def read_config_text(p: Path, flag: str) -> str:
+    """The text of a small UTF-8 settings file, or one line saying why not."""
+    try:
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{flag}: {p}: cannot read ({e.strerror})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{flag}: {p}: larger than {MAX_CONFIG_BYTES} bytes "
+                          "(not a settings file)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{flag}: {p}: not UTF-8 text (byte {e.start})") from None
+    if "\x00" in text:
+        raise ConfigError(f"{flag}: {p}: binary file (NUL byte), not JSON/YAML")
+    return text

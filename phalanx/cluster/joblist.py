@@ -37,7 +37,10 @@ from phalanx.errors import ConfigError, DataError
 
 # set by the scheduler, never by the job: where it writes, how many workers (the gang size)
 RESERVED = {"out": "the scheduler sets it to OUT/jobs/NAME",
-            "workers": "the gang size 'gpus' is the number of workers"}
+            "workers": "the gang size 'gpus' is the number of workers",
+            # a job writes only in its own folder: resuming another run would write there
+            "resume": "a job runs in OUT/jobs/NAME and cannot resume another run's folder",
+            "overwrite": "each job's folder is new"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SETTINGS = {f.name for f in dataclasses.fields(RunConfig)}
 

@@ -100,8 +100,11 @@ class SimulateOptions:
         if not 0.0 <= self.interference_scale < math.inf:
             raise ConfigError(f"--interference-scale must be a finite number >= 0, "
                               f"got {self.interference_scale}")
-        if not 0.0 < self.slot_s < math.inf:
-            raise ConfigError(f"--slot must be a finite number > 0 seconds, got {self.slot_s}")
+        # a slot under a second makes millions of rounds (and under ~1e-12 s of a trace's
+        # clock, time stops advancing): the simulation would never end
+        if not 1.0 <= self.slot_s < math.inf:
+            raise ConfigError(f"--slot must be a finite number > 0 seconds, at least 1, "
+                              f"got {self.slot_s}")
         if not 0.0 <= self.checkpoint_cost_s < math.inf:
             raise ConfigError(f"--checkpoint-cost must be a finite number >= 0, "
                               f"got {self.checkpoint_cost_s}")

@@ -229,6 +229,16 @@ def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
     return v
 
 
+MAX_DEVICES = 1 << 17  # devices in one cluster file (the largest we use: ~6,000)
+MAX_SERVER_DEVICES = 1024
+
+
+def _bounded(v: int, where: str, key: str, high: int = MAX_DEVICES) -> int:
+    if v > high:
+        raise ConfigError(f"{where}.{key}: {v} is more than {high}")
+    return v
+
+
 def topology_from_mapping(data: Any, source: str = "cluster") -> Topology:
     """Validate a configuration set and build the topology; errors name the exact entry."""
     _check_keys(data, {"name", "device_types", "zones"}, source)
@@ -252,6 +262,7 @@ def topology_from_mapping(data: Any, source: str = "cluster") -> Topology:
         seen.add(n)
         return n
 
+    total_devices = 0
     for zi, z in enumerate(_list(data, "zones", source)):
         zw = f"{source}: zones[{zi}]"
         _check_keys(z, {"name", "racks"}, zw)
@@ -259,7 +270,7 @@ def topology_from_mapping(data: Any, source: str = "cluster") -> Topology:
         for ri, r in enumerate(_list(z, "racks", zw)):
             rw = f"{zw}.racks[{ri}]"
             _check_keys(r, {"name", "repeat", "servers"}, rw)
-            rrep = _field(r, "repeat", rw, int, 1, positive=True)
+            rrep = _bounded(_field(r, "repeat", rw, int, 1, positive=True), rw, "repeat")
             for rk in range(rrep):
                 b.begin_rack()
                 for si, s in enumerate(_list(r, "servers", rw)):
@@ -270,7 +281,8 @@ def topology_from_mapping(data: Any, source: str = "cluster") -> Topology:
                     if dtype not in type_names:
                         raise ConfigError(f"{sw}.device_type: {dtype!r} is not one of "
                                           f"device_types ({', '.join(sorted(type_names))})")
-                    n = _field(s, "devices", sw, int, positive=True)
+                    n = _bounded(_field(s, "devices", sw, int, positive=True), sw, "devices",
+                                 MAX_SERVER_DEVICES)
                     switches = s.get("pcie_switches", [n])
                     if (not isinstance(switches, list) or not switches
                             or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
@@ -282,7 +294,12 @@ def topology_from_mapping(data: Any, source: str = "cluster") -> Topology:
                                           f"devices but devices is {n}")
                     cores = _field(s, "cpu_cores", sw, int, positive=True)
                     mem = float(_field(s, "memory_gib", sw, float, 64.0, positive=True))
-                    srep = _field(s, "repeat", sw, int, 1, positive=True)
+                    srep = _bounded(_field(s, "repeat", sw, int, 1, positive=True), sw,
+                                    "repeat")
+                    total_devices += rrep * srep * n if rk == 0 else 0
+                    if total_devices > MAX_DEVICES:
+                        raise ConfigError(f"{sw}: the cluster would hold more than "
+                                          f"{MAX_DEVICES} devices")
                     base = str(_field(s, "name", sw, str))
                     for k in range(srep):
                         sname = base if srep == 1 else f"{base}{k}"
@@ -301,6 +318,8 @@ def load_topology(path: str | Path) -> Topology:
         text = p.read_text()
     except OSError as e:
         raise ConfigError(f"cluster file {p}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"cluster file {p}: not UTF-8 text (byte {e.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -22,6 +22,7 @@ from phalanx.errors import ConfigError, DataError
 
 PHILLY_HEADER = ["timestamp", "duration", "num_gpus", "gpu_time", "cluster"]
 POLLUX_HEADER = ["name", "time", "application", "num_replicas", "batch_size"]
+MAX_GANG = 1 << 16  # GPUs one job may ask for; a larger row is a bad row, not a plan
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,10 @@ class _Rows:
         for line, row in enumerate(reader, start=2):
             if not row:
                 continue   # blank line (the Philly file ends with one)
+            if any("\n" in cell or "\r" in cell for cell in row):
+                # an unterminated quote swallowed the rows after it: never skip those silently
+                raise DataError(f"trace {self.path}: line {line}: a quoted field runs over "
+                                "several lines (unterminated quote?)")
             try:
                 if len(row) != len(self.header):
                     raise ValueError(f"expected {len(self.header)} fields, got {len(row)}")
@@ -99,6 +104,13 @@ def _positive(text: str, what: str, kind: type = float) -> float:
     if not (v > 0 and math.isfinite(v)):
         raise ValueError(f"{what} must be > 0, got {text!r}")
     return v
+
+
+def _gang(text: str, what: str) -> int:
+    gpus = int(_positive(text, what, int))
+    if gpus > MAX_GANG:
+        raise ValueError(f"{what} {gpus} is more than {MAX_GANG} GPUs")
+    return gpus
 
 
 def _finish(jobs: list[JobSpec], opts: TraceOptions, source: str, skipped: int) -> Trace:
@@ -127,7 +139,7 @@ def read_philly(path: Path, opts: TraceOptions) -> Trace:
         except ValueError:
             raise ValueError(f"timestamp {row[0]!r} is not YYYY-MM-DD HH:MM:SS") from None
         duration = _positive(row[1], "duration")
-        gpus = int(_positive(row[2], "num_gpus", int))
+        gpus = _gang(row[2], "num_gpus")
         _positive(row[3], "gpu_time")
         if not row[4]:
             raise ValueError("cluster is empty")
@@ -158,7 +170,7 @@ def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4) -> Trace:
             raise ValueError(f"time {row[1]!r} is not a number") from None
         if not (submit >= 0 and math.isfinite(submit)):
             raise ValueError(f"time must be >= 0, got {row[1]!r}")
-        gpus = int(_positive(row[3], "num_replicas", int))
+        gpus = _gang(row[3], "num_replicas")
         batch = int(_positive(row[4], "batch_size", int))
         a = apps[app]
         steps = a.work_steps(gpus, batch)
@@ -170,6 +182,10 @@ def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4) -> Trace:
 
     jobs = rows.parse(parse)
     return _finish(jobs, opts, str(path), rows.skipped)
+
+
+# bounds of a synthetic trace: a million jobs, a gang of MAX_GANG, finite rates and times
+SYNTHETIC_MAX = {"jobs": 1e6, "rate": 1e9, "median": 1e9, "max_gpus": MAX_GANG}
 
 
 @dataclass(frozen=True)
@@ -192,8 +208,10 @@ class SyntheticSpec:
                 values[k] = fields[k](v)
             except ValueError:
                 raise ConfigError(f"--trace {text}: {k}={v!r} is not a number") from None
-            if values[k] <= 0:
+            if not values[k] > 0:
                 raise ConfigError(f"--trace {text}: {k} must be > 0")
+            if not values[k] <= SYNTHETIC_MAX[k]:
+                raise ConfigError(f"--trace {text}: {k} must be at most {SYNTHETIC_MAX[k]:g}")
         return SyntheticSpec(int(values.get("jobs", 200)), values.get("rate", 30.0),
                              values.get("median", 3600.0), int(values.get("max_gpus", 32)))
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from phalanx.errors import DataError
+from phalanx.limits import memory_bytes
 
 RECORD = 1 + 3 * 32 * 32
 
@@ -18,6 +19,10 @@ def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    size = path.stat().st_size
+    if size * 4 > memory_bytes() // 2:  # held as float32 once loaded
+        raise DataError(f"{path}: {size} bytes would need more than half of this machine's "
+                        "memory as float32")
     raw = np.fromfile(path, dtype=np.uint8)
     if raw.size == 0 or raw.size % RECORD:
         raise DataError(

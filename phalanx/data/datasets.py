@@ -86,9 +86,12 @@ def _digits(seed: int) -> tuple:
 
 
 def load_data(
-    name: str, data_dir: str | None = None, seed: int = 0
+    name: str, data_dir: str | None = None, seed: int = 0, train_limit: int = 0,
+    test_limit: int = 0,
 ) -> tuple[Dataset, Dataset]:
-    """(train, test) for a data set name; ``data_dir`` points at IDX / CIFAR files."""
+    """(train, test) for a data set name; ``data_dir`` points at IDX / CIFAR files.
+    ``train_limit`` / ``test_limit`` > 0: IDX files are read only that far (a header's claim
+    is then never allocated in full)."""
     from phalanx.data.cifar import load_cifar_split
     from phalanx.data.idx import load_idx_split
 
@@ -99,8 +102,8 @@ def load_data(
         if not Path(directory).is_dir():
             hint = " (apt-get install dataset-fashion-mnist)" if name == "fashion-mnist" else ""
             raise DataError(f"--data-dir {directory}: no such directory{hint}")
-        tx, ty = load_idx_split(directory, train=True)
-        vx, vy = load_idx_split(directory, train=False)
+        tx, ty = load_idx_split(directory, train=True, limit=train_limit)
+        vx, vy = load_idx_split(directory, train=False, limit=test_limit)
     elif name == "cifar10":
         if data_dir is None:
             raise DataError("--data cifar10: needs --data-dir pointing at the binary batches")
@@ -112,11 +115,15 @@ def load_data(
         tx, ty, vx, vy = _synthetic(seed)
     else:
         raise DataError(f"--data: {name!r} is not one of {', '.join(DATASETS)}")
+    for split, labels in (("training", ty), ("test", vy)):
+        if len(labels) == 0:
+            raise DataError(f"--data {name}: the {split} split is empty")
     train_x, test_x = _normalise(_to_tensors(tx), _to_tensors(vx))
     if train_x.shape[1:] != test_x.shape[1:]:
         raise DataError(f"--data {name}: train images {tuple(train_x.shape[1:])} and test images "
                         f"{tuple(test_x.shape[1:])} differ in shape")
-    num_classes = int(max(int(ty.max()), int(vy.max())) + 1) if len(ty) else 10
+    seen = [int(labels.max()) for labels in (ty, vy) if len(labels)]  # an empty split: none
+    num_classes = max(seen) + 1 if seen else 10
     num_classes = max(num_classes, 10) if name != "synthetic" else 10
     return (
         Dataset(name, train_x, torch.from_numpy(ty), num_classes),

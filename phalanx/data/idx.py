@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import gzip
+import math
+import os
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from phalanx.errors import DataError
+from phalanx.limits import memory_bytes
 
 # third byte of the magic number -> numpy dtype (big-endian on disk)
 _IDX_TYPES = {
@@ -21,41 +25,71 @@ _IDX_TYPES = {
 }
 
 
-def _read_bytes(path: Path) -> bytes:
+# deflate cannot expand data more than ~1032:1; a header that claims more than this many
+# bytes per byte of gzip file is lying (a "gzip bomb" or a corrupt header)
+GZIP_MAX_RATIO = 1100
+
+
+def read_idx(path: str | Path, limit: int = 0) -> np.ndarray:
+    """Read one IDX file and return its array (shape from the header); ``limit`` > 0 reads
+    only the first ``limit`` items along the first dimension.
+
+    What the header claims is checked against the file's real size (raw) or what a gzip
+    file of that size can hold, and against this machine's memory, before anything is
+    allocated; the data is then streamed, so a lying header costs nothing."""
+    path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            return gzip.decompress(raw)
-        return raw
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            gz = f.read(2) == b"\x1f\x8b"
+            f.seek(0)
+            stream = gzip.GzipFile(fileobj=f) if gz else f
+            return _read_stream(path, stream, size, gz, limit)
+    except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise DataError(f"{path}: corrupt gzip data ({e})") from None
 
 
-def read_idx(path: str | Path) -> np.ndarray:
-    """Read one IDX file and return its array (shape from the header)."""
-    path = Path(path)
-    data = _read_bytes(path)
-    if len(data) < 4:
-        raise DataError(f"{path}: truncated IDX header ({len(data)} bytes)")
-    zero1, zero2, type_code, ndim = data[0], data[1], data[2], data[3]
+def _read_stream(path: Path, stream, size: int, gz: bool, limit: int) -> np.ndarray:
+    head = stream.read(4)
+    if len(head) < 4:
+        raise DataError(f"{path}: truncated IDX header ({len(head)} bytes)")
+    zero1, zero2, type_code, ndim = head
     if zero1 != 0 or zero2 != 0 or type_code not in _IDX_TYPES or not 1 <= ndim <= 4:
-        raise DataError(f"{path}: not an IDX file (bad magic number {data[:4].hex()})")
-    header_len = 4 + 4 * ndim
-    if len(data) < header_len:
+        raise DataError(f"{path}: not an IDX file (bad magic number {head.hex()})")
+    dims = stream.read(4 * ndim)
+    if len(dims) < 4 * ndim:
         raise DataError(f"{path}: truncated IDX header")
-    shape = struct.unpack(">" + "I" * ndim, data[4:header_len])
+    header_len = 4 + 4 * ndim
+    shape = struct.unpack(">" + "I" * ndim, dims)
     dtype = _IDX_TYPES[type_code]
-    expected = int(np.prod(shape)) * dtype.itemsize
-    body = len(data) - header_len
-    if body < expected:
-        raise DataError(
-            f"{path}: truncated: header says {shape} ({expected} bytes), file has {body}")
-    if body > expected:
-        raise DataError(f"{path}: {body - expected} unexpected trailing bytes after {shape}")
-    arr = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape)), offset=header_len)
-    return arr.reshape(shape).astype(dtype.newbyteorder("="), copy=True)
+    expected = math.prod(shape) * dtype.itemsize  # Python ints: no int64 wrap-around
+    if gz and expected > GZIP_MAX_RATIO * size + 4096:
+        raise DataError(f"{path}: header says {shape} ({expected} bytes), more than a "
+                        f"{size}-byte gzip file can hold (corrupt header or gzip bomb)")
+    if not gz and size - header_len < expected:
+        raise DataError(f"{path}: truncated: header says {shape} ({expected} bytes), "
+                        f"file has {size - header_len}")
+    if not gz and size - header_len > expected:
+        raise DataError(f"{path}: {size - header_len - expected} unexpected trailing bytes "
+                        f"after {shape}")
+    keep = min(shape[0], limit) if limit > 0 else shape[0]
+    want = keep * math.prod(shape[1:]) * dtype.itemsize
+    # the data becomes float32 tensors: refuse what cannot fit before reading it
+    as_float = keep * math.prod(shape[1:]) * 4
+    if as_float > memory_bytes() // 2:
+        raise DataError(f"{path}: {shape} would need {as_float / 2**30:.1f} GiB as float32, "
+                        f"more than half of this machine's memory (use --train-limit / "
+                        f"--test-limit)")
+    body = stream.read(want)
+    if len(body) < want:
+        raise DataError(f"{path}: truncated: header says {shape} ({expected} bytes), "
+                        f"file has {len(body)}")
+    if keep == shape[0] and gz and stream.read(1):
+        raise DataError(f"{path}: unexpected trailing bytes after {shape}")
+    arr = np.frombuffer(body, dtype=dtype, count=want // dtype.itemsize)
+    return arr.reshape((keep, *shape[1:])).astype(dtype.newbyteorder("="), copy=True)
 
 
 def write_idx(path: str | Path, array: np.ndarray, compress: bool | None = None) -> None:
@@ -81,19 +115,28 @@ def _find(data_dir: Path, stem: str) -> Path:
     raise DataError(f"{data_dir / (stem + '.gz')}: no such file (nor {stem} uncompressed)")
 
 
-def load_idx_split(data_dir: str | Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Images (N, 28, 28) uint8 and labels (N,) of an MNIST-layout directory."""
+def load_idx_split(data_dir: str | Path, train: bool,
+                   limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Images (N, 28, 28) uint8 and labels (N,) of an MNIST-layout directory (the first
+    ``limit`` of them when ``limit`` > 0: the rest is not read)."""
     data_dir = Path(data_dir)
     prefix = "train" if train else "t10k"
     img_path = _find(data_dir, f"{prefix}-images-idx3-ubyte")
     lab_path = _find(data_dir, f"{prefix}-labels-idx1-ubyte")
-    images, labels = read_idx(img_path), read_idx(lab_path)
+    images, labels = read_idx(img_path, limit), read_idx(lab_path, limit)
     if images.ndim != 3:
         raise DataError(f"{img_path}: expected 3 dimensions (N, H, W), got shape {images.shape}")
+    if images.shape[0] and not (1 <= images.shape[1] <= 4096 and 1 <= images.shape[2] <= 4096):
+        raise DataError(f"{img_path}: image size {images.shape[1]}x{images.shape[2]} is not "
+                        "in 1..4096")
     if labels.ndim != 1:
         raise DataError(f"{lab_path}: expected 1 dimension (N,), got shape {labels.shape}")
     if len(images) != len(labels):
         raise DataError(f"{lab_path}: {len(labels)} labels for {len(images)} images in {img_path}")
+    if labels.dtype.kind == "f" and labels.size and not (
+            np.isfinite(labels).all() and (labels == np.round(labels)).all()):
+        raise DataError(f"{lab_path}: labels must be whole numbers 0..9, found NaN, inf or "
+                        "a fraction")
     if labels.size and (labels.min() < 0 or labels.max() > 9):
         raise DataError(f"{lab_path}: labels must be 0..9, found {labels.min()}..{labels.max()}")
     return images, labels.astype(np.int64)

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 import torch
 
+from phalanx.errors import DataError
+
 
 def shard_indices(
     labels: torch.Tensor, rank: int, world: int, seed: int = 0, non_iid: float = 0.0
@@ -33,7 +35,13 @@ def epoch_batches(
     indices: torch.Tensor, batch_size: int, epoch: int, seed: int = 0
 ) -> Iterator[torch.Tensor]:
     """Shuffled full batches of ``indices`` for one epoch (the last partial batch is dropped
-    so every worker takes the same number of steps)."""
+    so every worker takes the same number of steps).
+
+    Fewer samples than one batch is an error, not an empty epoch: a loop "until N steps"
+    over empty epochs would never end."""
+    if len(indices) < batch_size:
+        raise DataError(f"--batch-size: {batch_size} is larger than this worker's "
+                        f"{len(indices)} samples; an epoch would have no step")
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     perm = indices[torch.randperm(len(indices), generator=g)]
     for start in range(0, len(perm) - batch_size + 1, batch_size):

@@ -22,6 +22,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from phalanx.errors import ConfigError
 
         raise ConfigError(f"--target-accuracy: {args.target_accuracy} must be in (0, 1]")
+    from phalanx.paths import check_out
+
+    check_out(base.out)  # before any run: a file, /proc or a read-only folder is one line
     command = "phalanx " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     runs, report = compare(base, strategies, Path(base.out), target=args.target_accuracy,
                            command=command)
@@ -43,7 +46,14 @@ def _cmd_experiments(args: argparse.Namespace) -> int:
         from phalanx.errors import ConfigError
 
         raise ConfigError("experiments run: name an experiment (see 'phalanx experiments list')")
-    out = Path(args.out or f"runs/experiments/{args.name}")
+    from phalanx.experiments import EXPERIMENTS as known
+    from phalanx.paths import check_out
+
+    if args.name not in known:
+        from phalanx.errors import ConfigError
+
+        raise ConfigError(f"experiments run: {args.name!r} is not one of {', '.join(known)}")
+    out = check_out(args.out or f"runs/experiments/{args.name}")
     report = run_experiment(args.name, out, quick=args.quick, data=args.data, seed=args.seed)
     print(Path(report).read_text())
     print(f"report: {report}")

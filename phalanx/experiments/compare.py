@@ -116,6 +116,7 @@ def run_variants(variants: Sequence[tuple[str, RunConfig]], *,
     for i, (label, cfg) in enumerate(variants, 1):
         say(f"[{i}/{len(variants)}] {label}: {cfg.strategy} x{cfg.workers} workers ...")
         t0 = time.perf_counter()
+        cfg.overwrite = True  # the study owns its sub-folders: a rerun replaces them
         result = train(config=cfg)
         s = result.summary
         say(f"[{i}/{len(variants)}] {label}: test accuracy {s['test_accuracy']:.4f} "

@@ -57,6 +57,7 @@ def run(out: Path, *, quick: bool, data: str | None, seed: int) -> Path:
     # epochs high enough that max_steps decides: both sides take exactly `steps` steps
     exact_cfg = dataclasses.replace(base, strategy="sync", workers=n, max_steps=steps, epochs=100,
                                     out=str(out / "exact_sync"), eval_every=0).validate()
+    exact_cfg.overwrite = True  # the study owns its sub-folders: a rerun replaces them
     synced = train(config=exact_cfg).model
     large = serial_replay(exact_cfg, tuple(range(n)), n, steps)
     small = serial_replay(exact_cfg, (0,), n, steps)

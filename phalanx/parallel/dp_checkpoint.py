@@ -54,7 +54,7 @@ KILLED_EXIT = 4
 # settings that do not change the trajectory: a resumed run may differ in these
 NOT_TRAJECTORY = ("out", "resume", "kill_worker", "kill_server", "drop_messages", "progress",
                   "tensorboard", "eval_every", "checkpoint_every", "threads", "ps_timeout",
-                  "heartbeat_s", "on_worker_loss", "slow_workers")
+                  "heartbeat_s", "on_worker_loss", "slow_workers", "overwrite")
 
 
 def checkpoint_path(run_dir: str | Path) -> Path:
@@ -267,7 +267,7 @@ def spawn_workers(job, process_main, world: int) -> None:
     offset = events.stat().st_size if events.is_file() else 0
     t0 = time.time()
     try:
-        spawn(process_main, world, (job,))
+        spawn(process_main, world, (job,), name=lambda rank: f"worker {rank}")
     except WorkerFailed:
         kills = injected_kills(events, offset)
         if not kills:

@@ -59,7 +59,8 @@ def run(job: Job, log: EventLog) -> Outcome:
     lock = mp.get_context("spawn").Lock() if cfg.lock else None
     t0 = time.perf_counter()
     # the gloo group that spawn sets up is unused: the model itself is the shared state
-    spawn(_worker, cfg.workers, (job, model, counters, clocks, lock))
+    spawn(_worker, cfg.workers, (job, model, counters, clocks, lock),
+          name=lambda rank: f"worker {rank}")
     wall = time.perf_counter() - t0
     samples, updates = (int(v) for v in counters.sum(0))
     train_s = float(clocks[:, 1].max() - clocks[:, 0].min())

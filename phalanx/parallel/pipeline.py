@@ -76,7 +76,7 @@ def check(job: Job, stages: int, replicas: int = 1) -> None:
 
 def run(job: Job, log: EventLog) -> Outcome:
     check(job, job.config.stages)
-    spawn(process_main, world_size(job.config), (job,))
+    spawn(process_main, world_size(job.config), (job,), name=lambda rank: f"stage {rank}")
     return read_result(job)
 
 

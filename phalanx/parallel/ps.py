@@ -85,8 +85,12 @@ def run(job: Job, log: EventLog) -> Outcome:
     check_config(job.config)
     if job.config.resume:
         check_resume(job.config)
+    servers = job.config.servers
+    # a worker that dies (crash, kill -9, OOM) is the servers' to detect by its heartbeats
     spawn(process_main, world_size(job.config), (job,),
-          timeout_s=max(120.0, 2 * job.config.ps_timeout))
+          timeout_s=max(120.0, 2 * job.config.ps_timeout),
+          survivable=lambda rank: rank >= servers,
+          name=lambda rank: f"server {rank}" if rank < servers else f"worker {rank - servers}")
     return read_result(job)
 
 

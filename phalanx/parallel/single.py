@@ -17,6 +17,7 @@ from phalanx.parallel.base import (
     detached,
     evaluate,
 )
+from phalanx.parallel.divergence import check_loss
 from phalanx.rules import apply_updates, make_rule, state_tensors
 from phalanx.runtime.checkpoint import save_checkpoint
 
@@ -63,6 +64,7 @@ def run(job: Job, log: EventLog) -> Outcome:
             if step % LOG_EVERY == 0 or step == total:
                 # .item() is a sync point on GPU; only paid every LOG_EVERY steps
                 acc = (out.argmax(1) == y).float().mean().item()
+                check_loss(cfg, loss.item(), step)  # NaN / inf: stop now, in one line
                 log.log("train", step=step, epoch=epoch, loss=loss.item(), accuracy=acc,
                         samples=samples, wall_s=time.perf_counter() - t0)
                 progress.update(step, loss=loss.item())

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from phalanx.errors import PhalanxError
+from phalanx.limits import memory_bytes
 
 MAGIC = b"PHXCKPT1"
 
@@ -42,6 +43,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint")
+    if path.stat().st_size > memory_bytes() // 2:
+        raise CheckpointError(f"{path}: {path.stat().st_size} bytes, more than half of this "
+                              "machine's memory: not a checkpoint of this run")
     blob = path.read_bytes()
     if len(blob) < 40 or blob[:8] != MAGIC:
         raise CheckpointError(f"{path}: not a phalanx checkpoint (bad header)")

@@ -20,17 +20,20 @@ API for a strategy (small on purpose):
 * :func:`die` logs a ``fault`` event, prints one line to stderr and exits the process;
 * :class:`MessageDropper` decides, seeded and per process, which messages to lose.
 
-A killed worker exits with status 0 (:data:`KILLED_WORKER_EXIT`): the launchers (``spawn``,
-``torchrun``) tear the whole group down when a process exits non-zero, and a lost worker
-must leave its peers running so that the run can go on without it. A killed server exits
-with :data:`KILLED_SERVER_EXIT` (non-zero): the run must stop so that ``--resume`` can
-restart it from the last checkpoint.
+A killed parameter-server worker dies by SIGKILL (:data:`KILLED_WORKER_EXIT` is
+``-SIGKILL``), exactly as a crash, ``kill -9`` or the OOM killer ends it: the local
+launcher lets the run go on without it (``phalanx.runtime.supervise``) and the servers drop
+it after ``--ps-timeout``, so tests of the injected fault exercise the path of a real one.
+(``torchrun`` stops the whole group when any process dies; ``--max-restarts`` restarts it.)
+A killed server exits with :data:`KILLED_SERVER_EXIT` (non-zero): the run must stop so that
+``--resume`` can restart it from the last checkpoint.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +41,7 @@ from typing import Any, NoReturn
 
 from phalanx.errors import ConfigError
 
-KILLED_WORKER_EXIT = 0
+KILLED_WORKER_EXIT = -signal.SIGKILL  # negative: die by this signal (os.kill), not exit
 KILLED_SERVER_EXIT = 3
 
 
@@ -85,6 +88,8 @@ def die(log: Callable[..., Any] | None, role: str, rank: int, at: str, code: int
         log("fault", fault=f"kill-{role}", **{role: rank}, at=at)  # e.g. worker=2
     sys.stderr.write(f"phalanx: fault injection: {role} {rank} killed at {at}\n")
     sys.stderr.flush()
+    if code < 0:
+        os.kill(os.getpid(), -code)
     os._exit(code)
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -21,9 +21,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+import torch.multiprocessing  # noqa: F401 - registers tensor sharing for spawn
 
 from phalanx.errors import PhalanxError
+from phalanx.runtime.signals import child_setup, make_run_tempdir
+from phalanx.runtime.supervise import ERROR_FILE, STOPPING, default_name, start, supervise
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -35,7 +37,7 @@ class WorkerFailed(PhalanxError):
 def _record_failure(error_dir: str, rank: int, e: BaseException) -> None:
     """Write when and why this rank failed (once): when one rank dies its peers fail too
     ("connection closed by peer"), and the parent reports the FIRST failure, the cause."""
-    path = Path(error_dir, f"rank{rank}.err")
+    path = Path(error_dir, ERROR_FILE.format(rank=rank))
     if path.exists():
         return
     line = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
@@ -43,7 +45,9 @@ def _record_failure(error_dir: str, rank: int, e: BaseException) -> None:
 
 
 def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, backend: str,
-           error_dir: str, args: tuple) -> None:
+           error_dir: str, args: tuple, parent_pid: int = 0) -> None:
+    if parent_pid:
+        child_setup(parent_pid)  # die with the driver; SIGINT is the driver's to handle
     torch.set_num_threads(1)
     try:
         store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
@@ -62,9 +66,12 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
                 pass
     except BaseException as e:
         _record_failure(error_dir, rank, e)
-        if not isinstance(e, PhalanxError):
+        # a peer's death or the driver stopping the run is reported once, by the driver
+        if not isinstance(e, PhalanxError) and not Path(error_dir, STOPPING).exists():
             traceback.print_exc()
-        raise
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # not raise: multiprocessing would print the traceback again
     # Success: every result is on disk and the group is destroyed. Leave without the
     # interpreter's teardown, where a backend's C++ thread destroyed while still joinable
     # aborted ~1 run in 6 ("terminate called without an active exception") after all the
@@ -78,7 +85,10 @@ def _first_failure(error_dir: str) -> tuple[int, str] | None:
     found = []
     for path in Path(error_dir).glob("rank*.err"):
         stamp, _, line = path.read_text().strip().partition(" ")
-        found.append((float(stamp), int(path.stem[4:]), line))
+        try:
+            found.append((float(stamp), int(path.stem[4:]), line))
+        except ValueError:
+            continue  # a child killed while writing it
     if not found:
         return None
     _, rank, line = min(found)
@@ -86,11 +96,13 @@ def _first_failure(error_dir: str) -> tuple[int, str] | None:
 
 
 def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str = "gloo",
-          timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+          timeout_s: float = DEFAULT_TIMEOUT_S, survivable: Callable[[int], bool] | None = None,
+          name: Callable[[int], str] = default_name) -> None:
     """Run ``fn(rank, world, *args)`` in ``world`` fresh processes joined in one group.
 
     ``fn`` and ``args`` must be picklable; tensors inside ``args`` travel through shared
-    memory, not copies.
+    memory, not copies. ``survivable(rank)``: that process may die by a signal without
+    ending the run; ``name(rank)`` names it in messages (see :mod:`phalanx.runtime.supervise`).
     """
     # Bind the rendezvous to loopback ourselves: given only a host name, TCPStore listens on
     # every interface (seen with ss -ltnp). Port 0: the OS picks a free one, no races.
@@ -101,28 +113,15 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
                           timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
                           master_listen_fd=listener.fileno())
     listener.detach()  # the store owns (and closes) the descriptor now
-    with tempfile.TemporaryDirectory(prefix="phalanx-spawn-") as error_dir:
-        try:
-            mp.start_processes(_child, args=(fn, world, store.port, timeout_s, backend,
-                                             error_dir, args),
-                               nprocs=world, start_method="spawn", join=True)
-        except mp.ProcessRaisedException as e:
-            first = _first_failure(error_dir)
-            if first is not None:
-                raise WorkerFailed(f"process {first[0]} failed: {first[1]}") from None
-            lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-            raise WorkerFailed(
-                f"process {e.error_index} failed: {lines[-1] if lines else e}") from None
-        except mp.ProcessExitedException as e:
-            first = _first_failure(error_dir)
-            if first is not None:
-                raise WorkerFailed(f"process {first[0]} failed: {first[1]}") from None
-            raise WorkerFailed(
-                f"process {e.error_index} exited with code {e.exit_code}"
-                + (f" ({e.signal_name})" if getattr(e, "signal_name", None) else "")
-            ) from None
-        finally:
-            del store
+    error_dir, port = make_run_tempdir("phalanx-spawn-"), store.port
+    try:
+        procs = start(_child, world, lambda rank: (rank, fn, world, port, timeout_s,
+                                                   backend, error_dir, args, os.getpid()))
+        supervise(procs, error_dir, first_failure=_first_failure, fail=WorkerFailed,
+                  survivable=survivable, name=name)
+    finally:
+        shutil.rmtree(error_dir, ignore_errors=True)
+        del store
 
 
 def run_under_torchrun(fn: Callable[..., Any], args: tuple = (), *, backend: str = "gloo",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from phalanx.config import RunConfig
+from phalanx.config import RunConfig, read_config_text
 from phalanx.errors import ConfigError
 
 
@@ -26,12 +26,13 @@ def resume_config(cfg: RunConfig) -> RunConfig:
     if not path.is_file():
         raise ConfigError(f"--resume: {run_dir} has no config.json (not a phalanx run directory)")
     try:
-        values = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        values = json.loads(read_config_text(path, "--resume"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
         raise ConfigError(f"--resume: {path}: not valid JSON ({type(e).__name__})") from None
     if not isinstance(values, dict):
         raise ConfigError(f"--resume: {path}: not a mapping of setting -> value")
-    values.update(resume=str(run_dir), out=str(run_dir), kill_worker="", kill_server="")
+    values.update(resume=str(run_dir), out=str(run_dir), kill_worker="", kill_server="",
+                  overwrite=False)
     resumed = RunConfig.from_mapping(values, source=f"--resume {path}").validate()
     from phalanx.parallel import strategy_module
 

@@ -1,0 +1,113 @@
+"""Signals: the driver stops a run cleanly on SIGTERM / SIGINT; children never outlive it.
+
+* Driver (the ``phalanx`` process): SIGTERM raises :class:`Terminated` (a
+  ``KeyboardInterrupt``, like SIGINT) in the main thread, so both unwind the same way: the
+  launcher stops every child, temp folders are removed, the CLI prints one line and exits
+  128 + the signal number.
+* Children: they ignore SIGINT (a Ctrl-C reaches the whole process group; the driver
+  decides and stops them, so no child prints a ``KeyboardInterrupt`` traceback), and the
+  kernel kills them when the driver dies, even by ``kill -9`` (``PR_SET_PDEATHSIG``; a
+  polling thread where prctl is missing).
+* Temp folders of a driver killed by ``kill -9`` are removed by the next run
+  (:func:`sweep_stale_dirs`): their names carry the pid that made them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (or another stop signal) arrived; unwinds like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def signal_of(e: BaseException) -> int:
+    """The signal behind an interrupt: SIGTERM for :class:`Terminated`, else SIGINT."""
+    return getattr(e, "signum", signal.SIGINT)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(signum)
+
+
+def install_driver_handlers() -> dict[int, object]:
+    """SIGTERM and SIGHUP (the terminal went away) -> :class:`Terminated` in the main
+    thread (a no-op elsewhere). Returns the previous handlers for :func:`restore`."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+
+def restore(previous: dict[int, object]) -> None:
+    """Put back what :func:`install_driver_handlers` replaced (``main()`` may run inside
+    another program, e.g. a test runner)."""
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        time.sleep(0.5)
+
+
+def child_setup(parent_pid: int) -> None:
+    """Call first thing in a child process: die with the driver, leave SIGINT to it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    armed = False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the driver died before prctl took effect
+        os._exit(1)
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def make_run_tempdir(prefix: str) -> str:
+    """A temp folder named ``PREFIX<pid>-...`` (so a later run can tell it is stale)."""
+    sweep_stale_dirs(prefix)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+
+
+def sweep_stale_dirs(prefix: str) -> int:
+    """Remove this user's ``PREFIX<pid>-*`` temp folders whose pid is gone; returns how
+    many were removed."""
+    removed = 0
+    for path in Path(tempfile.gettempdir()).glob(f"{prefix}*-*"):
+        pid_s = path.name[len(prefix):].partition("-")[0]
+        try:
+            if not pid_s.isdigit() or path.stat().st_uid != os.getuid() or _alive(int(pid_s)):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed

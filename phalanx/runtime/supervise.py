@@ -1,0 +1,144 @@
+"""Start the processes of a run and watch them until they end (the driver's side).
+
+Rules, in order, each time a process ends:
+
+* exit 0: done;
+* killed by a signal (``kill -9``, the OOM killer, a segfault) and ``survivable(rank)``:
+  the run goes on without it, with one line saying so. The parameter-server strategies
+  mark their workers survivable: the servers notice the silence through heartbeats and
+  drop the worker after ``--ps-timeout`` (``--on-worker-loss`` decides what then), exactly
+  as they do for an injected ``--kill-worker`` (which kills with SIGKILL too);
+* anything else ends the run: the other processes are stopped (SIGTERM, then SIGKILL) and
+  :class:`~phalanx.runtime.launch.WorkerFailed` names the process by its role
+  (``worker 1``) with the first error any process recorded (the cause; its peers fail
+  after it).
+
+An interrupt of the driver (Ctrl-C, SIGTERM: see :mod:`phalanx.runtime.signals`) stops
+every child the same way before it propagates, so no process outlives the run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from phalanx.errors import PhalanxError
+
+STOPPING = "stopping"  # file in the error folder: the driver is stopping everyone
+ERROR_FILE = "rank{rank}.err"  # where a child records its first error (launch.py)
+ORPHAN_GRACE_S = 10.0  # survivable processes left after the others finished: stopped then
+
+
+def default_name(rank: int) -> str:
+    return f"process {rank}"
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def start(target: Callable[..., Any], world: int, args: Callable[[int], tuple]) -> list:
+    """``world`` fresh interpreters (spawn) running ``target(*args(rank))``."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = []
+    try:
+        for rank in range(world):
+            p = ctx.Process(target=target, args=args(rank), name=f"phalanx-rank{rank}")
+            p.start()
+            procs.append(p)
+    except OSError as e:  # out of processes or memory (fork/exec failed)
+        stop(procs, None)
+        raise PhalanxError(f"cannot start process {len(procs)} of {world}: "
+                           f"{e.strerror or e}") from None
+    except BaseException:
+        stop(procs, None)
+        raise
+    return procs
+
+
+def stop(procs: list, error_dir: str | None, grace_s: float = 3.0) -> None:
+    """Stop every live process: SIGTERM to all at once, SIGKILL after ``grace_s``."""
+    if error_dir is not None:
+        try:
+            Path(error_dir, STOPPING).touch()  # children print no traceback from now on
+        except OSError:
+            pass
+    live = [p for p in procs if p.exitcode is None]
+    for p in live:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in live:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in live:
+        if p.exitcode is None:
+            p.kill()
+            p.join(1.0)
+
+
+def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any],
+              fail: Callable[[str], BaseException],
+              survivable: Callable[[int], bool] | None = None,
+              name: Callable[[int], str] = default_name) -> None:
+    """Wait for every process; raise ``fail(message)`` at the first fatal end."""
+    waiting = dict(enumerate(procs))
+    orphaned_since: float | None = None
+    try:
+        while waiting:
+            if survivable is not None and all(survivable(r) for r in waiting):
+                # every process the run needs has finished well; what is left are workers
+                # the servers already dropped (e.g. a stopped, hung process): end them
+                orphaned_since = orphaned_since or time.monotonic()
+                if time.monotonic() - orphaned_since > ORPHAN_GRACE_S:
+                    for rank in waiting:
+                        sys.stderr.write(f"phalanx: {name(rank)} was still running after the "
+                                         "run finished without it; stopped\n")
+                    stop([waiting[r] for r in waiting], error_dir)
+                    return
+            multiprocessing.connection.wait([p.sentinel for p in waiting.values()], 1.0)
+            ended = [(rank, p.exitcode) for rank, p in waiting.items()
+                     if p.exitcode is not None]
+            fatal = []
+            for rank, code in ended:
+                del waiting[rank]
+                if code == 0:
+                    continue
+                if code < 0 and survivable is not None and survivable(rank):
+                    sys.stderr.write(f"phalanx: {name(rank)} {describe_exit(code)}; the run "
+                                     "goes on without it\n")
+                    sys.stderr.flush()
+                    continue
+                fatal.append((rank, code))
+            if not fatal:
+                continue
+            first = first_failure(error_dir)
+            stop(procs, error_dir)
+            # a death by a signal came from outside (kill, OOM, segfault): it is the cause,
+            # and its peers' errors ("connection reset by peer") are its consequences
+            # (SIGABRT excepted: a C++ library aborts a process whose peer died first)
+            killed = [(rank, code) for rank, code in fatal
+                      if code < 0 and -code != signal.SIGABRT]
+            if killed:
+                raise fail(f"{name(killed[0][0])} {describe_exit(killed[0][1])}")
+            # likewise a process that exited without recording an error (an injected fault,
+            # os._exit) caused the errors its peers recorded after it
+            silent = [(rank, code) for rank, code in fatal
+                      if code > 0 and not Path(error_dir, ERROR_FILE.format(rank=rank)).exists()]
+            if silent:
+                raise fail(f"{name(silent[0][0])} {describe_exit(silent[0][1])}")
+            if first is not None:
+                raise fail(f"{name(first[0])} failed: {first[1]}")
+            raise fail(f"{name(fatal[0][0])} {describe_exit(fatal[0][1])}")
+    except BaseException:
+        stop(procs, error_dir)  # an interrupt of the driver, or the failure above
+        raise
