@@ -208,3 +208,39 @@ class TestNetwork:
                 except (ProcessLookupError, ValueError):
                     pass
             _ip("netns", "delete", name, check=False)
+
+
+RDZV_PORT = 29400  # inside the test hosts every port is free: each has its own port space
+
+
+def torchrun_argv(net: TestNetwork, node: int, nproc: int, target: list[str], *,
+                  nnodes: str = "", max_restarts: int = 0, run_id: str = "phalanx") -> list[str]:
+    """The ``torchrun`` command a user would type on test host ``node`` (c10d rendezvous on
+    host 0). ``--local-addr``: torchrun otherwise advertises the host name, which resolves to
+    127.0.0.1 here; ``is_host``: torchrun recognises the rendezvous host by its host name or
+    addresses, and all test hosts share one host name."""
+    import sys
+
+    host = net.hosts[node]
+    return [sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", nnodes or str(len(net.hosts)), "--nproc-per-node", str(nproc),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{net.hosts[0].addr}:{RDZV_PORT}",
+            "--rdzv-id", run_id, "--rdzv-conf", f"is_host={int(node == 0)}",
+            "--local-addr", host.addr, "--max-restarts", str(max_restarts),
+            "--monitor-interval", "0.2", *target]
+
+
+def start_torchrun(net: TestNetwork, nproc: int, target: list[str], log_dir: Path, *,
+                   nodes: list[int] | None = None, env: dict[str, str] | None = None,
+                   **kwargs) -> list[subprocess.Popen]:
+    """Start torchrun on every host (or ``nodes``); output goes to ``log_dir/host<i>.log``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for node in (range(len(net.hosts)) if nodes is None else nodes):
+        with open(log_dir / f"host{node}.log", "w") as out:
+            procs.append(net.hosts[node].popen(
+                torchrun_argv(net, node, nproc, target, **kwargs), stdout=out,
+                stderr=subprocess.STDOUT, text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                start_new_session=True))
+    return procs

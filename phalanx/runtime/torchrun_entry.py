@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.errors import PhalanxError
+from phalanx.runtime import netif, nodes
 from phalanx.runtime.launch import DEFAULT_TIMEOUT_S
 
 
@@ -46,6 +47,9 @@ def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
 
     module = strategy_module(cfg.strategy)
     if not hasattr(module, "process_main"):
+        if cfg.strategy == "hogwild":  # the one multi-process strategy without a network path
+            raise PhalanxError("--strategy hogwild: Hogwild! is single-host (its workers share "
+                               "one model in shared memory); run it with phalanx train")
         raise PhalanxError(f"--strategy {cfg.strategy}: runs in one process; use phalanx train")
     expected = module.world_size(cfg)
     if world != expected:
@@ -80,21 +84,36 @@ def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
         print(f"test_accuracy {acc:.4f} -> {job.run_dir}")
 
 
-def _run_attempt(fn, args: tuple, attempt: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+def _run_attempt(fn, args: tuple, attempt: int, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 binding: netif.Binding | None = None) -> None:
     """``run_under_torchrun`` for attempt ``attempt`` of the group. torchrun's agent store
     outlives a restart, and gloo publishes each rank's address under keys that do not name
     the attempt: without a per-attempt prefix a restarted rank reads its peer's address from
-    the dead attempt and fails ("Connection refused" in connectFullMesh)."""
+    the dead attempt and fails ("Connection refused" in connectFullMesh).
+
+    ``binding``: the interface gloo binds (see :mod:`phalanx.runtime.netif`). A failure
+    while training becomes one line naming the node behind the failed peer's address."""
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if binding is not None:  # gloo reads it when each process group (and subgroup) is made
+        os.environ["GLOO_SOCKET_IFNAME"] = binding.iface
     store, rank, world = next(dist.rendezvous("env://"))
     store.set_timeout(datetime.timedelta(seconds=timeout_s))
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"phalanx/attempt{attempt}", store),
-                            rank=rank, world_size=world,
+    attempt_store = dist.PrefixStore(f"phalanx/attempt{attempt}", store)
+    dist.init_process_group("gloo", store=attempt_store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
+    table = nodes.publish(attempt_store, rank, world, int(os.environ.get("GROUP_RANK", "0")),
+                          binding.addr if binding is not None and binding.addr else "?")
     try:
         fn(rank, world, *args)
+    except PhalanxError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a peer's loss surfaces as any backend error
+        raise PhalanxError(table.failure_line(rank, e)) from None
     finally:
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the group may already be broken by a lost node
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,15 +121,31 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = _Parser(prog="phalanx.runtime.torchrun_entry")
     add_run_config_flags(parser)
+    parser.add_argument("--iface", default="",
+                        help="network interface gloo binds (default: the one that routes to "
+                             "torchrun's master address; lo when every rank is on this host)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds a rank waits for a peer before the run fails "
+                             f"(default {DEFAULT_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
-    # torchrun's attempt number, read here at the entry point and passed down
+    # torchrun's environment, read here at the entry point and passed down
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     try:
+        if not (args.timeout > 0):
+            raise PhalanxError(f"--timeout {args.timeout:g}: must be > 0")
         cfg = config_from_args(args)
-        _run_attempt(_main, (cfg, time.perf_counter(), attempt), attempt)
+        binding = netif.choose(os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                               multi_host=world > local_world, iface=args.iface,
+                               env_iface=os.environ.get("GLOO_SOCKET_IFNAME", ""))
+        _run_attempt(_main, (cfg, time.perf_counter(), attempt), attempt, args.timeout, binding)
     except PhalanxError as e:
         sys.stderr.write(f"phalanx: error: {e}\n")
-        return 2
+        sys.stderr.flush()
+        # leave without the interpreter's teardown: a backend thread still blocked on a lost
+        # peer would keep the process alive (or abort it) after the error is reported
+        os._exit(2)
     return 0
 
 
