@@ -109,17 +109,42 @@ class TestHost:
         out = self.run(["cat", f"/sys/class/net/{self.iface}/statistics/{what}"], check=True)
         return int(out.stdout)
 
-    def listening(self) -> list[tuple[str, int]]:
-        """Every listening TCP socket of this host as (address, port), from /proc/net/tcp{,6}."""
+    def listening(self) -> list[Listener]:
+        """Every listening TCP socket of this host (from /proc/net/tcp{,6} as the host sees
+        them) with the process that holds it (found through /proc/PID/fd)."""
+        owners = self._socket_owners()
         found = []
         for table, width in (("tcp", 8), ("tcp6", 32)):
             text = self.run(["cat", f"/proc/net/{table}"], check=True).stdout
             for line in text.splitlines()[1:]:
                 cols = line.split()
-                if len(cols) > 3 and cols[3] == "0A":  # TCP_LISTEN
+                if len(cols) > 9 and cols[3] == "0A":  # TCP_LISTEN
                     hexaddr, hexport = cols[1].split(":")
-                    found.append((_decode_addr(hexaddr[:width]), int(hexport, 16)))
+                    pid, cmd = owners.get(cols[9], (0, ""))
+                    found.append(Listener(_decode_addr(hexaddr[:width]), int(hexport, 16),
+                                          pid, cmd))
         return found
+
+    def _socket_owners(self) -> dict[str, tuple[int, str]]:
+        owners = {}
+        for pid in _ip("netns", "pids", self.name, check=False).stdout.split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        owners[link[8:-1]] = (int(pid), cmd.strip())
+            except OSError:  # the process ended meanwhile
+                continue
+        return owners
+
+
+@dataclass(frozen=True)
+class Listener:
+    addr: str
+    port: int
+    pid: int
+    cmdline: str
 
 
 def _decode_addr(hexaddr: str) -> str:

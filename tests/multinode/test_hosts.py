@@ -60,7 +60,8 @@ def test_tbf_caps_the_rate_and_listening_sockets_are_seen(network) -> None:
     server = h1.popen([sys.executable, "-c", SERVER, h1.addr, str(PORT)],
                       stdout=subprocess.PIPE, text=True)
     assert server.stdout.readline().strip() == "ready"
-    assert (h1.addr, PORT) in h1.listening()
+    assert [(x.addr, x.port) for x in h1.listening()] == [(h1.addr, PORT)]
+    assert h1.listening()[0].pid == server.pid or "-c" in h1.listening()[0].cmdline
     assert net.hosts[0].listening() == []
     server.kill()
     server.wait()
