@@ -52,13 +52,15 @@ class SocketWatch:
 
 
 def run_group(net: TestNetwork, nproc: int, runs: dict[str, dict], out: Path, *,
-              timeout_s: float = 300, watch: bool = False) -> SocketWatch | None:
+              timeout_s: float = 300, watch: bool = False,
+              netstats: str = "") -> SocketWatch | None:
     """Run ``runs`` (name -> flags) in one torchrun group of ``nproc`` processes per host;
     each run writes to ``out/name``. Fails with both hosts' logs if the group fails."""
     spec = [flags({**values, "out": str(out / name)}) for name, values in runs.items()]
     (out / "runs.json").parent.mkdir(parents=True, exist_ok=True)
     (out / "runs.json").write_text(json.dumps(spec))
-    procs = start_torchrun(net, nproc, [SEVERAL, str(out / "runs.json")], out / "logs")
+    target = [SEVERAL, str(out / "runs.json"), *([netstats] if netstats else [])]
+    procs = start_torchrun(net, nproc, target, out / "logs")
     sockets = SocketWatch(net) if watch else None
     if sockets is not None:
         sockets.__enter__()
