@@ -214,6 +214,14 @@ class TestNetwork:
         if self.rate_mbit is not None:
             self.shape(self.rate_mbit)
 
+    @property
+    def bridge_ns(self) -> str:
+        return self._bridge_ns
+
+    def ports(self) -> dict[str, str]:
+        """Host address -> the name of its port on the bridge (inside ``bridge_ns``)."""
+        return {host.addr: f"p{i}" for i, host in enumerate(self.hosts)}
+
     def shape(self, rate_mbit: float) -> None:
         """Limit every link to ``rate_mbit`` in both directions (replaces earlier shaping)."""
         for i, host in enumerate(self.hosts):

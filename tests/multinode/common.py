@@ -3,15 +3,14 @@ test hosts, and watch every listening socket while it runs."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from phalanx.experiments.hostgroup import Plan, PlannedRun
 from phalanx.runtime.hosts import Listener, TestNetwork, start_torchrun
 
-SEVERAL = str(Path(__file__).with_name("several.py"))
 BASE = {"model": "mlp", "data": "synthetic", "max_steps": 20, "batch_size": 16, "lr": 0.05,
         "rule": "momentum", "train_limit": 1600, "test_limit": 200, "progress": False,
         "tensorboard": False}
@@ -56,10 +55,11 @@ def run_group(net: TestNetwork, nproc: int, runs: dict[str, dict], out: Path, *,
               netstats: str = "") -> SocketWatch | None:
     """Run ``runs`` (name -> flags) in one torchrun group of ``nproc`` processes per host;
     each run writes to ``out/name``. Fails with both hosts' logs if the group fails."""
-    spec = [flags({**values, "out": str(out / name)}) for name, values in runs.items()]
-    (out / "runs.json").parent.mkdir(parents=True, exist_ok=True)
-    (out / "runs.json").write_text(json.dumps(spec))
-    target = [SEVERAL, str(out / "runs.json"), *([netstats] if netstats else [])]
+    plan = Plan([PlannedRun(flags({**values, "out": str(out / name)}), netstats=netstats)
+                 for name, values in runs.items()])
+    out.mkdir(parents=True, exist_ok=True)
+    plan.write(out / "plan.json")
+    target = ["-m", "phalanx.experiments.hostgroup", str(out / "plan.json")]
     procs = start_torchrun(net, nproc, target, out / "logs")
     sockets = SocketWatch(net) if watch else None
     if sockets is not None:

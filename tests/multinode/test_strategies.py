@@ -1,8 +1,8 @@
 """Every strategy on 2 test hosts x 2 processes under torchrun (c10d rendezvous), real processes.
 
-One torchrun group on the two hosts runs all 13 configurations (``several.py``; starting
-torchrun costs far more than 20 steps of a small MLP); one group of 4 processes on ONE host
-runs the sync references. Checked:
+One torchrun group on the two hosts runs all 13 configurations one after another
+(``phalanx.experiments.hostgroup``; starting torchrun costs far more than 20 steps of a small
+MLP); one group of 4 processes on ONE host runs the sync references. Checked:
 
 * sync (ring, native, main node) across hosts == the single-host 4-process run, to 1e-6;
 * pipeline and hybrid == single-process training on the same batches, to 1e-5;

@@ -1,6 +1,7 @@
 """Bytes on the wire, counted by the kernel: 4 test hosts x 1 process, so every byte a rank
-sends crosses its host's eth0. ``several.py`` reads ``/sys/class/net/eth0/statistics`` in
-each host right before and after each run (behind barriers).
+sends crosses its host's eth0. ``phalanx.experiments.hostgroup`` reads
+``/sys/class/net/eth0/statistics`` in each host right before and after each run (behind
+barriers).
 
 * ring allreduce: each host sends 2X(N-1)/N per step, as phalanx's own counter says;
 * main node: the root carries 2X(N-1) per step (sends X to and receives X from each other
