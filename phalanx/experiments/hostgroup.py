@@ -104,3 +104,32 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def run_plan(net, nproc: int, plan: Plan, out: Path, *, timeout_s: float = 600,
+             poll=None) -> None:
+    """Start ``plan`` under torchrun on every host of ``net`` (``nproc`` processes each) and
+    wait; ``poll()`` is called every 0.2 s meanwhile. Raises with both hosts' log tails when
+    the group fails or runs past ``timeout_s``."""
+    from phalanx.runtime.hosts import start_torchrun
+
+    out.mkdir(parents=True, exist_ok=True)
+    plan.write(out / "plan.json")
+    procs = start_torchrun(net, nproc, ["-m", "phalanx.experiments.hostgroup",
+                                        str(out / "plan.json")], out / "logs")
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < timeout_s and any(p.poll() is None for p in procs):
+            if poll is not None:
+                poll()
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    codes = [p.returncode for p in procs]
+    if codes != [0] * len(procs):
+        tails = "\n".join(f"--- host {i}\n" + (out / "logs" / f"host{i}.log").read_text()[-3000:]
+                          for i in range(len(procs)))
+        raise PhalanxError(f"torchrun on the test hosts exited with {codes}\n{tails}")
