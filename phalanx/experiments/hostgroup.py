@@ -69,7 +69,8 @@ def _shape(plan: Plan, addr: str, iface: str, rate_mbit: float) -> None:
                     plan.ports[addr], *tbf], check=True, capture_output=True)
 
 
-def _all(rank: int, world: int, plan: Plan, cfgs: list, binding: netif.Binding) -> None:
+def _all(rank: int, world: int, plan: Plan, cfgs: list, binding: netif.Binding,
+         attempt: int) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     for run, cfg in zip(plan.runs, cfgs):
         if run.rate_mbit is not None and local_rank == 0:

@@ -98,6 +98,16 @@ class TestHost:
     def popen(self, command: list[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.argv(command), **kwargs)
 
+    def kill_all(self) -> list[int]:
+        """SIGKILL every process in this host (a machine lost at once); their pids."""
+        pids = [int(p) for p in _ip("netns", "pids", self.name, check=False).stdout.split()]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
+
     def tx_bytes(self) -> int:
         """Bytes this host has sent on ``eth0``, as the kernel counts them."""
         return self._stat("tx_bytes")
@@ -258,7 +268,8 @@ def torchrun_argv(net: TestNetwork, node: int, nproc: int, target: list[str], *,
     return [sys.executable, "-m", "torch.distributed.run",
             "--nnodes", nnodes or str(len(net.hosts)), "--nproc-per-node", str(nproc),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{net.hosts[0].addr}:{RDZV_PORT}",
-            "--rdzv-id", run_id, "--rdzv-conf", f"is_host={int(node == 0)}",
+            "--rdzv-id", run_id,
+            "--rdzv-conf", f"is_host={int(node == 0)},last_call_timeout=2",
             "--local-addr", host.addr, "--max-restarts", str(max_restarts),
             "--monitor-interval", "0.2", *target]
 

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phalanx.experiments.hostgroup import Plan, PlannedRun
-from phalanx.runtime.hosts import Listener, TestNetwork, start_torchrun
+from phalanx.experiments.hostgroup import Plan, PlannedRun, run_plan
+from phalanx.runtime.hosts import Listener, TestNetwork
 
 BASE = {"model": "mlp", "data": "synthetic", "max_steps": 20, "batch_size": 16, "lr": 0.05,
         "rule": "momentum", "train_limit": 1600, "test_limit": 200, "progress": False,
@@ -57,27 +57,12 @@ def run_group(net: TestNetwork, nproc: int, runs: dict[str, dict], out: Path, *,
     each run writes to ``out/name``. Fails with both hosts' logs if the group fails."""
     plan = Plan([PlannedRun(flags({**values, "out": str(out / name)}), netstats=netstats)
                  for name, values in runs.items()])
-    out.mkdir(parents=True, exist_ok=True)
-    plan.write(out / "plan.json")
-    target = ["-m", "phalanx.experiments.hostgroup", str(out / "plan.json")]
-    procs = start_torchrun(net, nproc, target, out / "logs")
     sockets = SocketWatch(net) if watch else None
     if sockets is not None:
         sockets.__enter__()
-    t0 = time.monotonic()
     try:
-        while time.monotonic() - t0 < timeout_s and any(p.poll() is None for p in procs):
-            time.sleep(0.2)
+        run_plan(net, nproc, plan, out, timeout_s=timeout_s)
     finally:
         if sockets is not None:
             sockets.__exit__()
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    codes = [p.returncode for p in procs]
-    if codes != [0] * len(procs):
-        logs = "\n".join(f"--- host {i}\n" + (out / "logs" / f"host{i}.log").read_text()[-3000:]
-                         for i in range(len(procs)))
-        raise AssertionError(f"torchrun exit codes {codes}\n{logs}")
     return sockets
