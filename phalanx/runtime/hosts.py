@@ -98,6 +98,17 @@ class TestHost:
     def popen(self, command: list[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.argv(command), **kwargs)
 
+    def processes(self) -> list[str]:
+        """The command lines of the processes running in this host."""
+        found = []
+        for pid in _ip("netns", "pids", self.name, check=False).stdout.split():
+            try:
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes()
+                             .replace(b"\0", b" ").decode().strip())
+            except OSError:
+                continue
+        return found
+
     def kill_all(self) -> list[int]:
         """SIGKILL every process in this host (a machine lost at once); their pids."""
         pids = [int(p) for p in _ip("netns", "pids", self.name, check=False).stdout.split()]

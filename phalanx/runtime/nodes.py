@@ -48,7 +48,8 @@ class NodeTable:
         text = str(error).strip() or type(error).__name__
         first = next((ln for ln in text.splitlines() if "Error" in ln or "error" in ln),
                      text.splitlines()[0])
-        first = first.strip()[:300]
+        # gloo's source-file prefix and its advice add nothing to the line
+        first = first.strip().split("] ", 1)[-1].split(". This is typically", 1)[0][:300]
         me = next((p.node for p in self.places if p.rank == rank), None)
         for addr in _IPV4.findall(text):
             node = self.node_of_addr(addr)
