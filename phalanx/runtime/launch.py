@@ -45,6 +45,8 @@ def _record_failure(error_dir: str, rank: int, e: BaseException) -> None:
 def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, backend: str,
            error_dir: str, args: tuple) -> None:
     torch.set_num_threads(1)
+    # one host: gloo binds loopback, not what the host name resolves to (netif.py)
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME") or "lo"
     try:
         store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout_s))
