@@ -57,7 +57,7 @@ class Setting:
 
 def setting(quick: bool, data: str | None) -> Setting:
     if quick:
-        return Setting(True, (2,), (100.0, 20.0), 12, 0.5, data or "synthetic")
+        return Setting(True, (2,), (100.0, 20.0), 8, 0.5, data or "synthetic")
     return Setting(False, (2, 3, 4), (1000.0, 100.0, 20.0), 60, 0.7, data or "fashion-mnist")
 
 
