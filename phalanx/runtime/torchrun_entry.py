@@ -11,7 +11,12 @@ Takes the same flags as ``phalanx train``. A multi-process strategy module expos
 Restarts (``torchrun --max-restarts N``): when a process dies torchrun stops the group and
 starts it again (``TORCHELASTIC_RESTART_COUNT`` > 0). Injected faults (``--kill-worker``,
 ``--kill-server``) belong to the first attempt only; a strategy with ``can_restart(cfg)``
-(sync, average) continues from its checkpoint in ``--out`` when it has one.
+(sync, average, the parameter server) continues from its checkpoints in ``--out`` when it
+has them. A replacement machine's agent starts at attempt 0: the group runs as the highest
+attempt among its ranks. ``--resume DIR`` resumes a failed run by hand.
+
+Several machines: each rank's gloo interface is chosen once here (:mod:`netif`), and a lost
+machine ends the others with one line naming it (:mod:`nodes`). See docs/multi-node.md.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from phalanx.runtime.launch import DEFAULT_TIMEOUT_S
 
 
 def _restarted(module, cfg, attempt: int):
-    """The configuration of a group torchrun started again after a process died."""
+    """The configuration of a group torchrun started again after a process (or a machine)
+    was lost."""
     cfg = dataclasses.replace(cfg, kill_worker="", kill_server="")
     if hasattr(module, "can_restart") and module.can_restart(cfg):
         cfg.resume = cfg.out
@@ -51,9 +57,10 @@ def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
         cfg = resume_config(cfg)
     module = strategy_module(cfg.strategy)
     if not hasattr(module, "process_main"):
-        if cfg.strategy == "hogwild":  # the one multi-process strategy without a network path
-            raise PhalanxError("--strategy hogwild: Hogwild! is single-host (its workers share "
-                               "one model in shared memory); run it with phalanx train")
+        if hasattr(module, "world_size"):  # several processes, but no network path (Hogwild!)
+            raise PhalanxError(f"--strategy {cfg.strategy}: single-host only (its worker "
+                               "processes share one model in shared memory); run it with "
+                               "phalanx train")
         raise PhalanxError(f"--strategy {cfg.strategy}: runs in one process; use phalanx train")
     expected = module.world_size(cfg)
     if world != expected:

@@ -119,5 +119,5 @@ def test_hogwild_under_torchrun_is_a_one_line_error(tmp_path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("phalanx: error:")]
-    assert lines == ["phalanx: error: --strategy hogwild: Hogwild! is single-host (its workers "
-                     "share one model in shared memory); run it with phalanx train"]
+    assert lines == ["phalanx: error: --strategy hogwild: single-host only (its worker "
+                     "processes share one model in shared memory); run it with phalanx train"]
