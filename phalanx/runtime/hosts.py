@@ -132,7 +132,8 @@ class TestHost:
 
     def listening(self) -> list[Listener]:
         """Every listening TCP socket of this host (from /proc/net/tcp{,6} as the host sees
-        them) with the process that holds it (found through /proc/PID/fd)."""
+        them) with the processes that hold it (found through /proc/PID/fd; ``cmdline``
+        joins the holders' command lines with " | ")."""
         owners = self._socket_owners()
         found = []
         for table, width in (("tcp", 8), ("tcp6", 32)):
@@ -154,7 +155,10 @@ class TestHost:
                 for fd in os.listdir(f"/proc/{pid}/fd"):
                     link = os.readlink(f"/proc/{pid}/fd/{fd}")
                     if link.startswith("socket:["):
-                        owners[link[8:-1]] = (int(pid), cmd.strip())
+                        # a socket inherited by a child is held by both: list every holder
+                        held = owners.get(link[8:-1])
+                        owners[link[8:-1]] = (held[0] if held else int(pid), cmd.strip()
+                                              if not held else f"{held[1]} | {cmd.strip()}")
             except OSError:  # the process ended meanwhile
                 continue
         return owners

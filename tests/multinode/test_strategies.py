@@ -99,6 +99,7 @@ def test_the_others_learn_across_hosts(runs, name: str) -> None:
 def test_gloo_binds_the_host_address_and_loopback_on_one_host(runs) -> None:
     _, sockets, single, addrs = runs
     for host, seen in sockets.seen.items():
+        # a socket torchrun's agent holds is torchrun's (even when a worker inherited it)
         ours = [s for s in seen if "torch.distributed.run" not in s.cmdline]
         agents = [s for s in seen if "torch.distributed.run" in s.cmdline]
         print(f"host {host}: workers listen on {sorted({(s.addr) for s in ours})} "
