@@ -9,9 +9,11 @@
 * PS with a shard on the lost host (shards 0, 1 on host 0; shard 2 + worker 0 on host 1):
   the restarted group restores every shard, the lost host's included, from its checkpoint.
 
-Elastic restarts run torchrun with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with the shared
-store, torchrun 2.13's rank-0 agent does not republish the master address for a new round,
-and a replacement agent waits for it forever (seen: "wait timeout ... MASTER_ADDR").
+The two replacement tests are ``slow`` (``pytest -m slow tests/multinode``): each costs a
+restart round of torchrun on top of the run. Elastic restarts run torchrun with
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with the shared store, torchrun 2.13's rank-0
+agent does not republish the master address for a new round, and a replacement agent
+waits for it forever (seen: "wait timeout ... MASTER_ADDR").
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def test_asp_finishes_on_the_surviving_host(tmp_path: Path) -> None:
     assert "Traceback" not in log0.split("torch.distributed.elastic")[0]
 
 
+@pytest.mark.slow  # ~1-2 min: a reference run, a lost host, a restart round, a replacement
 def test_sync_restarts_from_the_checkpoint_when_a_replacement_joins(tmp_path: Path) -> None:
     steps, k = 40, 10
     values = {**BASE, "strategy": "sync", "workers": 4, "max_steps": steps,
@@ -124,6 +127,7 @@ def test_sync_restarts_from_the_checkpoint_when_a_replacement_joins(tmp_path: Pa
     assert diff <= 1e-6
 
 
+@pytest.mark.slow  # ~1 min: a lost host, a restart round, a replacement
 def test_a_ps_shard_on_the_lost_host_restores_from_its_checkpoint(tmp_path: Path) -> None:
     values = {**BASE, "strategy": "asp", "workers": 1, "servers": 3, "max_steps": 60,
               "train_limit": 20000, "checkpoint_every": 5, "ps_timeout": 5,
