@@ -74,6 +74,8 @@ def _lose_host_and_replace(tmp_path: Path, values: dict, when, *, replace: bool,
             time.sleep(1)
             start_torchrun(net, 2, argv, tmp_path / "logs-replacement", nodes=[1], **elastic)
             _wait(lambda: procs[0].poll() is not None, timeout_s, "host 0's torchrun")
+        elif values["strategy"] == "sync":  # no restarts: host 0 must end, not hang
+            _wait(lambda: procs[0].poll() is not None, timeout_s, "host 0's torchrun")
         else:
             _wait(lambda: (run_dir / "summary.json").exists(), timeout_s, "the summary")
             # the surviving workers end; torchrun's agent then waits in its exit barrier for
@@ -100,6 +102,17 @@ def test_asp_finishes_on_the_surviving_host(tmp_path: Path) -> None:
     lost = [e for e in _events(run_dir) if e["kind"] == "worker_lost"]
     assert sorted(e["worker"] for e in lost) == [1, 2]
     assert "Traceback" not in log0.split("torch.distributed.elastic")[0]
+
+
+def test_sync_survivors_end_at_once_with_one_line_naming_the_lost_node(tmp_path: Path) -> None:
+    values = {**BASE, "strategy": "sync", "workers": 4, "max_steps": 400,
+              "train_limit": 40000}
+    trained = lambda ev: sum(e["kind"] == "train" for e in ev) >= 4  # noqa: E731
+    _, (rc, log0), seconds = _lose_host_and_replace(tmp_path, values, trained, replace=False)
+    errors = [ln for ln in log0.splitlines() if ln.startswith("phalanx: error:")]
+    print(f"sync, no restarts: host 0 ended {seconds:.1f} s after host 1 was lost; {errors[0]}")
+    assert rc != 0 and seconds < 30  # --timeout 30: ended by the broken connections, sooner
+    assert any(ln.startswith("phalanx: error: lost node 1 (") for ln in errors), errors
 
 
 @pytest.mark.slow  # ~1-2 min: a reference run, a lost host, a restart round, a replacement
