@@ -105,7 +105,8 @@ def test_gloo_binds_the_host_address_and_loopback_on_one_host(runs) -> None:
         print(f"host {host}: workers listen on {sorted({(s.addr) for s in ours})} "
               f"({len(ours)} sockets); torchrun agent: {sorted((s.addr, s.port) for s in agents)}")
         assert ours, "no listening socket of a worker was seen"
-        assert {s.addr for s in ours} == {addrs[host]}
+        assert {s.addr for s in ours} == {addrs[host]}, sorted(
+            (s.addr, s.port, s.pid, s.cmdline[-50:]) for s in seen)
         # torchrun's rendezvous store (host 0, --rdzv-endpoint's port) and the agent store it
         # shares with the workers: what torchrun binds, recorded, not phalanx's choice
         assert all(s.port == RDZV_PORT or host == 0 for s in agents)
