@@ -17,6 +17,7 @@ worker channel a server can still collect its peers' FINAL messages.
 from __future__ import annotations
 
 import datetime
+import queue
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -164,6 +165,10 @@ class GlooTransport:
         self.counter = ByteCounter()
         self._inflight: list[tuple[int, list, list[torch.Tensor]]] = []
         self._lock = threading.Lock()
+        self._broken = False  # a pair broke: receives from any source go through threads
+        self._dead: set[int] = set()
+        self._listening: set[tuple[int, int]] = set()  # (tag, peer) with a receiver thread
+        self._arrived: dict[int, queue.Queue] = {}  # tag -> (peer, header or error)
 
     def send(self, dst: int, header: Header, tensors: Sequence[torch.Tensor] = ()) -> None:
         import torch.distributed as dist
@@ -208,21 +213,31 @@ class GlooTransport:
              control: bool = False) -> Message:
         import torch.distributed as dist
 
-        wire = torch.empty(HEADER_LEN, dtype=torch.int64)
-        work = dist.irecv(wire, src=src, tag=CONTROL_TAG if control else HEADER_TAG)
-        try:
-            if timeout_s is None:
-                work.wait()
-            else:
-                work.wait(datetime.timedelta(seconds=timeout_s))
-        except RuntimeError as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if "Timed out" not in first:
-                raise PeerLost(f"rank {self.rank}: connection lost ({_short(first)})") from None
-            # a timed-out gloo receive stays posted and cannot be re-waited: callers must
-            # treat TransportTimeout as the end of the run (dead peer), not poll with it
-            raise TransportTimeout(f"rank {self.rank}: nothing arrived in {timeout_s} s") from None
-        sender = src if src is not None else work._source_rank()
+        tag = CONTROL_TAG if control else HEADER_TAG
+        if src is None and self._broken:
+            sender, wire = self._recv_each(tag, timeout_s)
+        else:
+            wire = torch.empty(HEADER_LEN, dtype=torch.int64)
+            try:
+                # posting fails too once a pair broke with a reset (a host lost at once)
+                work = dist.irecv(wire, src=src, tag=tag)
+                if timeout_s is None:
+                    work.wait()
+                else:
+                    work.wait(datetime.timedelta(seconds=timeout_s))
+            except RuntimeError as e:
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                if "Timed out" not in first:
+                    # gloo's receive from any source fails on every later call once one
+                    # pair is broken: from now on receive from each live peer separately
+                    self._broken = self._broken or src is None
+                    raise PeerLost(f"rank {self.rank}: connection lost ({_short(first)})",
+                                   rank=src) from None
+                # a timed-out gloo receive stays posted and cannot be re-waited: callers
+                # must treat TransportTimeout as the end of the run (dead peer)
+                raise TransportTimeout(
+                    f"rank {self.rank}: nothing arrived in {timeout_s} s") from None
+            sender = src if src is not None else work._source_rank()
         header = Header.decode(wire)  # a bad header: nothing reliable says what follows it
         tensors = header.payload_buffers()
         try:
@@ -234,6 +249,41 @@ class GlooTransport:
                            f"({_short(first)})", rank=sender) from None
         self.counter.on_recv(HEADER_BYTES + nbytes(*tensors))
         return Message(sender, header, tensors)
+
+    def _recv_each(self, tag: int, timeout_s: float | None) -> tuple[int, torch.Tensor]:
+        """A receive from any LIVE peer once a pair broke: a thread per peer blocks on a
+        receive from that peer alone and queues what arrives (gloo completes a receive only
+        inside ``wait``, and a timed-out one cannot be waited again, so polling is out).
+        A failed receive names its peer, who is then left out."""
+        arrived = self._arrived.setdefault(tag, queue.Queue())
+        for peer in range(self.world):
+            if peer != self.rank and peer not in self._dead and (tag, peer) not in self._listening:
+                self._listening.add((tag, peer))
+                threading.Thread(target=self._listen, args=(tag, peer, arrived),
+                                 daemon=True, name=f"recv-{peer}-{tag}").start()
+        try:
+            peer, item = arrived.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TransportTimeout(f"rank {self.rank}: nothing arrived in {timeout_s} s") from None
+        if isinstance(item, BaseException):
+            self._dead.add(peer)
+            first = str(item).splitlines()[0] if str(item) else type(item).__name__
+            raise PeerLost(f"rank {self.rank}: connection to rank {peer} lost "
+                           f"({_short(first)})", rank=peer)
+        return peer, item
+
+    @staticmethod
+    def _listen(tag: int, peer: int, arrived: queue.Queue) -> None:
+        import torch.distributed as dist
+
+        while True:
+            wire = torch.empty(HEADER_LEN, dtype=torch.int64)
+            try:
+                dist.irecv(wire, src=peer, tag=tag).wait()
+            except RuntimeError as e:
+                arrived.put((peer, e))
+                return
+            arrived.put((peer, wire))
 
     def flush(self) -> None:
         with self._lock:

@@ -22,6 +22,9 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
                      "phalanx.experiments.ring_traffic"),
     "ssp-softsync": ("SSP bound and soft-sync n: time to accuracy",
                      "phalanx.experiments.ssp_softsync"),
+    "bandwidth": ("on shaped links (1 Gbit/s - 20 Mbit/s): ring traffic flat in N, main node's "
+                  "grows; async and averaging gain most on slow links",
+                  "phalanx.experiments.bandwidth"),
 }
 
 

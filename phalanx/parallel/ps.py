@@ -79,6 +79,14 @@ def check_resume(cfg: RunConfig) -> None:
                    workers=cfg.workers, strategy=cfg.strategy)
 
 
+def can_restart(cfg: RunConfig) -> bool:
+    """For ``torchrun_entry`` on a restarted attempt (a process or a node was lost): does
+    every shard have a checkpoint in ``--out`` to restore from? (Several machines: ``--out``
+    must be a shared file system, so a lost host's shard restores anywhere.)"""
+    return cfg.checkpoint_every > 0 and all(shard_path(cfg.out, k).is_file()
+                                            for k in range(cfg.servers))
+
+
 def run(job: Job, log: EventLog) -> Outcome:
     from phalanx.runtime.launch import spawn
 

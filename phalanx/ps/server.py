@@ -91,6 +91,8 @@ def serve(state: ShardState, transport: Transport, layout: Layout, timeout_s: fl
             raise PhalanxError(f"parameter server shard {shard}: worker(s) {workers} {why}; "
                                "presumed dead") from None
         for w in workers:
+            if w not in state.active:  # already dropped (a lost host breaks several pairs)
+                continue
             state.log_worker_lost(w, why)
             deliver(state.drop_worker(w))
 
@@ -120,7 +122,7 @@ def serve(state: ShardState, transport: Transport, layout: Layout, timeout_s: fl
             unnamed_losses += 1
             if unnamed_losses <= layout.workers:
                 return
-        if w is None or on_worker_loss != "continue":
+        if w is None:
             raise PhalanxError(f"parameter server shard {shard}: a peer process failed "
                                f"or exited ({e})") from None
         lose([w], "lost its connection")

@@ -49,6 +49,8 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
     if parent_pid:
         child_setup(parent_pid)  # die with the driver; SIGINT is the driver's to handle
     torch.set_num_threads(1)
+    # one host: gloo binds loopback, not what the host name resolves to (netif.py)
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME") or "lo"
     try:
         store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout_s))

@@ -11,7 +11,12 @@ Takes the same flags as ``phalanx train``. A multi-process strategy module expos
 Restarts (``torchrun --max-restarts N``): when a process dies torchrun stops the group and
 starts it again (``TORCHELASTIC_RESTART_COUNT`` > 0). Injected faults (``--kill-worker``,
 ``--kill-server``) belong to the first attempt only; a strategy with ``can_restart(cfg)``
-(sync, average) continues from its checkpoint in ``--out`` when it has one.
+(sync, average, the parameter server) continues from its checkpoints in ``--out`` when it
+has them. A replacement machine's agent starts at attempt 0: the group runs as the highest
+attempt among its ranks. ``--resume DIR`` resumes a failed run by hand.
+
+Several machines: each rank's gloo interface is chosen once here (:mod:`netif`), and a lost
+machine ends the others with one line naming it (:mod:`nodes`). See docs/multi-node.md.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ import torch
 import torch.distributed as dist
 
 from phalanx.errors import PhalanxError
+from phalanx.runtime import groupstore, netif, nodes
 from phalanx.runtime.launch import DEFAULT_TIMEOUT_S
 
 
 def _restarted(module, cfg, attempt: int):
-    """The configuration of a group torchrun started again after a process died."""
+    """The configuration of a group torchrun started again after a process (or a machine)
+    was lost."""
     cfg = dataclasses.replace(cfg, kill_worker="", kill_server="")
     if hasattr(module, "can_restart") and module.can_restart(cfg):
         cfg.resume = cfg.out
@@ -44,8 +51,16 @@ def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
     from phalanx.parallel import strategy_module
     from phalanx.parallel.base import evaluate, read_result
 
+    if cfg.resume and attempt == 0:  # --resume DIR: DIR's config and checkpoints (checked)
+        from phalanx.runtime.resume import resume_config
+
+        cfg = resume_config(cfg)
     module = strategy_module(cfg.strategy)
     if not hasattr(module, "process_main"):
+        if hasattr(module, "world_size"):  # several processes, but no network path (Hogwild!)
+            raise PhalanxError(f"--strategy {cfg.strategy}: single-host only (its worker "
+                               "processes share one model in shared memory); run it with "
+                               "phalanx train")
         raise PhalanxError(f"--strategy {cfg.strategy}: runs in one process; use phalanx train")
     expected = module.world_size(cfg)
     if world != expected:
@@ -55,7 +70,7 @@ def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
         cfg = _restarted(module, cfg, attempt)
     job = make_job(cfg)
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    if rank == 0 and attempt == 0:
+    if rank == 0 and attempt == 0 and not cfg.resume:
         (job.run_dir / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
     if rank == 0 and attempt > 0:
         with EventLog(job.run_dir / "events.jsonl", rank=-1, role="driver") as log:
@@ -64,7 +79,15 @@ def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
                          + ("resuming from the checkpoint in " + cfg.out if cfg.resume
                             else "no checkpoint yet, starting over") + "\n")
     module.process_main(rank, world, job)
-    dist.barrier()
+    try:
+        dist.barrier()  # sync point: every rank's part of the result is on disk
+    except RuntimeError as e:
+        # a node was lost and the strategy went on without it (a parameter server drops
+        # lost workers): this rank's work is done; rank 0 reads the result below
+        sys.stderr.write(f"phalanx: rank {rank}: finished; a peer is gone "
+                         f"({str(e).splitlines()[0][:120] if str(e) else 'barrier failed'})\n")
+        if rank != 0:
+            return
     if rank == 0:
         outcome = read_result(job)
         wall = time.perf_counter() - t0
@@ -80,21 +103,41 @@ def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
         print(f"test_accuracy {acc:.4f} -> {job.run_dir}")
 
 
-def _run_attempt(fn, args: tuple, attempt: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """``run_under_torchrun`` for attempt ``attempt`` of the group. torchrun's agent store
-    outlives a restart, and gloo publishes each rank's address under keys that do not name
-    the attempt: without a per-attempt prefix a restarted rank reads its peer's address from
-    the dead attempt and fails ("Connection refused" in connectFullMesh)."""
+def _run_attempt(fn, args: tuple, attempt: int, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 binding: netif.Binding | None = None) -> None:
+    """``run_under_torchrun`` for attempt ``attempt`` of the group: ``fn(rank, world,
+    *args, agreed_attempt)``. The group meets in a fresh store of its own (see
+    :mod:`phalanx.runtime.groupstore`: torchrun's agent store keeps a dead attempt's keys).
+
+    ``binding``: the interface gloo binds (see :mod:`phalanx.runtime.netif`). A failure
+    while training becomes one line naming the node behind the failed peer's address."""
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    store, rank, world = next(dist.rendezvous("env://"))
-    store.set_timeout(datetime.timedelta(seconds=timeout_s))
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"phalanx/attempt{attempt}", store),
-                            rank=rank, world_size=world,
+    if binding is not None:  # gloo reads it when each process group (and subgroup) is made
+        os.environ["GLOO_SOCKET_IFNAME"] = binding.iface
+    addr = binding.addr if binding is not None and binding.addr else "127.0.0.1"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "True") == "True":
+        agent_store, rank, world = next(dist.rendezvous("env://"))
+        agent_store.set_timeout(datetime.timedelta(seconds=timeout_s))
+        store = groupstore.open_group_store(agent_store, rank, world, addr, timeout_s)
+    else:  # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (what elastic node replacement needs)
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = groupstore.own_store(rank, world, os.environ["MASTER_ADDR"],
+                                     int(os.environ["MASTER_PORT"]), addr, timeout_s)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
+    table = nodes.publish(store, rank, world, int(os.environ.get("GROUP_RANK", "0")), addr)
+    attempt = groupstore.agreed_attempt(store, rank, world, attempt)
     try:
-        fn(rank, world, *args)
+        fn(rank, world, *args, attempt)
+    except PhalanxError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a peer's loss surfaces as any backend error
+        raise PhalanxError(table.failure_line(rank, e)) from None
     finally:
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the group may already be broken by a lost node
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,16 +145,36 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = _Parser(prog="phalanx.runtime.torchrun_entry")
     add_run_config_flags(parser)
+    parser.add_argument("--iface", default="",
+                        help="network interface gloo binds (default: the one that routes to "
+                             "torchrun's master address; lo when every rank is on this host)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds a rank waits for a peer before the run fails "
+                             f"(default {DEFAULT_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
-    # torchrun's attempt number, read here at the entry point and passed down
+    # torchrun's environment, read here at the entry point and passed down
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     try:
+        if not (args.timeout > 0):
+            raise PhalanxError(f"--timeout {args.timeout:g}: must be > 0")
         cfg = config_from_args(args)
-        _run_attempt(_main, (cfg, time.perf_counter(), attempt), attempt)
+        binding = netif.choose(os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                               multi_host=world > local_world, iface=args.iface,
+                               env_iface=os.environ.get("GLOO_SOCKET_IFNAME", ""))
+        _run_attempt(_main, (cfg, time.perf_counter()), attempt, args.timeout, binding)
     except PhalanxError as e:
         sys.stderr.write(f"phalanx: error: {e}\n")
-        return 2
-    return 0
+        sys.stderr.flush()
+        # leave without the interpreter's teardown: a backend thread still blocked on a lost
+        # peer would keep the process alive (or abort it) after the error is reported
+        os._exit(2)
+    # success: results are on disk and the group is destroyed. Leave without the
+    # interpreter's teardown (receives posted to a lost peer stay posted; see launch.py)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,132 @@
+"""Every strategy on 2 test hosts x 2 processes under torchrun (c10d rendezvous), real processes.
+
+One torchrun group on the two hosts runs all 13 configurations one after another
+(``phalanx.experiments.hostgroup``; starting torchrun costs far more than 20 steps of a small
+MLP); one group of 4 processes on ONE host runs the sync references. Checked:
+
+* sync (ring, native, main node) across hosts == the single-host 4-process run, to 1e-6;
+* pipeline and hybrid == single-process training on the same batches, to 1e-5;
+* every PS strategy learns (servers are ranks 0..S-1: both shards on host 0, both workers
+  on host 1, so every push and pull crosses the link); average and model-parallel learn;
+* gloo binds the host's address (eth0) across hosts and 127.0.0.1 on one host; never a
+  wildcard. torchrun's own stores are listed separately (outside phalanx's control).
+* Hogwild! under torchrun: a one-line error that it is single-host.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from common import BASE, flags, run_group
+
+from phalanx.api import make_job
+from phalanx.config import RunConfig
+from phalanx.parallel.base import evaluate
+from phalanx.parallel.equivalence import max_state_diff, reference_training
+from phalanx.runtime.checkpoint import load_checkpoint
+from phalanx.runtime.hosts import RDZV_PORT, TestNetwork, unavailable
+
+PS = ("bsp", "asp", "ssp", "softsync", "downpour", "dc-asgd")
+RUNS: dict[str, dict] = {
+    **{f"sync-{a}": {"strategy": "sync", "allreduce": a, "workers": 4}
+       for a in ("ring", "native", "main")},
+    "average": {"strategy": "average", "workers": 4, "period": 2},
+    **{s: {"strategy": s, "workers": 2, "servers": 2} for s in PS},
+    "model-parallel": {"strategy": "model-parallel", "workers": 4},
+    "pipeline": {"strategy": "pipeline", "stages": 4, "microbatches": 4},
+    "hybrid": {"strategy": "hybrid", "stages": 2, "replicas": 2, "microbatches": 2,
+               "pipeline_schedule": "1f1b"},
+}
+SYNC = [name for name in RUNS if name.startswith("sync-")]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"no test hosts: {reason}")
+    out = tmp_path_factory.mktemp("multinode")
+    with TestNetwork(2) as net:
+        sockets = run_group(net, 2, {n: {**BASE, **v} for n, v in RUNS.items()}, out / "two",
+                            watch=True)
+        addrs = [h.addr for h in net.hosts]
+    with TestNetwork(1) as one:
+        single = run_group(one, 4, {n: {**BASE, **RUNS[n]} for n in SYNC}, out / "one",
+                           watch=True)
+    return out, sockets, single, addrs
+
+
+def _params(run_dir: Path) -> dict:
+    return load_checkpoint(run_dir / "final_model.pt")["model"]
+
+
+@pytest.mark.parametrize("name", SYNC)
+def test_sync_across_hosts_equals_single_host(runs, name: str) -> None:
+    out, *_ = runs
+    diff = max_state_diff(_params(out / "two" / name), _params(out / "one" / name))
+    print(f"{name}: max |2 hosts x 2 - 1 host x 4| = {diff:.1e}")
+    assert diff <= 1e-6
+
+
+@pytest.mark.parametrize("name", ["pipeline", "hybrid"])
+def test_pipeline_and_hybrid_equal_single_process(runs, name: str) -> None:
+    out, *_ = runs
+    values = {**BASE, **RUNS[name], "out": str(out / "ref")}
+    ref = reference_training(make_job(RunConfig.from_mapping(values).validate()),
+                             BASE["max_steps"], replicas=RUNS[name].get("replicas", 1))
+    diff = max_state_diff(_params(out / "two" / name), ref.state)
+    print(f"{name}: max |2 hosts - single process| = {diff:.1e}")
+    assert diff <= 1e-5
+
+
+@pytest.mark.parametrize("name", [*PS, "average", "model-parallel"])
+def test_the_others_learn_across_hosts(runs, name: str) -> None:
+    import json
+
+    out, *_ = runs
+    summary = json.loads((out / "two" / name / "summary.json").read_text())
+    assert summary["launcher"] == "torchrun" and summary["steps"] == BASE["max_steps"]
+    job = make_job(RunConfig.from_mapping({**BASE, **RUNS[name],
+                                           "out": str(out / "init")}).validate())
+    initial_loss, _ = evaluate(job.build_model(), job.test)
+    print(f"{name}: test loss {initial_loss:.3f} -> {summary['test_loss']:.3f}")
+    assert summary["test_loss"] < 0.5 * initial_loss
+
+
+def test_gloo_binds_the_host_address_and_loopback_on_one_host(runs) -> None:
+    _, sockets, single, addrs = runs
+    for host, seen in sockets.seen.items():
+        # a socket torchrun's agent holds is torchrun's (even when a worker inherited it)
+        ours = [s for s in seen if "torch.distributed.run" not in s.cmdline]
+        agents = [s for s in seen if "torch.distributed.run" in s.cmdline]
+        print(f"host {host}: workers listen on {sorted({(s.addr) for s in ours})} "
+              f"({len(ours)} sockets); torchrun agent: {sorted((s.addr, s.port) for s in agents)}")
+        assert ours, "no listening socket of a worker was seen"
+        assert {s.addr for s in ours} == {addrs[host]}, sorted(
+            (s.addr, s.port, s.pid, s.cmdline[-50:]) for s in seen)
+        # torchrun's rendezvous store (host 0, --rdzv-endpoint's port) and the agent store it
+        # shares with the workers: what torchrun binds, recorded, not phalanx's choice
+        assert all(s.port == RDZV_PORT or host == 0 for s in agents)
+    # one host: an address and port the agent listens on is torchrun's, whoever else holds
+    # it (twice in ~6 runs a '::' listener was listed with worker processes as its only
+    # holders; not explained yet). Any other wildcard socket of a worker fails here.
+    agent_ports = {(s.addr, s.port) for s in single.seen[0]
+                   if "torch.distributed.run" in s.cmdline}
+    ours = [s for s in single.seen[0] if "torch.distributed.run" not in s.cmdline
+            and (s.addr, s.port) not in agent_ports]
+    assert ours and {s.addr for s in ours} == {"127.0.0.1"}, sorted(
+        (s.addr, s.port, s.cmdline[-60:]) for s in single.seen[0])
+
+
+def test_hogwild_under_torchrun_is_a_one_line_error(tmp_path) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "1", "-m", "phalanx.runtime.torchrun_entry",
+           *flags({**BASE, "strategy": "hogwild", "workers": 2, "out": str(tmp_path)})]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("phalanx: error:")]
+    assert lines == ["phalanx: error: --strategy hogwild: single-host only (its worker "
+                     "processes share one model in shared memory); run it with phalanx train"]
