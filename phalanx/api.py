@@ -21,6 +21,7 @@ from phalanx.metrics.events import finite_or_none
 from phalanx.models import build_model, count_parameters
 from phalanx.parallel import strategy_module
 from phalanx.parallel.base import Job, evaluate
+from phalanx.runtime.placement import check_run
 
 
 @dataclass
@@ -74,11 +75,10 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         from phalanx.runtime.resume import resume_config
 
         cfg = resume_config(cfg)  # DIR/config.json; checkpoints checked before anything runs
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available on this machine")
-    if cfg.device == "cuda" and cfg.strategy != "single":
-        raise ConfigError(f"--device cuda: --strategy {cfg.strategy} runs on CPU processes "
-                          "(gloo) in this version; only --strategy single uses CUDA")
+    # device, index, backend and strategy checked against this machine, before any data
+    # is read or any process starts (phalanx.runtime.placement decides per rank later)
+    module = strategy_module(cfg.strategy)
+    check_run(cfg, module.world_size(cfg) if hasattr(module, "world_size") else 1)
     job = make_job(cfg, model, data if isinstance(data, tuple) else None)
     out = job.run_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,6 @@ def train(model: str | Callable[[], nn.Module] | None = None,
             events_path.unlink()  # a new run in the same folder starts a new log
         (out / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
     tb_dir = out / "tensorboard" if cfg.tensorboard else None
-    module = strategy_module(cfg.strategy)
     threads_before = torch.get_num_threads()
     if cfg.threads:
         # on a shared or small machine, spinning OpenMP threads of several processes fight

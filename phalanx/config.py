@@ -12,6 +12,7 @@ from typing import Any
 
 from phalanx.errors import ConfigError
 from phalanx.runtime.faults import check_fault_flags
+from phalanx.runtime.placement import BACKENDS, DATA_ON_DEVICE, parse_device
 
 STRATEGIES = (
     "single",
@@ -89,6 +90,11 @@ class RunConfig:
     device: str = "cpu"
     threads: int = 0  # intra-op threads in the driver (0 = PyTorch's default); workers use 1
     slow_workers: dict[int, float] = field(default_factory=dict)
+    # per-rank placement (phalanx.runtime.placement): collectives' backend, training set on
+    # the GPU, intra-op threads of each worker process (0 = max(1, cores // processes))
+    backend: str = "auto"
+    data_on_device: str = "auto"
+    worker_threads: int = 0
 
     # parameter server family
     servers: int = 1
@@ -140,7 +146,11 @@ class RunConfig:
         need(self.strategy in STRATEGIES, "strategy", f"is not one of {', '.join(STRATEGIES)}")
         need(self.rule in RULES, "rule", f"is not one of {', '.join(RULES)}")
         need(self.schedule in SCHEDULES, "schedule", f"is not one of {', '.join(SCHEDULES)}")
-        need(self.device in DEVICES, "device", f"is not one of {', '.join(DEVICES)}")
+        parse_device(self.device)  # cpu, cuda or cuda:K (the machine is checked at run time)
+        need(self.backend in BACKENDS, "backend", f"is not one of {', '.join(BACKENDS)}")
+        need(self.data_on_device in DATA_ON_DEVICE, "data_on_device",
+             f"is not one of {', '.join(DATA_ON_DEVICE)}")
+        need(0 <= self.worker_threads <= 1024, "worker_threads", "must be in 0..1024")
         need(self.allreduce in ALLREDUCES, "allreduce", f"is not one of {', '.join(ALLREDUCES)}")
         need(
             self.pipeline_schedule in PIPELINE_SCHEDULES,

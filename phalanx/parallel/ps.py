@@ -40,6 +40,7 @@ from phalanx.parallel.base import (
     read_result,
     write_result,
 )
+from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.ps_worker import WORKER_STATS, steps_per_worker, worker_main
 from phalanx.ps.checkpoint import read_shard, restore_shard, save_shard, shard_path
 from phalanx.ps.consistency import consistency_for
@@ -53,6 +54,7 @@ from phalanx.runtime.faults import (
     kill_point,
     parse_kills,
 )
+from phalanx.runtime.placement import setup_rank, spawn_backend
 
 __all__ = ["assemble", "check_config", "check_resume", "make_shard", "process_main", "run",
            "server_main", "steps_per_worker", "world_size", "worker_main"]
@@ -86,7 +88,8 @@ def run(job: Job, log: EventLog) -> Outcome:
     if job.config.resume:
         check_resume(job.config)
     spawn(process_main, world_size(job.config), (job,),
-          timeout_s=max(120.0, 2 * job.config.ps_timeout))
+          timeout_s=max(120.0, 2 * job.config.ps_timeout),
+          backend=spawn_backend(job.config, world_size(job.config)))
     return read_result(job)
 
 
@@ -97,14 +100,19 @@ def process_main(rank: int, world: int, job: Job) -> None:
     if world != layout.world:
         raise PhalanxError(f"{world} processes, but --servers {cfg.servers} + --workers "
                            f"{cfg.workers} need {layout.world}")
+    server = rank < layout.servers
+    # shards stay on the CPU; worker w computes on the GPU its index picks
+    place = setup_rank(cfg, rank, world, on_cpu=server,
+                       compute_rank=None if server else rank - layout.servers,
+                       compute_ranks=layout.workers, data_bytes=train_bytes(job))
     transport = GlooTransport(rank, world)
-    role = "server" if rank < layout.servers else "worker"
+    role = "server" if server else "worker"
     tb = job.run_dir / "tensorboard" if cfg.tensorboard else None
     with EventLog(job.run_dir / "events.jsonl", rank=rank, role=role, tensorboard_dir=tb) as log:
         if rank < layout.servers:
             server_main(job, transport, layout, rank, log)
         else:
-            worker_main(job, transport, layout, rank - layout.servers, log)
+            worker_main(job, transport, layout, rank - layout.servers, log, place)
 
 
 # ---- configuration helpers (shared by processes and the in-process tests) ---------------

@@ -15,11 +15,13 @@ import torch
 from torch import nn
 
 from phalanx.comm.counters import nbytes
+from phalanx.comm.staging import host_vector, to_host
 from phalanx.comm.transport import Transport
 from phalanx.comm.wire import HEADER_BYTES
 from phalanx.data import epoch_batches, steps_per_epoch
 from phalanx.metrics import EventLog, Progress
 from phalanx.parallel.base import Job, Straggler, augmenter, evaluate
+from phalanx.parallel.device_data import DeviceData
 from phalanx.ps.client import Heartbeat, PSClient
 from phalanx.ps.partition import flat_dense, partition, trainable, unflatten_into
 from phalanx.ps.server import Layout
@@ -30,6 +32,7 @@ from phalanx.runtime.faults import (
     kill_point,
     parse_kills,
 )
+from phalanx.runtime.placement import CPU, Placement
 
 LOG_EVERY = 10
 WORKER_STATS = ("samples", "steps", "bytes_sent", "bytes_received", "pushes_dropped")
@@ -44,14 +47,17 @@ def steps_per_worker(job: Job) -> int:
 
 class PSWorker:
     def __init__(self, job: Job, transport: Transport, layout: Layout, worker: int,
-                 log: EventLog) -> None:
+                 log: EventLog, placement: Placement = CPU) -> None:
         cfg = self.cfg = job.config
         self.job, self.transport, self.worker, self.log = job, transport, worker, log
-        self.model = job.build_model()
+        self.place, self.device = placement, placement.torch_device
+        self.model = job.build_model().to(self.device)
         self.model.train()
         self.params = trainable(self.model)
         self.part = partition(self.model, cfg.servers)
-        self.flat = flat_dense(self.part, self.params)
+        # the shards speak host tensors: pulled weights land in this host vector (pinned
+        # on a GPU rank) and go to the device in one copy
+        self.flat = host_vector(flat_dense(self.part, self.params))
         self.table = self.params[self.part.table.param] if self.part.table else None
         self.dropper = (MessageDropper(cfg.drop_messages, seed=cfg.seed * 7919 + worker)
                         if cfg.drop_messages else None)
@@ -74,7 +80,7 @@ class PSWorker:
                              self.table.data if self.table is not None else None,
                              resume=resume)
         if dense:
-            unflatten_into(self.part, self.flat, self.params)
+            unflatten_into(self.part, self.flat.to(self.device), self.params)
 
     def evaluate_now(self, epoch: int) -> None:
         self.pull(None, dense=True)  # evaluate the servers' weights, not a stale copy
@@ -111,6 +117,7 @@ class PSWorker:
         cfg, job, part, table = self.cfg, self.job, self.part, self.table
         straggler = Straggler(cfg.slow_workers.get(self.worker, 1.0))
         aug = augmenter(cfg)
+        data = DeviceData(job.train, self.device, self.place.data_on_device, aug is not None)
         gen = torch.Generator().manual_seed(cfg.seed + 1 + self.worker)
         loss_fn = nn.CrossEntropyLoss()
         progress = Progress(self.total, cfg.strategy, enabled=cfg.progress and self.worker == 0)
@@ -127,10 +134,8 @@ class PSWorker:
                 if self.step == self.kill_at:
                     die(self.log.log, "worker", self.worker, f"step {self.step}",
                         KILLED_WORKER_EXIT)
-                x, y = job.train.x[idx], job.train.y[idx]
-                if aug is not None:
-                    x = aug(x, gen)
-                rows = x.unique() if table is not None else None
+                x, y = data.batch(idx, aug, gen)
+                rows = x.unique().cpu() if table is not None else None  # ids go to shards
                 if self.step % cfg.nfetch == 0:
                     self.pull(rows, dense=True)  # BSP / SSP workers wait here
                 elif rows is not None:
@@ -153,7 +158,9 @@ class PSWorker:
                     ids = row_grads = None
                     if table is not None:
                         ids, row_grads = _coalesce(acc_rows, acc_row_grads)
-                    self.client.push(self.clock, acc_dense, acc_versions, ids, row_grads)
+                    # a fresh host copy per push (no reused buffer): the send is asynchronous
+                    self.client.push(self.clock, to_host(acc_dense), acc_versions, ids,
+                                     to_host(row_grads) if row_grads is not None else None)
                     self.clock += 1
                     acc_dense = acc_versions = None
                     acc_rows, acc_row_grads = [], []
@@ -190,8 +197,8 @@ class PSWorker:
 
 
 def worker_main(job: Job, transport: Transport, layout: Layout, worker: int,
-                log: EventLog) -> None:
-    PSWorker(job, transport, layout, worker, log).run()
+                log: EventLog, placement: Placement = CPU) -> None:
+    PSWorker(job, transport, layout, worker, log, placement).run()
 
 
 def _coalesce(rows: list[torch.Tensor], grads: list[torch.Tensor]):
@@ -199,6 +206,6 @@ def _coalesce(rows: list[torch.Tensor], grads: list[torch.Tensor]):
     ids = torch.cat(rows)
     uniq, inverse = torch.unique(ids, return_inverse=True)
     dim = grads[0].shape[-1]
-    out = torch.zeros(len(uniq), dim, dtype=grads[0].dtype)
+    out = torch.zeros(len(uniq), dim, dtype=grads[0].dtype, device=grads[0].device)
     out.index_add_(0, inverse, torch.cat(grads).view(-1, dim))
     return uniq, out

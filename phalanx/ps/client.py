@@ -74,7 +74,8 @@ class PSClient:
             if want_dense:
                 dense_out[a:b] = t[0]
             if ids is not None and ids.numel():
-                table_out[ids] = t[1].view(-1, self.part.table.dim).to(table_out.dtype)
+                table_out[ids] = t[1].view(-1, self.part.table.dim).to(table_out.device,
+                                                                       table_out.dtype)
             self.versions[k] = h.version
             self.server_clocks[k] = h.clock
 
