@@ -85,6 +85,52 @@ class HostStagedAllReduce:
         return [p.to(tensor.device) for p in parts]
 
 
+def gloo_carries(t: torch.Tensor) -> bool:
+    """``t`` is a device tensor and the process group has no NCCL for it: a collective
+    or send of ``t`` must go through a host copy."""
+    import torch.distributed as dist
+
+    return t.device.type != "cpu" and "nccl" not in str(dist.get_backend_config())
+
+
 def staged(allreduce, host_staging: bool):
     """``allreduce`` as a rank with this placement must call it."""
     return HostStagedAllReduce(allreduce) if host_staging else allreduce
+
+
+# ---- point-to-point between known peers (model parallelism) ------------------------------
+
+
+def send(t: torch.Tensor, dst: int, host_staging: bool, group=None) -> None:
+    """``dist.send`` of ``t``; a device tensor goes as a host copy where gloo carries it."""
+    import torch.distributed as dist
+
+    if host_staging and t.device.type != "cpu":
+        t = t.detach().to("cpu")
+    dist.send(t.detach().contiguous(), dst, group=group)
+
+
+def recv(buf: torch.Tensor, src: int, host_staging: bool, group=None) -> torch.Tensor:
+    """``dist.recv`` into ``buf`` (through a host buffer where gloo carries it)."""
+    import torch.distributed as dist
+
+    if host_staging and buf.device.type != "cpu":
+        host = torch.empty(buf.shape, dtype=buf.dtype)
+        dist.recv(host, src, group=group)
+        buf.copy_(host)
+    else:
+        dist.recv(buf, src, group=group)
+    return buf
+
+
+class DeviceHop(torch.nn.Module):
+    """``inner`` computing on ``device`` behind host inputs and outputs: a pipeline stage
+    whose schedule moves activations over gloo (host tensors) while the layers run on a
+    GPU. Autograd carries the gradients back across both copies."""
+
+    def __init__(self, inner: torch.nn.Module, device: torch.device) -> None:
+        super().__init__()
+        self.inner, self.device = inner, device
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.inner(*(a.to(self.device) for a in args)).to("cpu")

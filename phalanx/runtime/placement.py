@@ -50,6 +50,7 @@ class DeviceSupport:
     nccl: bool = True
     reason: str = ""
     host_servers: bool = False  # the first --servers ranks are CPU parameter-server shards
+    one_device: bool = False  # every rank computes on one shared model: all on one GPU
 
 
 # strategy -> its device support (issue 13's StrategySpec will hold this per strategy)
@@ -59,14 +60,12 @@ SUPPORT: dict[str, DeviceSupport] = {
     "average": DeviceSupport(),
     **{name: DeviceSupport(nccl=False, host_servers=True)
        for name in ("bsp", "asp", "ssp", "softsync", "downpour", "dc-asgd")},
-    "hogwild": DeviceSupport(nccl=False),
+    "hogwild": DeviceSupport(nccl=False, one_device=True),
     "model-parallel": DeviceSupport(),
     "pipeline": DeviceSupport(),
     "hybrid": DeviceSupport(),
 }
-_NOT_YET = "its processes run on the CPU (gloo) in this version"
-for _name in ("hogwild", "model-parallel", "pipeline", "hybrid"):
-    SUPPORT[_name] = DeviceSupport(cuda=False, nccl=False, reason=_NOT_YET)
+
 
 
 def support(strategy: str) -> DeviceSupport:
@@ -153,8 +152,10 @@ def plan(device: str, backend: str = "auto", worker_threads: int = 0,
             raise ConfigError("--data-on-device yes: needs --device cuda")
         return Placement("cpu", "gloo", False, False, threads, False)
     check_device(device, device_count)
-    if index is None:
+    if index is None and not strategy_support.one_device:
         gpu, shares = compute_rank % device_count, compute_ranks > device_count
+    elif index is None:
+        gpu, shares = 0, compute_ranks > 1
     else:
         gpu, shares = index, compute_ranks > 1
     if backend == "nccl":
@@ -218,6 +219,8 @@ def plan_for(cfg, rank: int, world: int, *, compute_rank: int | None = None,
     if n_gpu and data_bytes and not on_cpu:
         kind, index = parse_device(cfg.device)
         gpu = index if index is not None else compute_rank % n_gpu
+        if support(cfg.strategy).one_device:
+            gpu = index or 0
         total = torch.cuda.get_device_properties(gpu).total_memory
         share = ranks if index is not None else -(-ranks // n_gpu)
         fits = data_fits(data_bytes, total, share)
