@@ -113,6 +113,9 @@ class RunConfig:
     kill_worker: str = ""
     kill_server: str = ""
     drop_messages: float = 0.0
+    # ASP / Downpour: ask for the next weights before this step's compute, so the pull's
+    # round trip hides behind it (Downpour's asynchronous fetch; one push more staleness)
+    pull_ahead: bool = False
 
     # synchronous data parallel / averaging
     allreduce: str = "native"

@@ -68,6 +68,10 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.strategy != "downpour" and (cfg.nfetch != 1 or cfg.npush != 1):
         raise ConfigError(f"--nfetch/--npush: only --strategy downpour uses them "
                           f"(got --strategy {cfg.strategy})")
+    if cfg.pull_ahead and not (consistency_for(cfg.strategy).pulls_ahead
+                               and cfg.strategy != "dc-asgd"):
+        raise ConfigError(f"--pull-ahead: --strategy {cfg.strategy} waits for fresh weights "
+                          "(only asp and downpour can pull ahead)")
     if cfg.grad_accum != 1:
         raise ConfigError(f"--grad-accum: not supported by --strategy {cfg.strategy} "
                           "(use --strategy downpour with --npush)")

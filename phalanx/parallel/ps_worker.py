@@ -71,18 +71,38 @@ class PSWorker:
         self.heartbeat = Heartbeat(transport, layout, worker, cfg.heartbeat_s)
         self.step = self.clock = self.samples = 0
         self.t0 = time.perf_counter()
+        # --pull-ahead (asp, downpour; not with a sparse table, whose rows depend on the
+        # next batch): the next weights are asked for before this step's compute, so
+        # their round trip hides behind it; `ahead` holds the requests in flight
+        self.pulls_ahead = cfg.pull_ahead and self.table is None
+        self.ahead: list | None = None
 
     # ---- talking to the shards ---------------------------------------------------------
 
     def pull(self, rows: torch.Tensor | None, dense: bool, resume: bool = False) -> None:
         with torch.no_grad():
-            self.client.pull(self.clock, self.flat if dense else None, rows,
-                             self.table.data if self.table is not None else None,
-                             resume=resume)
+            if self.ahead is not None:
+                # the answer to the pull asked ahead (it may have arrived during compute)
+                asked, self.ahead = self.ahead, None
+                self.client.collect(asked, self.flat)
+                if not dense or rows is not None:
+                    raise AssertionError("a pull ahead is dense and has no rows")
+            else:
+                self.client.pull(self.clock, self.flat if dense else None, rows,
+                                 self.table.data if self.table is not None else None,
+                                 resume=resume)
         if dense:
             unflatten_into(self.part, self.flat.to(self.device), self.params)
 
+    def pull_ahead(self) -> None:
+        """Ask every shard for the weights the next step trains on, now."""
+        if self.pulls_ahead and self.step + 1 < self.total and (self.step + 1) % \
+                self.cfg.nfetch == 0:
+            self.ahead = self.client.request(self.clock)
+
     def evaluate_now(self, epoch: int) -> None:
+        if self.ahead is not None:
+            self.pull(None, dense=True)  # drain the pull asked ahead first
         self.pull(None, dense=True)  # evaluate the servers' weights, not a stale copy
         loss, acc = evaluate(self.model, self.job.test)
         self.log.log("eval", step=self.step, epoch=epoch,
@@ -142,6 +162,7 @@ class PSWorker:
                     self.pull(rows, dense=False)  # this batch's table rows are always fresh
                 if acc_versions is None:
                     acc_versions = list(self.client.versions)  # staleness counts from here
+                self.pull_ahead()
                 straggler.start()
                 out = self.model(x)
                 loss = loss_fn(out, y)
