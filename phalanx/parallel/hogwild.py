@@ -15,14 +15,16 @@ Shared memory means one machine: this strategy has no ``process_main`` for torch
 from __future__ import annotations
 
 import copy
+import math
 import time
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
 from phalanx.data import epoch_batches
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, PhalanxError
 from phalanx.metrics import EventLog, Progress
 from phalanx.parallel.base import (
     Job,
@@ -64,11 +66,20 @@ def run(job: Job, log: EventLog) -> Outcome:
     counters = torch.zeros(cfg.workers, 2, dtype=torch.int64).share_memory_()
     # per worker: wall-clock start and end of its training loop (after process start-up)
     clocks = torch.zeros(cfg.workers, 2, dtype=torch.float64).share_memory_()
+    # worker 0's checksum of the final shared weights, as the workers see them
+    seen = torch.zeros(1, dtype=torch.float64).share_memory_()
     lock = mp.get_context("spawn").Lock() if cfg.lock else None
     t0 = time.perf_counter()
-    # the gloo group that spawn sets up is unused: the model itself is the shared state
-    spawn(_worker, cfg.workers, (job, model, counters, clocks, lock), backend=backend)
+    # the gloo group that spawn sets up only holds the final barrier: the model itself is
+    # the shared state
+    spawn(_worker, cfg.workers, (job, model, counters, clocks, lock, seen), backend=backend)
     wall = time.perf_counter() - t0
+    mine = _checksum(model)
+    if not math.isclose(mine, float(seen[0]), rel_tol=1e-9, abs_tol=1e-9):
+        # never evaluate a model the workers did not train (it would score ~chance)
+        raise PhalanxError(f"hogwild: the model in the driver (checksum {mine:.6g}) is not "
+                           f"the one the workers trained ({float(seen[0]):.6g}): the "
+                           "shared memory was not shared")
     samples, updates = (int(v) for v in counters.sum(0))
     train_s = float(clocks[:, 1].max() - clocks[:, 0].min())
     stats = {
@@ -86,8 +97,13 @@ def run(job: Job, log: EventLog) -> Outcome:
     return Outcome(model.cpu(), samples, updates, stats)
 
 
+def _checksum(model: nn.Module) -> float:
+    with torch.no_grad():
+        return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
 def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.Tensor,
-            clocks: torch.Tensor, lock) -> None:
+            clocks: torch.Tensor, lock, seen: torch.Tensor) -> None:
     cfg = job.config
     # threads: a share of the cores (never oversubscribed); device: the shared model's
     place = setup_rank(cfg, rank, world, data_bytes=train_bytes(job))
@@ -157,6 +173,9 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
     clocks[rank, 1] = time.time()
     progress.close()
     log.close()
+    dist.barrier()  # sync point: every worker's last update is in the shared model
+    if rank == 0:
+        seen[0] = _checksum(model)
 
 
 def _eval(job: Job, model: nn.Module, log: EventLog, step: int, epoch: int,
