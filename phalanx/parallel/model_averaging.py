@@ -171,7 +171,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             synchronise()
             rounds += 1
         if step % LOG_EVERY == 0 or step == total:
-            ctx.log_train(step, epoch, loss, out, y, samples * world, bytes_sent=counter.sent,
+            ctx.log_train(step, epoch, loss, out, y, samples, bytes_sent=counter.sent,
                           rounds=rounds)
             progress.update(step, loss=loss.item())
         if cfg.eval_every:

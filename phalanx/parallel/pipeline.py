@@ -179,7 +179,9 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
                     dist.all_reduce(both, group=dps[s])
                     both /= replicas
                 if report.wants_train_event(step):
-                    report.train(step, epoch, both[0].item(), both[1].item(), samples,
+                    # this replica's own samples (events' convention: per rank)
+                    report.train(step, epoch, both[0].item(), both[1].item(),
+                                 samples // replicas,
                                  peak_live_microbatches=meter.peak_live)
             report.tick(step)
             if wants_eval(cfg, step, epoch_done=False):

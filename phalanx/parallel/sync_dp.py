@@ -162,6 +162,7 @@ class WorkerContext:
 
     def log_train(self, step: int, epoch: int, loss: torch.Tensor, out: torch.Tensor,
                   y: torch.Tensor, samples: int, **extra) -> None:
+        """``samples``: this rank's own (the events' convention, docs/events.md)."""
         # .item() is a device sync point on GPU; paid only every LOG_EVERY steps
         acc = (out.argmax(1) == y).float().mean().item()
         self.log.log("train", step=step, epoch=epoch, loss=loss.item(), accuracy=acc,
@@ -273,7 +274,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
                 p.grad = None
             step += 1
             if step % LOG_EVERY == 0 or step == total:
-                ctx.log_train(step, epoch, loss, out, y, samples * world,
+                ctx.log_train(step, epoch, loss, out, y, samples,
                               bytes_sent=counter.sent)
                 progress.update(step, loss=loss.item())
             if cfg.eval_every:
