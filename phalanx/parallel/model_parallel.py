@@ -94,9 +94,9 @@ def _layer_parallel(rank: int, world: int, job: Job) -> None:
         raise ConfigError(
             f"--batch-size: {cfg.batch_size} exceeds the {len(shard)} training samples")
     part = agreed_partition(model, world, x_all[: cfg.batch_size])
-    model.to(device)  # after the partition was agreed (measured) on the host
-    stage = stage_module(model, part.names[rank])
     shapes = boundary_shapes(model, part, job.train.input_shape, cfg.batch_size)
+    model.to(device)  # after the partition and the shapes were worked out on the host
+    stage = stage_module(model, part.names[rank])
     first, last = rank == 0, rank == world - 1
     params = [p for p in stage.parameters() if p.requires_grad]
     weights = detached(params)

@@ -111,12 +111,12 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
     x_all, y_all = job.train.x, job.train.y
     mb = cfg.batch_size // cfg.microbatches
     part = agreed_partition(model, stages, x_all[:mb])
-    model.to(place.torch_device)  # after the partition was agreed (measured) on the host
+    shapes = boundary_shapes(model, part, job.train.input_shape, mb)
+    model.to(place.torch_device)  # after the partition and the shapes were worked out
     submod = stage_module(model, part.names[s])
     if place.is_cuda:
         # the schedule sends host activations over gloo; the stage computes on its GPU
         submod = DeviceHop(submod, place.torch_device)
-    shapes = boundary_shapes(model, part, job.train.input_shape, mb)
     meter = StageMeter(submod, Straggler(cfg.slow_workers.get(rank, 1.0)))
     schedule = build_schedule(submod, meter, s, stages, shapes, job.train.input_shape,
                               cfg.pipeline_schedule, cfg.microbatches, pipes[replica])

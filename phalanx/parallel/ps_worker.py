@@ -205,7 +205,7 @@ class PSWorker:
     def done(self) -> None:
         # every worker sends its buffers (BatchNorm statistics, not served by the PS):
         # the first worker that finished provides them, worker 0 unless it died
-        bufs = [b.detach().reshape(-1).double() for b in self.model.buffers()]
+        bufs = [b.detach().reshape(-1).double().cpu() for b in self.model.buffers()]
         extra = [torch.cat(bufs) if bufs else torch.zeros(0, dtype=torch.float64)]
         stats = torch.zeros(len(WORKER_STATS), dtype=torch.float64)
         # count the DONE messages themselves in bytes_sent
@@ -228,5 +228,5 @@ def _coalesce(rows: list[torch.Tensor], grads: list[torch.Tensor]):
     uniq, inverse = torch.unique(ids, return_inverse=True)
     dim = grads[0].shape[-1]
     out = torch.zeros(len(uniq), dim, dtype=grads[0].dtype, device=grads[0].device)
-    out.index_add_(0, inverse, torch.cat(grads).view(-1, dim))
+    out.index_add_(0, inverse.to(out.device), torch.cat(grads).view(-1, dim))
     return uniq, out

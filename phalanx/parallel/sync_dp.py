@@ -26,7 +26,7 @@ from phalanx.comm.allreduce import make_allreduce
 from phalanx.comm.bucketing import CommThread, GradReducer
 from phalanx.comm.counters import ByteCounter
 from phalanx.comm.sfb import SufficientFactors
-from phalanx.comm.staging import staged
+from phalanx.comm.staging import gloo_carries, staged
 from phalanx.config import RunConfig
 from phalanx.data import epoch_batches, steps_per_epoch
 from phalanx.errors import ConfigError
@@ -128,6 +128,7 @@ def broadcast_from_rank0(tensors: list[torch.Tensor], counter: ByteCounter, rank
     if world == 1 or not tensors:
         return
     flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+    flat = flat.to("cpu") if gloo_carries(flat) else flat  # gloo: through the host
     dist.broadcast(flat, src=0)
     if rank == 0:
         counter.on_send(flat.numel() * flat.element_size() * (world - 1))
