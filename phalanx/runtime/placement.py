@@ -5,7 +5,7 @@ nothing else picks a device, a backend or a thread count. The decision itself,
 :func:`plan`, is a pure function of the run's flags and of what the machine has (local
 rank, ranks on this host, CUDA devices, cores), so it is unit-tested without a GPU.
 
-The rules (``docs/gpu.md``):
+The rules (README, "GPUs"):
 
 * device: ``--device cpu`` -> CPU. ``--device cuda`` -> computing rank r on this host uses
   ``cuda:(r % device_count)``; ``--device cuda:K`` pins every rank to GPU K. Parameter
