@@ -209,8 +209,10 @@ class GlooTransport:
         import torch.distributed as dist
 
         wire = torch.empty(HEADER_LEN, dtype=torch.int64)
-        work = dist.irecv(wire, src=src, tag=CONTROL_TAG if control else HEADER_TAG)
         try:
+            # posting may itself fail when a peer's connection just broke (seen under load:
+            # "Connection reset by peer" raised by irecv, not by wait): the same PeerLost
+            work = dist.irecv(wire, src=src, tag=CONTROL_TAG if control else HEADER_TAG)
             if timeout_s is None:
                 work.wait()
             else:
