@@ -98,11 +98,13 @@ def throughput(run_dir: Path) -> float:
     return sum(e["samples"] / e["wall_s"] for e in last.values())
 
 
-def samples_per_s(strategy: str, workers: int, steps: int, model: str, data: str) -> float:
+def samples_per_s(strategy: str, workers: int, steps: int, model: str, data: str,
+                  pull_ahead: bool = False) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RunConfig(model=model, data=data, strategy=strategy, workers=workers, servers=1,
                         rule="sgd", lr=0.05, batch_size=64, max_steps=steps,
-                        eval_every=10**9, progress=False, tensorboard=False, out=tmp)
+                        eval_every=10**9, progress=False, tensorboard=False, out=tmp,
+                        pull_ahead=pull_ahead)
         train(config=cfg.validate())
         return throughput(Path(tmp))
 
@@ -120,17 +122,21 @@ def main() -> None:
         raw.append(pushes_per_s(pushes, raw=True))
         shard.append(pushes_per_s(pushes, raw=False))
         local.append(state_pushes_per_s(pushes))
-    rates: dict[str, list[float]] = {"single": []}
+    rates: dict[str, list[float]] = {"single": [], "asp1_pull_ahead": []}
     for n in (1, 2, 4):
         rates[f"asp{n}"] = []
     for _ in range(repeats):
         rates["single"].append(samples_per_s("single", 1, steps, args.model, args.data))
         for n in (1, 2, 4):
             rates[f"asp{n}"].append(samples_per_s("asp", n, steps, args.model, args.data))
+        rates["asp1_pull_ahead"].append(samples_per_s("asp", 1, steps, args.model, args.data,
+                                                      pull_ahead=True))
     med = {k: _common.median(v) for k, v in rates.items()}
     m_shard, m_raw = _common.median(shard), _common.median(raw)
     ratios = {"shard_over_raw_transport": m_shard / m_raw}
     ratios.update({f"asp{n}_over_single": med[f"asp{n}"] / med["single"] for n in (1, 2, 4)})
+    # --pull-ahead: the pull's round trip overlaps the step's compute (one push staler)
+    ratios["asp1_pull_ahead_over_single"] = med["asp1_pull_ahead"] / med["single"]
     _common.emit(
         "ps",
         {"params": PARAMS, "pushers": PUSHERS, "pushes": pushes, "steps": steps,
@@ -139,9 +145,10 @@ def main() -> None:
          "shard_state_only_pushes_per_s": _common.median(local),
          "samples_per_s": med, "all": {"shard": shard, "raw": raw, **rates}},
         ratios,
-        # one shard should absorb at least half of what the bare transport carries; ASP with
+        # one shard should absorb 80% of what the bare transport carries (issue 11); ASP with
         # one worker should keep most of single-worker speed (a pull and a push per step)
-        {"shard_over_raw_transport": 0.5, "asp1_over_single": 0.5},
+        {"shard_over_raw_transport": 0.8, "asp1_over_single": 0.5,
+         "asp1_pull_ahead_over_single": 0.5},
     )
 
 

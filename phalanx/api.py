@@ -25,6 +25,7 @@ from phalanx.parallel.base import Job, evaluate
 from phalanx.parallel.divergence import check_parameters, diverged
 from phalanx.paths import check_resume_out, hold_run_dir, prepare_run_dir
 from phalanx.preflight import check_job_data
+from phalanx.runtime.placement import check_run
 
 
 @dataclass
@@ -80,11 +81,10 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         from phalanx.runtime.resume import resume_config
 
         cfg = resume_config(cfg)  # DIR/config.json; checkpoints checked before anything runs
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available on this machine")
-    if cfg.device == "cuda" and cfg.strategy != "single":
-        raise ConfigError(f"--device cuda: --strategy {cfg.strategy} runs on CPU processes "
-                          "(gloo) in this version; only --strategy single uses CUDA")
+    # device, index, backend and strategy checked against this machine, before any data
+    # is read or any process starts (phalanx.runtime.placement decides per rank later)
+    module = strategy_module(cfg.strategy)
+    check_run(cfg, module.world_size(cfg) if hasattr(module, "world_size") else 1)
     job = make_job(cfg, model, data if isinstance(data, tuple) else None)
     check_job_data(job)  # no strategy may loop over empty epochs (phalanx.preflight)
     # empty, cleared by --overwrite, or resumed: never two runs mixed in one folder
@@ -94,7 +94,6 @@ def train(model: str | Callable[[], nn.Module] | None = None,
     if not cfg.resume:  # a resumed run keeps its log and its config
         (out / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
     tb_dir = out / "tensorboard" if cfg.tensorboard else None
-    module = strategy_module(cfg.strategy)
     threads_before = torch.get_num_threads()
     if cfg.threads:
         # on a shared or small machine, spinning OpenMP threads of several processes fight

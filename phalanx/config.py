@@ -13,6 +13,7 @@ from typing import Any
 from phalanx.errors import ConfigError
 from phalanx.limits import check_ranges, short
 from phalanx.runtime.faults import check_fault_flags
+from phalanx.runtime.placement import BACKENDS, DATA_ON_DEVICE, parse_device
 
 STRATEGIES = (
     "single",
@@ -92,6 +93,11 @@ class RunConfig:
     device: str = "cpu"
     threads: int = 0  # intra-op threads in the driver (0 = PyTorch's default); workers use 1
     slow_workers: dict[int, float] = field(default_factory=dict)
+    # per-rank placement (phalanx.runtime.placement): collectives' backend, training set on
+    # the GPU, intra-op threads of each worker process (0 = max(1, cores // processes))
+    backend: str = "auto"
+    data_on_device: str = "auto"
+    worker_threads: int = 0
 
     # parameter server family
     servers: int = 1
@@ -110,6 +116,9 @@ class RunConfig:
     kill_worker: str = ""
     kill_server: str = ""
     drop_messages: float = 0.0
+    # ASP / Downpour: ask for the next weights before this step's compute, so the pull's
+    # round trip hides behind it (Downpour's asynchronous fetch; one push more staleness)
+    pull_ahead: bool = False
 
     # synchronous data parallel / averaging
     allreduce: str = "native"
@@ -150,7 +159,11 @@ class RunConfig:
         need(self.strategy in STRATEGIES, "strategy", f"is not one of {', '.join(STRATEGIES)}")
         need(self.rule in RULES, "rule", f"is not one of {', '.join(RULES)}")
         need(self.schedule in SCHEDULES, "schedule", f"is not one of {', '.join(SCHEDULES)}")
-        need(self.device in DEVICES, "device", f"is not one of {', '.join(DEVICES)}")
+        parse_device(self.device)  # cpu, cuda or cuda:K (the machine is checked at run time)
+        need(self.backend in BACKENDS, "backend", f"is not one of {', '.join(BACKENDS)}")
+        need(self.data_on_device in DATA_ON_DEVICE, "data_on_device",
+             f"is not one of {', '.join(DATA_ON_DEVICE)}")
+        need(0 <= self.worker_threads <= 1024, "worker_threads", "must be in 0..1024")
         need(self.allreduce in ALLREDUCES, "allreduce", f"is not one of {', '.join(ALLREDUCES)}")
         need(
             self.pipeline_schedule in PIPELINE_SCHEDULES,

@@ -21,11 +21,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from phalanx.comm.allreduce import chunk_bounds
+from phalanx.comm.staging import gloo_carries
 from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError
 from phalanx.parallel.base import Job, Straggler, augmenter, detached, write_result
+from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.reporting import StageReporter, wants_eval
 from phalanx.rules import apply_updates, make_rule
+from phalanx.runtime.placement import setup_rank
 
 
 def shard_bounds(features: int, world: int) -> list[tuple[int, int]]:
@@ -61,8 +64,12 @@ def _all_gather_padded(local: torch.Tensor, bounds: list[tuple[int, int]],
     width = max(hi - lo for lo, hi in bounds)
     pad = width - local.shape[-1]
     padded = F.pad(local, (0, pad)).contiguous() if pad else local.contiguous()
+    device = padded.device
+    if gloo_carries(padded):
+        padded = padded.to("cpu")  # gloo's all_gather takes host tensors only
     parts = [torch.empty_like(padded) for _ in bounds]
     dist.all_gather(parts, padded, group=group)
+    parts = [p.to(device) for p in parts]
     return torch.cat([p[..., : hi - lo] for p, (lo, hi) in zip(parts, bounds)], dim=-1)
 
 
@@ -78,8 +85,9 @@ class _CopyToParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)  # sync point: every worker's slice
-        return grad, None
+        host = grad.to("cpu") if gloo_carries(grad) else grad
+        dist.all_reduce(host, group=ctx.group)  # sync point: every worker's slice
+        return (grad.copy_(host) if host is not grad else grad), None
 
 
 class _GatherFromParallel(torch.autograd.Function):
@@ -141,19 +149,22 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
 
 def process_main(rank: int, world: int, job: Job) -> None:
     cfg = job.config
+    place = setup_rank(cfg, rank, world, data_bytes=train_bytes(job))
     model = job.build_model()
     model.train()
     full = check_split_layer(model, cfg.split_layer, world)
     split = ColumnParallelLinear(full, rank, world)
     _set_submodule(model, cfg.split_layer, split)
+    model.to(place.torch_device)
+    full.to(place.torch_device)  # the whole layer is assembled there for evaluation
     params = [p for p in model.parameters() if p.requires_grad]
     weights = detached(params)
-    x_all, y_all = job.train.x, job.train.y
     shard = job.shard(0, 1)  # every worker computes on the same batches
     total = job.planned_steps(len(shard))
     rule = make_rule(cfg, total)
     state = rule.init(weights)
     aug = augmenter(cfg)
+    data = DeviceData(job.train, place.torch_device, place.data_on_device, aug is not None)
     gen = torch.Generator().manual_seed(cfg.seed + 1)  # same draws on every worker
     loss_fn = nn.CrossEntropyLoss()
     straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
@@ -164,9 +175,7 @@ def process_main(rank: int, world: int, job: Job) -> None:
     sent, step, micro, samples, epoch = 0.0, 0, 0, 0, 0
     while step < total:
         for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed):
-            x, y = x_all[idx], y_all[idx]
-            if aug is not None:
-                x = aug(x, gen)
+            x, y = data.batch(idx, aug, gen)
             straggler.start()
             out = model(x)
             loss = loss_fn(out, y)

@@ -171,7 +171,9 @@ class Checkpointer:
               state: Any) -> list[torch.Tensor]:
         own = [aug_gen.get_state(), torch.get_rng_state(),
                torch.tensor(counter.sent, dtype=torch.int64)]
-        return own + ([] if self.shared else [t.detach().clone() for t in state_tensors(state)])
+        # host copies: gathered over gloo (no CUDA point-to-point) and saved device-free
+        return own + ([] if self.shared else [t.detach().to("cpu", copy=True)
+                                              for t in state_tensors(state)])
 
     def save(self, model: nn.Module, state: Any, pos: Position, aug_gen: torch.Generator,
              counter: ByteCounter) -> None:
@@ -190,8 +192,9 @@ class Checkpointer:
                 "format": FORMAT, "strategy": self.cfg.strategy, "workers": self.world,
                 "fingerprint": fingerprint(self.cfg), "step": pos.step, "epoch": pos.epoch,
                 "samples": pos.samples, "rounds": pos.rounds, "wall_s": float(pos.wall_s),
-                "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                "rule_state": [t.detach().clone() for t in state_tensors(state)],
+                "model": {k: v.detach().to("cpu", copy=True)
+                          for k, v in model.state_dict().items()},
+                "rule_state": [t.detach().to("cpu", copy=True) for t in state_tensors(state)],
                 "ranks": ranks,
             })
             self.log.log("checkpoint", step=pos.step, epoch=pos.epoch)
@@ -259,7 +262,7 @@ def injected_kills(events: Path, offset: int) -> list[dict[str, Any]]:
     return out
 
 
-def spawn_workers(job, process_main, world: int) -> None:
+def spawn_workers(job, process_main, world: int, backend: str = "gloo") -> None:
     """``spawn`` the workers; a run stopped by ``--kill-worker`` ends with one line naming
     the killed worker (its peers' connection errors are consequences, not the cause) and
     how to continue it."""
@@ -267,7 +270,7 @@ def spawn_workers(job, process_main, world: int) -> None:
     offset = events.stat().st_size if events.is_file() else 0
     t0 = time.time()
     try:
-        spawn(process_main, world, (job,), name=lambda rank: f"worker {rank}")
+        spawn(process_main, world, (job,), backend=backend, name=lambda rank: f"worker {rank}")
     except WorkerFailed:
         kills = injected_kills(events, offset)
         if not kills:

@@ -15,14 +15,16 @@ Shared memory means one machine: this strategy has no ``process_main`` for torch
 from __future__ import annotations
 
 import copy
+import math
 import time
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
 from phalanx.data import epoch_batches
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, PhalanxError
 from phalanx.metrics import EventLog, Progress
 from phalanx.parallel.base import (
     Job,
@@ -33,9 +35,11 @@ from phalanx.parallel.base import (
     evaluate,
     write_result,
 )
+from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.rules import apply_updates, make_rule, state_tensors
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
+from phalanx.runtime.placement import plan_for, setup_rank, spawn_backend
 
 LOG_EVERY = 10
 
@@ -49,19 +53,34 @@ def run(job: Job, log: EventLog) -> Outcome:
     shard = min(len(job.shard(r, cfg.workers)) for r in range(cfg.workers))
     if cfg.batch_size > shard:
         raise ConfigError(f"--batch-size: {cfg.batch_size} exceeds a worker's {shard} samples")
-    model = job.build_model()
+    backend = spawn_backend(cfg, cfg.workers)  # checks --device/--backend before anything
+    # one model for every worker: in shared host memory, or on the GPU where the workers
+    # map it through CUDA IPC handles (torch.multiprocessing sends a CUDA tensor as a
+    # handle to the same memory; this process must keep it alive until they finish)
+    device = plan_for(cfg, 0, cfg.workers).torch_device
+    model = job.build_model().to(device)
     model.train()
-    model.share_memory()  # parameters and buffers now live in shared memory
+    if device.type == "cpu":
+        model.share_memory()  # parameters and buffers now live in shared memory
     # per worker: samples seen, updates applied (written by the worker, read here)
     counters = torch.zeros(cfg.workers, 2, dtype=torch.int64).share_memory_()
     # per worker: wall-clock start and end of its training loop (after process start-up)
     clocks = torch.zeros(cfg.workers, 2, dtype=torch.float64).share_memory_()
+    # worker 0's checksum of the final shared weights, as the workers see them
+    seen = torch.zeros(1, dtype=torch.float64).share_memory_()
     lock = mp.get_context("spawn").Lock() if cfg.lock else None
     t0 = time.perf_counter()
-    # the gloo group that spawn sets up is unused: the model itself is the shared state
-    spawn(_worker, cfg.workers, (job, model, counters, clocks, lock),
+    # the gloo group that spawn sets up only holds the final barrier: the model itself is
+    # the shared state
+    spawn(_worker, cfg.workers, (job, model, counters, clocks, lock, seen), backend=backend,
           name=lambda rank: f"worker {rank}")
     wall = time.perf_counter() - t0
+    mine = _checksum(model)
+    if not math.isclose(mine, float(seen[0]), rel_tol=1e-9, abs_tol=1e-9):
+        # never evaluate a model the workers did not train (it would score ~chance)
+        raise PhalanxError(f"hogwild: the model in the driver (checksum {mine:.6g}) is not "
+                           f"the one the workers trained ({float(seen[0]):.6g}): the "
+                           "shared memory was not shared")
     samples, updates = (int(v) for v in counters.sum(0))
     train_s = float(clocks[:, 1].max() - clocks[:, 0].min())
     stats = {
@@ -76,13 +95,19 @@ def run(job: Job, log: EventLog) -> Outcome:
         "launch_wall_s": wall,
     }
     write_result(job, model.state_dict(), train_samples=samples, steps=updates, stats=stats)
-    return Outcome(model, samples, updates, stats)
+    return Outcome(model.cpu(), samples, updates, stats)
+
+
+def _checksum(model: nn.Module) -> float:
+    with torch.no_grad():
+        return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
 def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.Tensor,
-            clocks: torch.Tensor, lock) -> None:
-    torch.set_num_threads(1)  # spawn did it already; Hogwild! workers must never oversubscribe
+            clocks: torch.Tensor, lock, seen: torch.Tensor) -> None:
     cfg = job.config
+    # threads: a share of the cores (never oversubscribed); device: the shared model's
+    place = setup_rank(cfg, rank, world, data_bytes=train_bytes(job))
     tb = job.run_dir / "tensorboard" if cfg.tensorboard else None
     log = EventLog(job.run_dir / "events.jsonl", rank=rank, role="worker", tensorboard_dir=tb)
     shared = [p for p in model.parameters() if p.requires_grad]
@@ -101,15 +126,13 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
     straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
     progress = Progress(total, f"hogwild{'-lock' if lock else ''}",
                         enabled=cfg.progress and rank == 0)
-    x_all, y_all = job.train.x, job.train.y
+    data = DeviceData(job.train, place.torch_device, place.data_on_device, aug is not None)
     t0 = time.perf_counter()
     clocks[rank, 0] = time.time()  # wall clock: comparable across processes
     step, samples, epoch = 0, 0, 0
     while step < total:
         for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed + rank):
-            x, y = x_all[idx], y_all[idx]
-            if aug is not None:
-                x = aug(x, gen)
+            x, y = data.batch(idx, aug, gen)
             if lock is not None:
                 with lock:  # consistent read: no update is half-applied in the copy
                     torch._foreach_copy_(local_w, shared_w)
@@ -138,7 +161,8 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
             if rank == 0 and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                 # a lock-free snapshot of the shared model (rank 0's own rule state)
                 save_checkpoint(job.run_dir / "checkpoint.pt", {
-                    "step": step, "model": copy.deepcopy(model).state_dict(),
+                    "step": step, "model": {k: v.detach().to("cpu", copy=True)
+                                            for k, v in model.state_dict().items()},
                     "rule_state": state_tensors(state)})
             if rank == 0 and cfg.eval_every and step % cfg.eval_every == 0:
                 _eval(job, model, log, step, epoch, counters, t0)
@@ -150,6 +174,9 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
     clocks[rank, 1] = time.time()
     progress.close()
     log.close()
+    dist.barrier()  # sync point: every worker's last update is in the shared model
+    if rank == 0:
+        seen[0] = _checksum(model)
 
 
 def _eval(job: Job, model: nn.Module, log: EventLog, step: int, epoch: int,

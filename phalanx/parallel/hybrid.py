@@ -14,6 +14,7 @@ from phalanx.metrics import EventLog
 from phalanx.parallel.base import Job, Outcome, read_result
 from phalanx.parallel.pipeline import check, train_pipeline
 from phalanx.runtime.launch import spawn
+from phalanx.runtime.placement import spawn_backend
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -23,7 +24,7 @@ def world_size(cfg: RunConfig) -> int:
 def run(job: Job, log: EventLog) -> Outcome:
     cfg = job.config
     check(job, cfg.stages, cfg.replicas)
-    spawn(process_main, world_size(cfg), (job,))
+    spawn(process_main, world_size(cfg), (job,), backend=spawn_backend(cfg, world_size(cfg)))
     return read_result(job)
 
 

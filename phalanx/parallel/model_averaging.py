@@ -23,6 +23,7 @@ from torch import nn
 
 from phalanx.comm.allreduce import AllReduce, make_allreduce
 from phalanx.comm.counters import ByteCounter
+from phalanx.comm.staging import staged
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog, Progress
@@ -36,6 +37,7 @@ from phalanx.parallel.base import (
     read_result,
     write_result,
 )
+from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.dp_checkpoint import (
     Position,
     check_checkpointing,
@@ -54,6 +56,7 @@ from phalanx.parallel.sync_dp import (
     worker_batches,
 )
 from phalanx.rules import apply_updates, make_rule, state_tensors
+from phalanx.runtime.placement import setup_rank, spawn_backend
 
 __all__ = ["average_", "can_restart", "check_resume", "process_main", "run", "train_worker",
            "world_size"]
@@ -70,7 +73,8 @@ def run(job: Job, log: EventLog) -> Outcome:
     check_checkpointing(job.config)
     if job.config.resume:
         check_resume(job.config)
-    spawn_workers(job, process_main, world_size(job.config))
+    spawn_workers(job, process_main, world_size(job.config),
+                  backend=spawn_backend(job.config, world_size(job.config)))
     return read_result(job)
 
 
@@ -82,8 +86,9 @@ def can_restart(cfg: RunConfig) -> bool:
 def process_main(rank: int, world: int, job: Job) -> None:
     """One worker; runs inside an initialised process group (spawn or torchrun)."""
     check_checkpointing(job.config)  # again here: under torchrun no driver checked first
+    place = setup_rank(job.config, rank, world, data_bytes=train_bytes(job))
     with open_log(job, rank) as log:
-        train_worker(WorkerContext(job, rank, world, log, time.perf_counter()))
+        train_worker(WorkerContext(job, rank, world, log, time.perf_counter(), place))
 
 
 def average_(tensors: list[torch.Tensor], allreduce: AllReduce, world: int) -> None:
@@ -105,12 +110,13 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     """The local-SGD loop of one worker; returns the final averaged model."""
     job, rank, world = ctx.job, ctx.rank, ctx.world
     cfg = job.config
-    model = job.build_model()
+    place = ctx.placement
+    model = job.build_model().to(place.torch_device)
     model.train()
     counter = ByteCounter()
     params = [p for p in model.parameters() if p.requires_grad]
     broadcast_from_rank0(params + list(model.buffers()), counter, rank, world)
-    allreduce = make_allreduce(cfg.allreduce, counter=counter)
+    allreduce = staged(make_allreduce(cfg.allreduce, counter=counter), place.host_staging)
     buffers = [b for b in model.buffers() if b.is_floating_point()]
 
     total = total_steps(job, world)
@@ -118,6 +124,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     rule = make_rule(cfg, total)
     state = rule.init(weights)
     aug = augmenter(cfg)
+    data = DeviceData(job.train, place.torch_device, place.data_on_device, aug is not None)
     gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
     loss_fn = nn.CrossEntropyLoss()
     straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
@@ -146,9 +153,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
         if epoch != last_epoch:
             ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
             last_epoch = epoch
-        x, y = job.train.x[idx], job.train.y[idx]
-        if aug is not None:
-            x = aug(x, gen)
+        x, y = data.batch(idx, aug, gen)
         straggler.start()
         out = model(x)
         loss = loss_fn(out, y)
@@ -166,7 +171,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             synchronise()
             rounds += 1
         if step % LOG_EVERY == 0 or step == total:
-            ctx.log_train(step, epoch, loss, out, y, samples * world, bytes_sent=counter.sent,
+            ctx.log_train(step, epoch, loss, out, y, samples, bytes_sent=counter.sent,
                           rounds=rounds)
             progress.update(step, loss=loss.item())
         if cfg.eval_every:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from phalanx.comm.staging import recv, send
 from phalanx.config import RunConfig
 from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError
@@ -31,12 +32,14 @@ from phalanx.parallel.base import (
     read_result,
     write_result,
 )
+from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.partition import agreed_partition, check_stages, stage_module
 from phalanx.parallel.reporting import StageReporter, wants_eval
 from phalanx.parallel.stages import boundary_shapes, gather_model
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
+from phalanx.runtime.placement import setup_rank, spawn_backend
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -51,7 +54,8 @@ def run(job: Job, log: EventLog) -> Outcome:
         check_split_layer(job.build_model(), cfg.split_layer, cfg.workers)
     else:
         check_stages(job.build_model(), cfg.workers, "--workers")
-    spawn(process_main, world_size(cfg), (job,))
+    spawn(process_main, world_size(cfg), (job,),
+          backend=spawn_backend(cfg, world_size(cfg)))
     return read_result(job)
 
 
@@ -78,24 +82,28 @@ class _Clock:
 
 def _layer_parallel(rank: int, world: int, job: Job) -> None:
     cfg = job.config
+    place = setup_rank(cfg, rank, world, data_bytes=train_bytes(job))
+    staging, device = place.host_staging, place.torch_device
     model = job.build_model()
     check_stages(model, world, "--workers")  # again here: under torchrun no driver checked
     model.train()
-    x_all, y_all = job.train.x, job.train.y
+    x_all = job.train.x
     shard = job.shard(0, 1)  # one stream of batches: every stage walks the same order
     total = job.planned_steps(len(shard))
     if cfg.batch_size > len(shard):
         raise ConfigError(
             f"--batch-size: {cfg.batch_size} exceeds the {len(shard)} training samples")
     part = agreed_partition(model, world, x_all[: cfg.batch_size])
-    stage = stage_module(model, part.names[rank])
     shapes = boundary_shapes(model, part, job.train.input_shape, cfg.batch_size)
+    model.to(device)  # after the partition and the shapes were worked out on the host
+    stage = stage_module(model, part.names[rank])
     first, last = rank == 0, rank == world - 1
     params = [p for p in stage.parameters() if p.requires_grad]
     weights = detached(params)
     rule = make_rule(cfg, total)
     state = rule.init(weights)
     aug = augmenter(cfg) if first else None
+    data = DeviceData(job.train, device, place.data_on_device, aug is not None)
     gen = torch.Generator().manual_seed(cfg.seed + 1)  # the single-worker loop's generator
     loss_fn = nn.CrossEntropyLoss()
     straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
@@ -107,31 +115,29 @@ def _layer_parallel(rank: int, world: int, job: Job) -> None:
     while step < total:
         for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed):
             # ---- forward: receive the previous stage's activations, run ours, pass on
-            if first:
-                x = x_all[idx]
-                if aug is not None:
-                    x = aug(x, gen)
-            else:
-                x = torch.empty(shapes[rank - 1])
+            if first or last:
+                x, y = data.batch(idx, aug, gen)
+            if not first:
+                x = torch.empty(shapes[rank - 1], device=device)
                 t = time.perf_counter()
-                dist.recv(x, rank - 1)  # sync point: blocks until stage rank-1 finished
+                recv(x, rank - 1, staging)  # sync point: blocks until stage rank-1 finished
                 clock.waited(t)
                 x.requires_grad_(True)
             t = time.perf_counter()
             straggler.start()
             out = stage(x)
             if last:
-                loss = loss_fn(out, y_all[idx])
+                loss = loss_fn(out, y)
                 (loss / cfg.grad_accum).backward()
             straggler.finish()
             clock.computed(t)
             if not last:
                 t = time.perf_counter()
-                dist.send(out.detach(), rank + 1)
+                send(out.detach(), rank + 1, staging)
                 sent += out.numel() * out.element_size()
                 # ---- backward: the next stage hands back d loss / d out
                 grad_out = torch.empty_like(out)
-                dist.recv(grad_out, rank + 1)  # sync point: waits for all later stages
+                recv(grad_out, rank + 1, staging)  # sync point: waits for all later stages
                 clock.waited(t)
                 t = time.perf_counter()
                 straggler.start()
@@ -141,7 +147,7 @@ def _layer_parallel(rank: int, world: int, job: Job) -> None:
                 clock.computed(t)
             if not first:
                 t = time.perf_counter()
-                dist.send(x.grad, rank - 1)
+                send(x.grad, rank - 1, staging)
                 sent += x.grad.numel() * x.grad.element_size()
                 clock.waited(t)
             micro += 1
@@ -156,7 +162,7 @@ def _layer_parallel(rank: int, world: int, job: Job) -> None:
                 p.grad = None
             step += 1
             if report.wants_train_event(step):
-                acc = (out.argmax(1) == y_all[idx]).float().mean().item()
+                acc = (out.argmax(1) == y).float().mean().item()
                 report.train(step, epoch, loss.item(), acc, samples)
             report.tick(step)
             if wants_eval(cfg, step, epoch_done=False):
@@ -201,4 +207,5 @@ def _checkpoint(job: Job, model, part, rank: int, world: int, step: int) -> None
     gather_model(model, part, list(range(world)), rank, dst=0)
     if rank == 0:
         # the model only: each stage's rule state stays with its stage
-        save_checkpoint(job.run_dir / "checkpoint.pt", {"step": step, "model": model.state_dict()})
+        save_checkpoint(job.run_dir / "checkpoint.pt", {"step": step, "model": {
+            k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}})

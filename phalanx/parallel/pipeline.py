@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
+from phalanx.comm.staging import DeviceHop, gloo_carries
 from phalanx.config import RunConfig
 from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError
@@ -43,6 +44,7 @@ from phalanx.parallel.stages import (
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
+from phalanx.runtime.placement import setup_rank, spawn_backend
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -76,7 +78,9 @@ def check(job: Job, stages: int, replicas: int = 1) -> None:
 
 def run(job: Job, log: EventLog) -> Outcome:
     check(job, job.config.stages)
-    spawn(process_main, world_size(job.config), (job,), name=lambda rank: f"stage {rank}")
+    spawn(process_main, world_size(job.config), (job,),
+          backend=spawn_backend(job.config, world_size(job.config)),
+          name=lambda rank: f"stage {rank}")
     return read_result(job)
 
 
@@ -101,14 +105,19 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
     check(job, stages, replicas)  # again here: under torchrun no driver checked first
     replica, s = divmod(rank, stages)
     first, last = s == 0, s == stages - 1
+    place = setup_rank(cfg, rank, world)
     pipes, dps = _groups(stages, replicas)
     model = job.build_model()
     model.train()
     x_all, y_all = job.train.x, job.train.y
     mb = cfg.batch_size // cfg.microbatches
     part = agreed_partition(model, stages, x_all[:mb])
-    submod = stage_module(model, part.names[s])
     shapes = boundary_shapes(model, part, job.train.input_shape, mb)
+    model.to(place.torch_device)  # after the partition and the shapes were worked out
+    submod = stage_module(model, part.names[s])
+    if place.is_cuda:
+        # the schedule sends host activations over gloo; the stage computes on its GPU
+        submod = DeviceHop(submod, place.torch_device)
     meter = StageMeter(submod, Straggler(cfg.slow_workers.get(rank, 1.0)))
     schedule = build_schedule(submod, meter, s, stages, shapes, job.train.input_shape,
                               cfg.pipeline_schedule, cfg.microbatches, pipes[replica])
@@ -147,7 +156,10 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
             if replicas > 1 and params:
                 # sync point: this stage's gradients summed over its replicas, one buffer
                 flat = torch.cat([g.reshape(-1) for g in grads])
-                dist.all_reduce(flat, group=dps[s])
+                host = flat.to("cpu") if gloo_carries(flat) else flat
+                dist.all_reduce(host, group=dps[s])
+                if host is not flat:
+                    flat.copy_(host)
                 sent += 2 * (replicas - 1) / replicas * 4 * flat_params  # ring-equivalent
                 grads = list(torch.split(flat, [g.numel() for g in grads]))
                 grads = [g.view_as(p) for g, p in zip(grads, params)]
@@ -168,7 +180,9 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
                     dist.all_reduce(both, group=dps[s])
                     both /= replicas
                 if report.wants_train_event(step):
-                    report.train(step, epoch, both[0].item(), both[1].item(), samples,
+                    # this replica's own samples (events' convention: per rank)
+                    report.train(step, epoch, both[0].item(), both[1].item(),
+                                 samples // replicas,
                                  peak_live_microbatches=meter.peak_live)
             report.tick(step)
             if wants_eval(cfg, step, epoch_done=False):
@@ -176,8 +190,9 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and replica == 0:
                 gather_model(model, part, list(range(stages)), rank, dst=0)
                 if rank == 0:  # the model only: each stage's rule state stays with it
-                    save_checkpoint(job.run_dir / "checkpoint.pt",
-                                    {"step": step, "model": model.state_dict()})
+                    save_checkpoint(job.run_dir / "checkpoint.pt", {"step": step, "model": {
+                        k: v.detach().to("cpu", copy=True)
+                        for k, v in model.state_dict().items()}})
             if step >= total:
                 break
         epoch += 1

@@ -40,6 +40,7 @@ from phalanx.parallel.base import (
     read_result,
     write_result,
 )
+from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.ps_worker import WORKER_STATS, steps_per_worker, worker_main
 from phalanx.ps.checkpoint import read_shard, restore_shard, save_shard, shard_path
 from phalanx.ps.consistency import consistency_for
@@ -53,6 +54,7 @@ from phalanx.runtime.faults import (
     kill_point,
     parse_kills,
 )
+from phalanx.runtime.placement import setup_rank, spawn_backend
 
 __all__ = ["assemble", "check_config", "check_resume", "make_shard", "process_main", "run",
            "server_main", "steps_per_worker", "world_size", "worker_main"]
@@ -66,6 +68,10 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.strategy != "downpour" and (cfg.nfetch != 1 or cfg.npush != 1):
         raise ConfigError(f"--nfetch/--npush: only --strategy downpour uses them "
                           f"(got --strategy {cfg.strategy})")
+    if cfg.pull_ahead and not (consistency_for(cfg.strategy).pulls_ahead
+                               and cfg.strategy != "dc-asgd"):
+        raise ConfigError(f"--pull-ahead: --strategy {cfg.strategy} waits for fresh weights "
+                          "(only asp and downpour can pull ahead)")
     if cfg.grad_accum != 1:
         raise ConfigError(f"--grad-accum: not supported by --strategy {cfg.strategy} "
                           "(use --strategy downpour with --npush)")
@@ -98,7 +104,8 @@ def run(job: Job, log: EventLog) -> Outcome:
     spawn(process_main, world_size(job.config), (job,),
           timeout_s=max(120.0, 2 * job.config.ps_timeout),
           survivable=lambda rank: rank >= servers,
-          name=lambda rank: f"server {rank}" if rank < servers else f"worker {rank - servers}")
+          name=lambda rank: f"server {rank}" if rank < servers else f"worker {rank - servers}",
+          backend=spawn_backend(job.config, world_size(job.config)))
     return read_result(job)
 
 
@@ -109,14 +116,19 @@ def process_main(rank: int, world: int, job: Job) -> None:
     if world != layout.world:
         raise PhalanxError(f"{world} processes, but --servers {cfg.servers} + --workers "
                            f"{cfg.workers} need {layout.world}")
+    server = rank < layout.servers
+    # shards stay on the CPU; worker w computes on the GPU its index picks
+    place = setup_rank(cfg, rank, world, on_cpu=server,
+                       compute_rank=None if server else rank - layout.servers,
+                       compute_ranks=layout.workers, data_bytes=train_bytes(job))
     transport = GlooTransport(rank, world)
-    role = "server" if rank < layout.servers else "worker"
+    role = "server" if server else "worker"
     tb = job.run_dir / "tensorboard" if cfg.tensorboard else None
     with EventLog(job.run_dir / "events.jsonl", rank=rank, role=role, tensorboard_dir=tb) as log:
         if rank < layout.servers:
             server_main(job, transport, layout, rank, log)
         else:
-            worker_main(job, transport, layout, rank - layout.servers, log)
+            worker_main(job, transport, layout, rank - layout.servers, log, place)
 
 
 # ---- configuration helpers (shared by processes and the in-process tests) ---------------

@@ -15,11 +15,13 @@ import torch
 from torch import nn
 
 from phalanx.comm.counters import nbytes
+from phalanx.comm.staging import host_vector, to_host
 from phalanx.comm.transport import Transport
 from phalanx.comm.wire import HEADER_BYTES
 from phalanx.data import epoch_batches, steps_per_epoch
 from phalanx.metrics import EventLog, Progress
 from phalanx.parallel.base import Job, Straggler, augmenter, evaluate
+from phalanx.parallel.device_data import DeviceData
 from phalanx.ps.client import Heartbeat, PSClient
 from phalanx.ps.partition import flat_dense, partition, trainable, unflatten_into
 from phalanx.ps.server import Layout
@@ -30,6 +32,7 @@ from phalanx.runtime.faults import (
     kill_point,
     parse_kills,
 )
+from phalanx.runtime.placement import CPU, Placement
 
 LOG_EVERY = 10
 WORKER_STATS = ("samples", "steps", "bytes_sent", "bytes_received", "pushes_dropped")
@@ -44,14 +47,17 @@ def steps_per_worker(job: Job) -> int:
 
 class PSWorker:
     def __init__(self, job: Job, transport: Transport, layout: Layout, worker: int,
-                 log: EventLog) -> None:
+                 log: EventLog, placement: Placement = CPU) -> None:
         cfg = self.cfg = job.config
         self.job, self.transport, self.worker, self.log = job, transport, worker, log
-        self.model = job.build_model()
+        self.place, self.device = placement, placement.torch_device
+        self.model = job.build_model().to(self.device)
         self.model.train()
         self.params = trainable(self.model)
         self.part = partition(self.model, cfg.servers)
-        self.flat = flat_dense(self.part, self.params)
+        # the shards speak host tensors: pulled weights land in this host vector (pinned
+        # on a GPU rank) and go to the device in one copy
+        self.flat = host_vector(flat_dense(self.part, self.params))
         self.table = self.params[self.part.table.param] if self.part.table else None
         self.dropper = (MessageDropper(cfg.drop_messages, seed=cfg.seed * 7919 + worker)
                         if cfg.drop_messages else None)
@@ -65,18 +71,38 @@ class PSWorker:
         self.heartbeat = Heartbeat(transport, layout, worker, cfg.heartbeat_s)
         self.step = self.clock = self.samples = 0
         self.t0 = time.perf_counter()
+        # --pull-ahead (asp, downpour; not with a sparse table, whose rows depend on the
+        # next batch): the next weights are asked for before this step's compute, so
+        # their round trip hides behind it; `ahead` holds the requests in flight
+        self.pulls_ahead = cfg.pull_ahead and self.table is None
+        self.ahead: list | None = None
 
     # ---- talking to the shards ---------------------------------------------------------
 
     def pull(self, rows: torch.Tensor | None, dense: bool, resume: bool = False) -> None:
         with torch.no_grad():
-            self.client.pull(self.clock, self.flat if dense else None, rows,
-                             self.table.data if self.table is not None else None,
-                             resume=resume)
+            if self.ahead is not None:
+                # the answer to the pull asked ahead (it may have arrived during compute)
+                asked, self.ahead = self.ahead, None
+                self.client.collect(asked, self.flat)
+                if not dense or rows is not None:
+                    raise AssertionError("a pull ahead is dense and has no rows")
+            else:
+                self.client.pull(self.clock, self.flat if dense else None, rows,
+                                 self.table.data if self.table is not None else None,
+                                 resume=resume)
         if dense:
-            unflatten_into(self.part, self.flat, self.params)
+            unflatten_into(self.part, self.flat.to(self.device), self.params)
+
+    def pull_ahead(self) -> None:
+        """Ask every shard for the weights the next step trains on, now."""
+        if self.pulls_ahead and self.step + 1 < self.total and (self.step + 1) % \
+                self.cfg.nfetch == 0:
+            self.ahead = self.client.request(self.clock)
 
     def evaluate_now(self, epoch: int) -> None:
+        if self.ahead is not None:
+            self.pull(None, dense=True)  # drain the pull asked ahead first
         self.pull(None, dense=True)  # evaluate the servers' weights, not a stale copy
         loss, acc = evaluate(self.model, self.job.test)
         self.log.log("eval", step=self.step, epoch=epoch,
@@ -111,6 +137,7 @@ class PSWorker:
         cfg, job, part, table = self.cfg, self.job, self.part, self.table
         straggler = Straggler(cfg.slow_workers.get(self.worker, 1.0))
         aug = augmenter(cfg)
+        data = DeviceData(job.train, self.device, self.place.data_on_device, aug is not None)
         gen = torch.Generator().manual_seed(cfg.seed + 1 + self.worker)
         loss_fn = nn.CrossEntropyLoss()
         progress = Progress(self.total, cfg.strategy, enabled=cfg.progress and self.worker == 0)
@@ -127,16 +154,15 @@ class PSWorker:
                 if self.step == self.kill_at:
                     die(self.log.log, "worker", self.worker, f"step {self.step}",
                         KILLED_WORKER_EXIT)
-                x, y = job.train.x[idx], job.train.y[idx]
-                if aug is not None:
-                    x = aug(x, gen)
-                rows = x.unique() if table is not None else None
+                x, y = data.batch(idx, aug, gen)
+                rows = x.unique().cpu() if table is not None else None  # ids go to shards
                 if self.step % cfg.nfetch == 0:
                     self.pull(rows, dense=True)  # BSP / SSP workers wait here
                 elif rows is not None:
                     self.pull(rows, dense=False)  # this batch's table rows are always fresh
                 if acc_versions is None:
                     acc_versions = list(self.client.versions)  # staleness counts from here
+                self.pull_ahead()
                 straggler.start()
                 out = self.model(x)
                 loss = loss_fn(out, y)
@@ -153,7 +179,9 @@ class PSWorker:
                     ids = row_grads = None
                     if table is not None:
                         ids, row_grads = _coalesce(acc_rows, acc_row_grads)
-                    self.client.push(self.clock, acc_dense, acc_versions, ids, row_grads)
+                    # a fresh host copy per push (no reused buffer): the send is asynchronous
+                    self.client.push(self.clock, to_host(acc_dense), acc_versions, ids,
+                                     to_host(row_grads) if row_grads is not None else None)
                     self.clock += 1
                     acc_dense = acc_versions = None
                     acc_rows, acc_row_grads = [], []
@@ -177,7 +205,7 @@ class PSWorker:
     def done(self) -> None:
         # every worker sends its buffers (BatchNorm statistics, not served by the PS):
         # the first worker that finished provides them, worker 0 unless it died
-        bufs = [b.detach().reshape(-1).double() for b in self.model.buffers()]
+        bufs = [b.detach().reshape(-1).double().cpu() for b in self.model.buffers()]
         extra = [torch.cat(bufs) if bufs else torch.zeros(0, dtype=torch.float64)]
         stats = torch.zeros(len(WORKER_STATS), dtype=torch.float64)
         # count the DONE messages themselves in bytes_sent
@@ -190,8 +218,8 @@ class PSWorker:
 
 
 def worker_main(job: Job, transport: Transport, layout: Layout, worker: int,
-                log: EventLog) -> None:
-    PSWorker(job, transport, layout, worker, log).run()
+                log: EventLog, placement: Placement = CPU) -> None:
+    PSWorker(job, transport, layout, worker, log, placement).run()
 
 
 def _coalesce(rows: list[torch.Tensor], grads: list[torch.Tensor]):
@@ -199,6 +227,6 @@ def _coalesce(rows: list[torch.Tensor], grads: list[torch.Tensor]):
     ids = torch.cat(rows)
     uniq, inverse = torch.unique(ids, return_inverse=True)
     dim = grads[0].shape[-1]
-    out = torch.zeros(len(uniq), dim, dtype=grads[0].dtype)
-    out.index_add_(0, inverse, torch.cat(grads).view(-1, dim))
+    out = torch.zeros(len(uniq), dim, dtype=grads[0].dtype, device=grads[0].device)
+    out.index_add_(0, inverse.to(out.device), torch.cat(grads).view(-1, dim))
     return uniq, out

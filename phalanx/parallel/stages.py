@@ -66,11 +66,12 @@ def gather_model(model: nn.Module, partition: Partition, stage_ranks: Sequence[i
             continue
         for key in layer_state_keys(model, names):
             t = state[key]
+            # host tensors: gloo carries them whatever device the stages compute on
             if rank == owner:
-                dist.send(t.detach().contiguous(), dst, group=group)
+                dist.send(t.detach().to("cpu").contiguous(), dst, group=group)
                 sent += t.numel() * t.element_size()
             elif rank == dst:
-                buf = torch.empty_like(t)
+                buf = torch.empty(t.shape, dtype=t.dtype)
                 dist.recv(buf, owner, group=group)
                 with torch.no_grad():
                     t.copy_(buf)

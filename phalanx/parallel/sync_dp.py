@@ -26,6 +26,7 @@ from phalanx.comm.allreduce import make_allreduce
 from phalanx.comm.bucketing import CommThread, GradReducer
 from phalanx.comm.counters import ByteCounter
 from phalanx.comm.sfb import SufficientFactors
+from phalanx.comm.staging import gloo_carries, staged
 from phalanx.config import RunConfig
 from phalanx.data import epoch_batches, steps_per_epoch
 from phalanx.errors import ConfigError
@@ -40,6 +41,7 @@ from phalanx.parallel.base import (
     read_result,
     write_result,
 )
+from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.dp_checkpoint import (
     Checkpointer,
     Position,
@@ -49,6 +51,7 @@ from phalanx.parallel.dp_checkpoint import (
 )
 from phalanx.parallel.dp_checkpoint import check_resume as _check_resume
 from phalanx.rules import apply_updates, make_rule
+from phalanx.runtime.placement import CPU, Placement, setup_rank, spawn_backend
 
 LOG_EVERY = 10  # steps between "train" events
 
@@ -62,7 +65,8 @@ def run(job: Job, log: EventLog) -> Outcome:
     check_checkpointing(job.config)
     if job.config.resume:
         check_resume(job.config)
-    spawn_workers(job, process_main, world_size(job.config))
+    spawn_workers(job, process_main, world_size(job.config),
+                  backend=spawn_backend(job.config, world_size(job.config)))
     return read_result(job)
 
 
@@ -124,6 +128,7 @@ def broadcast_from_rank0(tensors: list[torch.Tensor], counter: ByteCounter, rank
     if world == 1 or not tensors:
         return
     flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+    flat = flat.to("cpu") if gloo_carries(flat) else flat  # gloo: through the host
     dist.broadcast(flat, src=0)
     if rank == 0:
         counter.on_send(flat.numel() * flat.element_size() * (world - 1))
@@ -154,9 +159,11 @@ class WorkerContext:
     world: int
     log: EventLog
     t0: float
+    placement: Placement = CPU  # this rank's device, backend, threads (setup_rank)
 
     def log_train(self, step: int, epoch: int, loss: torch.Tensor, out: torch.Tensor,
                   y: torch.Tensor, samples: int, **extra) -> None:
+        """``samples``: this rank's own (the events' convention, docs/events.md)."""
         # .item() is a device sync point on GPU; paid only every LOG_EVERY steps
         acc = (out.argmax(1) == y).float().mean().item()
         self.log.log("train", step=step, epoch=epoch, loss=loss.item(), accuracy=acc,
@@ -188,21 +195,23 @@ def open_log(job: Job, rank: int) -> EventLog:
 
 def process_main(rank: int, world: int, job: Job) -> None:
     """One worker; runs inside an initialised process group (spawn or torchrun)."""
+    place = setup_rank(job.config, rank, world, data_bytes=train_bytes(job))
     with open_log(job, rank) as log:
-        train_worker(WorkerContext(job, rank, world, log, time.perf_counter()))
+        train_worker(WorkerContext(job, rank, world, log, time.perf_counter(), place))
 
 
 def train_worker(ctx: WorkerContext) -> nn.Module:
     """The training loop of one worker; returns its final replica (all ranks are equal)."""
     job, rank, world = ctx.job, ctx.rank, ctx.world
     cfg = job.config
-    model = job.build_model()
+    place = ctx.placement
+    model = job.build_model().to(place.torch_device)
     model.train()
     counter = ByteCounter()
     params = [p for p in model.parameters() if p.requires_grad]
     # DDP does the same: equal start even if model_fn was not seeded deterministically
     broadcast_from_rank0(params + list(model.buffers()), counter, rank, world)
-    allreduce = make_allreduce(cfg.allreduce, counter=counter)
+    allreduce = staged(make_allreduce(cfg.allreduce, counter=counter), place.host_staging)
     comm = CommThread()
     sfb_layers = (SufficientFactors.plan(model, cfg.batch_size * cfg.grad_accum, world)
                   if cfg.sfb else [])
@@ -217,6 +226,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     rule = make_rule(cfg, total)
     state = rule.init(weights)
     aug = augmenter(cfg)
+    data = DeviceData(job.train, place.torch_device, place.data_on_device, aug is not None)
     gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
     loss_fn = nn.CrossEntropyLoss()
     straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
@@ -241,9 +251,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             if buffers and micro % cfg.grad_accum == 0:
                 # as DDP's broadcast_buffers: BN statistics follow rank 0 (comm is idle here)
                 broadcast_from_rank0(buffers, counter, rank, world)
-            x, y = job.train.x[idx], job.train.y[idx]
-            if aug is not None:
-                x = aug(x, gen)
+            x, y = data.batch(idx, aug, gen)
             micro += 1
             last_micro = micro % cfg.grad_accum == 0
             reducer.begin(sync=last_micro)
@@ -267,7 +275,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
                 p.grad = None
             step += 1
             if step % LOG_EVERY == 0 or step == total:
-                ctx.log_train(step, epoch, loss, out, y, samples * world,
+                ctx.log_train(step, epoch, loss, out, y, samples,
                               bytes_sent=counter.sent)
                 progress.update(step, loss=loss.item())
             if cfg.eval_every:

@@ -45,12 +45,18 @@ class PSClient:
         shards answer (this is the synchronisation point of BSP and SSP). ``resume``: a
         restarted worker does not know its clock; each shard's answer tells it
         (:attr:`server_clocks`)."""
+        asked = self.request(clock, dense_out is not None, rows, resume)
+        self.collect(asked, dense_out, table_out)
+
+    def request(self, clock: int, dense: bool = True, rows: torch.Tensor | None = None,
+                resume: bool = False) -> list:
+        """Send the PULL requests of :meth:`pull` and return what :meth:`collect` needs
+        to receive the answers. Between the two a worker may compute (a pull ahead)."""
         per_shard = self.part.split_rows(rows) if rows is not None else None
         asked = []
         for k in range(self.part.shards):
             ids = per_shard[k] if per_shard is not None else None
-            want_dense = dense_out is not None and self.part.dense_range(k)[1] > \
-                self.part.dense_range(k)[0]
+            want_dense = dense and self.part.dense_range(k)[1] > self.part.dense_range(k)[0]
             if not want_dense and (ids is None or not ids.numel()):
                 continue
             flags = (WANT_DENSE if want_dense else 0) | (HAS_ROWS if ids is not None else 0)
@@ -59,6 +65,11 @@ class PSClient:
                                 Header(Kind.PULL, worker=self.worker, clock=clock, shard=k,
                                        flags=flags), [ids] if ids is not None else [])
             asked.append((k, want_dense, ids))
+        return asked
+
+    def collect(self, asked: list, dense_out: torch.Tensor | None = None,
+                table_out: torch.Tensor | None = None) -> None:
+        """Receive the answers to :meth:`request` (blocks until every shard answered)."""
         for k, want_dense, ids in asked:
             msg = self._recv(k)
             h, t = msg.header, msg.tensors
@@ -74,7 +85,8 @@ class PSClient:
             if want_dense:
                 dense_out[a:b] = t[0]
             if ids is not None and ids.numel():
-                table_out[ids] = t[1].view(-1, self.part.table.dim).to(table_out.dtype)
+                table_out[ids] = t[1].view(-1, self.part.table.dim).to(table_out.device,
+                                                                       table_out.dtype)
             self.versions[k] = h.version
             self.server_clocks[k] = h.clock
 

@@ -29,6 +29,10 @@ from collections.abc import Collection, Sequence
 
 class Consistency(ABC):
     name = "consistency"
+    # a worker may ask for its next weights before it pushes this step's gradient (the
+    # pull overlaps its compute; the weights it trains on are one push older). Only where
+    # no bound or barrier is defined on the clocks, so BSP / SSP / SoftSync keep theirs
+    pulls_ahead = False
 
     @abstractmethod
     def admits(self, clock: int, slowest: int) -> bool: ...
@@ -57,6 +61,7 @@ class Asynchronous(Consistency):
     """ASP: no waiting; every push is applied the moment it arrives."""
 
     name = "asp"
+    pulls_ahead = True
 
     def admits(self, clock: int, slowest: int) -> bool:
         return True

@@ -322,9 +322,15 @@ class ShardState:
         return out
 
     def _params_reply(self, w: int, flags: int, ids: torch.Tensor | None) -> Outgoing:
+        # a snapshot, never the live tensor: the transport reads the payload after this
+        # returns (gloo's isend), while the next push may already change the weights in
+        # place; a torn read would mix two versions. The same copy is DC-ASGD's backup
+        # (both only read it)
+        want = bool(flags & WANT_DENSE)
+        snapshot = self.dense.clone() if want or self.keep_backups else None
         if self.keep_backups:
-            self.backups[w] = self.dense.clone()
-        tensors = [self.dense if flags & WANT_DENSE else self.dense[:0]]
+            self.backups[w] = snapshot
+        tensors = [snapshot if want else self.dense[:0]]
         if ids is not None:
             tensors.append(self.rows[self.part.local_index(ids)])
         header = Header(Kind.PARAMS, worker=w, clock=self.clocks[w], version=self.version,

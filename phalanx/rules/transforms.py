@@ -39,6 +39,18 @@ def _zeros(params) -> Tensors:
     return [torch.zeros_like(p) for p in params]
 
 
+def _mul(tensors: Tensors, factor: float) -> Tensors:
+    """``[factor * t for t in tensors]`` in one foreach call: the same products, bit for
+    bit, with one kernel launch per list instead of one per tensor (what bounds a small
+    model's step on a GPU)."""
+    return list(torch._foreach_mul(list(tensors), factor)) if len(tensors) else []
+
+
+def _add(a: Tensors, b: Tensors) -> Tensors:
+    """``[x + y for x, y in zip(a, b)]`` in one foreach call."""
+    return list(torch._foreach_add(list(a), list(b))) if len(a) else []
+
+
 def scale(step_size: float) -> UpdateRule:
     """``u = step_size * u`` (use a negative step size to descend)."""
 
@@ -46,7 +58,7 @@ def scale(step_size: float) -> UpdateRule:
         return EmptyState()
 
     def update(updates, state, params=None, *, staleness=0, backup=None):
-        return [step_size * u for u in updates], state
+        return _mul(updates, step_size), state
 
     return UpdateRule(init, update)
 
@@ -59,7 +71,7 @@ def scale_by_schedule(schedule: Schedule, sign: float = -1.0) -> UpdateRule:
 
     def update(updates, state, params=None, *, staleness=0, backup=None):
         lr = sign * schedule(int(state.count))
-        return [lr * u for u in updates], CountState(state.count + 1)
+        return _mul(updates, lr), CountState(state.count + 1)
 
     return UpdateRule(init, update)
 
@@ -89,7 +101,7 @@ def trace(decay: float, nesterov: bool = False) -> UpdateRule:
         return TraceState(_zeros(params))
 
     def update(updates, state, params=None, *, staleness=0, backup=None):
-        new = [decay * b + u for b, u in zip(state.trace, updates)]
+        new = _add(_mul(state.trace, decay), updates)  # decay * b + u
         out = [u + decay * b for u, b in zip(updates, new)] if nesterov else new
         return out, TraceState(new)
 

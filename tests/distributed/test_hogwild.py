@@ -47,3 +47,24 @@ def test_hogwild_fashion_mnist_two_workers_reaches_85_percent(tmp_path):
     result = phalanx.train(**_opts(tmp_path, data="fashion-mnist", workers=2, epochs=2,
                                    batch_size=64, lr=0.02))
     assert result.summary["test_accuracy"] >= 0.85, result.summary
+
+
+def test_hogwild_after_other_strategies_in_one_process(tmp_path):
+    """Issue 11: hogwild evaluated 0.100 (an untrained model) when phalanx.train ran it in
+    one process after asp, ssp and average (16 cores; 2 cores did not reproduce). The
+    same sequence here, on one data set object as a study would pass it; hogwild must
+    train the model the driver evaluates (the driver also checks that its model is the
+    one the workers wrote, and fails loudly otherwise)."""
+    from phalanx.data import load_data
+
+    data = load_data("synthetic", None, 0)
+    common = {"model": "mlp", "batch_size": 32, "lr": 0.05, "max_steps": 15, "workers": 2,
+              "progress": False, "tensorboard": False, "test_limit": 500}
+    for strategy in ("asp", "ssp", "average"):
+        phalanx.train(data=data, strategy=strategy, out=str(tmp_path / strategy), **common)
+    result = phalanx.train(data=data, strategy="hogwild", out=str(tmp_path / "hogwild"),
+                           **{**common, "max_steps": 40})
+    torch.manual_seed(0)
+    initial = build_model("mlp", (1, 16, 16), 10).state_dict()
+    assert max_state_diff(result.model.state_dict(), initial) > 1e-3
+    assert result.summary["test_accuracy"] >= 0.5, result.summary  # chance is 0.1

@@ -30,3 +30,6 @@ def test_two_replicas_of_two_stages_equal_single_process(tmp_path):
     for step, loss in losses.items():
         assert loss == pytest.approx(ref.losses[step - 1], abs=1e-5)
     assert len(result.summary["stage_idle_fraction"]) == 4
+    # events' convention: a train event's samples are its rank's replica's own
+    last = [e for e in result.history if e["kind"] == "train" and e["step"] == STEPS]
+    assert [e["samples"] for e in last] == [STEPS * 16]

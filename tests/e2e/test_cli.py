@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from phalanx.data.idx import write_idx
 
@@ -113,3 +114,27 @@ def test_models_lists_parameter_counts(capsys):
     code, cap = run_main(capsys, "models")
     assert code == 0
     assert "lenet5" in cap.out and "61,706" in cap.out
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--device", "cuda", "--strategy", "sync", "--workers", "2"],
+     "phalanx: error: --device cuda: no CUDA device is available on this machine"),
+    (["--device", "cuda:7", "--strategy", "asp", "--workers", "2"],
+     "phalanx: error: --device cuda:7: no CUDA device is available on this machine"),
+    (["--device", "gpu"],
+     "phalanx: error: --device: 'gpu' is not one of cpu, cuda, cuda:K"),
+    (["--backend", "nccl", "--strategy", "sync", "--workers", "2"],
+     "phalanx: error: --backend nccl: needs --device cuda (NCCL carries GPU tensors)"),
+    (["--backend", "mpi"], "phalanx: error: --backend: 'mpi' is not one of auto, nccl, gloo"),
+    (["--data-on-device", "maybe"],
+     "phalanx: error: --data-on-device: 'maybe' is not one of auto, yes, no"),
+    (["--worker-threads", "-1"], "phalanx: error: --worker-threads: -1 must be in 0..1024"),
+])
+def test_placement_errors_are_one_line(tmp_path, flags, line):
+    if torch.cuda.is_available() and "cuda" in " ".join(flags):
+        pytest.skip("checks the CPU-only machine's message")
+    r = phalanx("train", "--model", "mlp", "--data", "synthetic", "--max-steps", "2",
+                "--out", str(tmp_path / "run"), "--no-progress", *flags)
+    assert r.returncode == 2
+    assert r.stderr.strip() == line
+    assert not (tmp_path / "run" / "events.jsonl").exists()  # refused before anything ran

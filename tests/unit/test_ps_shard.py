@@ -228,3 +228,17 @@ def test_conformance_random_schedule_finishes_and_keeps_its_bound(model, order):
             move(w)
     assert not s.active and not s.parked
     assert s.stats.pushes_applied == rounds * workers and not s.buffer
+
+
+@pytest.mark.parametrize("keep_backups", [False, True])
+def test_a_pull_answer_is_a_snapshot(keep_backups):
+    """The transport reads a reply's payload after handle() returned (gloo's isend), while
+    the next push changes the weights in place: the reply must not be the live tensor."""
+    s = make(Asynchronous(), workers=2, keep_backups=keep_backups)
+    (reply,) = pull(s, 0)
+    sent = reply.tensors[0]
+    assert reply.header.version == 0
+    push(s, 1, [1.0, 1.0, 1.0, 1.0], 0)  # worker 1's push lands before the send finished
+    assert s.version == 1 and not torch.equal(s.dense, sent)
+    assert torch.equal(sent, torch.tensor([1.0, 2.0, 3.0, 4.0]))  # still version 0
+    assert sent.data_ptr() != s.dense.data_ptr()
