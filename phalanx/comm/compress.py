@@ -328,3 +328,47 @@ def check_compression(cfg) -> None:
         raise ConfigError(f"--outer-lr: {cfg.outer_lr!r} must be a finite number > 0")
     if not 0 <= cfg.outer_momentum < 1:
         raise ConfigError(f"--outer-momentum: {cfg.outer_momentum!r} must be in [0, 1)")
+
+
+# ---- parameter-server messages -----------------------------------------------------------
+
+def decode_push(flags: int, tensors: list[torch.Tensor],
+                numel: int) -> tuple[list[torch.Tensor], str]:
+    """A received PUSH's payload with its dense gradient decoded (unchanged when the flags
+    name no codec), and why it is bad ("" when it is not)."""
+    if not flags & CODEC_MASK or not tensors:
+        return tensors, ""
+    try:
+        return [decode_payload(flags, tensors[0], numel), *tensors[1:]], ""
+    except DecodeError as e:
+        return tensors, f"bad compressed gradient ({e})"
+
+
+class PullDeltas:
+    """The shard's side of compressed pulls: per worker, the copy of the dense slice that
+    worker holds. A pull is answered with the compressed difference between the shard's
+    parameters and that copy, and the copy moves by exactly what the worker will decode —
+    so what one reply leaves out is in the next one (error feedback without a residual)."""
+
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+        self.copies: dict[int, torch.Tensor] = {}
+        self._replies = 0
+
+    def reply(self, worker: int, dense: torch.Tensor, fresh: bool) -> tuple[torch.Tensor, int]:
+        """(payload, codec flag bits) for ``worker``; ``fresh``: it holds nothing we know of
+        (first pull, a restarted worker) and gets the full slice."""
+        copy = self.copies.get(worker)
+        if copy is None or fresh:
+            self.copies[worker] = dense.clone()
+            return dense, 0
+        delta = dense - copy
+        self._replies += 1
+        t = (self.codec.encode(delta, self._replies) if isinstance(self.codec, RandK)
+             else self.codec.encode(delta))
+        copy += self.codec.decode(t, delta.numel())
+        return t, WIRE_CODECS.index(self.codec.name) << CODEC_SHIFT
+
+    def held(self, worker: int) -> torch.Tensor | None:
+        """The parameters ``worker`` holds now (DC-ASGD's backup), if known."""
+        return self.copies.get(worker)

@@ -23,6 +23,7 @@ from phalanx.comm.compress import (
     CompressSpec,
     ErrorFeedback,
     HalfPrecision,
+    PullDeltas,
     RandK,
     codec_flags,
     kept,
@@ -151,3 +152,17 @@ def mean_bytes(spec: CompressSpec, shapes: Sequence[torch.Size], world: int,
         p, q, raw = factor_numel([torch.Size(s) for s in shapes], spec.rank)
         return sum(allreduce_total(4 * k, world) for k in (raw, p, q) if k)
     return all_gather_total(make_codec(spec).payload_bytes(n), world, allreduce)
+
+
+# ---- parameter server: what a worker and a shard need -------------------------------------
+
+def compression_for(cfg) -> Compression | None:
+    """A PS worker's compression of its pushes (and its request for compressed pulls)."""
+    comp = Compression.from_config(cfg)
+    return comp if comp.active else None
+
+
+def pull_deltas_for(cfg) -> PullDeltas | None:
+    """A shard's compressed pull replies (None: plain pulls)."""
+    spec = parse_compress(cfg.compress)
+    return PullDeltas(make_codec(spec)) if spec.lossy else None
