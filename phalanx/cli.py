@@ -27,6 +27,12 @@ _HELP = {
                 "dc-asgd, hogwild, model-parallel, pipeline, hybrid)",
     "slow_workers": "slow chosen workers by a factor, e.g. 0:3.0,2:1.5",
     "out": "output directory (config.json, events.jsonl, summary.json)",
+    "compress": "gradient/delta compression: none, fp16, bf16, int8, topk:RATIO, randk:RATIO, "
+                "powersgd:RANK[,start=N][,warm] (sync, average, parameter server)",
+    "error_feedback": "keep what compression dropped and add it to the next message",
+    "outer_rule": "DiLoCo outer optimizer for --strategy average: sgd or nesterov",
+    "outer_lr": "outer learning rate on the pseudo-gradient (sgd 1 = plain averaging)",
+    "outer_momentum": "outer Nesterov momentum",
 }
 
 

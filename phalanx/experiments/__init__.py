@@ -22,6 +22,10 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
                      "phalanx.experiments.ring_traffic"),
     "ssp-softsync": ("SSP bound and soft-sync n: time to accuracy",
                      "phalanx.experiments.ssp_softsync"),
+    "compression": ("compressor x protocol: accuracy against bytes, and its frontier",
+                    "phalanx.experiments.compression"),
+    "error-feedback": ("top-k 1% with error feedback is within 1 point of uncompressed",
+                       "phalanx.experiments.error_feedback"),
 }
 
 
