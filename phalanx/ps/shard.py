@@ -327,9 +327,11 @@ class ShardState:
 
     def _params_reply(self, w: int, flags: int, ids: torch.Tensor | None) -> Outgoing:
         dense = self.dense if flags & WANT_DENSE else self.dense[:0]
-        if self.pulls is not None and flags & WANT_DENSE and flags & CODEC_MASK:
-            dense, codec = self.pulls.reply(w, self.dense, fresh=bool(flags & RESUME))
-            flags = (flags & ~CODEC_MASK) | codec
+        if flags & CODEC_MASK:  # a compressed delta asked for: say in the reply if it is one
+            flags &= ~CODEC_MASK
+            if self.pulls is not None and flags & WANT_DENSE:
+                dense, codec = self.pulls.reply(w, self.dense, fresh=bool(flags & RESUME))
+                flags |= codec
         if self.keep_backups:
             # the weights the worker will hold: its decoded copy under compressed pulls
             held = self.pulls.held(w) if self.pulls is not None else None
