@@ -54,8 +54,8 @@ def run(out: Path, *, quick: bool, data: str | None, seed: int,
     return report(out, {r.label: float(r.summary["test_accuracy"]) for r in runs}, quick)
 
 
-def report(out: Path, acc: dict[str, float], quick: bool) -> Path:
-    """The report from ``{"LABEL sSEED": accuracy}``."""
+def report(out: Path, acc: dict[str, float], quick: bool, note: str = "") -> Path:
+    """The report from ``{"LABEL sSEED": accuracy}``; ``note`` is added under the table."""
     out.mkdir(parents=True, exist_ok=True)
     per = {label: [a for k, a in sorted(acc.items()) if k.split()[0] == label]
            for label in VARIANTS}
@@ -71,11 +71,13 @@ def report(out: Path, acc: dict[str, float], quick: bool) -> Path:
         rows.append(f"| {label} | {len(per[label])} | {m:.4f} ± {h:.4f} | "
                     f"{', '.join(f'{a:.4f}' for a in per[label])} |")
     measured = (f"over {n} seed(s): uncompressed {stats['none'][0]:.4f}, top-k 1% with error "
-                f"feedback {stats['topk-ef'][0]:.4f} (gap {ef_m * 100:+.2f} ± {ef_h * 100:.2f} "
-                f"points), without {stats['topk-noef'][0]:.4f} (gap {no_m * 100:+.2f} ± "
-                f"{no_h * 100:.2f} points)")
-    holds = None if quick else (ef_m <= 0.01 and no_m - ef_m > 0.01
-                                and all(a < b for a, b in zip(per["topk-noef"], per["topk-ef"])))
+                f"feedback {stats['topk-ef'][0]:.4f} (uncompressed minus it, paired by seed: "
+                f"{ef_m * 100:+.2f} ± {ef_h * 100:.2f} points), without "
+                f"{stats['topk-noef'][0]:.4f} ({no_m * 100:+.2f} ± {no_h * 100:.2f} points)")
+    # several seeds or no verdict; "measurably worse": behind error feedback in every seed
+    # by more than a point
+    holds = None if quick or n < 2 else (
+        ef_m <= 0.01 and all(b - a > 0.01 for a, b in zip(per["topk-noef"], per["topk-ef"])))
     pre = verdict_block("top-k 1% with error feedback is within 1 point of uncompressed test "
                         "accuracy after 3 epochs (LeNet-5, Fashion-MNIST, 4 workers); without "
                         "error feedback it is measurably worse", measured, holds)
@@ -83,7 +85,7 @@ def report(out: Path, acc: dict[str, float], quick: bool) -> Path:
                    ylabel="final test accuracy (mean over seeds)",
                    title="sync x4, top-k 1%: error feedback", xlabel="variant")
     cmd = "phalanx experiments run error-feedback" + (" --quick" if quick else "")
-    text = "\n".join(["# Error feedback under top-k 1%", "", pre, "", *rows, "",
+    text = "\n".join(["# Error feedback under top-k 1%", "", pre, "", *rows, "", note,
                       "![accuracy](accuracy.png)", "", "Reproduce:", "", "```sh", cmd, "```"])
     path = out / "report.md"
     path.write_text(text + "\n")
