@@ -17,7 +17,7 @@ from phalanx.experiments.common import verdict_block
 from phalanx.experiments.compare import StrategyRun, read_run
 from phalanx.metrics import plots
 
-COMPRESSORS = ("none", "fp16", "bf16", "int8", "topk:0.01", "randk:0.01", "powersgd:2")
+COMPRESSORS = ("none", "topk:0.01", "powersgd:2", "fp16", "int8", "randk:0.01", "bf16")
 # CI-sized: one pair per hook (sync buckets, averaging deltas, PS pushes/pulls)
 QUICK_PAIRS = (("sync", "none"), ("sync", "topk:0.01"), ("diloco H=8", "powersgd:2"),
                ("asp", "int8"))
@@ -47,7 +47,8 @@ def base(out: Path, *, quick: bool, data: str | None, seed: int) -> RunConfig:
 
 
 def grid(cfg: RunConfig, out: Path, quick: bool) -> list[tuple[str, RunConfig]]:
-    pairs = QUICK_PAIRS if quick else [(p, c) for p in PROTOCOLS for c in COMPRESSORS]
+    # compressor-major order: an interrupted study has every protocol for the first ones
+    pairs = QUICK_PAIRS if quick else [(p, c) for c in COMPRESSORS for p in PROTOCOLS]
     out_list = []
     for proto, comp in pairs:
         changes = PROTOCOLS[proto]
