@@ -79,6 +79,19 @@ def run_or_reuse(variants: list[tuple[str, RunConfig]]) -> list[StrategyRun]:
     return runs
 
 
+def matrix(points: list[tuple[str, float, float]]) -> str:
+    """Protocols x compressors: "accuracy / bytes per sample" in each cell."""
+    cell = {label: f"{a:.3f} / {b:,.0f}" for label, b, a in points}
+    protos = list(dict.fromkeys(label.split(" | ")[0] for label, _, _ in points))
+    comps = list(dict.fromkeys(label.split(" | ")[1] for label, _, _ in points))
+    lines = ["| protocol \\ compressor | " + " | ".join(comps) + " |",
+             "|---" * (len(comps) + 1) + "|"]
+    for p in protos:
+        lines.append(f"| {p} | " + " | ".join(cell.get(f"{p} | {c}", "—") for c in comps) + " |")
+    return ("Test accuracy / bytes moved per training sample (all ranks together):\n\n"
+            + "\n".join(lines))
+
+
 def frontier(points: list[tuple[str, float, float]]) -> list[str]:
     """Labels of the (label, bytes, accuracy) points no other point dominates (fewer or
     equal bytes and higher or equal accuracy, one of them strictly)."""
@@ -103,7 +116,7 @@ def finished(out: Path, *, quick: bool = False, data: str | None = None,
 
 
 def write(out: Path, runs: list[StrategyRun], cfg: RunConfig, *, quick: bool,
-          seed: int) -> Path:
+          seed: int, note: str = "") -> Path:
     out.mkdir(parents=True, exist_ok=True)
     points = [(r.label, float(r.summary["bytes_per_sample"]), float(r.summary["test_accuracy"]))
               for r in runs]
@@ -140,7 +153,8 @@ def write(out: Path, runs: list[StrategyRun], cfg: RunConfig, *, quick: bool,
                         "comes within 1 point of the best uncompressed accuracy with >= 10x "
                         "fewer bytes per sample than any uncompressed run", measured, holds)
     pre += ("\n\nOne seed per pair (seed " + str(seed) + "); accuracy differences below about "
-            "1 point are within run-to-run noise at this size.\n\n" + "\n".join(rows)
+            "1 point are within run-to-run noise at this size." + (" " + note if note else "")
+            + "\n\n" + matrix(points) + "\n\n" + "\n".join(rows)
             + "\n\n![accuracy vs bytes](accuracy_vs_bytes.png)")
     cmd = "phalanx experiments run compression" + (" --quick" if quick else "")
     parts = ["# Compression x protocol: accuracy against bytes", "", pre, "", "Reproduce:", "",
