@@ -34,6 +34,12 @@ _HELP = {
     "history": "sandblaster: L-BFGS history size m",
     "line_search": "sandblaster: backtracking (Armijo) or none (fixed step --lr)",
     "static_portions": "sandblaster: one fixed portion per worker, no backup tasks",
+    "compress": "gradient/delta compression: none, fp16, bf16, int8, topk:RATIO, randk:RATIO, "
+                "powersgd:RANK[,start=N][,warm] (sync, average, parameter server)",
+    "error_feedback": "keep what compression dropped and add it to the next message",
+    "outer_rule": "DiLoCo outer optimizer for --strategy average: sgd or nesterov",
+    "outer_lr": "outer learning rate on the pseudo-gradient (sgd 1 = plain averaging)",
+    "outer_momentum": "outer Nesterov momentum",
 }
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phalanx.comm.compress import check_compression
 from phalanx.errors import ConfigError
 from phalanx.limits import check_ranges, short
 from phalanx.runtime.faults import check_fault_flags
@@ -126,6 +127,12 @@ class RunConfig:
     sfb: bool = False
     period: int = 1
     average_optimizer_state: bool = False
+    # --compress none|fp16|bf16|int8|topk:R|randk:R|powersgd:RANK (phalanx.comm.compress)
+    compress: str = "none"
+    error_feedback: bool = True  # keep what compression dropped and send it later
+    outer_rule: str = ""  # DiLoCo outer optimizer for --strategy average: sgd | nesterov
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.9
 
     # model / pipeline / hybrid / hogwild
     stages: int = 2
@@ -215,6 +222,7 @@ class RunConfig:
              f"must be 0 (8 x workers) or at least --workers ({self.workers})")
         check_ranges(self)  # every number: finite, fits its C type, not absurd
         check_fault_flags(self)
+        check_compression(self)
         need(bool(self.out), "out", "must be a directory path")
         ranks, flags = self.compute_ranks()
         for rank in self.slow_workers:

@@ -15,11 +15,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from phalanx.comm.allreduce import AllReduce
+
+if TYPE_CHECKING:
+    from phalanx.comm.exchange import Compression
 
 
 def assign_buckets(sizes: Sequence[int], dtypes: Sequence[torch.dtype],
@@ -104,8 +107,10 @@ class GradReducer:
     """
 
     def __init__(self, params: Sequence[torch.nn.Parameter], allreduce: AllReduce, world: int,
-                 bucket_bytes: int, comm: CommThread) -> None:
+                 bucket_bytes: int, comm: CommThread,
+                 compression: Compression | None = None) -> None:
         self.allreduce, self.world, self.comm = allreduce, world, comm
+        self.compression = compression  # --compress: each bucket's mean goes through it
         params = [p for p in params if p.requires_grad]
         order = assign_buckets([p.numel() for p in params], [p.dtype for p in params],
                                bucket_bytes)
@@ -156,8 +161,12 @@ class GradReducer:
         if self._in_backward:
             self.stats.launched_in_backward += 1
         flat, world = bucket.flat, self.world
+        key, shapes = self._next, [p.shape for p in bucket.params]
 
         def reduce_and_average() -> None:
+            if self.compression is not None:
+                self.compression.mean_(flat, shapes, self.allreduce, world, key)
+                return
             self.allreduce(flat)
             flat.div_(world)
 

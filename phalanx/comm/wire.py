@@ -27,6 +27,7 @@ DTYPES: dict[int, torch.dtype] = {
     4: torch.bfloat16,
     5: torch.int64,
     6: torch.int32,
+    7: torch.int8,  # --compress int8 payloads
 }
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 

@@ -25,6 +25,10 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
     "bandwidth": ("on shaped links (1 Gbit/s - 20 Mbit/s): ring traffic flat in N, main node's "
                   "grows; async and averaging gain most on slow links",
                   "phalanx.experiments.bandwidth"),
+    "compression": ("compressor x protocol: accuracy against bytes, and its frontier",
+                    "phalanx.experiments.compression"),
+    "error-feedback": ("top-k 1% with error feedback is within 1 point of uncompressed",
+                       "phalanx.experiments.error_feedback"),
 }
 
 

@@ -83,3 +83,27 @@ def histogram_plot(path: Path, hists: Mapping[str, Sequence[int]], *, xlabel: st
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def scatter_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
+                 xlabel: str, ylabel: str, title: str, logx: bool = True,
+                 frontier: Sequence[tuple[float, float]] = ()) -> Path:
+    """One marker colour per label; ``frontier`` (x, y) points joined by a dashed line."""
+    fig, ax = plt.subplots(figsize=(6.8, 4.6), dpi=110)
+    for label, (xs, ys) in series.items():
+        ax.scatter(xs, ys, s=28, label=label)
+    if frontier:
+        ax.plot([p[0] for p in frontier], [p[1] for p in frontier], linestyle="--",
+                color="gray", linewidth=1.0, label="frontier")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if logx:
+        ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -45,6 +45,7 @@ from phalanx.parallel.dp_checkpoint import (
     has_checkpoint,
     spawn_workers,
 )
+from phalanx.parallel.outer_step import OuterSync
 from phalanx.parallel.sync_dp import (
     LOG_EVERY,
     WorkerContext,
@@ -134,9 +135,16 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     ctx.t0 -= pos.wall_s
     progress = Progress(total, f"average x{world}", enabled=cfg.progress and rank == 0)
 
+    # --compress / --outer-rule: compressed deltas and the DiLoCo outer step
+    outer = OuterSync(cfg, weights, allreduce, world) if OuterSync.wanted(cfg) else None
+
     def synchronise() -> None:
         # sync point: every worker blocks here until all have finished their period
-        average_(weights + buffers, allreduce, world)
+        if outer is not None:
+            outer.sync(weights)
+            average_(buffers, allreduce, world)
+        else:
+            average_(weights + buffers, allreduce, world)
         if cfg.average_optimizer_state:
             # integer leaves (step counts) are equal on every worker; average the rest
             average_([t for t in state_tensors(state) if t.is_floating_point()], allreduce,
@@ -194,6 +202,8 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             "bytes_sent": sent,
             "bytes_per_sample": sent / max(samples * world, 1),
             "bytes_estimated": allreduce.estimated,
+            "compress": cfg.compress,
+            "outer_rule": cfg.outer_rule,
         }
         write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
                      stats=stats)

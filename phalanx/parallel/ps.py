@@ -30,6 +30,7 @@ import math
 import torch
 from torch import nn
 
+from phalanx.comm.exchange import pull_deltas_for
 from phalanx.comm.transport import GlooTransport, Transport
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError, PhalanxError
@@ -164,7 +165,8 @@ def make_shard(job: Job, shard: int, log=None) -> ShardState:
                        server_rule(cfg, server_updates(cfg, steps_per_worker(job))),
                        consistency_for(cfg.strategy, staleness=cfg.staleness,
                                        softsync=cfg.softsync),
-                       cfg.workers, keep_backups=cfg.strategy == "dc-asgd", log=log)
+                       cfg.workers, keep_backups=cfg.strategy == "dc-asgd", log=log,
+                       pulls=pull_deltas_for(cfg))
     if cfg.resume:
         path = shard_path(cfg.resume, shard)
         restore_shard(state, read_shard(path, shard=shard, servers=cfg.servers,

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from phalanx.comm.counters import nbytes
+from phalanx.comm.exchange import compression_for
 from phalanx.comm.staging import host_vector, to_host
 from phalanx.comm.transport import Transport
 from phalanx.comm.wire import HEADER_BYTES
@@ -65,6 +66,7 @@ class PSWorker:
         # who is silent) should be the one to end the run, with the better message
         self.client = PSClient(transport, self.part, layout, worker, 2 * cfg.ps_timeout + 10,
                                self.dropper)
+        self.client.compression = compression_for(cfg)  # --compress: pushes and pulls
         self.kill_at = kill_point(parse_kills(cfg.kill_worker, "--kill-worker"), worker)
         self.shard = job.shard(worker, cfg.workers)
         self.total = steps_per_worker(job)

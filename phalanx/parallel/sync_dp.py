@@ -25,6 +25,7 @@ from torch import nn
 from phalanx.comm.allreduce import make_allreduce
 from phalanx.comm.bucketing import CommThread, GradReducer
 from phalanx.comm.counters import ByteCounter
+from phalanx.comm.exchange import Compression
 from phalanx.comm.sfb import SufficientFactors
 from phalanx.comm.staging import gloo_carries, staged
 from phalanx.config import RunConfig
@@ -217,8 +218,10 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
                   if cfg.sfb else [])
     sfb = SufficientFactors(sfb_layers, allreduce, world, comm)
     sfb_ids = {id(p) for p in sfb.parameters()}
+    compression = Compression.from_config(cfg)  # --compress: every bucket's mean
     reducer = GradReducer([p for p in params if id(p) not in sfb_ids], allreduce, world,
-                          int(cfg.bucket_mb * 2**20), comm)
+                          int(cfg.bucket_mb * 2**20), comm,
+                          compression if compression.active else None)
     buffers = [b for b in model.buffers() if b.is_floating_point()]
 
     total = total_steps(job, world)
@@ -304,6 +307,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             "buckets_launched": reducer.stats.buckets_launched,
             "comm_wait_s": reducer.stats.wait_s,
             "sfb_layers": len(sfb_layers),
+            "compress": cfg.compress,
         }
         write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
                      stats=stats)

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
+from phalanx.comm.compress import CODEC_MASK, DecodeError, decode_payload
 from phalanx.comm.transport import PeerLost, Transport, TransportTimeout
 from phalanx.comm.wire import Header, Kind, WireError
 from phalanx.errors import PhalanxError
@@ -24,6 +26,9 @@ from phalanx.ps.partition import Partition
 from phalanx.ps.server import Layout
 from phalanx.ps.shard import HAS_ROWS, RESUME, WANT_DENSE
 from phalanx.runtime.faults import MessageDropper
+
+if TYPE_CHECKING:
+    from phalanx.comm.exchange import Compression
 
 LOST_PEER_GRACE_S = 5.0
 
@@ -36,6 +41,7 @@ class PSClient:
         self.dropper = dropper
         self.versions = [0] * part.shards  # each shard's version at our last pull
         self.server_clocks = [0] * part.shards  # our clock as each shard knew it then
+        self.compression: Compression | None = None  # --compress: pushes and pulls
 
     def pull(self, clock: int, dense_out: torch.Tensor | None = None,
              rows: torch.Tensor | None = None, table_out: torch.Tensor | None = None,
@@ -61,6 +67,8 @@ class PSClient:
                 continue
             flags = (WANT_DENSE if want_dense else 0) | (HAS_ROWS if ids is not None else 0)
             flags |= RESUME if resume else 0
+            if want_dense and self.compression is not None:
+                flags |= self.compression.flags  # answer with a compressed delta
             self.transport.send(self.layout.server_rank(k),
                                 Header(Kind.PULL, worker=self.worker, clock=clock, shard=k,
                                        flags=flags), [ids] if ids is not None else [])
@@ -74,15 +82,22 @@ class PSClient:
             msg = self._recv(k)
             h, t = msg.header, msg.tensors
             a, b = self.part.dense_range(k)
+            delta = want_dense and bool(h.flags & CODEC_MASK)
             ok = (h.kind == Kind.PARAMS and h.shard == k and h.worker == self.worker
                   and len(t) == 1 + (ids is not None)
-                  and t[0].numel() == ((b - a) if want_dense else 0))
+                  and (delta or t[0].numel() == ((b - a) if want_dense else 0)))
             if ok and ids is not None:
                 ok = t[1].numel() == ids.numel() * self.part.table.dim
             if not ok:
                 raise PhalanxError(f"worker {self.worker}: shard {k} answered a pull with a "
                                    "malformed message")
-            if want_dense:
+            if delta:
+                try:
+                    dense_out[a:b] += decode_payload(h.flags, t[0], b - a)
+                except DecodeError as e:
+                    raise PhalanxError(f"worker {self.worker}: shard {k} answered a pull with a "
+                                       f"bad compressed delta ({e})") from None
+            elif want_dense:
                 dense_out[a:b] = t[0]
             if ids is not None and ids.numel():
                 table_out[ids] = t[1].view(-1, self.part.table.dim).to(table_out.device,
@@ -100,10 +115,14 @@ class PSClient:
             a, b = self.part.dense_range(k)
             tensors = [dense_grad[a:b]]
             flags = 0
+            if self.compression is not None:  # error feedback per shard; rand-k seeded
+                tensors = [self.compression.encode(dense_grad[a:b], key=k,
+                                                   seed=clock * self.part.shards + k)]
+                flags = self.compression.flags
             if per_shard is not None:
                 mask = self.part.owner(rows) == k
                 tensors += [per_shard[k], row_grads[mask]]
-                flags = HAS_ROWS
+                flags |= HAS_ROWS
             if self.dropper is not None and self.dropper.drop():
                 continue  # a lossy link: the shard will see the gap in the sequence numbers
             self.transport.send(self.layout.server_rank(k),

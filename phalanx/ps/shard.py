@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from phalanx.comm.compress import CODEC_MASK, PullDeltas, decode_push
 from phalanx.comm.wire import Header, Kind
 from phalanx.ps.consistency import Consistency
 from phalanx.ps.partition import Partition
@@ -80,7 +81,8 @@ LogFn = Callable[..., Any]
 class ShardState:
     def __init__(self, shard: int, part: Partition, dense: torch.Tensor,
                  rows: torch.Tensor | None, rule: UpdateRule, consistency: Consistency,
-                 workers: int, *, keep_backups: bool = False, log: LogFn | None = None) -> None:
+                 workers: int, *, keep_backups: bool = False, log: LogFn | None = None,
+                 pulls: PullDeltas | None = None) -> None:
         a, b = part.dense_range(shard)
         if dense.numel() != b - a:
             raise ValueError(f"shard {shard}: dense slice has {dense.numel()} != {b - a} values")
@@ -101,6 +103,7 @@ class ShardState:
         self.worker_stats: dict[int, list[torch.Tensor]] = {}
         self.lost_workers: dict[int, int] = {}  # dead worker -> its clock when dropped
         self._log = log
+        self.pulls = pulls  # --compress: pulls answered with compressed deltas
 
     # ---- what the server loop needs to know ------------------------------------------
 
@@ -197,7 +200,8 @@ class ShardState:
             return []
         if not self._lost(w, h.seq):
             return []
-        bad = self._bad_push(h, tensors)
+        tensors, bad = decode_push(h.flags, tensors, self.dense.numel())  # --compress
+        bad = bad or self._bad_push(h, tensors)
         self.clocks[w] += 1  # even a rejected push ends the worker's iteration (no deadlock)
         if bad:
             self.reject_message(f"push: {bad}", push=True)
@@ -328,9 +332,17 @@ class ShardState:
         # (both only read it)
         want = bool(flags & WANT_DENSE)
         snapshot = self.dense.clone() if want or self.keep_backups else None
+        dense = snapshot if want else self.dense[:0]
+        if flags & CODEC_MASK:  # a compressed delta asked for: say in the reply if it is one
+            flags &= ~CODEC_MASK
+            if self.pulls is not None and want:
+                dense, codec = self.pulls.reply(w, snapshot, fresh=bool(flags & RESUME))
+                flags |= codec
         if self.keep_backups:
-            self.backups[w] = snapshot
-        tensors = [snapshot if want else self.dense[:0]]
+            # the weights the worker will hold: its decoded copy under compressed pulls
+            held = self.pulls.held(w) if self.pulls is not None else None
+            self.backups[w] = held.clone() if held is not None else snapshot
+        tensors = [dense]
         if ids is not None:
             tensors.append(self.rows[self.part.local_index(ids)])
         header = Header(Kind.PARAMS, worker=w, clock=self.clocks[w], version=self.version,

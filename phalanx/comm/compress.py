@@ -1,0 +1,374 @@
+"""Gradient compression: one layer that sync buckets, parameter-server pushes / pulls and
+averaging deltas all call (``--compress``).
+
+Every compressor turns a flat float32 tensor into ONE wire tensor and back:
+
+==============  ==================================  ==========================================
+name            wire tensor                         bytes for n values (``payload_bytes``)
+==============  ==================================  ==========================================
+none            float32 values                      4 n
+fp16 / bf16     half-precision values               2 n
+int8            [fp32 scale as 4 bytes, n int8]     n + 4   (scale = max|x| / 127)
+topk:R          int32 [k indices, k fp32 bits]      8 k     (k = ceil(R n), largest |x|)
+randk:R         int32 [seed, k fp32 bits]           4 k + 4 (indices drawn from the seed)
+powersgd:RANK   (collective only, see powersgd.py)  --
+==============  ==================================  ==========================================
+
+A single wire tensor keeps parameter-server messages self-describing (the codec id rides in
+the header's flags, :func:`codec_flags`) and within the wire format's payload limit.
+
+Inside an allreduce group (sync data parallel, averaging) :meth:`Compression.mean_` picks a
+correct exchange per compressor: fp16/bf16 allreduce the half values (divided by N first, as
+DDP's fp16 hook does); randk allreduces the k values only (every rank draws the same indices
+from a shared seed); topk and int8 cannot be summed in compressed form (indices and scales
+differ per rank), so they all-gather the wire tensors and every rank decodes and averages
+them in rank order (identical replicas); powersgd allreduces P and Q.
+
+Error feedback (Seide et al. 2014; Karimireddy et al. 2019): each sender keeps, per key (a
+bucket, a shard), the residual ``x - decode(encode(x))`` and adds it to the next tensor it
+compresses, so what compression drops is delayed, not lost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from phalanx.errors import ConfigError
+
+NAMES = ("none", "fp16", "bf16", "int8", "topk", "randk", "powersgd")
+# the PS wire carries these codecs (flags bits 3..5); powersgd needs two allreduce rounds
+WIRE_CODECS = ("none", "fp16", "bf16", "int8", "topk", "randk")
+CODEC_SHIFT = 3
+CODEC_MASK = 0b111 << CODEC_SHIFT
+
+
+class DecodeError(ValueError):
+    """A compressed payload that does not decode to ``numel`` finite values."""
+
+
+@dataclass(frozen=True)
+class CompressSpec:
+    """A parsed ``--compress`` value."""
+
+    name: str = "none"
+    ratio: float = 1.0  # topk / randk
+    rank: int = 0  # powersgd
+    start: int = 0  # powersgd: uncompressed steps first (torch's start_powerSGD_iter)
+    warm: bool = False  # powersgd: reuse last step's Q (warm start)
+
+    @property
+    def lossy(self) -> bool:
+        return self.name != "none"
+
+    def __str__(self) -> str:
+        if self.name in ("topk", "randk"):
+            return f"{self.name}:{self.ratio:g}"
+        if self.name == "powersgd":
+            extra = (f",start={self.start}" if self.start else "") + (",warm" if self.warm else "")
+            return f"powersgd:{self.rank}{extra}"
+        return self.name
+
+
+def parse_compress(text: str) -> CompressSpec:
+    """``none | fp16 | bf16 | int8 | topk:RATIO | randk:RATIO | powersgd:RANK[,start=N][,warm]``;
+    raises :class:`ConfigError` naming ``--compress``."""
+    name, _, arg = text.strip().partition(":")
+    if name not in NAMES:
+        raise ConfigError(f"--compress: {text!r} is not one of none, fp16, bf16, int8, "
+                          "topk:RATIO, randk:RATIO, powersgd:RANK")
+    if name in ("topk", "randk"):
+        try:
+            ratio = float(arg)
+        except ValueError:
+            raise ConfigError(f"--compress: {text!r} needs a ratio, e.g. {name}:0.01") from None
+        if not (math.isfinite(ratio) and 0 < ratio <= 1):
+            raise ConfigError(f"--compress: {text!r}: the ratio must be in (0, 1]")
+        return CompressSpec(name, ratio=ratio)
+    if name == "powersgd":
+        rank_s, *opts = arg.split(",")
+        try:
+            rank = int(rank_s)
+        except ValueError:
+            raise ConfigError(f"--compress: {text!r} needs a rank, e.g. powersgd:2") from None
+        if rank < 1:
+            raise ConfigError(f"--compress: {text!r}: the rank must be >= 1")
+        start, warm = 0, False
+        for opt in opts:
+            key, _, value = opt.partition("=")
+            if key == "warm" and not value:
+                warm = True
+            elif key == "start" and value.isdigit():
+                start = int(value)
+            else:
+                raise ConfigError(f"--compress: {text!r}: unknown powersgd option {opt!r} "
+                                  "(start=N or warm)")
+        return CompressSpec(name, rank=rank, start=start, warm=warm)
+    if arg:
+        raise ConfigError(f"--compress: {text!r}: {name} takes no argument")
+    return CompressSpec(name)
+
+
+def kept(ratio: float, numel: int) -> int:
+    """k for top-k / rand-k: ceil(ratio n), at least 1 (of a non-empty tensor)."""
+    return min(numel, max(1, math.ceil(ratio * numel))) if numel else 0
+
+
+# ---- codecs: one flat float32 tensor <-> one wire tensor ---------------------------------
+
+class Codec(Protocol):
+    name: str
+
+    def payload_bytes(self, numel: int) -> int: ...
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def decode(self, t: torch.Tensor, numel: int) -> torch.Tensor: ...
+
+
+def _need(cond: bool, what: str) -> None:
+    if not cond:
+        raise DecodeError(what)
+
+
+class Identity:
+    name = "none"
+
+    def payload_bytes(self, numel: int) -> int:
+        return 4 * numel
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def decode(self, t: torch.Tensor, numel: int) -> torch.Tensor:
+        _need(t.dtype == torch.float32 and t.numel() == numel, "not float32[n]")
+        return t
+
+
+class HalfPrecision:
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.name = "fp16" if dtype == torch.float16 else "bf16"
+
+    def payload_bytes(self, numel: int) -> int:
+        return 2 * numel
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)
+
+    def decode(self, t: torch.Tensor, numel: int) -> torch.Tensor:
+        _need(t.dtype == self.dtype and t.numel() == numel, f"not {self.name}[n]")
+        return t.float()
+
+
+class Int8:
+    """Symmetric linear quantisation with one float32 scale per tensor."""
+
+    name = "int8"
+
+    def payload_bytes(self, numel: int) -> int:
+        return numel + 4
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        amax = x.abs().max() if x.numel() else torch.zeros(())
+        scale = (amax / 127).reshape(1).float()
+        q = torch.round(x / scale).clamp_(-127, 127) if amax > 0 else torch.zeros_like(x)
+        return torch.cat([scale.view(torch.int8), q.to(torch.int8)])
+
+    def decode(self, t: torch.Tensor, numel: int) -> torch.Tensor:
+        _need(t.dtype == torch.int8 and t.numel() == numel + 4, "not int8[n + 4]")
+        scale = t[:4].clone().view(torch.float32)
+        _need(bool(torch.isfinite(scale).all()) and float(scale) >= 0, "bad int8 scale")
+        return t[4:].float() * scale
+
+
+class TopK:
+    """The k largest magnitudes, with their indices."""
+
+    name = "topk"
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+
+    def payload_bytes(self, numel: int) -> int:
+        return 8 * kept(self.ratio, numel)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        k = kept(self.ratio, x.numel())
+        idx = torch.topk(x.abs(), k, sorted=False).indices
+        return torch.cat([idx.to(torch.int32), x[idx].contiguous().view(torch.int32)])
+
+    def decode(self, t: torch.Tensor, numel: int) -> torch.Tensor:
+        # k is read off the message (the receiver need not know the sender's ratio)
+        k = t.numel() // 2
+        _need(t.dtype == torch.int32 and t.numel() == 2 * k and k <= numel, "not int32[2k]")
+        idx = t[:k].long()
+        _need(not k or (int(idx.min()) >= 0 and int(idx.max()) < numel), "index out of range")
+        out = torch.zeros(numel)
+        out.index_put_((idx,), t[k:].clone().view(torch.float32), accumulate=True)
+        return out
+
+
+class RandK:
+    """k values at indices drawn from a seed; the seed travels (or is shared) instead of the
+    indices. No n/k rescaling: with error feedback the dropped mass comes back later."""
+
+    name = "randk"
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+
+    def payload_bytes(self, numel: int) -> int:
+        return 4 * kept(self.ratio, numel) + 4
+
+    def indices(self, seed: int, numel: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randperm(numel, generator=gen)[: kept(self.ratio, numel)]
+
+    def encode(self, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
+        seed &= 0x7FFF_FFFF
+        idx = self.indices(seed, x.numel())
+        return torch.cat([torch.tensor([seed], dtype=torch.int32),
+                          x[idx].contiguous().view(torch.int32)])
+
+    def decode(self, t: torch.Tensor, numel: int) -> torch.Tensor:
+        k = t.numel() - 1
+        _need(t.dtype == torch.int32 and 0 <= k <= numel and int(t[0]) >= 0,
+              "not int32[k + 1]")
+        idx = torch.randperm(numel, generator=torch.Generator().manual_seed(int(t[0])))[:k]
+        out = torch.zeros(numel)
+        out[idx] = t[1:].clone().view(torch.float32)
+        return out
+
+
+def make_codec(spec: CompressSpec) -> Codec:
+    if spec.name == "none":
+        return Identity()
+    if spec.name in ("fp16", "bf16"):
+        return HalfPrecision(torch.float16 if spec.name == "fp16" else torch.bfloat16)
+    if spec.name == "int8":
+        return Int8()
+    if spec.name == "topk":
+        return TopK(spec.ratio)
+    if spec.name == "randk":
+        return RandK(spec.ratio)
+    raise ConfigError(f"--compress: {spec} has no single-message codec (it needs an allreduce)")
+
+
+# ---- the parameter-server wire: which codec a message uses -------------------------------
+
+def codec_flags(spec: CompressSpec) -> int:
+    """Header flag bits naming the codec of a compressed payload (0: uncompressed)."""
+    return WIRE_CODECS.index(spec.name) << CODEC_SHIFT
+
+
+def decode_payload(flags: int, tensor: torch.Tensor, numel: int) -> torch.Tensor:
+    """The float32 tensor of ``numel`` values a compressed PS payload stands for; the codec
+    is named by ``flags`` and everything else is read off the message. Raises
+    :class:`DecodeError` for a payload that does not fit (it came from another process)."""
+    code = (flags & CODEC_MASK) >> CODEC_SHIFT
+    _need(0 < code < len(WIRE_CODECS), "unknown codec")
+    out = make_codec(CompressSpec(WIRE_CODECS[code])).decode(tensor, numel)
+    _need(bool(torch.isfinite(out).all()), "NaN or Inf in the payload")
+    return out
+
+
+class ErrorFeedback:
+    """Per key, the residual that compression left out last time."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.residual: dict[object, torch.Tensor] = {}
+
+    def add(self, key: object, x: torch.Tensor) -> torch.Tensor:
+        """``x`` plus the residual kept under ``key`` (a new tensor; ``x`` is not changed)."""
+        r = self.residual.get(key) if self.enabled else None
+        return x + r if r is not None else x.clone()
+
+    def keep(self, key: object, x: torch.Tensor, sent: torch.Tensor) -> None:
+        if self.enabled:
+            self.residual[key] = x - sent
+
+
+# strategies whose traffic the layer compresses: sync buckets, averaging deltas, PS pushes
+ALLREDUCE_STRATEGIES = ("sync", "average")
+PS_STRATEGIES = ("bsp", "asp", "ssp", "softsync", "downpour", "dc-asgd")
+OUTER_RULES = ("sgd", "nesterov")
+
+
+def check_compression(cfg) -> None:
+    """Validate ``--compress``, ``--error-feedback`` and the DiLoCo outer-optimizer flags of
+    a :class:`~phalanx.config.RunConfig` (one-line :class:`ConfigError` on bad input)."""
+    spec = parse_compress(cfg.compress)
+    if spec.lossy and cfg.strategy not in ALLREDUCE_STRATEGIES + PS_STRATEGIES:
+        raise ConfigError(f"--compress: strategy {cfg.strategy!r} has no gradient or "
+                          "parameter exchange to compress (use sync, average or a "
+                          "parameter-server strategy)")
+    if spec.name == "powersgd" and cfg.strategy in PS_STRATEGIES:
+        raise ConfigError(f"--compress: {cfg.compress!r} needs an allreduce group (two rounds "
+                          "per step); a parameter-server push is one message: use sync or "
+                          "average")
+    if spec.lossy and cfg.checkpoint_every:
+        raise ConfigError("--compress: checkpoints do not hold the error-feedback residuals "
+                          "yet; drop --checkpoint-every or --compress")
+    if cfg.outer_rule:
+        if cfg.outer_rule not in OUTER_RULES:
+            raise ConfigError(f"--outer-rule: {cfg.outer_rule!r} is not one of "
+                              f"{', '.join(OUTER_RULES)}")
+        if cfg.strategy != "average":
+            raise ConfigError("--outer-rule: the DiLoCo outer optimizer needs --strategy "
+                              "average")
+        if cfg.checkpoint_every:
+            raise ConfigError("--outer-rule: checkpoints do not hold the outer optimizer's "
+                              "state yet; drop --checkpoint-every")
+    if not (math.isfinite(cfg.outer_lr) and cfg.outer_lr > 0):
+        raise ConfigError(f"--outer-lr: {cfg.outer_lr!r} must be a finite number > 0")
+    if not 0 <= cfg.outer_momentum < 1:
+        raise ConfigError(f"--outer-momentum: {cfg.outer_momentum!r} must be in [0, 1)")
+
+
+# ---- parameter-server messages -----------------------------------------------------------
+
+def decode_push(flags: int, tensors: list[torch.Tensor],
+                numel: int) -> tuple[list[torch.Tensor], str]:
+    """A received PUSH's payload with its dense gradient decoded (unchanged when the flags
+    name no codec), and why it is bad ("" when it is not)."""
+    if not flags & CODEC_MASK or not tensors:
+        return tensors, ""
+    try:
+        return [decode_payload(flags, tensors[0], numel), *tensors[1:]], ""
+    except DecodeError as e:
+        return tensors, f"bad compressed gradient ({e})"
+
+
+class PullDeltas:
+    """The shard's side of compressed pulls: per worker, the copy of the dense slice that
+    worker holds. A pull is answered with the compressed difference between the shard's
+    parameters and that copy, and the copy moves by exactly what the worker will decode —
+    so what one reply leaves out is in the next one (error feedback without a residual)."""
+
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+        self.copies: dict[int, torch.Tensor] = {}
+        self._replies = 0
+
+    def reply(self, worker: int, dense: torch.Tensor, fresh: bool) -> tuple[torch.Tensor, int]:
+        """(payload, codec flag bits) for ``worker``; ``fresh``: it holds nothing we know of
+        (first pull, a restarted worker) and gets the full slice."""
+        copy = self.copies.get(worker)
+        if copy is None or fresh:
+            self.copies[worker] = dense.clone()
+            return dense, 0
+        delta = dense - copy
+        self._replies += 1
+        t = (self.codec.encode(delta, self._replies) if isinstance(self.codec, RandK)
+             else self.codec.encode(delta))
+        copy += self.codec.decode(t, delta.numel())
+        return t, WIRE_CODECS.index(self.codec.name) << CODEC_SHIFT
+
+    def held(self, worker: int) -> torch.Tensor | None:
+        """The parameters ``worker`` holds now (DC-ASGD's backup), if known."""
+        return self.copies.get(worker)
