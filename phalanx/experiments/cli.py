@@ -23,11 +23,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"--target-accuracy: {args.target_accuracy} must be in (0, 1]")
     command = "phalanx " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    runs, report = compare(base, strategies, Path(base.out), target=args.target_accuracy,
-                           command=command)
-    from phalanx.experiments.compare import table
+    from phalanx.experiments.seeds import parse_seeds, seeded_table
 
-    print(table(runs, args.target_accuracy))
+    seeds = parse_seeds(args.seeds, base.seed)
+    runs, report = compare(base, strategies, Path(base.out), target=args.target_accuracy,
+                           command=command, seeds=seeds)
+    print(seeded_table(runs, args.target_accuracy))
     print(f"\nreport: {report}")
     return 0
 
@@ -44,10 +45,17 @@ def _cmd_experiments(args: argparse.Namespace) -> int:
 
         raise ConfigError("experiments run: name an experiment (see 'phalanx experiments list')")
     out = Path(args.out or f"runs/experiments/{args.name}")
-    report = run_experiment(args.name, out, quick=args.quick, data=args.data, seed=args.seed)
+    from phalanx.experiments.seeds import parse_seeds
+
+    report = run_experiment(args.name, out, quick=args.quick, data=args.data,
+                            seeds=parse_seeds(args.seeds, args.seed))
     print(Path(report).read_text())
     print(f"report: {report}")
     return 0
+
+
+_SEEDS_HELP = ("repeat every run over seeds: a count K (seeds --seed .. --seed+K-1) or a comma "
+               "list, e.g. 0,1,2; tables then show mean +- sd and 95%% intervals")
 
 
 def register(sub) -> None:
@@ -59,6 +67,7 @@ def register(sub) -> None:
     p.add_argument("--target-accuracy", type=float, default=0.8,
                    help="report time and samples to reach this test accuracy (default 0.8)")
     add_run_config_flags(p)
+    p.add_argument("--seeds", default=None, help=_SEEDS_HELP)
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("experiments", help="the literature's claims as reproducible studies")
@@ -69,4 +78,5 @@ def register(sub) -> None:
                    "synthetic)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="report folder (default runs/experiments/NAME)")
+    p.add_argument("--seeds", default=None, help=_SEEDS_HELP)
     p.set_defaults(func=_cmd_experiments)

@@ -183,12 +183,22 @@ def compare_higher(better: Sequence[float], other: Sequence[float], *, paired: b
     return Verdict(INCONCLUSIVE, f"95% intervals overlap: {a.fmt_ci()} vs {b.fmt_ci()}")
 
 
-def combine(verdicts: Sequence[Verdict]) -> str:
-    """A claim made of several orderings holds if every one holds and fails if any one
-    fails significantly; anything else is inconclusive."""
-    words = [v.word for v in verdicts]
+def combine(verdicts: Sequence[Verdict | str]) -> str:
+    """A claim made of several orderings (verdicts or their words) holds if every one
+    holds and fails if any one fails significantly; anything else is inconclusive."""
+    words = [v if isinstance(v, str) else v.word for v in verdicts]
     if words and all(w == HOLDS for w in words):
         return HOLDS
     if FAILS in words:
+        return FAILS
+    return INCONCLUSIVE
+
+
+def any_of(verdicts: Sequence[Verdict | str]) -> str:
+    """"A or B": holds if one holds, fails only if every one fails."""
+    words = [v if isinstance(v, str) else v.word for v in verdicts]
+    if HOLDS in words:
+        return HOLDS
+    if words and all(w == FAILS for w in words):
         return FAILS
     return INCONCLUSIVE
