@@ -30,13 +30,16 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
 
 
 def run_experiment(name: str, out: Path, *, quick: bool = False, data: str | None = None,
-                   seed: int = 0, seeds: Sequence[int] | None = None) -> Path:
+                   seed: int = 0, seeds: Sequence[int] | None = None,
+                   reuse: bool = False) -> Path:
     if name not in EXPERIMENTS:
         raise ConfigError(f"experiments run: {name!r} is not one of {', '.join(EXPERIMENTS)}")
     module = importlib.import_module(EXPERIMENTS[name][1])
     seeds = list(seeds) if seeds else [seed]
-    if "seeds" in inspect.signature(module.run).parameters:
-        return module.run(Path(out), quick=quick, data=data, seeds=seeds)
+    params = inspect.signature(module.run).parameters
+    if "seeds" in params:
+        extra = {"reuse": reuse} if "reuse" in params else {}
+        return module.run(Path(out), quick=quick, data=data, seeds=seeds, **extra)
     if len(seeds) > 1:  # exact experiments (byte counts, equivalences) take one seed
         print(f"{name}: runs one seed (exact); running seed {seeds[0]} only",
               file=sys.stderr, flush=True)

@@ -48,7 +48,7 @@ def _cmd_experiments(args: argparse.Namespace) -> int:
     from phalanx.experiments.seeds import parse_seeds
 
     report = run_experiment(args.name, out, quick=args.quick, data=args.data,
-                            seeds=parse_seeds(args.seeds, args.seed))
+                            seeds=parse_seeds(args.seeds, args.seed), reuse=args.reuse)
     print(Path(report).read_text())
     print(f"report: {report}")
     return 0
@@ -79,4 +79,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="report folder (default runs/experiments/NAME)")
     p.add_argument("--seeds", default=None, help=_SEEDS_HELP)
+    p.add_argument("--reuse", action="store_true",
+                   help="read back finished runs of the same configuration in the report "
+                   "folder instead of running them again (add seeds, finish a cut-off study)")
     p.set_defaults(func=_cmd_experiments)

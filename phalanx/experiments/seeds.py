@@ -18,7 +18,7 @@ from typing import Any
 
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
-from phalanx.experiments.compare import StrategyRun, run_variants
+from phalanx.experiments.compare import StrategyRun, read_run, run_variants
 from phalanx.experiments.stats import RULE, Summary, summarize
 from phalanx.metrics import plots
 
@@ -66,11 +66,25 @@ class SeededRuns:
         return self.runs[label][0]
 
 
-def run_seeded(make: VariantsFn, out: Path, seeds: Sequence[int]) -> SeededRuns:
+def _finished(cfg: RunConfig) -> bool:
+    """A run folder that already holds a finished run of exactly this configuration."""
+    folder = Path(cfg.out)
+    try:
+        same = json.loads((folder / "config.json").read_text()) == json.loads(
+            json.dumps(cfg.to_json()))
+        return same and (folder / "summary.json").is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def run_seeded(make: VariantsFn, out: Path, seeds: Sequence[int], *,
+               reuse: bool = False) -> SeededRuns:
     """``make(seed, folder)`` builds the variants of one seed. With one seed the runs go
     straight into ``out`` (the single-seed layout); with several, into ``out/seed<S>``.
     Seeds run one after another, each through all variants, so a machine whose load changes
-    during the study disturbs every variant of a seed alike (which the paired test uses)."""
+    during the study disturbs every variant of a seed alike (which the paired test uses).
+    ``reuse``: a run whose folder already holds a finished run of the same configuration is
+    read back, not run again (to add seeds to a study, or finish an interrupted one)."""
     runs: dict[str, list[StrategyRun]] = {}
     for seed in seeds:
         folder = out if len(seeds) == 1 else out / f"seed{seed}"
@@ -78,7 +92,10 @@ def run_seeded(make: VariantsFn, out: Path, seeds: Sequence[int]) -> SeededRuns:
         if len(seeds) > 1:
             print(f"seed {seed} ({list(seeds).index(seed) + 1}/{len(seeds)})", file=sys.stderr,
                   flush=True)
-        for run in run_variants(variants):
+        done = {label for label, cfg in variants if reuse and _finished(cfg)}
+        fresh = iter(run_variants([v for v in variants if v[0] not in done]))
+        for label, cfg in variants:
+            run = read_run(label, Path(cfg.out)) if label in done else next(fresh)
             runs.setdefault(run.label, []).append(run)
     return SeededRuns(list(seeds), runs)
 
