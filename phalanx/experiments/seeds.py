@@ -160,9 +160,10 @@ def write_seeded_plots(sr: SeededRuns, out: Path) -> list[Path]:
         series = {}
         for label in sr.labels:
             xs, ys = _curves(sr.runs[label], xkey)
+            # accuracy lives in [0, 1]: the t interval of few seeds can reach past it
             series[label] = (xs, [y.mean for y in ys],
-                             [y.low if y.n > 1 else y.mean for y in ys],
-                             [y.high if y.n > 1 else y.mean for y in ys])
+                             [max(0.0, y.low) if y.n > 1 else y.mean for y in ys],
+                             [min(1.0, y.high) if y.n > 1 else y.mean for y in ys])
         band = f" (mean of {len(sr.seeds)} seeds, band: 95% CI)" if len(sr.seeds) > 1 else ""
         paths.append(plots.band_plot(out / f"{name}.png", series, xlabel=xlabel,
                                      ylabel="test accuracy",
