@@ -26,11 +26,11 @@ NOTE = ("Where and why DC-ASGD-c diverges, from its update: a gradient g compute
         "|g| > 1/sqrt(λ·lr·τ) and overshoots by more than the plain step beyond sqrt(2) "
         "times that; the compensation grows as g³, so a coordinate that is already large "
         "(early training, a blow-up) grows further. With lr 0.05 and the measured mean "
-        "staleness τ ≈ 6 at N = 8 (maximum 15 to 17), the reversal threshold is |g| > 18 / "
-        "9.1 / 5.8 for λ = 0.01 / 0.04 / 0.1 (at τ = 17: 11 / 5.4 / 3.4). The largest "
-        "gradient coordinate of this LeNet-5 at initialisation (batch 32, seeds 0-2) is 0.9 "
-        "to 4.7: only λ = 0.1 with a very stale gradient can reverse a coordinate from the "
-        "start; smaller λ reverse nothing until a run is already blowing up. DC-ASGD-a "
+        "staleness (below) the reversal threshold is |g| > 1/sqrt(λ·lr·τ). The largest "
+        "gradient coordinate of this LeNet-5 at initialisation (batch 32, seeds 0-2, "
+        "measured once) is 0.9 to 4.7: so a small λ reverses nothing until a run is "
+        "already blowing up, and a larger λ reverses the largest coordinates only for a "
+        "very stale gradient. DC-ASGD-a "
         "divides λ by the running root-mean-square of g (bias-corrected), so λ·g²/rms(g) "
         "stays near λ·|g| and the product is bounded. A run that ends at chance (test "
         "accuracy ≈ 0.10, test loss ln 10 = 2.30) collapsed in its first updates: the first "
@@ -97,14 +97,25 @@ def _verdicts(sr: SeededRuns, sizes: Sequence[int]) -> tuple[str, list[str]]:
     return combine(words), lines
 
 
+def _thresholds(sr: SeededRuns, n: int, *, lr: float) -> str:
+    """|g| above which DC-ASGD-c reverses a step, at the measured mean and max staleness."""
+    labels = [la for la in sr.labels if la.startswith("DC-ASGD-c") and la.endswith(f"N={n}")]
+    taus = [t for la in labels for t in sr.values(la, "staleness_mean")]
+    tau_max = max(max(sr.values(la, "staleness_max")) for la in labels)
+    tau = sum(taus) / len(taus)
+    lams = [float(la.split("λ=")[1].split()[0]) for la in labels]
+    return (f"Measured at N={n}: mean staleness τ = {tau:.1f}, maximum {tau_max:.0f}; "
+            "reversal threshold 1/sqrt(λ·lr·τ) = " + ", ".join(
+                f"{(lam * lr * tau) ** -0.5:.1f} (τ = {tau_max:.0f}: "
+                f"{(lam * lr * tau_max) ** -0.5:.1f}) for λ = {lam:g}" for lam in lams) + ".")
+
+
 def _sweep_table(sr: SeededRuns, n: int) -> str:
     rows = [f"| variant (N={n}, step decay) | test acc (mean ± sd) | 95% CI | seeds at chance "
             "(< 0.15) | vs ASGD |", "|---|---|---|---|---|"]
     asgd = sr.values(f"ASGD N={n}")
-    for label in [f"ASGD N={n}", *sr.labels]:
-        if not (label.startswith("DC-ASGD") and label.endswith(f"N={n}")) and (
-                label != f"ASGD N={n}"):
-            continue
+    for label in [f"ASGD N={n}"] + [la for la in sr.labels
+                                     if la.startswith("DC-ASGD") and la.endswith(f"N={n}")]:
         vals = sr.values(label)
         v = compare_higher(vals, asgd)
         diverged = sum(1 for a in vals if a < 0.15)
@@ -132,6 +143,7 @@ def run(out: Path, *, quick: bool, data: str | None, seeds: Sequence[int],
              f", batch 32 per worker, plain SGD lr 0.05 with step decay (x0.1 after "
              f"{DECAY_AT:.0%} of the updates), 1 server shard, one thread per process.")
     pre += "\n\n" + setup + "\n\n" + NOTE
+    pre += "\n\n" + _thresholds(sr, sizes[-1], lr=0.05)
     if not quick:
         pre += f"\n\nλ sweep at N={sizes[-1]}:\n\n" + _sweep_table(sr, sizes[-1])
     seeds_flag = f" --seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else ""
