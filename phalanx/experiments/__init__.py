@@ -4,11 +4,15 @@ verdict is stated in numbers next to the claim it tests."""
 from __future__ import annotations
 
 import importlib
+import inspect
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from phalanx.errors import ConfigError
 
-# name -> (claim, module with run(out: Path, quick: bool, data: str | None, seed: int) -> Path)
+# name -> (claim, module with run(out: Path, *, quick: bool, data: str | None, seeds: list[int])
+# -> Path); a module whose run() takes ``seed: int`` instead is exact (one seed is enough)
 EXPERIMENTS: dict[str, tuple[str, str]] = {
     "sync-large-batch": ("sync data parallel equals serial SGD with an N-times larger batch",
                          "phalanx.experiments.sync_large_batch"),
@@ -33,8 +37,17 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
 
 
 def run_experiment(name: str, out: Path, *, quick: bool = False, data: str | None = None,
-                   seed: int = 0) -> Path:
+                   seed: int = 0, seeds: Sequence[int] | None = None,
+                   reuse: bool = False) -> Path:
     if name not in EXPERIMENTS:
         raise ConfigError(f"experiments run: {name!r} is not one of {', '.join(EXPERIMENTS)}")
     module = importlib.import_module(EXPERIMENTS[name][1])
-    return module.run(Path(out), quick=quick, data=data, seed=seed)
+    seeds = list(seeds) if seeds else [seed]
+    params = inspect.signature(module.run).parameters
+    if "seeds" in params:
+        extra = {"reuse": reuse} if "reuse" in params else {}
+        return module.run(Path(out), quick=quick, data=data, seeds=seeds, **extra)
+    if len(seeds) > 1:  # exact experiments (byte counts, equivalences) take one seed
+        print(f"{name}: runs one seed (exact); running seed {seeds[0]} only",
+              file=sys.stderr, flush=True)
+    return module.run(Path(out), quick=quick, data=data, seed=seeds[0])

@@ -26,11 +26,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     check_out(base.out)  # before any run: a file, /proc or a read-only folder is one line
     command = "phalanx " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    runs, report = compare(base, strategies, Path(base.out), target=args.target_accuracy,
-                           command=command)
-    from phalanx.experiments.compare import table
+    from phalanx.experiments.seeds import parse_seeds, seeded_table
 
-    print(table(runs, args.target_accuracy))
+    seeds = parse_seeds(args.seeds, base.seed)
+    runs, report = compare(base, strategies, Path(base.out), target=args.target_accuracy,
+                           command=command, seeds=seeds)
+    print(seeded_table(runs, args.target_accuracy))
     print(f"\nreport: {report}")
     return 0
 
@@ -54,10 +55,17 @@ def _cmd_experiments(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"experiments run: {args.name!r} is not one of {', '.join(known)}")
     out = check_out(args.out or f"runs/experiments/{args.name}")
-    report = run_experiment(args.name, out, quick=args.quick, data=args.data, seed=args.seed)
+    from phalanx.experiments.seeds import parse_seeds
+
+    report = run_experiment(args.name, out, quick=args.quick, data=args.data,
+                            seeds=parse_seeds(args.seeds, args.seed), reuse=args.reuse)
     print(Path(report).read_text())
     print(f"report: {report}")
     return 0
+
+
+_SEEDS_HELP = ("repeat every run over seeds: a count K (seeds --seed .. --seed+K-1) or a comma "
+               "list, e.g. 0,1,2; tables then show mean +- sd and 95%% intervals")
 
 
 def register(sub) -> None:
@@ -69,6 +77,7 @@ def register(sub) -> None:
     p.add_argument("--target-accuracy", type=float, default=0.8,
                    help="report time and samples to reach this test accuracy (default 0.8)")
     add_run_config_flags(p)
+    p.add_argument("--seeds", default=None, help=_SEEDS_HELP)
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("experiments", help="the literature's claims as reproducible studies")
@@ -79,4 +88,8 @@ def register(sub) -> None:
                    "synthetic)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="report folder (default runs/experiments/NAME)")
+    p.add_argument("--seeds", default=None, help=_SEEDS_HELP)
+    p.add_argument("--reuse", action="store_true",
+                   help="read back finished runs of the same configuration in the report "
+                   "folder instead of running them again (add seeds, finish a cut-off study)")
     p.set_defaults(func=_cmd_experiments)

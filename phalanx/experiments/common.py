@@ -33,6 +33,9 @@ def variant(base: RunConfig, out: Path, label: str, **changes: Any) -> tuple[str
     return label, plan_evals(cfg).validate()
 
 
-def verdict_block(claim: str, measured: str, holds: bool | None) -> str:
-    word = {True: "**holds**", False: "**does not hold here**", None: "**inconclusive**"}[holds]
+def verdict_block(claim: str, measured: str, holds: bool | None | str) -> str:
+    """``holds``: True/False/None, or a word of :mod:`phalanx.experiments.stats`."""
+    if isinstance(holds, str):
+        holds = {"holds": True, "does not hold": False}.get(holds)
+    word = {True: "**holds**", False: "**does not hold here**", None: "is **inconclusive**"}[holds]
     return f"**Claim.** {claim}\n\n**Measured.** {measured}\n\n**Verdict.** The claim {word}."

@@ -193,15 +193,21 @@ def write_report(runs: Sequence[StrategyRun], out: Path, *, title: str, target: 
 
 
 def compare(base: RunConfig, strategies: Sequence[str], out: Path, *, target: float = 0.8,
-            command: str = "") -> tuple[list[StrategyRun], Path]:
+            command: str = "", seeds: Sequence[int] | None = None) -> tuple[Any, Path]:
+    """Every strategy once per seed (default: the base seed); returns the
+    :class:`~phalanx.experiments.seeds.SeededRuns` and the report's path."""
+    from phalanx.experiments.seeds import run_seeded, write_seeded_report
+
     out.mkdir(parents=True, exist_ok=True)
-    variants = [(s, strategy_config(base, s, out / s)) for s in strategies]
-    runs = run_variants(variants)
+    seeds = list(seeds) if seeds else [base.seed]
+    runs = run_seeded(lambda seed, folder: [
+        (s, strategy_config(dataclasses.replace(base, seed=seed), s, folder / s))
+        for s in strategies], out, seeds)
     desc = (f"Model `{base.model}` on `{base.data}`, {base.epochs:g} epoch(s), batch "
-            f"{base.batch_size} per worker, rule `{base.rule}` (lr {base.lr}), seed {base.seed}, "
+            f"{base.batch_size} per worker, rule `{base.rule}` (lr {base.lr}), "
             f"{base.workers} workers for the multi-worker strategies, one intra-op thread per "
             "process"
             + (f", slow workers {base.slow_workers}" if base.slow_workers else "") + ".")
-    report = write_report(runs, out, title="Strategy comparison", target=target,
-                          preamble=desc, command=command)
+    report = write_seeded_report(runs, out, title="Strategy comparison", target=target,
+                                 preamble=desc, command=command)
     return runs, report

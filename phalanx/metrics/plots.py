@@ -107,3 +107,27 @@ def scatter_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequenc
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def band_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[float],
+                                                     Sequence[float], Sequence[float]]], *,
+              xlabel: str, ylabel: str, title: str, logx: bool = False) -> Path:
+    """Mean curves with a shaded band: ``series[label] = (xs, mean, low, high)`` (repeated
+    seeds; a band of zero width, from one seed, draws as the plain line)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for label, (xs, mean, low, high) in series.items():
+        (line,) = ax.plot(xs, mean, marker="o", markersize=3, label=label)
+        if any(hi > lo for lo, hi in zip(low, high)):
+            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

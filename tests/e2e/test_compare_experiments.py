@@ -39,6 +39,9 @@ def test_compare_writes_report_table_and_plots(tmp_path, capsys):
     (["--strategies", "single,foo"], "--strategies: 'foo' is not one of"),
     (["--strategies", "asp,asp"], "names a strategy twice"),
     (["--strategies", "single", "--target-accuracy", "2"], "--target-accuracy: 2.0"),
+    (["--strategies", "single", "--seeds", "0"], "--seeds: '0' is neither a count"),
+    (["--strategies", "single", "--seeds", "1,x"], "--seeds: '1,x' is neither"),
+    (["--strategies", "single", "--seeds", "2,2"], "--seeds: '2,2' must name distinct"),
 ])
 def test_compare_bad_input(tmp_path, capsys, args, needle):
     code, cap = run_main(capsys, "compare", *args, "--out", str(tmp_path))
@@ -57,7 +60,54 @@ def test_unknown_experiment(capsys):
     assert code == 2 and "'nope' is not one of" in cap.err
 
 
-@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_compare_over_seeds_reports_mean_sd_and_interval(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    code, cap = run_main(capsys, "compare", "--strategies", "single", "--seeds", "3",
+                         "--model", "mlp", "--data", "synthetic", "--epochs", "1",
+                         "--train-limit", "512", "--target-accuracy", "0.3",
+                         "--no-tensorboard", "--out", str(out))
+    assert code == 0, cap.err
+    results = json.loads((out / "results.json").read_text())[0]
+    accs = [r["summary"]["test_accuracy"] for r in results["runs"]]
+    assert results["seeds"] == [0, 1, 2] and len(set(accs)) > 1  # the seeds differ
+    acc = results["test_accuracy"]
+    assert acc["n"] == 3 and acc["mean"] == pytest.approx(sum(accs) / 3)
+    assert acc["ci95"][0] < acc["mean"] < acc["ci95"][1]
+    report = (out / "report.md").read_text()
+    assert f"{acc['mean']:.4f} ± {acc['sd']:.4f}" in report
+    assert f"[{acc['ci95'][0]:.4f}, {acc['ci95'][1]:.4f}]" in report
+    assert "Verdict rule:" in report and "Test accuracy per seed" in report
+    assert all((out / f"seed{s}" / "single" / "summary.json").is_file() for s in range(3))
+    assert (out / "accuracy_vs_time.png").stat().st_size > 5000
+
+
+def test_dc_asgd_over_seeds_writes_means_intervals_and_a_verdict(tmp_path, capsys):
+    """The must-show path: ``experiments run dc-asgd --seeds K`` (quick, 2 seeds)."""
+    out = tmp_path / "dc"
+    code, cap = run_main(capsys, "experiments", "run", "dc-asgd", "--quick", "--seeds", "2",
+                         "--out", str(out))
+    assert code == 0, cap.err
+    report = (out / "report.md").read_text()
+    assert "Seeds: 0, 1 (2)" in report and "Verdict rule:" in report
+    assert "test acc (mean ± sd) | 95% CI" in report
+    verdict = report.split("**Verdict.**", 1)[1].split("\n", 1)[0]
+    assert any(w in verdict for w in ("**holds**", "**does not hold here**",
+                                      "**inconclusive**"))
+    # every comparison names the test that decided it
+    assert report.count("- N=2, DC-ASGD") == 2
+    assert "paired t-test" in report or "intervals apart" in report
+    results = json.loads((out / "results.json").read_text())
+    assert {r["label"] for r in results} >= {"ASGD N=2", "SSGD N=2", "DC-ASGD-a λ=2 N=2"}
+    assert all(r["test_accuracy"]["n"] == 2 and None not in r["test_accuracy"]["ci95"]
+               for r in results)
+    # --reuse reads the finished runs back instead of training again
+    code, cap = run_main(capsys, "experiments", "run", "dc-asgd", "--quick", "--seeds", "2",
+                         "--reuse", "--out", str(out))
+    assert code == 0 and "test accuracy" not in cap.err  # no run was trained
+
+
+# dc-asgd's quick run is covered over two seeds above
+@pytest.mark.parametrize("name", sorted(set(EXPERIMENTS) - {"dc-asgd"}))
 def test_quick_experiment_states_a_verdict(tmp_path, capsys, name):
     if name == "bandwidth":  # runs on test hosts: network namespaces (root)
         from phalanx.runtime.hosts import unavailable

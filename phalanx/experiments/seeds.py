@@ -1,0 +1,223 @@
+"""Repeated seeds: run every variant of a study once per seed, then tables of mean ± sd with
+95% intervals, plots of the mean curve with a band, and the raw per-seed numbers.
+
+An experiment (or ``phalanx compare``) calls :func:`run_seeded` with a function that builds
+its (label, config) variants for one seed, and :func:`write_seeded_report` with its verdict
+text; :class:`SeededRuns` gives the per-seed values that :mod:`phalanx.experiments.stats`
+turns into a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phalanx.config import RunConfig
+from phalanx.errors import ConfigError
+from phalanx.experiments.compare import StrategyRun, read_run, run_variants
+from phalanx.experiments.stats import RULE, Summary, summarize
+from phalanx.metrics import plots
+
+VariantsFn = Callable[[int, Path], Sequence[tuple[str, RunConfig]]]
+
+
+def parse_seeds(text: str | None, base: int = 0) -> list[int]:
+    """``"5"`` -> five seeds base..base+4; ``"0,3,7"`` -> those seeds; None -> [base]."""
+    if text is None:
+        return [base]
+    try:
+        if "," in text:
+            seeds = [int(s) for s in text.split(",") if s.strip()]
+        else:
+            count = int(text)
+            if count < 1:
+                raise ValueError
+            seeds = list(range(base, base + count))
+    except ValueError:
+        raise ConfigError(f"--seeds: {text!r} is neither a count >= 1 nor a comma list of "
+                          "seeds, e.g. 5 or 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ConfigError(f"--seeds: {text!r} must name distinct seeds >= 0")
+    return seeds
+
+
+@dataclass
+class SeededRuns:
+    """Every variant's runs, one per seed, in the order of ``seeds``."""
+
+    seeds: list[int]
+    runs: dict[str, list[StrategyRun]]
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.runs)
+
+    def values(self, label: str, key: str = "test_accuracy") -> list[float]:
+        return [float(r.summary.get(key) or 0.0) for r in self.runs[label]]
+
+    def stat(self, label: str, key: str = "test_accuracy") -> Summary:
+        return summarize(self.values(label, key))
+
+    def first(self, label: str) -> StrategyRun:
+        return self.runs[label][0]
+
+
+def _finished(cfg: RunConfig) -> bool:
+    """A run folder that already holds a finished run of exactly this configuration."""
+    folder = Path(cfg.out)
+    try:
+        same = json.loads((folder / "config.json").read_text()) == json.loads(
+            json.dumps(cfg.to_json()))
+        return same and (folder / "summary.json").is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def run_seeded(make: VariantsFn, out: Path, seeds: Sequence[int], *,
+               reuse: bool = False) -> SeededRuns:
+    """``make(seed, folder)`` builds the variants of one seed. With one seed the runs go
+    straight into ``out`` (the single-seed layout); with several, into ``out/seed<S>``.
+    Seeds run one after another, each through all variants, so a machine whose load changes
+    during the study disturbs every variant of a seed alike (which the paired test uses).
+    ``reuse``: a run whose folder already holds a finished run of the same configuration is
+    read back, not run again (to add seeds to a study, or finish an interrupted one)."""
+    runs: dict[str, list[StrategyRun]] = {}
+    for seed in seeds:
+        folder = out if len(seeds) == 1 else out / f"seed{seed}"
+        variants = list(make(seed, folder))
+        if len(seeds) > 1:
+            print(f"seed {seed} ({list(seeds).index(seed) + 1}/{len(seeds)})", file=sys.stderr,
+                  flush=True)
+        done = {label for label, cfg in variants if reuse and _finished(cfg)}
+        fresh = iter(run_variants([v for v in variants if v[0] not in done]))
+        for label, cfg in variants:
+            run = read_run(label, Path(cfg.out)) if label in done else next(fresh)
+            runs.setdefault(run.label, []).append(run)
+    return SeededRuns(list(seeds), runs)
+
+
+def _mean_of(values: Sequence[float | None]) -> tuple[float | None, int]:
+    got = [v for v in values if v is not None]
+    return (sum(got) / len(got) if got else None), len(got)
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def seeded_table(sr: SeededRuns, target: float) -> str:
+    n = len(sr.seeds)
+    head = (f"| run | strategy | workers | seeds | test acc (mean ± sd) | 95% CI | "
+            f"time to {target:.2f} (s) | samples to {target:.2f} | samples/s | "
+            "staleness mean | staleness max | bytes/sample |")
+    lines = [head, "|" + "---|" * 12]
+    for label in sr.labels:
+        runs, s0 = sr.runs[label], sr.first(label).summary
+        acc = sr.stat(label)
+        t, hit = _mean_of([r.time_to(target) for r in runs])
+        samples, _ = _mean_of([r.samples_to(target) for r in runs])
+        reached = "" if hit in (0, n) else f" ({hit}/{n})"
+        stale_max = max(int(r.summary.get("staleness_max") or 0) for r in runs)
+        lines.append("| " + " | ".join([
+            label, str(s0.get("strategy", "?")), str(s0.get("workers", 1)), str(len(runs)),
+            acc.fmt(), acc.fmt_ci(), _cell(t, ".1f") + reached, _cell(samples, ".0f"),
+            _cell(sr.stat(label, "samples_per_s").mean, ".0f"),
+            "—" if s0.get("staleness_mean") is None
+            else format(sr.stat(label, "staleness_mean").mean, ".2f"),
+            "—" if s0.get("staleness_max") is None else str(stale_max),
+            _cell(sr.stat(label, "bytes_per_sample").mean, ".0f"),
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def per_seed_table(sr: SeededRuns, key: str = "test_accuracy") -> str:
+    lines = ["| run | " + " | ".join(f"seed {s}" for s in sr.seeds) + " |",
+             "|" + "---|" * (len(sr.seeds) + 1)]
+    for label in sr.labels:
+        lines.append(f"| {label} | " + " | ".join(f"{v:.4f}" for v in sr.values(label, key))
+                     + " |")
+    return "\n".join(lines)
+
+
+def _curves(runs: Sequence[StrategyRun], xkey: str) -> tuple[list[float], list[Summary]]:
+    """Eval curves aligned by evaluation index (every seed evaluates at the same step
+    counts), cut to the shortest; x is the mean over seeds."""
+    length = min(len(r.evals) for r in runs)
+    xs = [sum(float(r.evals[i][xkey]) for r in runs) / len(runs) for i in range(length)]
+    ys = [summarize([float(r.evals[i]["test_accuracy"]) for r in runs]) for i in range(length)]
+    return xs, ys
+
+
+def write_seeded_plots(sr: SeededRuns, out: Path) -> list[Path]:
+    paths = []
+    for xkey, name, xlabel in (("wall_s", "accuracy_vs_time", "wall time (s)"),
+                               ("samples", "accuracy_vs_samples",
+                                "training samples seen (all workers)")):
+        series = {}
+        for label in sr.labels:
+            xs, ys = _curves(sr.runs[label], xkey)
+            # accuracy lives in [0, 1]: the t interval of few seeds can reach past it
+            series[label] = (xs, [y.mean for y in ys],
+                             [max(0.0, y.low) if y.n > 1 else y.mean for y in ys],
+                             [min(1.0, y.high) if y.n > 1 else y.mean for y in ys])
+        band = f" (mean of {len(sr.seeds)} seeds, band: 95% CI)" if len(sr.seeds) > 1 else ""
+        paths.append(plots.band_plot(out / f"{name}.png", series, xlabel=xlabel,
+                                     ylabel="test accuracy",
+                                     title="Test accuracy" + band))
+    paths.append(plots.histogram_plot(
+        out / "staleness.png",
+        {label: sr.first(label).summary.get("staleness_histogram") or [] for label in sr.labels},
+        xlabel="staleness (server updates)",
+        title="Staleness of applied updates" + (f" (seed {sr.seeds[0]})"
+                                                if len(sr.seeds) > 1 else "")))
+    paths.append(plots.bar_plot(out / "bytes_per_sample.png",
+                                {label: sr.stat(label, "bytes_per_sample").mean
+                                 for label in sr.labels},
+                                ylabel="bytes moved per training sample",
+                                title="Communication cost", xlabel="run"))
+    return paths
+
+
+def write_seeded_report(sr: SeededRuns, out: Path, *, title: str, target: float,
+                        preamble: str = "", command: str = "") -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = write_seeded_plots(sr, out)
+    parts = [f"# {title}", ""]
+    if preamble:
+        parts += [preamble, ""]
+    if command:
+        parts += ["Reproduce:", "", "```sh", command, "```", ""]
+    seeds = ", ".join(map(str, sr.seeds))
+    parts += [f"Seeds: {seeds} ({len(sr.seeds)}). {RULE}", "", seeded_table(sr, target), ""]
+    if len(sr.seeds) > 1:
+        parts += ["Test accuracy per seed:", "", per_seed_table(sr), ""]
+    parts += [f"![{p.stem}]({p.name})" for p in pngs]
+    parts += ["", "Each run's folder holds config.json, events.jsonl, summary.json and "
+              "TensorBoard files (`tensorboard --logdir .`)."]
+    path = out / "report.md"
+    path.write_text("\n".join(parts) + "\n")
+    (out / "results.json").write_text(json.dumps(results_json(sr, target), indent=2) + "\n")
+    return path
+
+
+def results_json(sr: SeededRuns, target: float) -> list[dict[str, Any]]:
+    rows = []
+    for label in sr.labels:
+        acc = sr.stat(label)
+        rows.append({
+            "label": label, "seeds": sr.seeds, "summary": sr.first(label).summary,
+            "test_accuracy": {"n": acc.n, "mean": acc.mean, "sd": _num(acc.sd),
+                              "ci95": [_num(acc.low), _num(acc.high)]},
+            "runs": [{"seed": seed, "summary": r.summary, "time_to_target": r.time_to(target),
+                      "samples_to_target": r.samples_to(target)}
+                     for seed, r in zip(sr.seeds, sr.runs[label])],
+        })
+    return rows
+
+
+def _num(x: float) -> float | None:
+    return None if x != x else x  # NaN (one seed) -> null
