@@ -139,7 +139,7 @@ def main() -> None:
         ns.append(ns[-1] * 2)
     if args.quick:
         ns = [2]  # one N against the single loop: under a minute on two cores
-    steps = 30 if args.quick else 80
+    steps = 60 if args.quick else 160
     data = load_data("synthetic", None, 0)
     # the reference is measured before, between and after the others (median): one
     # measurement of a one-second run on a shared machine can be off by a factor
