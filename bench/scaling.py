@@ -139,15 +139,21 @@ def main() -> None:
         ns.append(ns[-1] * 2)
     if args.quick:
         ns = [2]  # one N against the single loop: under a minute on two cores
-    steps = 30 if args.quick else 80
+    steps = 60 if args.quick else 160
     data = load_data("synthetic", None, 0)
-    single = measure("single", 1, steps, args.device, data)
+    # the reference is measured before, between and after the others (median): one
+    # measurement of a one-second run on a shared machine can be off by a factor
+    singles = [measure("single", 1, steps, args.device, data)]
     rates: dict[str, dict[str, float]] = {}
     for n in ns:
-        for name in ("ddp", *STRATEGIES):
+        for i, name in enumerate(("ddp", *STRATEGIES)):
             rates.setdefault(name, {})[f"N{n}"] = round(measure(name, n, steps, args.device,
                                                                 data), 1)
             print(f"N={n} {name}: {rates[name][f'N{n}']:.0f} samples/s", flush=True)
+            if i == len(STRATEGIES) // 2:
+                singles.append(measure("single", 1, steps, args.device, data))
+    singles.append(measure("single", 1, steps, args.device, data))
+    single = _common.median(singles)
     ratios: dict[str, float] = {}
     for name, by_n in rates.items():
         for key, rate in by_n.items():
@@ -174,6 +180,7 @@ def main() -> None:
     _common.emit("scaling", {"device": args.device, "cores": n_cores, "workers": ns,
                              "steps": steps, "warmup_steps": WARMUP, "batch": BATCH,
                              "model": "lenet5", "single_samples_per_s": round(single, 1),
+                             "single_all": [round(v, 1) for v in singles],
                              "samples_per_s": rates, "not_measured": not_measured,
                              "note": note},
                  ratios, targets)
