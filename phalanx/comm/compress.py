@@ -304,9 +304,9 @@ def check_compression(cfg) -> None:
     a :class:`~phalanx.config.RunConfig` (one-line :class:`ConfigError` on bad input)."""
     spec = parse_compress(cfg.compress)
     if spec.lossy and cfg.strategy not in ALLREDUCE_STRATEGIES + PS_STRATEGIES:
-        raise ConfigError(f"--compress: strategy {cfg.strategy!r} has no gradient or "
-                          "parameter exchange to compress (use sync, average or a "
-                          "parameter-server strategy)")
+        raise ConfigError(f"--compress: strategy {cfg.strategy!r} does not compress its "
+                          "traffic (single has none; compression applies to sync, average "
+                          "and the parameter-server strategies)")
     if spec.name == "powersgd" and cfg.strategy in PS_STRATEGIES:
         raise ConfigError(f"--compress: {cfg.compress!r} needs an allreduce group (two rounds "
                           "per step); a parameter-server push is one message: use sync or "
