@@ -70,8 +70,18 @@ def run(job: Job, log: EventLog) -> Outcome:
 
     check_config(job.config)
     check_model(job)
+    first_worker = 1 + job.config.servers  # rank 0 coordinates, ranks 1..S are shards
+
+    def name(rank: int) -> str:
+        if rank == 0:
+            return "coordinator"
+        return f"shard {rank - 1}" if rank < first_worker else f"worker {rank - first_worker}"
+
+    # a worker that dies (crash, kill -9, OOM) is the coordinator's to detect: its portions
+    # are re-issued
     spawn(process_main, world_size(job.config), (job,),
-          timeout_s=max(120.0, 2 * job.config.ps_timeout))
+          timeout_s=max(120.0, 2 * job.config.ps_timeout),
+          survivable=lambda rank: rank >= first_worker, name=name)
     return read_result(job)
 
 

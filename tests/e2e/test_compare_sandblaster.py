@@ -22,7 +22,7 @@ def test_compare_downpour_with_sandblaster(tmp_path, capsys):
     assert sb["test_accuracy"] > 0.5 and sb["line_search"] == "backtracking"
     # 8 passes over 1024 samples: as many samples as Downpour's 8 epochs
     assert sb["train_samples"] == 8 * 1024 == sb["function_evals"] * 1024
-    assert results["sandblaster"]["samples_to_target"] is not None
+    assert results["sandblaster"]["runs"][0]["samples_to_target"] is not None
     evals = [json.loads(ln) for ln in (out / "sandblaster" / "events.jsonl").read_text()
              .splitlines() if '"eval"' in ln]
     assert len(evals) >= 2 and evals[-1]["samples"] == 8 * 1024
