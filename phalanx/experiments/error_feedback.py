@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from phalanx.config import RunConfig
@@ -45,11 +46,14 @@ def interval(xs: list[float]) -> tuple[float, float]:
     return mean, T_95.get(len(xs) - 1, 2.0) * statistics.stdev(xs) / len(xs) ** 0.5
 
 
-def run(out: Path, *, quick: bool, data: str | None, seed: int,
-        seeds: int | None = None) -> Path:
-    seeds = seeds or (1 if quick else SEEDS)
+def run(out: Path, *, quick: bool, data: str | None, seeds: Sequence[int] = (0,)) -> Path:
+    """``seeds``: the seeds to run; one seed S (the default of ``experiments run``) means
+    the study's own count from S (1 quick, SEEDS full)."""
+    seeds = list(seeds)
+    if len(seeds) == 1:
+        seeds = list(range(seeds[0], seeds[0] + (1 if quick else SEEDS)))
     variants = [(f"{label} s{s}", config(out, label, s, quick, data))
-                for s in range(seed, seed + seeds) for label in VARIANTS]
+                for s in seeds for label in VARIANTS]
     runs = run_or_reuse(variants)
     return report(out, {r.label: float(r.summary["test_accuracy"]) for r in runs}, quick)
 

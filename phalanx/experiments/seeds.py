@@ -69,9 +69,14 @@ class SeededRuns:
 def _finished(cfg: RunConfig) -> bool:
     """A run folder that already holds a finished run of exactly this configuration."""
     folder = Path(cfg.out)
+    # how the folder was prepared (--overwrite) is not part of the run's configuration
+    ignore = {"overwrite"}
     try:
-        same = json.loads((folder / "config.json").read_text()) == json.loads(
-            json.dumps(cfg.to_json()))
+        saved = json.loads((folder / "config.json").read_text())
+        wanted = json.loads(json.dumps(cfg.to_json()))
+        same = isinstance(saved, dict) and all(
+            saved.get(k) == v for k, v in wanted.items() if k not in ignore) and not (
+            set(saved) - set(wanted))
         return same and (folder / "summary.json").is_file()
     except (OSError, ValueError):
         return False
