@@ -88,7 +88,9 @@ def _lose_host_and_replace(tmp_path: Path, values: dict, when, *, replace: bool,
 
 
 def test_asp_finishes_on_the_surviving_host(tmp_path: Path) -> None:
+    # plain SGD: server momentum on stale pushes can sit on a plateau for a few hundred steps
     values = {**BASE, "strategy": "asp", "workers": 3, "servers": 1, "max_steps": 300,
+              "rule": "sgd", "lr": 0.1,
               "train_limit": 20000, "ps_timeout": 5, "heartbeat_s": 1}
     trained = lambda ev: sum(e["kind"] == "train" for e in ev) >= 4  # noqa: E731
     run_dir, (_, log0), seconds = _lose_host_and_replace(tmp_path, values, trained,
