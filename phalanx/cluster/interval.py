@@ -33,7 +33,7 @@ from phalanx.cluster.perf import PerfModel
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, Pack, PlacementPolicy
 from phalanx.cluster.policies.goodput import GoodputPolicy, JobView
 from phalanx.cluster.profiles import BatchConfig, PolluxApplication
-from phalanx.cluster.scheduler import SchedulerCore
+from phalanx.cluster.scheduler import SchedulerCore, keep_in_order
 from phalanx.cluster.simulator import SimResult, allocation_shape
 from phalanx.cluster.topology import Topology
 from phalanx.errors import ConfigError
@@ -189,12 +189,8 @@ class IntervalSimulator:
         if not active:
             return
         order = self.ordering.order(active, self.now)
-        budget, keep = self.cluster.capacity, set()
-        for jid in order:
-            g = self.states[jid].spec.gpus
-            if g <= budget:
-                keep.add(jid)
-                budget -= g
+        keep = keep_in_order(order, lambda jid: self.states[jid].spec.gpus,
+                             self.cluster.capacity)
         for st in [s for s in self.running.values() if s.spec.id not in keep]:
             self._preempt(st)
         core.try_start([j for j in order if j in keep], self._start)

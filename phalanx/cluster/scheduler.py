@@ -22,6 +22,19 @@ from phalanx.cluster.topology import Topology
 StartFn = Callable[[JobState, Placement], None]
 
 
+def keep_in_order(order: Sequence[int], gpus: Callable[[int], int], capacity: int) -> set[int]:
+    """The jobs a preemptive round keeps: greedily in priority order, each that still fits
+    the cluster's GPUs (a job too large for what is left is passed over; smaller ones after
+    it may still fit)."""
+    budget, keep = capacity, set()
+    for jid in order:
+        g = gpus(jid)
+        if g <= budget:
+            keep.add(jid)
+            budget -= g
+    return keep
+
+
 def oversize_reason(gpus: int, capacity: int, usable: int) -> str:
     """Why a gang of ``gpus`` can never run on this cluster ('' if it can): more GPUs than
     the cluster has, or than it can give a CPU core each."""

@@ -25,7 +25,7 @@ from phalanx.cluster.allocator import Placement
 from phalanx.cluster.jobs import JobSpec, JobState
 from phalanx.cluster.perf import PerfModel, Shape
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
-from phalanx.cluster.scheduler import SchedulerCore
+from phalanx.cluster.scheduler import SchedulerCore, keep_in_order
 from phalanx.cluster.topology import Topology
 from phalanx.errors import ConfigError
 from phalanx.metrics import Progress
@@ -230,12 +230,8 @@ class Simulator:
         for st in self.running.values():
             self._advance(st)      # attained service must be current for LAS / Tiresias
         order = self.ordering.order(active, self.now)
-        budget, keep = self.cluster.capacity, set()
-        for jid in order:
-            g = self.states[jid].spec.gpus
-            if g <= budget:
-                keep.add(jid)
-                budget -= g
+        keep = keep_in_order(order, lambda jid: self.states[jid].spec.gpus,
+                             self.cluster.capacity)
         for st in [s for s in self.running.values() if s.spec.id not in keep]:
             self._preempt(st)
         self.core.try_start([j for j in order if j in keep], self._start)
