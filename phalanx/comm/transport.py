@@ -19,10 +19,11 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -169,6 +170,8 @@ class GlooTransport:
         self._dead: set[int] = set()
         self._listening: set[tuple[int, int]] = set()  # (tag, peer) with a receiver thread
         self._arrived: dict[int, queue.Queue] = {}  # tag -> (peer, header or error)
+        # what a receiver thread took while the caller waited for another peer on that tag
+        self._stash: dict[int, list[tuple[int, Any]]] = {}
 
     def send(self, dst: int, header: Header, tensors: Sequence[torch.Tensor] = ()) -> None:
         import torch.distributed as dist
@@ -216,6 +219,10 @@ class GlooTransport:
         tag = CONTROL_TAG if control else HEADER_TAG
         if src is None and self._broken:
             sender, wire = self._recv_each(tag, timeout_s)
+        elif src is not None and (tag, src) in self._listening:
+            # a receiver thread already waits on this peer and tag: a second receive posted
+            # here would race it for the message, so take the thread's
+            sender, wire = src, self._take_from(tag, src, timeout_s)
         else:
             wire = torch.empty(HEADER_LEN, dtype=torch.int64)
             try:
@@ -256,6 +263,9 @@ class GlooTransport:
         inside ``wait``, and a timed-out one cannot be waited again, so polling is out).
         A failed receive names its peer, who is then left out."""
         arrived = self._arrived.setdefault(tag, queue.Queue())
+        stash = self._stash.setdefault(tag, [])
+        if stash:
+            return self._unpack(*stash.pop(0))
         for peer in range(self.world):
             if peer != self.rank and peer not in self._dead and (tag, peer) not in self._listening:
                 self._listening.add((tag, peer))
@@ -265,6 +275,30 @@ class GlooTransport:
             peer, item = arrived.get(timeout=timeout_s)
         except queue.Empty:
             raise TransportTimeout(f"rank {self.rank}: nothing arrived in {timeout_s} s") from None
+        return self._unpack(peer, item)
+
+    def _take_from(self, tag: int, src: int, timeout_s: float | None) -> torch.Tensor:
+        """The next header from ``src`` that its receiver thread queued; what other peers'
+        threads queue meanwhile is kept for later receives from any source."""
+        stash = self._stash.setdefault(tag, [])
+        for i, (peer, item) in enumerate(stash):
+            if peer == src:
+                del stash[i]
+                return self._unpack(peer, item)[1]
+        arrived = self._arrived[tag]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                peer, item = arrived.get(timeout=left)
+            except queue.Empty:
+                raise TransportTimeout(
+                    f"rank {self.rank}: nothing arrived in {timeout_s} s") from None
+            if peer == src:
+                return self._unpack(peer, item)[1]
+            stash.append((peer, item))
+
+    def _unpack(self, peer: int, item: Any) -> tuple[int, torch.Tensor]:
         if isinstance(item, BaseException):
             self._dead.add(peer)
             first = str(item).splitlines()[0] if str(item) else type(item).__name__
