@@ -171,15 +171,21 @@ def write_plots(runs: Sequence[StrategyRun], out: Path) -> list[Path]:
     ]
 
 
-def write_report(runs: Sequence[StrategyRun], out: Path, *, title: str, target: float,
-                 preamble: str = "", command: str = "") -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    pngs = write_plots(runs, out)
+def report_head(title: str, preamble: str = "", command: str = "") -> list[str]:
+    """A report's first lines: the title, an optional preamble and the command to rerun."""
     parts = [f"# {title}", ""]
     if preamble:
         parts += [preamble, ""]
     if command:
         parts += ["Reproduce:", "", "```sh", command, "```", ""]
+    return parts
+
+
+def write_report(runs: Sequence[StrategyRun], out: Path, *, title: str, target: float,
+                 preamble: str = "", command: str = "") -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = write_plots(runs, out)
+    parts = report_head(title, preamble, command)
     parts += [table(runs, target), ""]
     parts += [f"![{p.stem}]({p.name})" for p in pngs]
     parts += ["", "Each run's folder holds config.json, events.jsonl, summary.json and "

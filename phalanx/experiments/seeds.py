@@ -18,7 +18,7 @@ from typing import Any
 
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
-from phalanx.experiments.compare import StrategyRun, read_run, run_variants
+from phalanx.experiments.compare import StrategyRun, read_run, report_head, run_variants
 from phalanx.experiments.stats import RULE, Summary, summarize
 from phalanx.metrics import plots
 
@@ -191,11 +191,7 @@ def write_seeded_report(sr: SeededRuns, out: Path, *, title: str, target: float,
                         preamble: str = "", command: str = "") -> Path:
     out.mkdir(parents=True, exist_ok=True)
     pngs = write_seeded_plots(sr, out)
-    parts = [f"# {title}", ""]
-    if preamble:
-        parts += [preamble, ""]
-    if command:
-        parts += ["Reproduce:", "", "```sh", command, "```", ""]
+    parts = report_head(title, preamble, command)
     seeds = ", ".join(map(str, sr.seeds))
     parts += [f"Seeds: {seeds} ({len(sr.seeds)}). {RULE}", "", seeded_table(sr, target), ""]
     if len(sr.seeds) > 1:

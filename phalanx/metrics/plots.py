@@ -11,6 +11,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def _save(fig, path: Path) -> Path:
+    """Lay out, write and close a figure (an open figure per plot would leak memory)."""
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def line_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
               xlabel: str, ylabel: str, title: str, logx: bool = False,
               logy: bool = False, markers: bool = True,
@@ -35,10 +43,7 @@ def line_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[f
     ax.grid(alpha=0.3)
     if series:
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def bar_plot(path: Path, values: Mapping[str, float], *, ylabel: str, title: str,
@@ -51,10 +56,7 @@ def bar_plot(path: Path, values: Mapping[str, float], *, ylabel: str, title: str
     ax.set_xlabel(xlabel or "strategy")
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def histogram_plot(path: Path, hists: Mapping[str, Sequence[int]], *, xlabel: str, title: str
@@ -79,10 +81,7 @@ def histogram_plot(path: Path, hists: Mapping[str, Sequence[int]], *, xlabel: st
     else:
         ax.text(0.5, 0.5, "no strategy here records staleness", ha="center",
                 transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def scatter_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
@@ -103,10 +102,7 @@ def scatter_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequenc
     ax.grid(alpha=0.3)
     if series:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def band_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[float],
@@ -127,7 +123,4 @@ def band_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[f
     ax.grid(alpha=0.3)
     if series:
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
