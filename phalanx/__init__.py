@@ -5,8 +5,8 @@ __version__ = "0.1.0"
 
 
 def train(*args, **kwargs):
-    """See :func:`phalanx.api.train` (imported lazily so ``import phalanx`` stays cheap)."""
-    from phalanx.api import train as _train
+    """See :func:`phalanx.entry.api.train` (imported lazily so ``import phalanx`` stays cheap)."""
+    from phalanx.entry.api import train as _train
 
     return _train(*args, **kwargs)
 

@@ -10,32 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from phalanx.comm.compress import check_compression
 from phalanx.errors import ConfigError
 from phalanx.limits import check_ranges, short
-from phalanx.runtime.faults import check_fault_flags
-from phalanx.runtime.placement import BACKENDS, DATA_ON_DEVICE, parse_device
 
-STRATEGIES = (
-    "single",
-    "sync",
-    "average",
-    "bsp",
-    "asp",
-    "ssp",
-    "softsync",
-    "downpour",
-    "dc-asgd",
-    "hogwild",
-    "model-parallel",
-    "pipeline",
-    "hybrid",
-    "sandblaster",
-)
 LINE_SEARCHES = ("backtracking", "none")  # sandblaster L-BFGS
 RULES = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
 SCHEDULES = ("constant", "step", "cosine")
 DEVICES = ("cpu", "cuda")
+BACKENDS = ("auto", "nccl", "gloo")  # collectives' backend (phalanx.runtime.placement)
+DATA_ON_DEVICE = ("auto", "yes", "no")
 ALLREDUCES = ("ring", "native", "main")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 # learning rate used when --lr is not given: a sensible start for each rule
@@ -58,6 +41,18 @@ def parse_slow_workers(text: str) -> dict[int, float]:
             raise ConfigError(f"--slow-workers: {item!r} needs a rank >= 0 and a factor >= 1")
         out[rank] = factor
     return out
+
+
+def parse_device(device: str) -> tuple[str, int | None]:
+    """``"cpu"`` -> (cpu, None); ``"cuda"`` -> (cuda, None); ``"cuda:K"`` -> (cuda, K)."""
+    kind, sep, index = device.partition(":")
+    if kind == "cpu" and not sep:
+        return "cpu", None
+    if kind == "cuda" and not sep:
+        return "cuda", None
+    if kind == "cuda" and index.isdigit():
+        return "cuda", int(index)
+    raise ConfigError(f"--device: {device!r} is not one of cpu, cuda, cuda:K")
 
 
 @dataclass
@@ -120,6 +115,9 @@ class RunConfig:
     # ASP / Downpour: ask for the next weights before this step's compute, so the pull's
     # round trip hides behind it (Downpour's asynchronous fetch; one push more staleness)
     pull_ahead: bool = False
+    # the consistency model (phalanx.ps.consistency.MODELS: bsp, asp, ssp, softsync);
+    # "" = the one the parameter-server strategy is a preset of
+    consistency: str = ""
 
     # synchronous data parallel / averaging
     allreduce: str = "native"
@@ -158,12 +156,17 @@ class RunConfig:
     overwrite: bool = False  # a non-empty --out is refused unless this (clears it) or --resume
 
     def validate(self) -> RunConfig:
+        """Check every setting on its own (types, ranges, choices) and fill in the learning
+        rate the rule starts from. What a setting means for the chosen strategy is checked
+        one layer up, by :func:`phalanx.parallel.registry.check_config` (the API, the CLI,
+        ``torchrun`` and ``--resume`` all call it)."""
+
         def need(cond: bool, name: str, what: str) -> None:
             if not cond:
                 value = getattr(self, name)
                 raise ConfigError(f"--{name.replace('_', '-')}: {short(value)} {what}")
 
-        need(self.strategy in STRATEGIES, "strategy", f"is not one of {', '.join(STRATEGIES)}")
+        need(bool(self.strategy), "strategy", "must name a strategy")
         need(self.rule in RULES, "rule", f"is not one of {', '.join(RULES)}")
         need(self.schedule in SCHEDULES, "schedule", f"is not one of {', '.join(SCHEDULES)}")
         parse_device(self.device)  # cpu, cuda or cuda:K (the machine is checked at run time)
@@ -180,8 +183,8 @@ class RunConfig:
         need(math.isfinite(self.epochs) and self.epochs > 0, "epochs", "must be > 0")
         need(self.max_steps >= 0, "max_steps", "must be >= 0")
         need(self.batch_size >= 1, "batch_size", "must be >= 1")
-        if self.lr is None:  # L-BFGS's natural step is 1 (its lr scales the step)
-            self.lr = 1.0 if self.strategy == "sandblaster" else DEFAULT_LR[self.rule]
+        if self.lr is None:  # a strategy with a default of its own set it before this
+            self.lr = DEFAULT_LR[self.rule]
         need(math.isfinite(self.lr) and self.lr > 0, "lr", "must be a finite number > 0")
         need(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
@@ -221,24 +224,8 @@ class RunConfig:
         need(self.portions == 0 or self.portions >= self.workers, "portions",
              f"must be 0 (8 x workers) or at least --workers ({self.workers})")
         check_ranges(self)  # every number: finite, fits its C type, not absurd
-        check_fault_flags(self)
-        check_compression(self)
         need(bool(self.out), "out", "must be a directory path")
-        ranks, flags = self.compute_ranks()
-        for rank in self.slow_workers:
-            if rank >= ranks:
-                raise ConfigError(f"--slow-workers: rank {rank} does not exist with {flags}")
         return self
-
-    def compute_ranks(self) -> tuple[int, str]:
-        """How many computing ranks ``--slow-workers`` can name, and the flags that say so:
-        pipeline stages, pipeline x replicas for hybrid, otherwise the workers."""
-        if self.strategy == "pipeline":
-            return self.stages, f"--stages {self.stages}"
-        if self.strategy == "hybrid":
-            return (self.stages * self.replicas,
-                    f"--stages {self.stages} x --replicas {self.replicas}")
-        return self.workers, f"--workers {self.workers}"
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -27,6 +27,8 @@ from phalanx.cluster.run import (
     simulate,
     with_policy,
 )
+from phalanx.cluster.schedule_cli import register as register_schedule
+from phalanx.cluster.study import run_study
 from phalanx.errors import ConfigError
 
 
@@ -108,7 +110,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the trace's (fixed: GPU counts only, an ablation)")
     p.set_defaults(func=_cmd_simulate)
 
-    from phalanx.cluster.schedule_cli import register as register_schedule
 
     register_schedule(sub)
 
@@ -184,8 +185,6 @@ def _out_dir(path: str | None) -> Path | None:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     opts = _options(args)
     if args.study:
-        from phalanx.cluster.study import run_study
-
         out = _out_dir(args.out or "reports/cluster")
         run_study(args.study, opts, out)
         return 0

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import phalanx
 from phalanx.cluster.allocator import Placement
 from phalanx.cluster.joblist import LiveJob
 from phalanx.cluster.jobs import JobState
@@ -107,7 +106,7 @@ class LiveCluster:
         cmd, log_path = self._command(job)
         env = dict(os.environ)
         # the child imports the same phalanx as this process, whatever its cwd
-        root = str(Path(phalanx.__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])  # the folder that holds phalanx/
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in p.devices)
         log = log_path.open("wb")

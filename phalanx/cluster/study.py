@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from phalanx.cluster.load_study import load_study
+from phalanx.cluster.pollux_study import preset_study
 from phalanx.cluster.report import Summary
 from phalanx.cluster.run import SimulateOptions, load_inputs, simulate
 from phalanx.errors import ConfigError
@@ -93,13 +95,9 @@ def pollux_study(base: SimulateOptions, out: Path) -> list[Summary]:
 def run_study(name: str, base: SimulateOptions, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if name == "pollux":
-        from phalanx.cluster.pollux_study import preset_study
-
         preset_study(base, out)
         pollux_study(base, out)
     elif name == "load":
-        from phalanx.cluster.load_study import load_study
-
         load_study(base, out)
     else:
         raise ConfigError(f"--study {name}: unknown (pollux, load)")

@@ -293,24 +293,24 @@ class ErrorFeedback:
             self.residual[key] = x - sent
 
 
-# strategies whose traffic the layer compresses: sync buckets, averaging deltas, PS pushes
-ALLREDUCE_STRATEGIES = ("sync", "average")
-PS_STRATEGIES = ("bsp", "asp", "ssp", "softsync", "downpour", "dc-asgd")
 OUTER_RULES = ("sgd", "nesterov")
 
 
-def check_compression(cfg) -> None:
+def check_compression(cfg, honoured_by: dict[str, tuple[str, ...]]) -> None:
     """Validate ``--compress``, ``--error-feedback`` and the DiLoCo outer-optimizer flags of
-    a :class:`~phalanx.config.RunConfig` (one-line :class:`ConfigError` on bad input)."""
+    a :class:`~phalanx.config.RunConfig` (one-line :class:`ConfigError` on bad input).
+
+    ``honoured_by``: feature (compress, powersgd, outer_rule) -> the strategies whose specs
+    declare it."""
     spec = parse_compress(cfg.compress)
-    if spec.lossy and cfg.strategy not in ALLREDUCE_STRATEGIES + PS_STRATEGIES:
+    compressing = honoured_by.get("compress", ())
+    if spec.lossy and cfg.strategy not in compressing:
         raise ConfigError(f"--compress: strategy {cfg.strategy!r} does not compress its "
-                          "traffic (single has none; compression applies to sync, average "
-                          "and the parameter-server strategies)")
-    if spec.name == "powersgd" and cfg.strategy in PS_STRATEGIES:
+                          f"traffic (compression applies to {', '.join(compressing)})")
+    if spec.name == "powersgd" and cfg.strategy not in honoured_by.get("powersgd", ()):
         raise ConfigError(f"--compress: {cfg.compress!r} needs an allreduce group (two rounds "
-                          "per step); a parameter-server push is one message: use sync or "
-                          "average")
+                          "per step); a parameter-server push is one message: use "
+                          f"{' or '.join(honoured_by.get('powersgd', ()))}")
     if spec.lossy and cfg.checkpoint_every:
         raise ConfigError("--compress: checkpoints do not hold the error-feedback residuals "
                           "yet; drop --checkpoint-every or --compress")
@@ -318,9 +318,9 @@ def check_compression(cfg) -> None:
         if cfg.outer_rule not in OUTER_RULES:
             raise ConfigError(f"--outer-rule: {cfg.outer_rule!r} is not one of "
                               f"{', '.join(OUTER_RULES)}")
-        if cfg.strategy != "average":
+        if cfg.strategy not in honoured_by.get("outer_rule", ()):
             raise ConfigError("--outer-rule: the DiLoCo outer optimizer needs --strategy "
-                              "average")
+                              f"{' or '.join(honoured_by.get('outer_rule', ()))}")
         if cfg.checkpoint_every:
             raise ConfigError("--outer-rule: checkpoints do not hold the outer optimizer's "
                               "state yet; drop --checkpoint-every")

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from phalanx.data.cifar import load_cifar_split
+from phalanx.data.idx import load_idx_split
 from phalanx.errors import DataError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -92,8 +94,6 @@ def load_data(
     """(train, test) for a data set name; ``data_dir`` points at IDX / CIFAR files.
     ``train_limit`` / ``test_limit`` > 0: IDX files are read only that far (a header's claim
     is then never allocated in full)."""
-    from phalanx.data.cifar import load_cifar_split
-    from phalanx.data.idx import load_idx_split
 
     if name in ("fashion-mnist", "mnist", "idx"):
         directory = data_dir or (FASHION_MNIST_DIR if name == "fashion-mnist" else None)

@@ -24,9 +24,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from phalanx.errors import ConfigError
 from phalanx.experiments.common import verdict_block
 from phalanx.experiments.hostgroup import Plan, PlannedRun, run_plan
 from phalanx.metrics import plots
+from phalanx.runtime.hosts import TestNetwork, unavailable
 
 STRATEGIES = ("ring", "main", "asp", "average")
 FLAGS = {"ring": ["--strategy", "sync", "--allreduce", "ring"],
@@ -100,8 +102,6 @@ def _groups(s: Setting) -> list[tuple[int, list[str], int]]:
 
 
 def measure(out: Path, s: Setting, seed: int) -> list[Measured]:
-    from phalanx.runtime.hosts import TestNetwork
-
     results = []
     for hosts, strategies, n in _groups(s):
         runs, index = [], []
@@ -224,9 +224,6 @@ def report(out: Path, results: list[Measured], s: Setting, seed: int) -> Path:
 
 
 def run(out: Path, *, quick: bool, data: str | None, seed: int) -> Path:
-    from phalanx.errors import ConfigError
-    from phalanx.runtime.hosts import unavailable
-
     reason = unavailable()
     if reason is not None:
         raise ConfigError(f"experiments run bandwidth: needs test hosts (run as root): {reason}")

@@ -7,11 +7,15 @@ import shlex
 import sys
 from pathlib import Path
 
+from phalanx.entry.flags import add_run_config_flags, config_from_args
+from phalanx.entry.paths import check_out
+from phalanx.errors import ConfigError
+from phalanx.experiments import EXPERIMENTS, run_experiment
+from phalanx.experiments.compare import compare, parse_strategies
+from phalanx.experiments.seeds import parse_seeds, seeded_table
+
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from phalanx.cli import config_from_args
-    from phalanx.experiments.compare import compare, parse_strategies
-
     strategies = parse_strategies(args.strategies)
     if args.workers is None:
         args.workers = 4
@@ -19,15 +23,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         args.out = "runs/compare"
     base = config_from_args(args)
     if not 0 < args.target_accuracy <= 1:
-        from phalanx.errors import ConfigError
-
         raise ConfigError(f"--target-accuracy: {args.target_accuracy} must be in (0, 1]")
-    from phalanx.paths import check_out
-
     check_out(base.out)  # before any run: a file, /proc or a read-only folder is one line
     command = "phalanx " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    from phalanx.experiments.seeds import parse_seeds, seeded_table
-
     seeds = parse_seeds(args.seeds, base.seed)
     runs, report = compare(base, strategies, Path(base.out), target=args.target_accuracy,
                            command=command, seeds=seeds)
@@ -37,26 +35,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_experiments(args: argparse.Namespace) -> int:
-    from phalanx.experiments import EXPERIMENTS, run_experiment
-
     if args.action == "list":
         for name, (title, _) in EXPERIMENTS.items():
             print(f"{name:22s} {title}")
         return 0
     if not args.name:
-        from phalanx.errors import ConfigError
-
         raise ConfigError("experiments run: name an experiment (see 'phalanx experiments list')")
-    from phalanx.experiments import EXPERIMENTS as known
-    from phalanx.paths import check_out
-
-    if args.name not in known:
-        from phalanx.errors import ConfigError
-
-        raise ConfigError(f"experiments run: {args.name!r} is not one of {', '.join(known)}")
+    if args.name not in EXPERIMENTS:
+        raise ConfigError(f"experiments run: {args.name!r} is not one of {', '.join(EXPERIMENTS)}")
     out = check_out(args.out or f"runs/experiments/{args.name}")
-    from phalanx.experiments.seeds import parse_seeds
-
     report = run_experiment(args.name, out, quick=args.quick, data=args.data,
                             seeds=parse_seeds(args.seeds, args.seed), reuse=args.reuse)
     print(Path(report).read_text())
@@ -69,8 +56,6 @@ _SEEDS_HELP = ("repeat every run over seeds: a count K (seeds --seed .. --seed+K
 
 
 def register(sub) -> None:
-    from phalanx.cli import add_run_config_flags
-
     p = sub.add_parser("compare", help="run several strategies on the same job; write a report")
     p.add_argument("--strategies", required=True,
                    help="comma list, e.g. single,sync,asp,ssp,dc-asgd")

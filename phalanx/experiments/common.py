@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.config import RunConfig
+from phalanx.experiments.compare import plan_evals
 
 
 def base_config(out: Path, *, quick: bool, data: str | None, seed: int, **overrides: Any
@@ -27,8 +28,6 @@ def base_config(out: Path, *, quick: bool, data: str | None, seed: int, **overri
 
 
 def variant(base: RunConfig, out: Path, label: str, **changes: Any) -> tuple[str, RunConfig]:
-    from phalanx.experiments.compare import plan_evals
-
     cfg = dataclasses.replace(base, out=str(out / label.replace(" ", "_")), **changes)
     return label, plan_evals(cfg).validate()
 

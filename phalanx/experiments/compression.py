@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 from phalanx.config import RunConfig
+from phalanx.entry.api import train
 from phalanx.experiments.common import verdict_block
-from phalanx.experiments.compare import StrategyRun, read_run
+from phalanx.experiments.runs import StrategyRun, read_run
 from phalanx.metrics import plots
 
 COMPRESSORS = ("none", "topk:0.01", "powersgd:2", "fp16", "int8", "randk:0.01", "bf16")
@@ -64,7 +65,6 @@ def grid(cfg: RunConfig, out: Path, quick: bool) -> list[tuple[str, RunConfig]]:
 def run_or_reuse(variants: list[tuple[str, RunConfig]]) -> list[StrategyRun]:
     """Train each variant, or read it back when its folder already has a summary (a long
     study that was interrupted continues where it stopped)."""
-    from phalanx.api import train
 
     runs = []
     for i, (label, cfg) in enumerate(variants, 1):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from phalanx.config import RunConfig
 from phalanx.experiments.common import variant
-from phalanx.experiments.compare import run_variants, table, write_report
+from phalanx.experiments.runs import run_variants, table, write_report
 
 STRATEGIES = ("single", "sync", "asp", "dc-asgd-a")
 

@@ -2,7 +2,7 @@
 
     torchrun ... -m phalanx.experiments.hostgroup PLAN.json
 
-``PLAN.json`` is a :class:`Plan`: a list of runs, each ``phalanx.runtime.torchrun_entry``'s
+``PLAN.json`` is a :class:`Plan`: a list of runs, each ``phalanx.entry.torchrun``'s
 flags (with its own ``--out``) and optionally a link rate and an interface whose kernel byte
 counters to read. Starting torchrun and its workers costs tens of seconds on a loaded 2-core
 machine while 20 steps of a small MLP take a second or two, so the multi-node tests and the
@@ -28,9 +28,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from phalanx.cli import _Parser, add_run_config_flags, config_from_args
+from phalanx.entry import torchrun as torchrun_entry
+from phalanx.entry.flags import _Parser, add_run_config_flags, config_from_args
 from phalanx.errors import PhalanxError
-from phalanx.runtime import netif, torchrun_entry
+from phalanx.runtime import netif
+from phalanx.runtime.hosts import start_torchrun, tbf_args
 
 
 @dataclass
@@ -60,8 +62,6 @@ def _counter(iface: str, what: str) -> int:
 
 
 def _shape(plan: Plan, addr: str, iface: str, rate_mbit: float) -> None:
-    from phalanx.runtime.hosts import tbf_args
-
     tbf = ["root", "tbf", *tbf_args(rate_mbit)]
     subprocess.run(["tc", "qdisc", "replace", "dev", iface, *tbf], check=True,
                    capture_output=True)
@@ -112,7 +112,6 @@ def run_plan(net, nproc: int, plan: Plan, out: Path, *, timeout_s: float = 600,
     """Start ``plan`` under torchrun on every host of ``net`` (``nproc`` processes each) and
     wait; ``poll()`` is called every 0.2 s meanwhile. Raises with both hosts' log tails when
     the group fails or runs past ``timeout_s``."""
-    from phalanx.runtime.hosts import start_torchrun
 
     out.mkdir(parents=True, exist_ok=True)
     plan.write(out / "plan.json")

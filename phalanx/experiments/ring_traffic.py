@@ -9,15 +9,14 @@ from pathlib import Path
 
 import torch
 
+from phalanx.comm.allreduce import MainNodeAllReduce, RingAllReduce
+from phalanx.comm.counters import ByteCounter
 from phalanx.experiments.common import verdict_block
 from phalanx.metrics import plots
 from phalanx.runtime.launch import spawn
 
 
 def _measure(rank: int, world: int, numel: int, out_dir: str) -> None:
-    from phalanx.comm.allreduce import MainNodeAllReduce, RingAllReduce
-    from phalanx.comm.counters import ByteCounter
-
     result = {}
     for name, cls in (("ring", RingAllReduce), ("main", MainNodeAllReduce)):
         counter = ByteCounter()

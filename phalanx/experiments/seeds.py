@@ -18,7 +18,7 @@ from typing import Any
 
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
-from phalanx.experiments.compare import StrategyRun, read_run, report_head, run_variants
+from phalanx.experiments.runs import StrategyRun, read_run, report_head, run_variants
 from phalanx.experiments.stats import RULE, Summary, summarize
 from phalanx.metrics import plots
 

@@ -15,17 +15,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from phalanx.api import make_job
 from phalanx.config import RunConfig
+from phalanx.entry.api import make_job, train
 from phalanx.experiments.common import base_config, variant, verdict_block
-from phalanx.experiments.compare import run_variants, write_report
+from phalanx.experiments.runs import run_variants, write_report
+from phalanx.parallel.sync_dp import worker_batches
 from phalanx.rules import apply_updates, make_rule
 
 
 def serial_replay(cfg: RunConfig, workers: tuple[int, ...], world: int, steps: int
                   ) -> nn.Module:
     """Serial SGD over the batches that ``workers`` of a ``world``-worker sync run take."""
-    from phalanx.parallel.sync_dp import worker_batches
 
     job = make_job(dataclasses.replace(cfg, strategy="single", workers=1))
     model = job.build_model()
@@ -48,8 +48,6 @@ def max_diff(a: nn.Module, b: nn.Module) -> float:
 
 
 def run(out: Path, *, quick: bool, data: str | None, seed: int) -> Path:
-    from phalanx.api import train
-
     n, b = 4, 16
     steps = 40 if quick else 300
     base = base_config(out, quick=quick, data=data, seed=seed, batch_size=b, lr=0.1,

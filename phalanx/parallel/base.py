@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch import nn
 
 from phalanx.config import RunConfig
 from phalanx.data import Dataset, parse_augment, shard_indices, steps_per_epoch
+from phalanx.runtime.checkpoint import load_checkpoint, save_checkpoint
 
 ModelFactory = Callable[[], nn.Module]
 
@@ -51,12 +53,27 @@ class Job:
 
 @dataclass
 class Outcome:
-    """What a strategy hands back: the trained model and the numbers for summary.json."""
+    """What a strategy hands back: the trained model and the numbers for summary.json.
+
+    ``stats``: the strategy's statistics, a dataclass (turned into a dict only when the
+    summary is written) or, as read back from a result file, a dict."""
 
     model: nn.Module
     train_samples: int
     steps: int
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: Any = None
+
+    def stats_dict(self) -> dict[str, Any]:
+        return stats_dict(self.stats)
+
+
+def stats_dict(stats: Any) -> dict[str, Any]:
+    """A strategy's statistics as the dict a summary holds."""
+    if stats is None:
+        return {}
+    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        return dataclasses.asdict(stats)
+    return dict(stats)
 
 
 def augmenter(cfg: RunConfig):
@@ -127,22 +144,18 @@ RESULT_FILE = "final_model.pt"
 
 
 def write_result(job: Job, model_state: dict[str, torch.Tensor], *, train_samples: int,
-                 steps: int, stats: dict[str, Any] | None = None) -> None:
+                 steps: int, stats: Any = None) -> None:
     """Called by the process that holds the final model (usually rank 0)."""
-    from phalanx.runtime.checkpoint import save_checkpoint
-
     save_checkpoint(job.run_dir / RESULT_FILE, {
         "model": {k: v.detach().cpu() for k, v in model_state.items()},
         "train_samples": int(train_samples),
         "steps": int(steps),
-        "stats": dict(stats or {}),
+        "stats": stats_dict(stats),
     })
 
 
 def read_result(job: Job) -> Outcome:
     """Called by the driver after the processes joined."""
-    from phalanx.runtime.checkpoint import load_checkpoint
-
     payload = load_checkpoint(job.run_dir / RESULT_FILE)
     model = job.build_model()
     model.load_state_dict(payload["model"])

@@ -28,7 +28,7 @@ from phalanx.parallel.base import Job, Straggler, augmenter, detached, write_res
 from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.reporting import StageReporter, wants_eval
 from phalanx.rules import apply_updates, make_rule
-from phalanx.runtime.placement import setup_rank
+from phalanx.runtime.placement import DeviceSupport, setup_rank
 
 
 def shard_bounds(features: int, world: int) -> list[tuple[int, int]]:
@@ -149,7 +149,7 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
 
 def process_main(rank: int, world: int, job: Job) -> None:
     cfg = job.config
-    place = setup_rank(cfg, rank, world, data_bytes=train_bytes(job))
+    place = setup_rank(cfg, rank, world, DeviceSupport(), data_bytes=train_bytes(job))
     model = job.build_model()
     model.train()
     full = check_split_layer(model, cfg.split_layer, world)

@@ -13,7 +13,7 @@ between the checkpoint and the crash (at most K-1) are computed twice.
 
 When a run resumes (decided by the launcher, never by this module reading the
 environment): ``phalanx train --resume DIR`` (``cfg.resume`` = DIR), or a group restarted by
-``torchrun --max-restarts`` (``torchrun_entry`` sets ``cfg.resume`` on attempts after the
+``torchrun --max-restarts`` (``phalanx.entry.torchrun`` sets ``cfg.resume`` on attempts after the
 first when a checkpoint exists). A fresh run deletes a stale checkpoint of an earlier run
 in the same directory before its first collective, so a restart never resumes someone
 else's run; the checkpoint also carries a fingerprint of every setting that shapes the

@@ -36,12 +36,15 @@ from phalanx.parallel.base import (
     write_result,
 )
 from phalanx.parallel.device_data import DeviceData, train_bytes
+from phalanx.parallel.spec import StrategySpec
 from phalanx.rules import apply_updates, make_rule, state_tensors
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
-from phalanx.runtime.placement import plan_for, setup_rank, spawn_backend
+from phalanx.runtime.placement import DeviceSupport, plan_for, setup_rank, spawn_backend
 
 LOG_EVERY = 10
+# every worker updates one model: on one GPU (CUDA IPC) or in shared host memory; no traffic
+DEVICE = DeviceSupport(nccl=False, one_device=True)
 
 
 def world_size(cfg) -> int:
@@ -53,11 +56,11 @@ def run(job: Job, log: EventLog) -> Outcome:
     shard = min(len(job.shard(r, cfg.workers)) for r in range(cfg.workers))
     if cfg.batch_size > shard:
         raise ConfigError(f"--batch-size: {cfg.batch_size} exceeds a worker's {shard} samples")
-    backend = spawn_backend(cfg, cfg.workers)  # checks --device/--backend before anything
+    backend = spawn_backend(cfg, cfg.workers, DEVICE)  # checks --device/--backend before anything
     # one model for every worker: in shared host memory, or on the GPU where the workers
     # map it through CUDA IPC handles (torch.multiprocessing sends a CUDA tensor as a
     # handle to the same memory; this process must keep it alive until they finish)
-    device = plan_for(cfg, 0, cfg.workers).torch_device
+    device = plan_for(cfg, 0, cfg.workers, DEVICE).torch_device
     model = job.build_model().to(device)
     model.train()
     if device.type == "cpu":
@@ -107,7 +110,7 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
             clocks: torch.Tensor, lock, seen: torch.Tensor) -> None:
     cfg = job.config
     # threads: a share of the cores (never oversubscribed); device: the shared model's
-    place = setup_rank(cfg, rank, world, data_bytes=train_bytes(job))
+    place = setup_rank(cfg, rank, world, DEVICE, data_bytes=train_bytes(job))
     tb = job.run_dir / "tensorboard" if cfg.tensorboard else None
     log = EventLog(job.run_dir / "events.jsonl", rank=rank, role="worker", tensorboard_dir=tb)
     shared = [p for p in model.parameters() if p.requires_grad]
@@ -186,3 +189,10 @@ def _eval(job: Job, model: nn.Module, log: EventLog, step: int, epoch: int,
     loss, acc = evaluate(snapshot, job.test)
     log.log("eval", step=step, epoch=epoch, samples=int(counters[:, 0].sum()), test_loss=loss,
             test_accuracy=acc, wall_s=time.perf_counter() - t0)
+
+
+SPEC = StrategySpec(
+    "hogwild", "Hogwild!: worker processes update one shared model without locks (--lock)",
+    run, world_size=world_size, options=("lock",), shards_by="workers", device=DEVICE,
+    local_only="single-host only (its worker processes share one model in shared memory); "
+               "run it with phalanx train")

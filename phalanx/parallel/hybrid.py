@@ -12,7 +12,8 @@ from __future__ import annotations
 from phalanx.config import RunConfig
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import Job, Outcome, read_result
-from phalanx.parallel.pipeline import check, train_pipeline
+from phalanx.parallel.pipeline import DEVICE, check, train_pipeline
+from phalanx.parallel.spec import StrategySpec
 from phalanx.runtime.launch import spawn
 from phalanx.runtime.placement import spawn_backend
 
@@ -24,9 +25,22 @@ def world_size(cfg: RunConfig) -> int:
 def run(job: Job, log: EventLog) -> Outcome:
     cfg = job.config
     check(job, cfg.stages, cfg.replicas)
-    spawn(process_main, world_size(cfg), (job,), backend=spawn_backend(cfg, world_size(cfg)))
+    spawn(process_main, world_size(cfg), (job,),
+          backend=spawn_backend(cfg, world_size(cfg), DEVICE))
     return read_result(job)
 
 
 def process_main(rank: int, world: int, job: Job) -> None:
     train_pipeline(rank, world, job, job.config.stages, job.config.replicas)
+
+
+def stage_ranks(cfg: RunConfig) -> tuple[int, str]:
+    return (cfg.stages * cfg.replicas,
+            f"--stages {cfg.stages} x --replicas {cfg.replicas}")
+
+
+SPEC = StrategySpec(
+    "hybrid", "hybrid: --replicas data-parallel copies of a --stages pipeline", run,
+    process_main, world_size, options=("microbatches", "pipeline_schedule", "replicas"),
+    shards_by="replicas", compute_ranks=stage_ranks, device=DEVICE,
+    example={"stages": 2, "replicas": 2, "microbatches": 2})

@@ -46,7 +46,9 @@ from phalanx.parallel.dp_checkpoint import (
     spawn_workers,
 )
 from phalanx.parallel.outer_step import OuterSync
+from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.sync_dp import (
+    DEVICE,
     LOG_EVERY,
     WorkerContext,
     broadcast_from_rank0,
@@ -75,19 +77,19 @@ def run(job: Job, log: EventLog) -> Outcome:
     if job.config.resume:
         check_resume(job.config)
     spawn_workers(job, process_main, world_size(job.config),
-                  backend=spawn_backend(job.config, world_size(job.config)))
+                  backend=spawn_backend(job.config, world_size(job.config), DEVICE))
     return read_result(job)
 
 
 def can_restart(cfg: RunConfig) -> bool:
-    """For ``torchrun_entry`` on a restarted attempt: is there a checkpoint to resume?"""
+    """For ``phalanx.entry.torchrun`` on a restarted attempt: is there a checkpoint to resume?"""
     return has_checkpoint(cfg)
 
 
 def process_main(rank: int, world: int, job: Job) -> None:
     """One worker; runs inside an initialised process group (spawn or torchrun)."""
     check_checkpointing(job.config)  # again here: under torchrun no driver checked first
-    place = setup_rank(job.config, rank, world, data_bytes=train_bytes(job))
+    place = setup_rank(job.config, rank, world, DEVICE, data_bytes=train_bytes(job))
     with open_log(job, rank) as log:
         train_worker(WorkerContext(job, rank, world, log, time.perf_counter(), place))
 
@@ -208,3 +210,11 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
         write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
                      stats=stats)
     return model
+
+
+SPEC = StrategySpec(
+    "average", "parameter averaging (local SGD) every --period steps; DiLoCo with "
+    "--outer-rule", run, process_main, world_size, check=check_checkpointing,
+    check_resume=check_resume, can_restart=can_restart,
+    supports=frozenset({"kill_worker", "compress", "powersgd", "outer_rule"}),
+    options=("period", "average_optimizer_state"), shards_by="workers", device=DEVICE)

@@ -32,14 +32,19 @@ from phalanx.parallel.base import (
     read_result,
     write_result,
 )
+from phalanx.parallel.column_parallel import check_split_layer
+from phalanx.parallel.column_parallel import process_main as split_main
 from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.partition import agreed_partition, check_stages, stage_module
 from phalanx.parallel.reporting import StageReporter, wants_eval
+from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stages import boundary_shapes, gather_model
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
-from phalanx.runtime.placement import setup_rank, spawn_backend
+from phalanx.runtime.placement import DeviceSupport, setup_rank, spawn_backend
+
+DEVICE = DeviceSupport()  # activations between neighbouring ranks: NCCL-able
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -49,20 +54,16 @@ def world_size(cfg: RunConfig) -> int:
 def run(job: Job, log: EventLog) -> Outcome:
     cfg = job.config
     if cfg.split_layer:
-        from phalanx.parallel.column_parallel import check_split_layer
-
         check_split_layer(job.build_model(), cfg.split_layer, cfg.workers)
     else:
         check_stages(job.build_model(), cfg.workers, "--workers")
     spawn(process_main, world_size(cfg), (job,),
-          backend=spawn_backend(cfg, world_size(cfg)))
+          backend=spawn_backend(cfg, world_size(cfg), DEVICE))
     return read_result(job)
 
 
 def process_main(rank: int, world: int, job: Job) -> None:
     if job.config.split_layer:
-        from phalanx.parallel.column_parallel import process_main as split_main
-
         return split_main(rank, world, job)
     _layer_parallel(rank, world, job)
 
@@ -82,7 +83,7 @@ class _Clock:
 
 def _layer_parallel(rank: int, world: int, job: Job) -> None:
     cfg = job.config
-    place = setup_rank(cfg, rank, world, data_bytes=train_bytes(job))
+    place = setup_rank(cfg, rank, world, DEVICE, data_bytes=train_bytes(job))
     staging, device = place.host_staging, place.torch_device
     model = job.build_model()
     check_stages(model, world, "--workers")  # again here: under torchrun no driver checked
@@ -209,3 +210,9 @@ def _checkpoint(job: Job, model, part, rank: int, world: int, step: int) -> None
         # the model only: each stage's rule state stays with its stage
         save_checkpoint(job.run_dir / "checkpoint.pt", {"step": step, "model": {
             k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}})
+
+
+SPEC = StrategySpec(
+    "model-parallel", "model parallel: layers (or one layer's columns, --split-layer) over "
+    "--workers ranks", run, process_main, world_size, options=("split_layer",),
+    device=DEVICE)

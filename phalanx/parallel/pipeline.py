@@ -36,6 +36,7 @@ from phalanx.parallel.base import (
 from phalanx.parallel.instrument import MeteredStage, StageMeter
 from phalanx.parallel.partition import agreed_partition, check_stages, stage_module
 from phalanx.parallel.reporting import StageReporter, wants_eval
+from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stages import (
     boundary_shapes,
     gather_model,
@@ -44,9 +45,10 @@ from phalanx.parallel.stages import (
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
-from phalanx.runtime.placement import setup_rank, spawn_backend
+from phalanx.runtime.placement import DeviceSupport, setup_rank, spawn_backend
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+DEVICE = DeviceSupport()  # activations between neighbouring stages: NCCL-able
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -79,7 +81,7 @@ def check(job: Job, stages: int, replicas: int = 1) -> None:
 def run(job: Job, log: EventLog) -> Outcome:
     check(job, job.config.stages)
     spawn(process_main, world_size(job.config), (job,),
-          backend=spawn_backend(job.config, world_size(job.config)),
+          backend=spawn_backend(job.config, world_size(job.config), DEVICE),
           name=lambda rank: f"stage {rank}")
     return read_result(job)
 
@@ -105,7 +107,7 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
     check(job, stages, replicas)  # again here: under torchrun no driver checked first
     replica, s = divmod(rank, stages)
     first, last = s == 0, s == stages - 1
-    place = setup_rank(cfg, rank, world)
+    place = setup_rank(cfg, rank, world, DEVICE)
     pipes, dps = _groups(stages, replicas)
     model = job.build_model()
     model.train()
@@ -277,3 +279,14 @@ def _finish(job, model, part, rank, world, sent, samples, step, meter, train_s) 
         "stage_peak_saved_bytes": [int(e[3].item()) for e in every],
     }
     write_result(job, model.state_dict(), train_samples=samples, steps=step, stats=stats)
+
+
+def stage_ranks(cfg: RunConfig) -> tuple[int, str]:
+    return cfg.stages, f"--stages {cfg.stages}"
+
+
+SPEC = StrategySpec(
+    "pipeline", "pipeline parallel: --stages stages, --microbatches per step (GPipe, 1F1B)",
+    run, process_main, world_size, options=("microbatches", "pipeline_schedule"),
+    compute_ranks=stage_ranks, device=DEVICE,
+    example={"stages": 2, "microbatches": 2})

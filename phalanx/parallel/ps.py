@@ -25,7 +25,9 @@ their checkpoints and the workers from the clock the shards restored. Fault inje
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -43,8 +45,9 @@ from phalanx.parallel.base import (
 )
 from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.ps_worker import WORKER_STATS, steps_per_worker, worker_main
+from phalanx.parallel.spec import StrategySpec
 from phalanx.ps.checkpoint import read_shard, restore_shard, save_shard, shard_path
-from phalanx.ps.consistency import consistency_for
+from phalanx.ps.consistency import Consistency, make_consistency
 from phalanx.ps.partition import flat_dense, partition, trainable, unflatten_into
 from phalanx.ps.server import Layout, ShardResult, gather_final, send_final, serve
 from phalanx.ps.shard import ShardState
@@ -55,10 +58,43 @@ from phalanx.runtime.faults import (
     kill_point,
     parse_kills,
 )
-from phalanx.runtime.placement import setup_rank, spawn_backend
+from phalanx.runtime.launch import spawn
+from phalanx.runtime.placement import DeviceSupport, setup_rank, spawn_backend
 
-__all__ = ["assemble", "check_config", "check_resume", "make_shard", "process_main", "run",
-           "server_main", "steps_per_worker", "world_size", "worker_main"]
+__all__ = ["SPECS", "assemble", "check_config", "check_resume", "make_shard", "process_main",
+           "run", "server_main", "steps_per_worker", "world_size", "worker_main"]
+
+# shards stay on the CPU; a worker's receive is from its shards only, but a shard receives
+# from any worker (NCCL has no receive-from-any)
+DEVICE = DeviceSupport(nccl=False, host_servers=True)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A parameter-server strategy is the same server and worker code with these set."""
+
+    consistency: str  # the model when --consistency is not given (ps.consistency.MODELS)
+    delay_compensation: bool = False  # DC-ASGD's server rule prefix; shards keep backups
+    fetch_push: bool = False  # --nfetch / --npush (Downpour)
+
+
+PRESETS: dict[str, Preset] = {
+    "bsp": Preset("bsp"),
+    "asp": Preset("asp"),
+    "ssp": Preset("ssp"),
+    "softsync": Preset("softsync"),
+    "downpour": Preset("asp", fetch_push=True),
+    "dc-asgd": Preset("asp", delay_compensation=True),
+}
+
+
+def preset(cfg: RunConfig) -> Preset:
+    return PRESETS[cfg.strategy]
+
+
+def consistency(cfg: RunConfig) -> Consistency:
+    """The run's consistency model: ``--consistency``, else the strategy's preset."""
+    return make_consistency(cfg.consistency or preset(cfg).consistency, cfg)
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -66,13 +102,14 @@ def world_size(cfg: RunConfig) -> int:
 
 
 def check_config(cfg: RunConfig) -> None:
-    if cfg.strategy != "downpour" and (cfg.nfetch != 1 or cfg.npush != 1):
+    model = consistency(cfg)  # --consistency names a model (one line otherwise)
+    if not preset(cfg).fetch_push and (cfg.nfetch != 1 or cfg.npush != 1):
         raise ConfigError(f"--nfetch/--npush: only --strategy downpour uses them "
                           f"(got --strategy {cfg.strategy})")
-    if cfg.pull_ahead and not (consistency_for(cfg.strategy).pulls_ahead
-                               and cfg.strategy != "dc-asgd"):
-        raise ConfigError(f"--pull-ahead: --strategy {cfg.strategy} waits for fresh weights "
-                          "(only asp and downpour can pull ahead)")
+    if cfg.pull_ahead and not (model.pulls_ahead and not preset(cfg).delay_compensation):
+        raise ConfigError(f"--pull-ahead: --strategy {cfg.strategy} with consistency "
+                          f"{model.name} waits for fresh weights (only asp and downpour can "
+                          "pull ahead)")
     if cfg.grad_accum != 1:
         raise ConfigError(f"--grad-accum: not supported by --strategy {cfg.strategy} "
                           "(use --strategy downpour with --npush)")
@@ -87,7 +124,7 @@ def check_resume(cfg: RunConfig) -> None:
 
 
 def can_restart(cfg: RunConfig) -> bool:
-    """For ``torchrun_entry`` on a restarted attempt (a process or a node was lost): does
+    """For ``phalanx.entry.torchrun`` on a restarted attempt (a process or a node was lost): does
     every shard have a checkpoint in ``--out`` to restore from? (Several machines: ``--out``
     must be a shared file system, so a lost host's shard restores anywhere.)"""
     return cfg.checkpoint_every > 0 and all(shard_path(cfg.out, k).is_file()
@@ -95,8 +132,6 @@ def can_restart(cfg: RunConfig) -> bool:
 
 
 def run(job: Job, log: EventLog) -> Outcome:
-    from phalanx.runtime.launch import spawn
-
     check_config(job.config)
     if job.config.resume:
         check_resume(job.config)
@@ -106,7 +141,7 @@ def run(job: Job, log: EventLog) -> Outcome:
           timeout_s=max(120.0, 2 * job.config.ps_timeout),
           survivable=lambda rank: rank >= servers,
           name=lambda rank: f"server {rank}" if rank < servers else f"worker {rank - servers}",
-          backend=spawn_backend(job.config, world_size(job.config)))
+          backend=spawn_backend(job.config, world_size(job.config), DEVICE))
     return read_result(job)
 
 
@@ -119,7 +154,7 @@ def process_main(rank: int, world: int, job: Job) -> None:
                            f"{cfg.workers} need {layout.world}")
     server = rank < layout.servers
     # shards stay on the CPU; worker w computes on the GPU its index picks
-    place = setup_rank(cfg, rank, world, on_cpu=server,
+    place = setup_rank(cfg, rank, world, DEVICE, on_cpu=server,
                        compute_rank=None if server else rank - layout.servers,
                        compute_ranks=layout.workers, data_bytes=train_bytes(job))
     transport = GlooTransport(rank, world)
@@ -137,17 +172,12 @@ def process_main(rank: int, world: int, job: Job) -> None:
 
 def server_updates(cfg: RunConfig, steps: int) -> int:
     """How many updates a shard applies (the horizon of an lr schedule)."""
-    pushes = math.ceil(steps / cfg.npush)
-    if cfg.strategy == "bsp":
-        return pushes
-    if cfg.strategy == "softsync":
-        return math.ceil(cfg.workers * pushes / cfg.softsync)
-    return cfg.workers * pushes
+    return consistency(cfg).updates(cfg.workers, math.ceil(steps / cfg.npush))
 
 
 def server_rule(cfg: RunConfig, total_updates: int) -> UpdateRule:
     prefix: list[UpdateRule] = []
-    if cfg.strategy == "dc-asgd":
+    if preset(cfg).delay_compensation:
         prefix.append(dc_asgd(cfg.dc_lambda, cfg.dc_adaptive, cfg.dc_momentum))
     if cfg.staleness_lr:
         prefix.append(staleness_scaled())
@@ -163,9 +193,8 @@ def make_shard(job: Job, shard: int, log=None) -> ShardState:
     rows = params[part.table.param].detach()[shard :: cfg.servers] if part.table else None
     state = ShardState(shard, part, flat_dense(part, params)[a:b], rows,
                        server_rule(cfg, server_updates(cfg, steps_per_worker(job))),
-                       consistency_for(cfg.strategy, staleness=cfg.staleness,
-                                       softsync=cfg.softsync),
-                       cfg.workers, keep_backups=cfg.strategy == "dc-asgd", log=log,
+                       consistency(cfg), cfg.workers,
+                       keep_backups=preset(cfg).delay_compensation, log=log,
                        pulls=pull_deltas_for(cfg))
     if cfg.resume:
         path = shard_path(cfg.resume, shard)
@@ -255,8 +284,7 @@ def assemble(job: Job, part, results: list[ShardResult],
     bytes_sent = int(sum(r.stat("bytes_sent") for r in results)
                      + sum(s["bytes_sent"] for s in per_worker.values()))
     stats = {
-        "consistency": consistency_for(cfg.strategy, staleness=cfg.staleness,
-                                       softsync=cfg.softsync).name,
+        "consistency": consistency(cfg).name,
         "servers": cfg.servers,
         "staleness_mean": sum(s * c for s, c in enumerate(hist)) / applied if applied else 0.0,
         "staleness_max": len(hist) - 1 if hist else 0,
@@ -273,3 +301,26 @@ def assemble(job: Job, part, results: list[ShardResult],
         "bytes_per_sample": bytes_sent / samples if samples else 0.0,
     }
     return model, samples, steps, stats
+
+
+# ---- the strategies: one spec per preset -------------------------------------------------
+
+_SUMMARY = {
+    "bsp": "parameter server, bulk synchronous: a barrier and one averaged update per step",
+    "asp": "parameter server, asynchronous: every push applied at once",
+    "ssp": "parameter server, stale synchronous: at most --staleness clocks ahead",
+    "softsync": "parameter server: the average of every --softsync pushes applied",
+    "downpour": "parameter server, Downpour SGD: fetch every --nfetch, push every --npush",
+    "dc-asgd": "parameter server, asynchronous with delay compensation (--dc-lambda)",
+}
+_OPTIONS = {"downpour": ("nfetch", "npush"),
+            "dc-asgd": ("dc_lambda", "dc_adaptive", "dc_momentum")}
+
+SPECS = tuple(
+    StrategySpec(name, _SUMMARY[name], run, process_main, world_size, check_config,
+                 check_resume=check_resume, can_restart=can_restart,
+                 supports=frozenset({"kill_worker", "kill_server", "drop_messages",
+                                     "compress"}),
+                 options=_OPTIONS.get(name, ()), shards_by="workers", device=DEVICE,
+                 preset=dataclasses.asdict(p))
+    for name, p in PRESETS.items())

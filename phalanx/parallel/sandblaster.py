@@ -28,10 +28,12 @@ from phalanx.parallel.sandblaster_worker import (
     SandblasterWorker,
     model_partition,
 )
+from phalanx.parallel.spec import StrategySpec
 from phalanx.ps.partition import flat_dense, trainable
 from phalanx.ps.sandblaster_shard import SHARD_STATS, SandblasterShard, serve_shard
+from phalanx.runtime.launch import spawn
 
-__all__ = ["check_config", "process_main", "run", "world_size"]
+__all__ = ["SPEC", "check_config", "process_main", "run", "world_size"]
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -66,8 +68,6 @@ def check_model(job: Job) -> None:
 
 
 def run(job: Job, log: EventLog) -> Outcome:
-    from phalanx.runtime.launch import spawn
-
     check_config(job.config)
     check_model(job)
     first_worker = 1 + job.config.servers  # rank 0 coordinates, ranks 1..S are shards
@@ -144,3 +144,12 @@ def coordinator_main(job: Job, transport: GlooTransport, layout: SandblasterLayo
     log.log("sandblaster_stats", **stats)
     write_result(job, model.state_dict(), train_samples=coord.samples, steps=iterations,
                  stats=stats)
+
+
+SPEC = StrategySpec(
+    "sandblaster", "Sandblaster L-BFGS: a coordinator hands batch portions to workers; "
+    "shards hold parameters and history", run, process_main, world_size, check_config,
+    supports=frozenset({"kill_worker"}),
+    options=("portions", "history", "line_search", "static_portions"),
+    default_lr=1.0,  # L-BFGS's natural step is 1 (--lr scales it)
+    full_batch=True)

@@ -18,8 +18,10 @@ from phalanx.parallel.base import (
     evaluate,
 )
 from phalanx.parallel.divergence import check_loss
+from phalanx.parallel.spec import StrategySpec
 from phalanx.rules import apply_updates, make_rule, state_tensors
 from phalanx.runtime.checkpoint import save_checkpoint
+from phalanx.runtime.placement import DeviceSupport
 
 LOG_EVERY = 10  # steps between "train" events; evaluation is logged per epoch
 
@@ -95,3 +97,8 @@ def _checkpoint(job: Job, model: nn.Module, state, step: int) -> None:
         "model": {k: v.cpu() for k, v in model.state_dict().items()},
         "rule_state": [t.cpu() for t in state_tensors(state)],
     })
+
+
+SPEC = StrategySpec(
+    "single", "one worker: the baseline every strategy is compared against", run,
+    device=DeviceSupport(nccl=False), fixed_workers=1)

@@ -51,10 +51,18 @@ from phalanx.parallel.dp_checkpoint import (
     spawn_workers,
 )
 from phalanx.parallel.dp_checkpoint import check_resume as _check_resume
+from phalanx.parallel.spec import StrategySpec
 from phalanx.rules import apply_updates, make_rule
-from phalanx.runtime.placement import CPU, Placement, setup_rank, spawn_backend
+from phalanx.runtime.placement import (
+    CPU,
+    DeviceSupport,
+    Placement,
+    setup_rank,
+    spawn_backend,
+)
 
 LOG_EVERY = 10  # steps between "train" events
+DEVICE = DeviceSupport()  # collectives between known peers: NCCL where each rank has a GPU
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -67,7 +75,7 @@ def run(job: Job, log: EventLog) -> Outcome:
     if job.config.resume:
         check_resume(job.config)
     spawn_workers(job, process_main, world_size(job.config),
-                  backend=spawn_backend(job.config, world_size(job.config)))
+                  backend=spawn_backend(job.config, world_size(job.config), DEVICE))
     return read_result(job)
 
 
@@ -77,7 +85,7 @@ def check_resume(cfg: RunConfig) -> None:
 
 
 def can_restart(cfg: RunConfig) -> bool:
-    """For ``torchrun_entry`` on a restarted attempt: is there a checkpoint to resume?"""
+    """For ``phalanx.entry.torchrun`` on a restarted attempt: is there a checkpoint to resume?"""
     return has_checkpoint(cfg)
 
 
@@ -196,7 +204,7 @@ def open_log(job: Job, rank: int) -> EventLog:
 
 def process_main(rank: int, world: int, job: Job) -> None:
     """One worker; runs inside an initialised process group (spawn or torchrun)."""
-    place = setup_rank(job.config, rank, world, data_bytes=train_bytes(job))
+    place = setup_rank(job.config, rank, world, DEVICE, data_bytes=train_bytes(job))
     with open_log(job, rank) as log:
         train_worker(WorkerContext(job, rank, world, log, time.perf_counter(), place))
 
@@ -312,3 +320,11 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
         write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
                      stats=stats)
     return model
+
+
+SPEC = StrategySpec(
+    "sync", "synchronous data parallel: gradients allreduced bucket by bucket (ring, native, "
+    "main)", run, process_main, world_size, check=check_checkpointing,
+    check_resume=check_resume, can_restart=can_restart,
+    supports=frozenset({"kill_worker", "compress", "powersgd"}),
+    options=("bucket_mb",), shards_by="workers", device=DEVICE)

@@ -8,6 +8,7 @@ prepended on a parameter server.
 
 from __future__ import annotations
 
+from phalanx.errors import ConfigError
 from phalanx.rules.base import (
     ChainState,
     EmptyState,
@@ -104,7 +105,5 @@ def make_rule(cfg, total_steps: int = 0, *, prefix: tuple[UpdateRule, ...] = ())
     elif cfg.rule == "adam":
         rule = adam(lr, wd)
     else:
-        from phalanx.errors import ConfigError
-
         raise ConfigError(f"--rule: {cfg.rule!r} is not one of {', '.join(RULES)}")
     return chain(*prefix, rule) if prefix else rule

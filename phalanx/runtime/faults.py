@@ -111,23 +111,21 @@ class MessageDropper:
         return True
 
 
-PS_STRATEGIES = ("bsp", "asp", "ssp", "softsync", "downpour", "dc-asgd")
-# which strategies honour each fault flag (a flag a strategy would ignore is an error);
-# a strategy that learns to honour --kill-worker adds itself here
-HONOURED_BY: dict[str, tuple[str, ...]] = {
-    "kill_worker": (*PS_STRATEGIES, "sync", "average", "sandblaster"),
-    "kill_server": PS_STRATEGIES,
-    "drop_messages": PS_STRATEGIES,
-}
+FAULT_FLAGS = ("kill_worker", "kill_server", "drop_messages")
 
 
-def check_fault_flags(cfg: Any) -> None:
-    """Validate the fault-injection fields of a RunConfig (one-line ConfigError)."""
-    for name, strategies in HONOURED_BY.items():
+def check_fault_flags(cfg: Any, honoured_by: dict[str, tuple[str, ...]], ranks: int,
+                      flags: str) -> None:
+    """Validate the fault-injection fields of a RunConfig (one-line ConfigError).
+
+    ``honoured_by``: flag -> the strategies that honour it (their specs say so; a flag the
+    chosen strategy would ignore is an error); ``ranks``: how many computing ranks the run
+    has, and ``flags`` the flags that say so."""
+    for name in FAULT_FLAGS:
+        strategies = honoured_by.get(name, ())
         if getattr(cfg, name) and cfg.strategy not in strategies:
             raise ConfigError(f"--{name.replace('_', '-')}: not supported by --strategy "
                               f"{cfg.strategy} (only {', '.join(strategies)})")
-    ranks, flags = cfg.compute_ranks()
     for k in parse_kills(cfg.kill_worker, "--kill-worker"):
         if k.rank >= ranks:
             raise ConfigError(f"--kill-worker: worker {k.rank} does not exist with {flags}")

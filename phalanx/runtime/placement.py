@@ -30,10 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
+from phalanx.config import BACKENDS, DATA_ON_DEVICE, parse_device
 from phalanx.errors import ConfigError
 
-BACKENDS = ("auto", "nccl", "gloo")
-DATA_ON_DEVICE = ("auto", "yes", "no")
 NCCL_WITH_HOST = "cpu:gloo,cuda:nccl"  # device-specific backends of one group
 
 
@@ -51,26 +50,6 @@ class DeviceSupport:
     reason: str = ""
     host_servers: bool = False  # the first --servers ranks are CPU parameter-server shards
     one_device: bool = False  # every rank computes on one shared model: all on one GPU
-
-
-# strategy -> its device support (issue 13's StrategySpec will hold this per strategy)
-SUPPORT: dict[str, DeviceSupport] = {
-    "single": DeviceSupport(nccl=False),
-    "sync": DeviceSupport(),
-    "average": DeviceSupport(),
-    **{name: DeviceSupport(nccl=False, host_servers=True)
-       for name in ("bsp", "asp", "ssp", "softsync", "downpour", "dc-asgd")},
-    "hogwild": DeviceSupport(nccl=False, one_device=True),
-    "model-parallel": DeviceSupport(),
-    "pipeline": DeviceSupport(),
-    "hybrid": DeviceSupport(),
-}
-
-
-
-def support(strategy: str) -> DeviceSupport:
-    return SUPPORT.get(strategy, DeviceSupport(cuda=False, nccl=False,
-                                               reason="it has no CUDA path yet"))
 
 
 @dataclass(frozen=True)
@@ -98,18 +77,6 @@ class Placement:
 
 
 CPU = Placement("cpu", "gloo", False, False, 1, False)  # a rank set up by no one (tests)
-
-
-def parse_device(device: str) -> tuple[str, int | None]:
-    """``"cpu"`` -> (cpu, None); ``"cuda"`` -> (cuda, None); ``"cuda:K"`` -> (cuda, K)."""
-    kind, sep, index = device.partition(":")
-    if kind == "cpu" and not sep:
-        return "cpu", None
-    if kind == "cuda" and not sep:
-        return "cuda", None
-    if kind == "cuda" and index.isdigit():
-        return "cuda", int(index)
-    raise ConfigError(f"--device: {device!r} is not one of cpu, cuda, cuda:K")
 
 
 def check_device(device: str, device_count: int) -> None:
@@ -207,7 +174,8 @@ def local_position(rank: int, world: int) -> tuple[int, int]:
     return rank, world
 
 
-def plan_for(cfg, rank: int, world: int, *, compute_rank: int | None = None,
+def plan_for(cfg, rank: int, world: int, support: DeviceSupport, *,
+             compute_rank: int | None = None,
              compute_ranks: int | None = None, on_cpu: bool = False,
              data_bytes: int = 0) -> Placement:
     """:func:`plan` for rank ``rank`` of ``world`` under ``cfg`` on this machine."""
@@ -219,7 +187,7 @@ def plan_for(cfg, rank: int, world: int, *, compute_rank: int | None = None,
     if n_gpu and data_bytes and not on_cpu:
         kind, index = parse_device(cfg.device)
         gpu = index if index is not None else compute_rank % n_gpu
-        if support(cfg.strategy).one_device:
+        if support.one_device:
             gpu = index or 0
         total = torch.cuda.get_device_properties(gpu).total_memory
         share = ranks if index is not None else -(-ranks // n_gpu)
@@ -227,14 +195,15 @@ def plan_for(cfg, rank: int, world: int, *, compute_rank: int | None = None,
     return plan(cfg.device, cfg.backend, cfg.worker_threads, cfg.data_on_device,
                 compute_rank=compute_rank, compute_ranks=ranks, processes=local_world,
                 device_count=n_gpu,
-                cores=cores(), strategy_support=support(cfg.strategy), on_cpu=on_cpu,
+                cores=cores(), strategy_support=support, on_cpu=on_cpu,
                 data_fits=fits)
 
 
-def setup_rank(cfg, rank: int, world: int, **kwargs) -> Placement:
+def setup_rank(cfg, rank: int, world: int, support: DeviceSupport, **kwargs) -> Placement:
     """Decide this process's placement and apply it: its intra-op threads and its current
-    CUDA device. Every strategy's worker calls this before building anything."""
-    p = plan_for(cfg, rank, world, **kwargs)
+    CUDA device. Every strategy's worker calls this before building anything (``support``:
+    its strategy's :class:`DeviceSupport`, from its spec)."""
+    p = plan_for(cfg, rank, world, support, **kwargs)
     import torch.distributed as dist
 
     if dist.is_initialized() and "nccl" not in str(dist.get_backend_config()) and p.uses_nccl:
@@ -247,23 +216,23 @@ def setup_rank(cfg, rank: int, world: int, **kwargs) -> Placement:
     return p
 
 
-def check_run(cfg, world: int) -> str:
+def check_run(cfg, world: int, support: DeviceSupport) -> str:
     """In the driver, before any process starts: the flags can be served on this machine
     (one line otherwise). Returns the backend the process group is opened with."""
     kind, _ = parse_device(cfg.device)
-    sup = support(cfg.strategy)
-    if kind == "cuda" and not sup.cuda:
+    if kind == "cuda" and not support.cuda:
         raise ConfigError(f"--device {cfg.device}: --strategy {cfg.strategy} cannot run on "
-                          f"CUDA: {sup.reason}")
+                          f"CUDA: {support.reason}")
     # rank 0's plan carries every check (the backend is the same for every rank)
-    return plan_for(cfg, 0, world, compute_ranks=compute_world(cfg, world)).backend
+    return plan_for(cfg, 0, world, support,
+                    compute_ranks=compute_world(cfg, world, support)).backend
 
 
-def spawn_backend(cfg, world: int) -> str:
+def spawn_backend(cfg, world: int, support: DeviceSupport) -> str:
     """The backend a locally spawned group of ``world`` ranks is opened with."""
-    return check_run(cfg, world)
+    return check_run(cfg, world, support)
 
 
-def compute_world(cfg, world: int) -> int:
+def compute_world(cfg, world: int, support: DeviceSupport) -> int:
     """How many ranks hold a model (all but the parameter-server shards)."""
-    return world - cfg.servers if support(cfg.strategy).host_servers else world
+    return world - cfg.servers if support.host_servers else world

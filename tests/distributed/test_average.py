@@ -7,9 +7,9 @@ import json
 import time
 from pathlib import Path
 
-from phalanx.api import make_job
 from phalanx.config import RunConfig
 from phalanx.data import load_data
+from phalanx.entry.api import make_job
 from phalanx.parallel import model_averaging, sync_dp
 from phalanx.parallel.base import Job, read_result
 from phalanx.runtime.launch import spawn

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from phalanx.api import make_job
 from phalanx.comm.bucketing import assign_buckets
 from phalanx.comm.compress import parse_compress
 from phalanx.comm.exchange import mean_bytes
 from phalanx.config import RunConfig
 from phalanx.data import load_data
+from phalanx.entry.api import make_job
 from phalanx.parallel import model_averaging, sync_dp
 from phalanx.parallel.base import Job, read_result
 from phalanx.runtime.launch import spawn

@@ -15,8 +15,8 @@ import pytest
 import torch.distributed as dist
 
 import phalanx
-from phalanx.api import make_job
 from phalanx.config import RunConfig
+from phalanx.entry.api import make_job
 from phalanx.errors import PhalanxError
 from phalanx.parallel import ps
 from phalanx.parallel.base import Job, evaluate, read_result

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.api import make_job
 from phalanx.config import RunConfig
+from phalanx.entry.api import make_job
 from phalanx.models import build_model
 from phalanx.parallel.equivalence import max_state_diff, reference_training
 

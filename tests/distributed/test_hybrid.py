@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import phalanx
-from phalanx.api import make_job
 from phalanx.config import RunConfig
+from phalanx.entry.api import make_job
 from phalanx.parallel.equivalence import logged_losses, max_state_diff, reference_training
 
 STEPS = 20

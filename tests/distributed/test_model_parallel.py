@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import phalanx
-from phalanx.api import make_job
 from phalanx.config import RunConfig
+from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
 from phalanx.parallel.equivalence import logged_losses, max_state_diff, reference_training
 
@@ -46,7 +46,6 @@ def test_layer_parallel_equals_single_process(tmp_path, workers):
 
 
 def test_more_stages_than_layers_is_a_config_error(tmp_path):
-
     opts = _opts(tmp_path, strategy="model-parallel", workers=7, max_steps=2)
     with pytest.raises(ConfigError, match="7 stages but the model has only 6"):
         phalanx.train(**opts)

@@ -17,9 +17,9 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel
 
-from phalanx.api import make_job
 from phalanx.config import RunConfig
 from phalanx.data import load_data
+from phalanx.entry.api import make_job
 from phalanx.parallel import sync_dp
 from phalanx.parallel.base import Job, read_result
 from phalanx.runtime.launch import spawn

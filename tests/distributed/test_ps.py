@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 import phalanx
-from phalanx.api import make_job
 from phalanx.comm.transport import GlooTransport
 from phalanx.comm.wire import Header, Kind
 from phalanx.config import RunConfig
+from phalanx.entry.api import make_job
 from phalanx.parallel import ps
 from phalanx.parallel.base import Job, read_result
 from phalanx.ps.client import PSClient
@@ -153,7 +153,7 @@ def test_silent_worker_ends_the_run_with_a_clear_error_under_stop(tmp_path):
 def test_torchrun_on_localhost(tmp_path):
     torchrun = Path(sys.executable).parent / "torchrun"
     cmd = [str(torchrun), "--standalone", "--nproc-per-node", "3", "-m",
-           "phalanx.runtime.torchrun_entry", "--strategy", "asp", "--workers", "2",
+           "phalanx.entry.torchrun", "--strategy", "asp", "--workers", "2",
            "--servers", "1", "--model", "mlp", "--data", "synthetic", "--max-steps", "20",
            "--batch-size", "32", "--lr", "0.1", "--no-progress", "--no-tensorboard",
            "--out", str(tmp_path)]

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from phalanx.api import make_job, train
 from phalanx.cli import main
 from phalanx.comm.wire import HEADER_BYTES
 from phalanx.config import RunConfig
 from phalanx.data.idx import write_idx
+from phalanx.entry.api import make_job, train
 from phalanx.parallel import sandblaster
 from phalanx.parallel.base import Job, Outcome, read_result
 from phalanx.ps.vector_lbfgs import GradientDots

@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from phalanx.api import make_job
 from phalanx.config import RunConfig
 from phalanx.data import load_data
+from phalanx.entry.api import make_job
 from phalanx.parallel import sync_dp
 from phalanx.parallel.base import Job, read_result
 from phalanx.runtime.launch import spawn

@@ -82,8 +82,8 @@ def test_resume_with_another_out_is_refused(tmp_path, capsys):
 
 
 def test_two_runs_into_one_folder_at_once_are_refused(tmp_path):
+    from phalanx.entry.paths import hold_run_dir, prepare_run_dir
     from phalanx.errors import ConfigError
-    from phalanx.paths import hold_run_dir, prepare_run_dir
 
     lock = hold_run_dir(tmp_path / "run")  # as a running `phalanx train` holds it
     with pytest.raises(ConfigError, match="another phalanx run is writing"):

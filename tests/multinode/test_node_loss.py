@@ -31,7 +31,7 @@ from phalanx.runtime.checkpoint import load_checkpoint
 from phalanx.runtime.hosts import TestNetwork, start_torchrun, unavailable
 
 ELASTIC = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-ENTRY = ["-m", "phalanx.runtime.torchrun_entry"]
+ENTRY = ["-m", "phalanx.entry.torchrun"]
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +81,8 @@ def _lose_host_and_replace(tmp_path: Path, values: dict, when, *, replace: bool,
             # the surviving workers end; torchrun's agent then waits in its exit barrier for
             # the lost node's agent (torchrun's own 300 s), which teardown ends
             _wait(lambda: not [p for p in net.hosts[0].processes()
-                               if "torchrun_entry" in p and "torch.distributed.run" not in p],
+                               if "phalanx.entry.torchrun" in p
+                               and "torch.distributed.run" not in p],
                   60, "the surviving workers to exit")
         log0 = (tmp_path / "logs" / "host0.log").read_text()
         return run_dir, [procs[0].poll(), log0], time.monotonic() - killed_at

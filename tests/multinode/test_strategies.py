@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from common import BASE, flags, run_group
 
-from phalanx.api import make_job
 from phalanx.config import RunConfig
+from phalanx.entry.api import make_job
 from phalanx.parallel.base import evaluate
 from phalanx.parallel.equivalence import max_state_diff, reference_training
 from phalanx.runtime.checkpoint import load_checkpoint
@@ -123,7 +123,7 @@ def test_gloo_binds_the_host_address_and_loopback_on_one_host(runs) -> None:
 
 def test_hogwild_under_torchrun_is_a_one_line_error(tmp_path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "1", "-m", "phalanx.runtime.torchrun_entry",
+           "1", "-m", "phalanx.entry.torchrun",
            *flags({**BASE, "strategy": "hogwild", "workers": 2, "out": str(tmp_path)})]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0

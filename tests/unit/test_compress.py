@@ -23,6 +23,7 @@ from phalanx.comm.exchange import Compression
 from phalanx.comm.powersgd import orthogonalize_
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
+from phalanx.parallel.registry import check_config
 
 CODECS = ["none", "fp16", "bf16", "int8", "topk:0.01", "topk:0.3", "randk:0.05", "randk:1"]
 
@@ -56,9 +57,9 @@ def test_bad_specs(bad: str) -> None:
 ])
 def test_bad_config(kw: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        RunConfig(**kw).validate()
-    RunConfig(**{**kw, "compress": "none", "outer_rule": "", "outer_lr": 1.0,
-                 "outer_momentum": 0.9}).validate()  # the rest of it is fine
+        check_config(RunConfig(**kw))
+    check_config(RunConfig(**{**kw, "compress": "none", "outer_rule": "", "outer_lr": 1.0,
+                              "outer_momentum": 0.9}))  # the rest of it is fine
 
 
 @pytest.mark.parametrize("flags", [["--compress", "topk:0"],

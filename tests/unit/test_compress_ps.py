@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from phalanx.api import make_job
 from phalanx.comm.compress import make_codec, parse_compress
 from phalanx.comm.exchange import Compression, pull_deltas_for
 from phalanx.comm.transport import InProcNetwork
 from phalanx.comm.wire import HEADER_BYTES, Header, Kind
 from phalanx.config import RunConfig
+from phalanx.entry.api import make_job
 from phalanx.parallel.ps import make_shard
 from phalanx.ps.client import PSClient
 from phalanx.ps.partition import flat_dense, partition, trainable

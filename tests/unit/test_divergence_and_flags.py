@@ -4,9 +4,9 @@ strategy would ignore is refused, not dropped (issue 18, 'Also')."""
 import pytest
 import torch
 
-from phalanx import api
 from phalanx.cli import main
 from phalanx.config import RunConfig
+from phalanx.entry import api
 from phalanx.parallel.divergence import Diverged, check_parameters
 
 

@@ -5,16 +5,16 @@ checked here without a GPU. The CLI's one-line errors are checked in tests/e2e."
 import pytest
 
 from phalanx.errors import ConfigError
+from phalanx.parallel.registry import STRATEGIES, spec
 from phalanx.runtime.placement import (
     NCCL_WITH_HOST,
     DeviceSupport,
     data_fits,
     parse_device,
     plan,
-    support,
 )
 
-PS = support("asp")
+PS = spec("asp").device
 
 
 def test_cpu_threads_share_the_cores():
@@ -102,10 +102,8 @@ def test_data_on_device():
 
 
 def test_every_strategy_declares_its_device_support():
-    from phalanx.config import STRATEGIES
-
     for name in STRATEGIES:
-        s = support(name)
+        s = spec(name).device
         assert s.cuda or s.reason, name  # a CUDA path, or one line saying why not
-    assert not support("unknown").cuda
+    assert not spec("sandblaster").device.cuda
     assert DeviceSupport().nccl

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from phalanx.api import make_job
 from phalanx.cli import main
 from phalanx.comm.wire import Header, Kind
 from phalanx.config import RunConfig
+from phalanx.entry.api import make_job
 from phalanx.parallel.ps import make_shard
 from phalanx.ps.checkpoint import read_shard, restore_shard, save_shard, shard_path
 from phalanx.runtime.checkpoint import CheckpointError

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from phalanx.api import make_job
 from phalanx.comm.transport import InProcNetwork
 from phalanx.config import RunConfig
 from phalanx.data import epoch_batches
+from phalanx.entry.api import make_job
 from phalanx.errors import PhalanxError
 from phalanx.metrics import EventLog
 from phalanx.parallel import single

@@ -10,6 +10,7 @@ import phalanx
 from phalanx.config import RunConfig
 from phalanx.data import epoch_batches, load_data
 from phalanx.errors import ConfigError
+from phalanx.parallel.registry import check_config
 from phalanx.runtime.checkpoint import load_checkpoint
 
 
@@ -106,7 +107,7 @@ def test_bad_options_are_config_errors(tmp_path):
 
 def test_config_validation_messages():
     with pytest.raises(ConfigError, match="--slow-workers: rank 3 does not exist"):
-        RunConfig(workers=2, slow_workers={3: 2.0}).validate()
+        check_config(RunConfig(workers=2, slow_workers={3: 2.0}))
     with pytest.raises(ConfigError, match="--softsync"):
         RunConfig(workers=2, softsync=3).validate()
     with pytest.raises(ConfigError, match="is not a valid int"):
@@ -118,10 +119,10 @@ def test_config_validation_messages():
 
 
 def test_slow_worker_ranks_follow_the_strategy_world():
-    RunConfig(strategy="hybrid", stages=2, replicas=2, slow_workers={3: 2.0}).validate()
-    RunConfig(strategy="pipeline", stages=3, slow_workers={2: 2.0}).validate()
+    check_config(RunConfig(strategy="hybrid", stages=2, replicas=2, slow_workers={3: 2.0}))
+    check_config(RunConfig(strategy="pipeline", stages=3, slow_workers={2: 2.0}))
     with pytest.raises(ConfigError, match="rank 4 does not exist with --stages 2 x --replicas 2"):
-        RunConfig(strategy="hybrid", stages=2, replicas=2, slow_workers={4: 2.0}).validate()
+        check_config(RunConfig(strategy="hybrid", stages=2, replicas=2, slow_workers={4: 2.0}))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's message")

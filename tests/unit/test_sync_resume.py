@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from phalanx.api import make_job
 from phalanx.config import RunConfig
 from phalanx.data import load_data
+from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
 from phalanx.parallel import model_averaging, sync_dp
 from phalanx.parallel.base import Job

@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from phalanx import api
-from phalanx.config import STRATEGIES
 from phalanx.data import Dataset, epoch_batches
+from phalanx.entry import api
 from phalanx.errors import ConfigError, DataError
+from phalanx.parallel.registry import NAMES as STRATEGIES
 
 EXTRA = {"pipeline": {"stages": 2, "microbatches": 1}, "hybrid": {"stages": 2},
          "model-parallel": {"workers": 2}}

@@ -1,16 +1,17 @@
 """Run any multi-process strategy under ``torchrun`` (one or several machines):
 
-    torchrun --nproc-per-node 4 -m phalanx.runtime.torchrun_entry \\
+    torchrun --nproc-per-node 4 -m phalanx.entry.torchrun \\
         --strategy asp --workers 3 --servers 1 --model lenet5 --out runs/x
 
-Takes the same flags as ``phalanx train``. A multi-process strategy module exposes
-``world_size(cfg) -> int`` and ``process_main(rank, world, job)``; torchrun's
-``--nproc-per-node x --nnodes`` must equal ``world_size(cfg)``. Rank 0 writes
-``summary.json`` like ``phalanx train`` does.
+Takes the same flags as ``phalanx train``. A strategy whose spec has a ``process_main``
+runs here; torchrun's ``--nproc-per-node x --nnodes`` must equal its ``world_size(cfg)``.
+Rank 0 writes ``summary.json`` through the same code as ``phalanx train``
+(:func:`phalanx.entry.api.finish_run`).
 
 Restarts (``torchrun --max-restarts N``): when a process dies torchrun stops the group and
 starts it again (``TORCHELASTIC_RESTART_COUNT`` > 0). Injected faults (``--kill-worker``,
-``--kill-server``) belong to the first attempt only; a strategy with ``can_restart(cfg)``
+``--kill-server``) belong to the first attempt only; a strategy whose
+spec's ``can_restart(cfg)``
 (sync, average, the parameter server) continues from its checkpoints in ``--out`` when it
 has them. A replacement machine's agent starts at attempt 0: the group runs as the highest
 attempt among its ranks. ``--resume DIR`` resumes a failed run by hand.
@@ -31,43 +32,41 @@ import time
 import torch
 import torch.distributed as dist
 
+from phalanx.config import RunConfig
+from phalanx.entry.api import finish_run, make_job
+from phalanx.entry.flags import _Parser, add_run_config_flags, config_from_args
+from phalanx.entry.resume import resume_config
 from phalanx.errors import PhalanxError
+from phalanx.metrics import EventLog
+from phalanx.parallel.base import read_result
+from phalanx.parallel.registry import spec
+from phalanx.parallel.spec import StrategySpec
 from phalanx.runtime import groupstore, netif, nodes
 from phalanx.runtime.launch import DEFAULT_TIMEOUT_S
 
 
-def _restarted(module, cfg, attempt: int):
+def _restarted(strategy: StrategySpec, cfg: RunConfig, attempt: int) -> RunConfig:
     """The configuration of a group torchrun started again after a process (or a machine)
     was lost."""
     cfg = dataclasses.replace(cfg, kill_worker="", kill_server="")
-    if hasattr(module, "can_restart") and module.can_restart(cfg):
+    if strategy.can_restart is not None and strategy.can_restart(cfg):
         cfg.resume = cfg.out
     return cfg
 
 
-def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
-    from phalanx.api import make_job
-    from phalanx.metrics import EventLog
-    from phalanx.parallel import strategy_module
-    from phalanx.parallel.base import evaluate, read_result
-
+def _main(rank: int, world: int, cfg: RunConfig, t0: float, attempt: int) -> None:
     if cfg.resume and attempt == 0:  # --resume DIR: DIR's config and checkpoints (checked)
-        from phalanx.runtime.resume import resume_config
-
         cfg = resume_config(cfg)
-    module = strategy_module(cfg.strategy)
-    if not hasattr(module, "process_main"):
-        if hasattr(module, "world_size"):  # several processes, but no network path (Hogwild!)
-            raise PhalanxError(f"--strategy {cfg.strategy}: single-host only (its worker "
-                               "processes share one model in shared memory); run it with "
-                               "phalanx train")
-        raise PhalanxError(f"--strategy {cfg.strategy}: runs in one process; use phalanx train")
-    expected = module.world_size(cfg)
+    strategy = spec(cfg.strategy)
+    if strategy.process_main is None:
+        raise PhalanxError(f"--strategy {cfg.strategy}: "
+                           + (strategy.local_only or "runs in one process; use phalanx train"))
+    expected = strategy.world_size(cfg)
     if world != expected:
         raise PhalanxError(f"torchrun started {world} processes but --strategy {cfg.strategy} "
                            f"with these flags needs {expected}")
     if attempt > 0:
-        cfg = _restarted(module, cfg, attempt)
+        cfg = _restarted(strategy, cfg, attempt)
     job = make_job(cfg)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0 and attempt == 0 and not cfg.resume:
@@ -78,7 +77,7 @@ def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
         sys.stderr.write(f"phalanx: torchrun restart {attempt}: "
                          + ("resuming from the checkpoint in " + cfg.out if cfg.resume
                             else "no checkpoint yet, starting over") + "\n")
-    module.process_main(rank, world, job)
+    strategy.process_main(rank, world, job)
     try:
         dist.barrier()  # sync point: every rank's part of the result is on disk
     except RuntimeError as e:
@@ -90,17 +89,10 @@ def _main(rank: int, world: int, cfg, t0: float, attempt: int) -> None:
             return
     if rank == 0:
         outcome = read_result(job)
-        wall = time.perf_counter() - t0
-        loss, acc = evaluate(outcome.model, job.test)
-        summary = {"strategy": cfg.strategy, "model": cfg.model, "data": cfg.data,
-                   "workers": cfg.workers, "test_accuracy": acc, "test_loss": loss,
-                   "train_samples": outcome.train_samples, "steps": outcome.steps,
-                   "wall_s": wall, "samples_per_s": outcome.train_samples / wall,
-                   "launcher": "torchrun", **outcome.stats}
         with EventLog(job.run_dir / "events.jsonl", rank=-1, role="driver") as log:
-            log.log("summary", **summary)
-        (job.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"test_accuracy {acc:.4f} -> {job.run_dir}")
+            summary = finish_run(job, outcome, time.perf_counter() - t0, log,
+                                 launcher="torchrun")
+        print(f"test_accuracy {summary['test_accuracy']:.4f} -> {job.run_dir}")
 
 
 def _run_attempt(fn, args: tuple, attempt: int, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -141,9 +133,7 @@ def _run_attempt(fn, args: tuple, attempt: int, timeout_s: float = DEFAULT_TIMEO
 
 
 def main(argv: list[str] | None = None) -> int:
-    from phalanx.cli import _Parser, add_run_config_flags, config_from_args
-
-    parser = _Parser(prog="phalanx.runtime.torchrun_entry")
+    parser = _Parser(prog="phalanx.entry.torchrun")
     add_run_config_flags(parser)
     parser.add_argument("--iface", default="",
                         help="network interface gloo binds (default: the one that routes to "

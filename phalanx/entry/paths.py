@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from phalanx.errors import ConfigError
+from phalanx.parallel.registry import spec
 
 SYSTEM_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
 # what a training run writes in its folder (names or fnmatch patterns); --overwrite removes
@@ -130,10 +131,8 @@ def resume_hint(cfg: Any) -> str:
     """What to tell a user whose run was interrupted (empty when nothing can resume it)."""
     if not cfg.checkpoint_every:
         return ""
-    from phalanx.parallel import strategy_module
-
     try:
-        can_resume = hasattr(strategy_module(cfg.strategy), "check_resume")
+        can_resume = spec(cfg.strategy).can_resume
     except ConfigError:
         return ""
     folder = cfg.resume or cfg.out

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from phalanx.config import RunConfig, read_config_text
 from phalanx.errors import ConfigError
+from phalanx.parallel.registry import NAMES, check_config, spec
 
 
 def resume_config(cfg: RunConfig) -> RunConfig:
@@ -33,12 +34,11 @@ def resume_config(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"--resume: {path}: not a mapping of setting -> value")
     values.update(resume=str(run_dir), out=str(run_dir), kill_worker="", kill_server="",
                   overwrite=False)
-    resumed = RunConfig.from_mapping(values, source=f"--resume {path}").validate()
-    from phalanx.parallel import strategy_module
-
-    module = strategy_module(resumed.strategy)
-    if not hasattr(module, "check_resume"):
+    resumed = check_config(RunConfig.from_mapping(values, source=f"--resume {path}"))
+    strategy = spec(resumed.strategy)
+    if strategy.check_resume is None:
+        able = [n for n in NAMES if spec(n).can_resume]
         raise ConfigError(f"--resume: --strategy {resumed.strategy} cannot resume a run "
-                          "(the parameter-server strategies, sync and average can)")
-    module.check_resume(resumed)
+                          f"(only {', '.join(able)} can)")
+    strategy.check_resume(resumed)
     return resumed

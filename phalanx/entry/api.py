@@ -16,15 +16,17 @@ from torch import nn
 
 from phalanx.config import RunConfig
 from phalanx.data import Dataset, load_data
+from phalanx.entry.paths import check_resume_out, hold_run_dir, prepare_run_dir
+from phalanx.entry.preflight import check_job_data
+from phalanx.entry.resume import resume_config
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog, read_events
 from phalanx.metrics.events import finite_or_none
 from phalanx.models import build_model, count_parameters
-from phalanx.parallel import strategy_module
-from phalanx.parallel.base import Job, evaluate
+from phalanx.parallel.base import Job, Outcome, evaluate
 from phalanx.parallel.divergence import check_parameters, diverged
-from phalanx.paths import check_resume_out, hold_run_dir, prepare_run_dir
-from phalanx.preflight import check_job_data
+from phalanx.parallel.registry import check_config, spec
+from phalanx.parallel.spec import StrategySpec
 from phalanx.runtime.placement import check_run
 
 
@@ -75,18 +77,16 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         cfg = RunConfig.from_mapping(values, source="phalanx.train")
     else:
         cfg = config
-    cfg.validate()
+    check_config(cfg)  # each setting, then against the strategy's spec
     if cfg.resume:
         check_resume_out(cfg)
-        from phalanx.runtime.resume import resume_config
-
         cfg = resume_config(cfg)  # DIR/config.json; checkpoints checked before anything runs
+    strategy = spec(cfg.strategy)
     # device, index, backend and strategy checked against this machine, before any data
     # is read or any process starts (phalanx.runtime.placement decides per rank later)
-    module = strategy_module(cfg.strategy)
-    check_run(cfg, module.world_size(cfg) if hasattr(module, "world_size") else 1)
+    check_run(cfg, strategy.world_size(cfg), strategy.device)
     job = make_job(cfg, model, data if isinstance(data, tuple) else None)
-    check_job_data(job)  # no strategy may loop over empty epochs (phalanx.preflight)
+    check_job_data(job)  # no strategy may loop over empty epochs (phalanx.entry.preflight)
     # empty, cleared by --overwrite, or resumed: never two runs mixed in one folder
     lock = hold_run_dir(job.run_dir)  # one run writes in a folder at a time (closed below)
     out = prepare_run_dir(job.run_dir, overwrite=cfg.overwrite, resume=bool(cfg.resume))
@@ -100,37 +100,50 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         # over the cores (measured: 2 threads on a busy 2-core box ran 15x slower than 1)
         torch.set_num_threads(cfg.threads)
     try:
-        return _run(cfg, job, module, out, events_path, tb_dir)
+        return _run(cfg, job, strategy, out, events_path, tb_dir)
     finally:
         torch.set_num_threads(threads_before)
         lock.close()
 
 
-def _run(cfg: RunConfig, job: Job, module, out: Path, events_path: Path,
+def _run(cfg: RunConfig, job: Job, strategy: StrategySpec, out: Path, events_path: Path,
          tb_dir: Path | None) -> RunResult:
     t0 = time.perf_counter()
     with EventLog(events_path, rank=-1, role="driver", tensorboard_dir=tb_dir) as log:
         log.log("start", strategy=cfg.strategy, workers=cfg.workers, model=cfg.model,
                 data=cfg.data, parameters=count_parameters(job.model_fn()))
-        outcome = module.run(job, log)
-        wall = time.perf_counter() - t0
-        check_parameters(cfg, outcome.model.parameters())  # every strategy, before a summary
-        test_loss, test_acc = evaluate(outcome.model, job.test)
-        if not math.isfinite(test_loss):
-            raise diverged(cfg, f"the test loss of the trained model is {test_loss}")
-        summary: dict[str, Any] = {
-            "strategy": cfg.strategy,
-            "model": cfg.model,
-            "data": cfg.data,
-            "workers": cfg.workers,
-            "test_accuracy": test_acc,
-            "test_loss": test_loss,
-            "train_samples": outcome.train_samples,
-            "steps": outcome.steps,
-            "wall_s": wall,
-            "samples_per_s": outcome.train_samples / wall if wall > 0 else 0.0,
-            **outcome.stats,
-        }
-        log.log("summary", **summary)
-    (out / "summary.json").write_text(json.dumps(finite_or_none(summary), indent=2) + "\n")
+        outcome = strategy.run(job, log)
+        summary = finish_run(job, outcome, time.perf_counter() - t0, log)
     return RunResult(summary, read_events(events_path), outcome.model, out)
+
+
+def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
+               **extra: Any) -> dict[str, Any]:
+    """The one place a run's summary is made and written (``phalanx train``, the API and
+    the ``torchrun`` entry): the trained model is checked for non-finite parameters and a
+    non-finite test loss (one line naming the run), evaluated, and the summary is logged as
+    a ``summary`` event and written to ``summary.json`` with any non-finite statistic as
+    null (strict JSON)."""
+    cfg = job.config
+    check_parameters(cfg, outcome.model.parameters())  # every strategy, before a summary
+    test_loss, test_acc = evaluate(outcome.model, job.test)
+    if not math.isfinite(test_loss):
+        raise diverged(cfg, f"the test loss of the trained model is {test_loss}")
+    summary: dict[str, Any] = {
+        "strategy": cfg.strategy,
+        "model": cfg.model,
+        "data": cfg.data,
+        "workers": cfg.workers,
+        "test_accuracy": test_acc,
+        "test_loss": test_loss,
+        "train_samples": outcome.train_samples,
+        "steps": outcome.steps,
+        "wall_s": wall,
+        "samples_per_s": outcome.train_samples / wall if wall > 0 else 0.0,
+        **extra,
+        **outcome.stats_dict(),
+    }
+    summary = finite_or_none(summary)
+    log.log("summary", **summary)
+    (job.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

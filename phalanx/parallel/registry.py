@@ -1,0 +1,122 @@
+"""Every strategy phalanx has, and the checks that read their specs.
+
+The one place a strategy is listed: adding one is its module (ending with a
+:class:`~phalanx.parallel.spec.StrategySpec`) plus one line in ``_SPECS`` below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from phalanx.comm.compress import check_compression
+from phalanx.config import RunConfig
+from phalanx.errors import ConfigError
+from phalanx.parallel import (
+    hogwild,
+    hybrid,
+    model_averaging,
+    model_parallel,
+    pipeline,
+    ps,
+    sandblaster,
+    single,
+    sync_dp,
+)
+from phalanx.parallel.spec import FEATURES, StrategySpec
+from phalanx.ps.consistency import MODELS, model_class
+from phalanx.runtime.faults import check_fault_flags
+
+_SPECS: tuple[StrategySpec, ...] = (
+    single.SPEC,
+    sync_dp.SPEC,
+    model_averaging.SPEC,
+    *ps.SPECS,
+    hogwild.SPEC,
+    model_parallel.SPEC,
+    pipeline.SPEC,
+    hybrid.SPEC,
+    sandblaster.SPEC,
+)
+
+STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in _SPECS}
+assert len(STRATEGIES) == len(_SPECS), "two strategies share a name"
+NAMES: tuple[str, ...] = tuple(STRATEGIES)
+
+
+def spec(name: str) -> StrategySpec:
+    """The spec of strategy ``name`` (one-line error listing the strategies otherwise)."""
+    found = STRATEGIES.get(name)
+    if found is None:
+        raise ConfigError(f"--strategy: {name!r} is not one of {', '.join(NAMES)}")
+    return found
+
+
+def honoured_by() -> dict[str, tuple[str, ...]]:
+    """feature -> the strategies whose specs declare it."""
+    return {f: tuple(s.name for s in _SPECS if f in s.supports) for f in sorted(FEATURES)}
+
+
+def option_owners() -> dict[str, tuple[str, ...]]:
+    """RunConfig setting -> the strategies that read it (settings every strategy reads
+    are not listed)."""
+    owners: dict[str, list[str]] = {}
+    for s in _SPECS:
+        for name in s.options:
+            owners.setdefault(name, []).append(s.name)
+    return {k: tuple(v) for k, v in owners.items()}
+
+
+def consistency_options() -> dict[str, tuple[str, ...]]:
+    """RunConfig setting -> the consistency models that read it."""
+    owners: dict[str, list[str]] = {}
+    for name, cls in MODELS.items():
+        for option in cls.options:
+            owners.setdefault(option, []).append(name)
+    return {k: tuple(v) for k, v in owners.items()}
+
+
+def check_config(cfg: RunConfig) -> RunConfig:
+    """Every check of a run configuration: each setting on its own
+    (:meth:`RunConfig.validate`), then against the strategy's spec — the ranks that
+    ``--slow-workers`` / ``--kill-worker`` name, the fault and compression flags it
+    honours, the consistency model, and the strategy's own ``check``. Returns ``cfg``."""
+    s = spec(cfg.strategy)
+    if cfg.lr is None and s.default_lr is not None:
+        cfg.lr = s.default_lr
+    cfg.validate()
+    ranks, flags = s.compute_ranks(cfg)
+    for rank in cfg.slow_workers:
+        if rank >= ranks:
+            raise ConfigError(f"--slow-workers: rank {rank} does not exist with {flags}")
+    by_feature = honoured_by()
+    check_fault_flags(cfg, by_feature, ranks, flags)
+    check_compression(cfg, by_feature)
+    if cfg.consistency:
+        model_class(cfg.consistency)  # a known model
+        if "consistency" not in s.preset:
+            raise s.refuse("consistency", "only the parameter-server strategies have a "
+                           "consistency model")
+    s.check(cfg)
+    return cfg
+
+
+def check_flags_apply(cfg: RunConfig) -> None:
+    """Refuse a setting that the chosen strategy would ignore (``phalanx train``): a
+    setting some strategies' specs list in ``options``, or one a consistency model reads,
+    at a non-default value with a strategy that does not read it."""
+    s = spec(cfg.strategy)
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name, strategies in option_owners().items():
+        if cfg.strategy not in strategies and getattr(cfg, name) != defaults[name]:
+            raise ConfigError(f"--{name.replace('_', '-')}: --strategy {cfg.strategy} does not "
+                              f"use it (only {', '.join(strategies)}); drop it")
+    model = cfg.consistency or s.preset.get("consistency")
+    for name, models in consistency_options().items():
+        if model not in models and getattr(cfg, name) != defaults[name]:
+            used = f"consistency {model}" if model else f"--strategy {cfg.strategy}"
+            raise ConfigError(f"--{name.replace('_', '-')}: {used} does not use it (only "
+                              f"consistency {', '.join(models)}); drop it")
+    if s.fixed_workers and cfg.workers != s.fixed_workers:
+        raise ConfigError(f"--workers: --strategy {cfg.strategy} trains with "
+                          f"{s.fixed_workers} worker(s), got {cfg.workers} (choose a "
+                          "parallel strategy, e.g. sync)")

@@ -1,0 +1,115 @@
+"""The strategy interface: what a strategy module declares, and what everyone else reads.
+
+Each strategy module ends with one :class:`StrategySpec` (the parameter-server module with
+one per preset); :mod:`phalanx.parallel.registry` lists them. The configuration checks, the
+CLI's help, the fault and compression flags, placement on devices, ``--resume``, the
+``torchrun`` entry, the experiments and the docs all read the spec, never a strategy name:
+adding a strategy is its module plus one registry line (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from phalanx.config import RunConfig
+from phalanx.errors import ConfigError
+from phalanx.metrics import EventLog
+from phalanx.parallel.base import Job, Outcome
+from phalanx.runtime.placement import DeviceSupport
+
+# what a strategy may declare in ``supports`` (anything else is a typo, refused at import)
+FEATURES = frozenset({
+    "kill_worker",    # --kill-worker RANK@STEP: the run survives (or stops cleanly) a dead worker
+    "kill_server",    # --kill-server SHARD@UPDATE: a parameter-server shard dies
+    "drop_messages",  # --drop-messages P: pushes are lost on the way
+    "compress",       # --compress: lossy codecs on its traffic
+    "powersgd",       # --compress powersgd: needs an allreduce group (two rounds per step)
+    "outer_rule",     # --outer-rule: a DiLoCo outer optimizer on the averaged delta
+})
+
+
+def one_process(cfg: RunConfig) -> int:
+    return 1
+
+
+def by_workers(cfg: RunConfig) -> int:
+    return cfg.workers
+
+
+def workers_compute(cfg: RunConfig) -> tuple[int, str]:
+    return cfg.workers, f"--workers {cfg.workers}"
+
+
+def nothing(_: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """Everything the rest of phalanx knows about one strategy.
+
+    ``run(job, log) -> Outcome`` trains in the driver (starting processes as it needs);
+    ``process_main(rank, world, job)`` is one rank of a process group that someone else
+    started (``torchrun``); None: the strategy cannot run under torchrun (``local_only``
+    says why). ``world_size(cfg)`` is how many processes a run starts. ``check(cfg)``
+    refuses settings the strategy cannot honour (one-line :class:`ConfigError`), before any
+    data is read. ``check_resume(cfg)`` checks ``--resume``'s checkpoints (None: the
+    strategy cannot resume); ``can_restart(cfg)``: a restarted torchrun attempt finds a
+    checkpoint in ``--out`` to continue from.
+    """
+
+    name: str
+    summary: str  # one line: the CLI's help and the docs' table
+    run: Callable[[Job, EventLog], Outcome]
+    process_main: Callable[[int, int, Job], None] | None = None
+    world_size: Callable[[RunConfig], int] = one_process
+    check: Callable[[RunConfig], None] = nothing
+    check_resume: Callable[[RunConfig], None] | None = None
+    can_restart: Callable[[RunConfig], bool] | None = None
+    supports: frozenset[str] = frozenset()
+    # settings only this strategy reads: a non-default value with another strategy is refused
+    options: tuple[str, ...] = ()
+    # the setting that says how many disjoint data shards the workers train on ("" = one
+    # stream over the whole training set)
+    shards_by: str = ""
+    # the ranks that compute (``--slow-workers`` and ``--kill-worker`` name them) and the
+    # flags that say how many there are
+    compute_ranks: Callable[[RunConfig], tuple[int, str]] = workers_compute
+    device: DeviceSupport = field(default_factory=lambda: DeviceSupport(
+        cuda=False, nccl=False, reason="it has no CUDA path yet"))
+    default_lr: float | None = None  # None: the update rule's default (config.DEFAULT_LR)
+    fixed_workers: int = 0  # the strategy trains with exactly this many workers (0: any)
+    full_batch: bool = False  # a step is a pass over the whole training set (L-BFGS)
+    local_only: str = ""  # why it cannot run under torchrun when process_main is None
+    # the strategy is a preset of another's settings (a parameter-server consistency model,
+    # server rule, ...): name -> value, applied by :func:`registry.apply_preset`
+    preset: dict[str, object] = field(default_factory=dict)
+    # settings of a small run besides --workers 2 (the conformance suite runs every
+    # strategy with them; docs/architecture.md)
+    example: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.supports) - FEATURES
+        if unknown:
+            raise ValueError(f"strategy {self.name}: unknown features {sorted(unknown)}")
+        fields = set(RunConfig.__dataclass_fields__)
+        for name in (*self.options, *((self.shards_by,) if self.shards_by else ())):
+            if name not in fields:
+                raise ValueError(f"strategy {self.name}: {name!r} is not a RunConfig field")
+
+    def honours(self, feature: str) -> bool:
+        return feature in self.supports
+
+    @property
+    def can_resume(self) -> bool:
+        return self.check_resume is not None
+
+    def data_shards(self, cfg: RunConfig) -> tuple[int, str]:
+        """How many disjoint shards the training set is split into, and the flag."""
+        if not self.shards_by:
+            return 1, ""
+        return int(getattr(cfg, self.shards_by)), self.shards_by
+
+    def refuse(self, flag: str, why: str) -> ConfigError:
+        return ConfigError(f"--{flag.replace('_', '-')}: {why} (--strategy {self.name})")

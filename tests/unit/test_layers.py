@@ -1,0 +1,178 @@
+"""The package's layers (docs/architecture.md): no import points up, no module-level import
+cycle, and no phalanx import hides inside a function except the few listed below (each
+for start-up cost, never to dodge a cycle). Read from the source with ``ast``, so an import
+anywhere in a module counts, whether or not it runs."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import phalanx
+
+ROOT = Path(phalanx.__file__).parent
+
+# bottom up; a module may import from its own layer or any layer below it
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("floor", ("phalanx.errors", "phalanx.limits")),
+    ("config", ("phalanx.config",)),
+    ("metrics", ("phalanx.metrics",)),
+    ("data, models, rules", ("phalanx.data", "phalanx.models", "phalanx.rules")),
+    # launch, checkpoint files, fault primitives, placement: the ground floor that the
+    # communication and parameter-server layers stand on too (a shard's checkpoint file,
+    # a worker's message dropper)
+    ("runtime", ("phalanx.runtime",)),
+    ("comm", ("phalanx.comm",)),
+    ("ps", ("phalanx.ps",)),
+    ("parallel", ("phalanx.parallel",)),
+    ("entry", ("phalanx.entry",)),
+    ("experiments, cluster", ("phalanx.experiments", "phalanx.cluster")),
+    ("command", ("phalanx.cli", "phalanx.__main__", "phalanx")),
+]
+
+# (module, imported module): imports inside a function that are there to keep a cheap
+# import cheap, not to break a cycle
+LAZY = {
+    # `import phalanx` (e.g. for the scheduler simulator) must not load torch and every
+    # strategy; phalanx.train loads the API on first call
+    ("phalanx", "phalanx.entry.api"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> int:
+    best, best_len = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = i, len(prefix)
+    assert best >= 0, f"{module} is in no layer: add it to LAYERS"
+    return best
+
+
+def resolve(source: str, node: ast.ImportFrom | ast.Import, is_package: bool) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "phalanx"]
+    if node.level:  # relative: from the package of ``source``
+        base = source.split(".") if is_package else source.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if target.split(".")[0] != "phalanx":
+        return []
+    # ``from phalanx.parallel import single`` imports the module phalanx.parallel.single
+    out = []
+    for alias in node.names:
+        sub = f"{target}.{alias.name}"
+        out.append(sub if _is_module(sub) else target)
+    return out
+
+
+def _is_module(name: str) -> bool:
+    rel = Path(*name.split(".")[1:])
+    return (ROOT / rel).with_suffix(".py").is_file() or (ROOT / rel / "__init__.py").is_file()
+
+
+def imports() -> list[tuple[str, str, int, bool]]:
+    """(module, imported module, line, inside a function) for every phalanx import."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        source = module_name(path)
+        tree = ast.parse(path.read_text(), str(path))
+        inner: set[int] = set()
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner.update(id(n) for n in ast.walk(fn) if n is not fn)
+        typing_only: set[int] = set()
+        for node in ast.walk(tree):  # `if TYPE_CHECKING:` blocks import nothing at run time
+            if (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                    and node.test.id == "TYPE_CHECKING"):
+                typing_only.update(id(n) for n in ast.walk(node))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in typing_only:
+                for target in resolve(source, node, path.name == "__init__.py"):
+                    found.append((source, target, node.lineno, id(node) in inner))
+    return found
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for path in ROOT.rglob("*.py"):
+        layer_of(module_name(path))
+
+
+def test_no_import_points_up() -> None:
+    upward = [f"{src}:{line} imports {dst} ({LAYERS[layer_of(src)][0]} -> "
+              f"{LAYERS[layer_of(dst)][0]})"
+              for src, dst, line, _ in imports() if layer_of(dst) > layer_of(src)]
+    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
+
+
+def test_no_phalanx_import_hides_in_a_function() -> None:
+    hidden = [f"{src}:{line} imports {dst} inside a function"
+              for src, dst, line, inside in imports() if inside and (src, dst) not in LAZY]
+    assert not hidden, "\n".join(hidden)
+
+
+def test_no_module_level_import_cycle() -> None:
+    graph: dict[str, set[str]] = {}
+    for src, dst, _, inside in imports():
+        if not inside and src != dst:
+            graph.setdefault(src, set()).add(dst)
+    # Tarjan's strongly connected components: a component of two or more modules is a cycle
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    # a package's __init__ re-exporting its own submodules is not a cycle worth refusing
+    cycles = [c for c in cycles if not _package_reexport(c)]
+    assert not cycles, f"module-level import cycles: {cycles}"
+
+
+def _package_reexport(component: list[str]) -> bool:
+    packages = [m for m in component if (ROOT / Path(*m.split(".")[1:]) / "__init__.py").is_file()]
+    return len(packages) == 1 and all(m.startswith(packages[0] + ".") or m == packages[0]
+                                      for m in component)
+
+
+def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
+    """The walker is not blind: the layer map ranks a known upward edge as one."""
+    assert layer_of("phalanx.config") < layer_of("phalanx.runtime.faults")
+    assert layer_of("phalanx.runtime.checkpoint") < layer_of("phalanx.ps.checkpoint")
+    assert layer_of("phalanx.parallel.registry") < layer_of("phalanx.entry.api")
+    tree = ast.parse("from phalanx.parallel import single\nimport phalanx.cli\n")
+    found = [t for n in tree.body for t in resolve("phalanx.config", n, False)]
+    assert found == ["phalanx.parallel.single", "phalanx.cli"]
+    assert all(layer_of(t) > layer_of("phalanx.config") for t in found)
