@@ -21,9 +21,9 @@ import torch
 from scaling import WARMUP, steady_rate
 from torch import nn
 
-from phalanx.api import train
 from phalanx.config import RunConfig
 from phalanx.data import epoch_batches, load_data
+from phalanx.entry.api import train
 from phalanx.models import build_model
 
 BATCH = 64

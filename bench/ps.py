@@ -23,10 +23,10 @@ from pathlib import Path
 import _common  # noqa: F401  (puts the repo on sys.path)
 import torch
 
-from phalanx.api import train
 from phalanx.comm.transport import GlooTransport
 from phalanx.comm.wire import Header, Kind
 from phalanx.config import RunConfig
+from phalanx.entry.api import train
 from phalanx.ps.client import PSClient
 from phalanx.ps.consistency import Asynchronous
 from phalanx.ps.partition import Partition

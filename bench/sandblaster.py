@@ -25,8 +25,8 @@ from pathlib import Path
 import _common  # noqa: F401  (puts the repo on sys.path)
 import torch
 
-from phalanx.api import train
 from phalanx.config import RunConfig
+from phalanx.entry.api import train
 
 VARIANTS = {
     "baseline": {},

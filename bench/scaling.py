@@ -30,9 +30,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from phalanx.api import make_job, train
 from phalanx.config import RunConfig
 from phalanx.data import load_data
+from phalanx.entry.api import make_job, train
 from phalanx.metrics import read_events
 from phalanx.parallel import sync_dp
 from phalanx.parallel.base import Job

@@ -15,9 +15,9 @@ import _common  # noqa: F401  (puts the repo on sys.path)
 import torch
 from torch import nn
 
-from phalanx.api import make_job
 from phalanx.config import RunConfig
 from phalanx.data import epoch_batches
+from phalanx.entry.api import make_job
 from phalanx.metrics import EventLog
 from phalanx.parallel import single
 

@@ -23,9 +23,9 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from phalanx.api import make_job  # noqa: E402
 from phalanx.config import RunConfig  # noqa: E402
 from phalanx.data import load_data  # noqa: E402
+from phalanx.entry.api import make_job  # noqa: E402
 from phalanx.metrics import read_events  # noqa: E402
 from phalanx.parallel import sync_dp  # noqa: E402
 from phalanx.parallel.base import Job, read_result  # noqa: E402
