@@ -24,9 +24,11 @@ from phalanx.comm.allreduce import chunk_bounds
 from phalanx.comm.staging import gloo_carries
 from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError
-from phalanx.parallel.base import Job, Straggler, augmenter, detached, write_result
+from phalanx.parallel.base import Job, detached, write_result
 from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.reporting import StageReporter, wants_eval
+from phalanx.parallel.stats import ColumnParallelStats
+from phalanx.parallel.worker import WorkerKit
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.placement import DeviceSupport, setup_rank
 
@@ -163,11 +165,9 @@ def process_main(rank: int, world: int, job: Job) -> None:
     total = job.planned_steps(len(shard))
     rule = make_rule(cfg, total)
     state = rule.init(weights)
-    aug = augmenter(cfg)
+    kit = WorkerKit.of(cfg, 0, rank)  # data index 0: the same draws on every worker
+    aug, gen, loss_fn, straggler = kit.aug, kit.gen, kit.loss_fn, kit.straggler
     data = DeviceData(job.train, place.torch_device, place.data_on_device, aug is not None)
-    gen = torch.Generator().manual_seed(cfg.seed + 1)  # same draws on every worker
-    loss_fn = nn.CrossEntropyLoss()
-    straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
     report = StageReporter(job, rank, total, "split-layer", logs_loss=rank == 0)
     # per step: all-gather of this worker's output slice to the others, and a ring-style
     # all-reduce of the layer's input gradient (2 (N-1)/N of it per worker)
@@ -192,7 +192,7 @@ def process_main(rank: int, world: int, job: Job) -> None:
             for p in params:
                 p.grad = None
             step += 1
-            if report.wants_train_event(step):
+            if report.wants_train(step):
                 acc = (out.argmax(1) == y).float().mean().item()
                 report.train(step, epoch, loss.item(), acc, samples)
             report.tick(step)
@@ -208,9 +208,9 @@ def process_main(rank: int, world: int, job: Job) -> None:
     traffic = torch.tensor([sent], dtype=torch.float64)
     dist.reduce(traffic, 0)
     if rank == 0:
-        stats = {"bytes_sent": int(traffic.item()),
-                 "bytes_per_sample": traffic.item() / max(samples, 1),
-                 "split_layer": cfg.split_layer, "split_bounds": [list(b) for b in split.bounds]}
+        stats = ColumnParallelStats(
+            bytes_sent=int(traffic.item()), bytes_per_sample=traffic.item() / max(samples, 1),
+            split_layer=cfg.split_layer, split_bounds=[list(b) for b in split.bounds])
         write_result(job, final.state_dict(), train_samples=samples, steps=step, stats=stats)
 
 
@@ -226,4 +226,4 @@ def _assembled(model: nn.Module, split: ColumnParallelLinear, full: nn.Linear,
 def _evaluate(model, split, full, name, rank, report, step, epoch, samples) -> None:
     whole = _assembled(model, split, full, name)
     if rank == 0:
-        report.evaluate(whole, step, epoch, samples)
+        report.evaluate(whole, report.test, step, epoch, samples)

@@ -94,6 +94,33 @@ class RankState:
     sent: torch.Tensor  # int64 scalar: bytes this rank sent
     rule_state: list[torch.Tensor] = field(default_factory=list)  # only when not shared
 
+    @classmethod
+    def capture(cls, aug_gen: torch.Generator, counter: ByteCounter, state: Any,
+                shared: bool) -> RankState:
+        # host copies: gathered over gloo (no CUDA point-to-point) and saved device-free
+        return cls(aug_gen.get_state(), torch.get_rng_state(),
+                   torch.tensor(counter.sent, dtype=torch.int64),
+                   [] if shared else [t.detach().to("cpu", copy=True)
+                                      for t in state_tensors(state)])
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The checkpoint's (and the gather's) form: fixed-shape tensors in this order."""
+        return [self.aug_rng, self.torch_rng, self.sent, *self.rule_state]
+
+    @classmethod
+    def from_tensors(cls, tensors: list[torch.Tensor]) -> RankState:
+        return cls(tensors[0], tensors[1], tensors[2], list(tensors[3:]))
+
+    def apply(self, aug_gen: torch.Generator, counter: ByteCounter, path: Path,
+              rank: int) -> None:
+        """Back into this process: the RNG streams and the byte count."""
+        try:
+            aug_gen.set_state(self.aug_rng)
+            torch.set_rng_state(self.torch_rng)
+        except (RuntimeError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: bad RNG state of rank {rank}") from None
+        counter.sent = int(self.sent)
+
 
 def read_checkpoint(cfg: RunConfig, path: Path | None = None) -> dict[str, Any]:
     """Load ``RUN_DIR/checkpoint.pt`` and check it belongs to a run with these settings."""
@@ -167,18 +194,10 @@ class Checkpointer:
         if self.kill_at is not None and step == self.kill_at:
             die(self.log.log, "worker", self.rank, f"step {step}", KILLED_EXIT)
 
-    def _mine(self, aug_gen: torch.Generator, counter: ByteCounter,
-              state: Any) -> list[torch.Tensor]:
-        own = [aug_gen.get_state(), torch.get_rng_state(),
-               torch.tensor(counter.sent, dtype=torch.int64)]
-        # host copies: gathered over gloo (no CUDA point-to-point) and saved device-free
-        return own + ([] if self.shared else [t.detach().to("cpu", copy=True)
-                                              for t in state_tensors(state)])
-
     def save(self, model: nn.Module, state: Any, pos: Position, aug_gen: torch.Generator,
              counter: ByteCounter) -> None:
         """Collective: every rank must call it at the same step."""
-        mine = self._mine(aug_gen, counter, state)
+        mine = RankState.capture(aug_gen, counter, state, self.shared).tensors()
         ranks: list[list[torch.Tensor]] = [mine]
         if self.world > 1:
             # per-rank state to rank 0 (fixed-shape tensors, as everything on the wire);
@@ -214,18 +233,10 @@ class Checkpointer:
             model.load_state_dict(payload["model"])
         except RuntimeError:
             raise CheckpointError(f"{path}: parameters do not match this model") from None
-        mine = payload["ranks"][self.rank]
-        own_rule = mine[3:]
-        if self.shared:
-            _fill(state_tensors(state), payload["rule_state"], path)
-        else:
-            _fill(state_tensors(state), own_rule, path)
-        try:
-            aug_gen.set_state(mine[0])
-            torch.set_rng_state(mine[1])
-        except (RuntimeError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: bad RNG state of rank {self.rank}") from None
-        counter.sent = int(mine[2])
+        mine = RankState.from_tensors(payload["ranks"][self.rank])
+        _fill(state_tensors(state), payload["rule_state"] if self.shared else mine.rule_state,
+              path)
+        mine.apply(aug_gen, counter, path, self.rank)
         pos = Position(payload["step"], payload["epoch"], payload["samples"], payload["rounds"],
                        payload["wall_s"])
         self.log.log("resume", step=pos.step, epoch=pos.epoch, samples=pos.samples * self.world)

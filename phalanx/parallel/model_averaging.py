@@ -26,13 +26,11 @@ from phalanx.comm.counters import ByteCounter
 from phalanx.comm.staging import staged
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
-from phalanx.metrics import EventLog, Progress
+from phalanx.metrics import EventLog
 from phalanx.parallel.base import (
     GradAccumulator,
     Job,
     Outcome,
-    Straggler,
-    augmenter,
     detached,
     read_result,
     write_result,
@@ -47,9 +45,9 @@ from phalanx.parallel.dp_checkpoint import (
 )
 from phalanx.parallel.outer_step import OuterSync
 from phalanx.parallel.spec import StrategySpec
+from phalanx.parallel.stats import AveragingStats
 from phalanx.parallel.sync_dp import (
     DEVICE,
-    LOG_EVERY,
     WorkerContext,
     broadcast_from_rank0,
     check_shards,
@@ -58,6 +56,7 @@ from phalanx.parallel.sync_dp import (
     total_steps,
     worker_batches,
 )
+from phalanx.parallel.worker import WorkerKit
 from phalanx.rules import apply_updates, make_rule, state_tensors
 from phalanx.runtime.placement import setup_rank, spawn_backend
 
@@ -126,16 +125,14 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     weights = detached(params)
     rule = make_rule(cfg, total)
     state = rule.init(weights)
-    aug = augmenter(cfg)
-    data = DeviceData(job.train, place.torch_device, place.data_on_device, aug is not None)
-    gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
-    loss_fn = nn.CrossEntropyLoss()
-    straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
+    kit = WorkerKit.of(cfg, rank)
+    data = DeviceData(job.train, place.torch_device, place.data_on_device,
+                      kit.aug is not None)
     # each worker's optimizer state is its own (unless averaged): checkpointed per rank
     ckpt = ctx.checkpointer(shared_rule_state=False)
-    pos = ckpt.restore(model, state, gen, counter) if cfg.resume else Position()
+    pos = ckpt.restore(model, state, kit.gen, counter) if cfg.resume else Position()
     ctx.t0 -= pos.wall_s
-    progress = Progress(total, f"average x{world}", enabled=cfg.progress and rank == 0)
+    report = ctx.reporter(total, f"average x{world}")
 
     # --compress / --outer-rule: compressed deltas and the DiLoCo outer step
     outer = OuterSync(cfg, weights, allreduce, world) if OuterSync.wanted(cfg) else None
@@ -161,14 +158,15 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
         if micro % cfg.grad_accum == 0:
             ckpt.maybe_kill(step)
         if epoch != last_epoch:
-            ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
+            report.maybe_eval(model, job.test, step, last_epoch, samples * world,
+                              epoch_ended=True)
             last_epoch = epoch
-        x, y = data.batch(idx, aug, gen)
-        straggler.start()
+        x, y = data.batch(idx, kit.aug, kit.gen)
+        kit.straggler.start()
         out = model(x)
-        loss = loss_fn(out, y)
+        loss = kit.loss_fn(out, y)
         g = torch.autograd.grad(loss, params)
-        straggler.finish()
+        kit.straggler.finish()
         micro += 1
         samples += len(idx)
         grads = accumulator.add(g)
@@ -180,33 +178,24 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
         if step % cfg.period == 0 or step == total:
             synchronise()
             rounds += 1
-        if step % LOG_EVERY == 0 or step == total:
-            ctx.log_train(step, epoch, loss, out, y, samples, bytes_sent=counter.sent,
-                          rounds=rounds)
-            progress.update(step, loss=loss.item())
-        if cfg.eval_every:
-            ctx.maybe_eval(model, step, epoch, samples * world, epoch_ended=False)
+        report.step(step, epoch, loss, out, y, samples, bytes_sent=counter.sent,
+                    rounds=rounds)
+        report.maybe_eval(model, job.test, step, epoch, samples * world, epoch_ended=False)
         if ckpt.due(step, final=step == total):  # a multiple of --period: just averaged
-            ckpt.save(model, state, Position(step, epoch, samples, rounds,
-                                             time.perf_counter() - ctx.t0), gen, counter)
+            ckpt.save(model, state, Position(step, epoch, samples, rounds, report.wall()),
+                      kit.gen, counter)
         if step >= total:
             break
-    progress.close()
-    if not cfg.eval_every:
-        ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
+    report.close()
+    report.maybe_eval(model, job.test, step, last_epoch, samples * world, epoch_ended=True)
     sent = total_bytes(counter)
     if rank == 0:
-        stats = {
-            "allreduce": cfg.allreduce,
-            "period": cfg.period,
-            "average_optimizer_state": cfg.average_optimizer_state,
-            "averaging_rounds": rounds,
-            "bytes_sent": sent,
-            "bytes_per_sample": sent / max(samples * world, 1),
-            "bytes_estimated": allreduce.estimated,
-            "compress": cfg.compress,
-            "outer_rule": cfg.outer_rule,
-        }
+        stats = AveragingStats(
+            bytes_sent=sent, bytes_per_sample=sent / max(samples * world, 1),
+            allreduce=cfg.allreduce, period=cfg.period,
+            average_optimizer_state=cfg.average_optimizer_state, averaging_rounds=rounds,
+            bytes_estimated=allreduce.estimated, compress=cfg.compress,
+            outer_rule=cfg.outer_rule)
         write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
                      stats=stats)
     return model

@@ -16,7 +16,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from phalanx.comm.staging import recv, send
 from phalanx.config import RunConfig
@@ -26,8 +25,6 @@ from phalanx.metrics import EventLog
 from phalanx.parallel.base import (
     Job,
     Outcome,
-    Straggler,
-    augmenter,
     detached,
     read_result,
     write_result,
@@ -39,6 +36,8 @@ from phalanx.parallel.partition import agreed_partition, check_stages, stage_mod
 from phalanx.parallel.reporting import StageReporter, wants_eval
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stages import boundary_shapes, gather_model
+from phalanx.parallel.stats import ModelParallelStats
+from phalanx.parallel.worker import WorkerKit
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
@@ -103,11 +102,11 @@ def _layer_parallel(rank: int, world: int, job: Job) -> None:
     weights = detached(params)
     rule = make_rule(cfg, total)
     state = rule.init(weights)
-    aug = augmenter(cfg) if first else None
+    # data index 0: the single-worker loop's augmentation draws (the first stage draws)
+    kit = WorkerKit.of(cfg, 0, rank)
+    gen, loss_fn, straggler = kit.gen, kit.loss_fn, kit.straggler
+    aug = kit.aug if first else None
     data = DeviceData(job.train, device, place.data_on_device, aug is not None)
-    gen = torch.Generator().manual_seed(cfg.seed + 1)  # the single-worker loop's generator
-    loss_fn = nn.CrossEntropyLoss()
-    straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
     report = StageReporter(job, rank, total, "model-parallel", logs_loss=last)
     clock = _Clock()
     sent = 0
@@ -162,7 +161,7 @@ def _layer_parallel(rank: int, world: int, job: Job) -> None:
             for p in params:
                 p.grad = None
             step += 1
-            if report.wants_train_event(step):
+            if report.wants_train(step):
                 acc = (out.argmax(1) == y).float().mean().item()
                 report.train(step, epoch, loss.item(), acc, samples)
             report.tick(step)
@@ -185,23 +184,19 @@ def _layer_parallel(rank: int, world: int, job: Job) -> None:
     all_clocks = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(all_clocks, clocks)
     if rank == 0:
-        stats = {
-            "bytes_sent": int(traffic.item()),
-            "bytes_per_sample": traffic.item() / max(samples, 1),
-            "stages": world,
-            "partition": [",".join(n) for n in part.names],
-            "partition_source": part.source,
-            "stage_costs": list(part.costs),
-            "stage_compute_s": [round(c[0].item(), 4) for c in all_clocks],
-            "stage_wait_s": [round(c[1].item(), 4) for c in all_clocks],
-        }
+        stats = ModelParallelStats(
+            bytes_sent=int(traffic.item()), bytes_per_sample=traffic.item() / max(samples, 1),
+            stages=world, partition=[",".join(n) for n in part.names],
+            partition_source=part.source, stage_costs=list(part.costs),
+            stage_compute_s=[round(c[0].item(), 4) for c in all_clocks],
+            stage_wait_s=[round(c[1].item(), 4) for c in all_clocks])
         write_result(job, model.state_dict(), train_samples=samples, steps=step, stats=stats)
 
 
 def _evaluate(model, part, rank, world, report, step, epoch, samples) -> None:
     gather_model(model, part, list(range(world)), rank, dst=0)  # collective: all stages
     if rank == 0:
-        report.evaluate(model, step, epoch, samples)
+        report.evaluate(model, report.test, step, epoch, samples)
 
 
 def _checkpoint(job: Job, model, part, rank: int, world: int, step: int) -> None:

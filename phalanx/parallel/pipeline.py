@@ -27,8 +27,6 @@ from phalanx.metrics import EventLog
 from phalanx.parallel.base import (
     Job,
     Outcome,
-    Straggler,
-    augmenter,
     detached,
     read_result,
     write_result,
@@ -42,6 +40,8 @@ from phalanx.parallel.stages import (
     gather_model,
     refuse_batchnorm_with_microbatches,
 )
+from phalanx.parallel.stats import PipelineStats
+from phalanx.parallel.worker import WorkerKit
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
@@ -120,7 +120,8 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
     if place.is_cuda:
         # the schedule sends host activations over gloo; the stage computes on its GPU
         submod = DeviceHop(submod, place.torch_device)
-    meter = StageMeter(submod, Straggler(cfg.slow_workers.get(rank, 1.0)))
+    kit = WorkerKit.of(cfg, replica, rank)  # draws per replica; slowness per rank
+    meter = StageMeter(submod, kit.straggler)
     schedule = build_schedule(submod, meter, s, stages, shapes, job.train.input_shape,
                               cfg.pipeline_schedule, cfg.microbatches, pipes[replica])
     shard = job.shard(replica, replicas)
@@ -129,8 +130,7 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
     weights = detached(params)
     rule = make_rule(cfg, total)
     state = rule.init(weights)
-    aug = augmenter(cfg) if first else None
-    gen = torch.Generator().manual_seed(cfg.seed + 1 + replica)
+    aug, gen = (kit.aug if first else None), kit.gen
     label = cfg.strategy if replicas > 1 else f"pipeline-{cfg.pipeline_schedule}"
     report = StageReporter(job, rank, total, label, logs_loss=last and replica == 0)
     # bytes per micro-batch: activations forward (all but the last stage), their
@@ -181,7 +181,7 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
                 if replicas > 1:  # the whole (all replicas') batch's mean loss
                     dist.all_reduce(both, group=dps[s])
                     both /= replicas
-                if report.wants_train_event(step):
+                if report.wants_train(step):
                     # this replica's own samples (events' convention: per rank)
                     report.train(step, epoch, both[0].item(), both[1].item(),
                                  samples // replicas,
@@ -249,7 +249,7 @@ def _evaluate(model, part, rank, stages, replica, report, step, epoch, samples) 
         return  # replicas hold the same weights: replica 0's stages are gathered
     gather_model(model, part, list(range(stages)), rank, dst=0)
     if rank == 0:
-        report.evaluate(model, step, epoch, samples)
+        report.evaluate(model, report.test, step, epoch, samples)
 
 
 def _finish(job, model, part, rank, world, sent, samples, step, meter, train_s) -> None:
@@ -264,20 +264,15 @@ def _finish(job, model, part, rank, world, sent, samples, step, meter, train_s) 
         return
     idle = [max(0.0, 1.0 - m[0].item() / m[1].item()) if m[1] > 0 else 0.0 for m in every]
     p, m = len(part.names), cfg.microbatches
-    stats = {
-        "bytes_sent": int(traffic.item()),
-        "bytes_per_sample": traffic.item() / max(samples, 1),
-        "stages": p,
-        "microbatches": m,
-        "pipeline_schedule": cfg.pipeline_schedule,
-        "partition": [",".join(n) for n in part.names],
-        "partition_source": part.source,
-        "stage_costs": list(part.costs),
-        "stage_idle_fraction": [round(v, 4) for v in idle],
-        "bubble_theory": (p - 1) / (m + p - 1),
-        "stage_peak_live_microbatches": [int(e[2].item()) for e in every],
-        "stage_peak_saved_bytes": [int(e[3].item()) for e in every],
-    }
+    stats = PipelineStats(
+        bytes_sent=int(traffic.item()), bytes_per_sample=traffic.item() / max(samples, 1),
+        stages=p, partition=[",".join(n) for n in part.names],
+        partition_source=part.source, stage_costs=list(part.costs),
+        microbatches=m, pipeline_schedule=cfg.pipeline_schedule,
+        stage_idle_fraction=[round(v, 4) for v in idle],
+        bubble_theory=(p - 1) / (m + p - 1),
+        stage_peak_live_microbatches=[int(e[2].item()) for e in every],
+        stage_peak_saved_bytes=[int(e[3].item()) for e in every])
     write_result(job, model.state_dict(), train_samples=samples, steps=step, stats=stats)
 
 

@@ -21,7 +21,7 @@ from phalanx.comm.transport import GlooTransport
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.metrics import EventLog
-from phalanx.parallel.base import Job, Outcome, read_result, write_result
+from phalanx.parallel.base import Job, Outcome, read_result, stats_dict, write_result
 from phalanx.parallel.sandblaster_coord import Coordinator, portions_for, worker_totals
 from phalanx.parallel.sandblaster_worker import (
     SandblasterLayout,
@@ -29,6 +29,7 @@ from phalanx.parallel.sandblaster_worker import (
     model_partition,
 )
 from phalanx.parallel.spec import StrategySpec
+from phalanx.parallel.stats import SandblasterStats, Traffic
 from phalanx.ps.partition import flat_dense, trainable
 from phalanx.ps.sandblaster_shard import SHARD_STATS, SandblasterShard, serve_shard
 from phalanx.runtime.launch import spawn
@@ -122,26 +123,17 @@ def coordinator_main(job: Job, transport: GlooTransport, layout: SandblasterLayo
     c = coord.totals
     bytes_sent = int(transport.counter.sent + sum(s["bytes_sent"] for s in per_worker.values())
                      + sum(coord.link.shard_sent))
-    stats = {
-        "iterations": iterations,
-        "function_evals": coord.evals,
-        "final_loss": loss,
-        "line_search": job.config.line_search,
-        "history": job.config.history,
-        "portions": coord.portions,
-        "servers": job.config.servers,
-        "portions_per_worker": c.portions_done,
-        "backups_issued": c.backups_issued,
-        "backups_wasted": c.backups_wasted,
-        "portions_reissued": c.reissued,
-        "workers_lost": sorted(set(coord.lost)),
-        "coordinator_bytes": coord.link.bytes,
-        "coordinator_fetch_bytes": coord.fetch_bytes,
-        **{f"shard_{k}": int(v) for k, v in zip(SHARD_STATS, shard_stats)},
-        "bytes_sent": bytes_sent,
-        "bytes_per_sample": bytes_sent / coord.samples if coord.samples else 0.0,
-    }
-    log.log("sandblaster_stats", **stats)
+    stats = SandblasterStats(
+        bytes_sent=bytes_sent, bytes_per_sample=Traffic.per_sample(bytes_sent, coord.samples),
+        iterations=iterations, function_evals=coord.evals, final_loss=loss,
+        line_search=job.config.line_search, history=job.config.history,
+        portions=coord.portions, servers=job.config.servers,
+        portions_per_worker=c.portions_done, backups_issued=c.backups_issued,
+        backups_wasted=c.backups_wasted, portions_reissued=c.reissued,
+        workers_lost=sorted(set(coord.lost)), coordinator_bytes=coord.link.bytes,
+        coordinator_fetch_bytes=coord.fetch_bytes,
+        **{f"shard_{k}": int(v) for k, v in zip(SHARD_STATS, shard_stats)})
+    log.log("sandblaster_stats", **stats_dict(stats))
     write_result(job, model.state_dict(), train_samples=coord.samples, steps=iterations,
                  stats=stats)
 

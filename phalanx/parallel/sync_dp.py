@@ -31,14 +31,11 @@ from phalanx.comm.staging import gloo_carries, staged
 from phalanx.config import RunConfig
 from phalanx.data import epoch_batches, steps_per_epoch
 from phalanx.errors import ConfigError
-from phalanx.metrics import EventLog, Progress
+from phalanx.metrics import EventLog
 from phalanx.parallel.base import (
     Job,
     Outcome,
-    Straggler,
-    augmenter,
     detached,
-    evaluate,
     read_result,
     write_result,
 )
@@ -52,6 +49,8 @@ from phalanx.parallel.dp_checkpoint import (
 )
 from phalanx.parallel.dp_checkpoint import check_resume as _check_resume
 from phalanx.parallel.spec import StrategySpec
+from phalanx.parallel.stats import SyncStats
+from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.placement import (
     CPU,
@@ -61,7 +60,6 @@ from phalanx.runtime.placement import (
     spawn_backend,
 )
 
-LOG_EVERY = 10  # steps between "train" events
 DEVICE = DeviceSupport()  # collectives between known peers: NCCL where each rank has a GPU
 
 
@@ -170,24 +168,12 @@ class WorkerContext:
     t0: float
     placement: Placement = CPU  # this rank's device, backend, threads (setup_rank)
 
-    def log_train(self, step: int, epoch: int, loss: torch.Tensor, out: torch.Tensor,
-                  y: torch.Tensor, samples: int, **extra) -> None:
-        """``samples``: this rank's own (the events' convention, docs/events.md)."""
-        # .item() is a device sync point on GPU; paid only every LOG_EVERY steps
-        acc = (out.argmax(1) == y).float().mean().item()
-        self.log.log("train", step=step, epoch=epoch, loss=loss.item(), accuracy=acc,
-                     samples=samples, wall_s=time.perf_counter() - self.t0, **extra)
-
-    def maybe_eval(self, model: nn.Module, step: int, epoch: int, samples: int,
-                   epoch_ended: bool) -> None:
-        cfg = self.job.config
-        due = (cfg.eval_every and step % cfg.eval_every == 0) or (
-            not cfg.eval_every and epoch_ended)
-        if self.rank != 0 or not due:
-            return
-        loss, acc = evaluate(model, self.job.test)
-        self.log.log("eval", step=step, epoch=epoch, samples=samples, test_loss=loss,
-                     test_accuracy=acc, wall_s=time.perf_counter() - self.t0)
+    def reporter(self, total: int, label: str) -> StepReporter:
+        """Rank 0 shows progress and evaluates; a resumed run's clock continues
+        (``t0`` moved back by the checkpoint's elapsed time first)."""
+        return StepReporter(self.job.config, self.log, total, label,
+                            shows_progress=self.rank == 0, evaluates=self.rank == 0,
+                            t0=self.t0)
 
     def checkpointer(self, shared_rule_state: bool) -> Checkpointer:
         return Checkpointer(self.job.config, self.job.run_dir, self.rank, self.world,
@@ -236,17 +222,15 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     weights = detached(params)
     rule = make_rule(cfg, total)
     state = rule.init(weights)
-    aug = augmenter(cfg)
-    data = DeviceData(job.train, place.torch_device, place.data_on_device, aug is not None)
-    gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
-    loss_fn = nn.CrossEntropyLoss()
-    straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
+    kit = WorkerKit.of(cfg, rank)
+    data = DeviceData(job.train, place.torch_device, place.data_on_device,
+                      kit.aug is not None)
     ckpt = ctx.checkpointer(shared_rule_state=True)  # the replicas share one rule state
-    pos = ckpt.restore(model, state, gen, counter) if cfg.resume else Position()
+    pos = ckpt.restore(model, state, kit.gen, counter) if cfg.resume else Position()
     # the checkpoint holds rank 0's (= every rank's) weights: the broadcast above already
     # ran on the fresh model, so this rank loaded them itself
     ctx.t0 -= pos.wall_s
-    progress = Progress(total, f"sync x{world}", enabled=cfg.progress and rank == 0)
+    report = ctx.reporter(total, f"sync x{world}")
 
     step, samples, last_epoch = pos.step, pos.samples, pos.epoch
     micro = step * cfg.grad_accum
@@ -257,22 +241,23 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             if micro % cfg.grad_accum == 0:
                 ckpt.maybe_kill(step)
             if epoch != last_epoch:
-                ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
+                report.maybe_eval(model, job.test, step, last_epoch, samples * world,
+                                  epoch_ended=True)
                 last_epoch = epoch
             if buffers and micro % cfg.grad_accum == 0:
                 # as DDP's broadcast_buffers: BN statistics follow rank 0 (comm is idle here)
                 broadcast_from_rank0(buffers, counter, rank, world)
-            x, y = data.batch(idx, aug, gen)
+            x, y = data.batch(idx, kit.aug, kit.gen)
             micro += 1
             last_micro = micro % cfg.grad_accum == 0
             reducer.begin(sync=last_micro)
             sfb.begin(sync=last_micro)  # before forward: its hooks are set up there
-            straggler.start()
+            kit.straggler.start()
             out = model(x)
-            loss = loss_fn(out, y)
+            loss = kit.loss_fn(out, y)
             # averaging the micro-step gradients: each contributes 1/grad_accum
             (loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
-            straggler.finish()
+            kit.straggler.finish()
             samples += len(idx)
             # on the last micro step: waits for every bucket (and SFB gather) to be averaged
             reducer.finish()
@@ -285,38 +270,30 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             for p in params:
                 p.grad = None
             step += 1
-            if step % LOG_EVERY == 0 or step == total:
-                ctx.log_train(step, epoch, loss, out, y, samples,
-                              bytes_sent=counter.sent)
-                progress.update(step, loss=loss.item())
-            if cfg.eval_every:
-                ctx.maybe_eval(model, step, epoch, samples * world, epoch_ended=False)
+            report.step(step, epoch, loss, out, y, samples, bytes_sent=counter.sent)
+            report.maybe_eval(model, job.test, step, epoch, samples * world,
+                              epoch_ended=False)
             if ckpt.due(step, final=step == total):
-                ckpt.save(model, state, Position(step, epoch, samples, 0,
-                                                 time.perf_counter() - ctx.t0), gen, counter)
+                ckpt.save(model, state, Position(step, epoch, samples, 0, report.wall()),
+                          kit.gen, counter)
             if step >= total:
                 break
     finally:
         comm.close()
         reducer.remove()
         sfb.remove()
-    progress.close()
-    if not cfg.eval_every:
-        ctx.maybe_eval(model, step, last_epoch, samples * world, epoch_ended=True)
+    report.close()
+    report.maybe_eval(model, job.test, step, last_epoch, samples * world, epoch_ended=True)
     sent = total_bytes(counter)
     if rank == 0:
-        stats = {
-            "allreduce": cfg.allreduce,
-            "bytes_sent": sent,
-            "bytes_per_sample": sent / max(samples * world, 1),
-            "bytes_estimated": allreduce.estimated,
-            "buckets": len(reducer.buckets),
-            "buckets_launched_in_backward": reducer.stats.launched_in_backward,
-            "buckets_launched": reducer.stats.buckets_launched,
-            "comm_wait_s": reducer.stats.wait_s,
-            "sfb_layers": len(sfb_layers),
-            "compress": cfg.compress,
-        }
+        stats = SyncStats(
+            bytes_sent=sent, bytes_per_sample=sent / max(samples * world, 1),
+            allreduce=cfg.allreduce, bytes_estimated=allreduce.estimated,
+            buckets=len(reducer.buckets),
+            buckets_launched_in_backward=reducer.stats.launched_in_backward,
+            buckets_launched=reducer.stats.buckets_launched,
+            comm_wait_s=reducer.stats.wait_s, sfb_layers=len(sfb_layers),
+            compress=cfg.compress)
         write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
                      stats=stats)
     return model
