@@ -120,6 +120,10 @@ class RunConfig:
     # ASP / Downpour: ask for the next weights before this step's compute, so the pull's
     # round trip hides behind it (Downpour's asynchronous fetch; one push more staleness)
     pull_ahead: bool = False
+    # Downpour (Dean et al. 2012, Algorithm 7.1): between fetches a worker applies each of
+    # its gradients to its local weights (plain SGD at --lr); off = every step of a fetch
+    # period is computed on the fetched (stale) weights
+    downpour_local_steps: bool = True
 
     # synchronous data parallel / averaging
     allreduce: str = "native"

@@ -66,6 +66,7 @@ ONLY_FOR: dict[str, tuple[str, ...]] = {
     "replicas": ("hybrid",),
     "split_layer": ("model-parallel",),
     "bucket_mb": ("sync",),
+    "downpour_local_steps": ("downpour",),
 }
 
 
