@@ -118,6 +118,10 @@ class RunConfig:
     # the consistency model (phalanx.ps.consistency.MODELS: bsp, asp, ssp, softsync);
     # "" = the one the parameter-server strategy is a preset of
     consistency: str = ""
+    # Downpour (Dean et al. 2012, Algorithm 7.1): between fetches a worker applies each of
+    # its gradients to its local weights (plain SGD at --lr); off = every step of a fetch
+    # period is computed on the fetched (stale) weights
+    downpour_local_steps: bool = True
 
     # synchronous data parallel / averaging
     allreduce: str = "native"

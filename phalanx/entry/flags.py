@@ -34,6 +34,9 @@ _HELP = {
     "outer_rule": "DiLoCo outer optimizer for --strategy average: sgd or nesterov",
     "outer_lr": "outer learning rate on the pseudo-gradient (sgd 1 = plain averaging)",
     "outer_momentum": "outer Nesterov momentum",
+    "downpour_local_steps": "downpour: between fetches apply each gradient to the local "
+                            "weights (plain SGD at --lr, as Dean et al.'s client); "
+                            "--no-downpour-local-steps computes them on the fetched weights",
 }
 
 

@@ -313,7 +313,7 @@ _SUMMARY = {
     "downpour": "parameter server, Downpour SGD: fetch every --nfetch, push every --npush",
     "dc-asgd": "parameter server, asynchronous with delay compensation (--dc-lambda)",
 }
-_OPTIONS = {"downpour": ("nfetch", "npush"),
+_OPTIONS = {"downpour": ("nfetch", "npush", "downpour_local_steps"),
             "dc-asgd": ("dc_lambda", "dc_adaptive", "dc_momentum")}
 
 SPECS = tuple(

@@ -1,5 +1,12 @@
 """A parameter-server worker process: pull, compute, push, for its shard of the data.
 
+Downpour (``--nfetch`` > 1): between fetches the worker applies each of its gradients to
+its own copy of the weights with plain SGD at ``--lr`` (following ``--schedule`` over the
+worker's steps), as the client of Dean et al. 2012 (Algorithm 7.1) does, while the summed
+gradients still go to the servers every ``--npush`` steps; a fetch replaces the local
+weights. ``--no-downpour-local-steps`` computes every step of a fetch period on the
+fetched weights instead.
+
 Worker 0 evaluates the servers' current weights once per epoch (or every ``--eval-every``
 steps). A background :class:`~phalanx.ps.client.Heartbeat` tells the shards the worker is
 alive. Under ``--resume`` the worker asks the shards where it stands and continues from
@@ -26,6 +33,7 @@ from phalanx.parallel.device_data import DeviceData
 from phalanx.ps.client import Heartbeat, PSClient
 from phalanx.ps.partition import flat_dense, partition, trainable, unflatten_into
 from phalanx.ps.server import Layout
+from phalanx.rules import make_schedule
 from phalanx.runtime.faults import (
     KILLED_WORKER_EXIT,
     MessageDropper,
@@ -78,6 +86,9 @@ class PSWorker:
         # their round trip hides behind it; `ahead` holds the requests in flight
         self.pulls_ahead = cfg.pull_ahead and self.table is None
         self.ahead: list | None = None
+        # Downpour's local steps (only a fetch period longer than one step has any)
+        self.local_steps = cfg.downpour_local_steps and cfg.nfetch > 1
+        self.local_lr = make_schedule(cfg, self.total)
 
     # ---- talking to the shards ---------------------------------------------------------
 
@@ -122,6 +133,16 @@ class PSWorker:
         self.samples = self.step * self.cfg.batch_size
         self.log.log("resume", worker=self.worker, clock=self.clock, step=self.step)
         return self.step // steps_per_epoch(len(self.shard), self.cfg.batch_size)
+
+    def local_step(self, grads: tuple[torch.Tensor, ...]) -> None:
+        """``w <- w - lr(step) * g`` on the local dense weights, so the next step of this
+        fetch period is computed on them. ``self.flat`` keeps the fetched copy untouched: a
+        compressed pull's delta is decoded against it. The table's rows are pulled fresh
+        every step, so a local step on them would be overwritten: they are skipped."""
+        lr = self.local_lr(self.step)
+        with torch.no_grad():
+            for i in self.part.dense_params:
+                self.params[i].sub_(grads[i], alpha=lr)
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -171,6 +192,9 @@ class PSWorker:
                 grads = torch.autograd.grad(loss, self.params)
                 straggler.finish()
                 g = flat_dense(part, list(grads))
+                if self.local_steps and (self.step + 1) % cfg.nfetch and \
+                        self.step + 1 < self.total:
+                    self.local_step(grads)  # the next step is not a fetch: it sees this one
                 acc_dense = g if acc_dense is None else acc_dense + g
                 if table is not None:
                     acc_rows.append(rows)

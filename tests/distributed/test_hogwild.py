@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import phalanx
 from phalanx.config import RunConfig
+from phalanx.data import load_data
+from phalanx.data.sharding import shard_indices
 from phalanx.entry.api import make_job
 from phalanx.models import build_model
 from phalanx.parallel.equivalence import max_state_diff, reference_training
@@ -40,6 +44,29 @@ def test_two_workers_share_and_train_one_model(tmp_path, lock):
     initial = build_model("mlp", (1, 16, 16), 10).state_dict()
     assert max_state_diff(result.model.state_dict(), initial) > 1e-3
     assert s["test_accuracy"] >= 0.6  # chance is 0.1
+
+
+def test_every_worker_writes_the_one_shared_model(tmp_path):
+    """Each worker sees only its own half of the pixels (the other half of its shard's
+    images is zero), so the first layer's weights on a half can only be moved by that
+    worker's updates. Both halves must have moved in the final shared model: a worker
+    that trained a private copy would leave its half bit for bit at the initial weights
+    (and the driver's checksum guard only sees worker 0's view of the model)."""
+    train, test = load_data("synthetic", None, 0)
+    x = train.x.clone()  # (N, 1, 16, 16)
+    blind = {0: slice(8, 16), 1: slice(0, 8)}  # the rows of pixels a worker never sees
+    for rank, rows in blind.items():
+        x[shard_indices(train.y, rank, 2, seed=0), :, rows, :] = 0.0
+    opts = _opts(tmp_path, workers=2, max_steps=20, rule="sgd")
+    del opts["data"]  # the data set object below, not a name
+    result = phalanx.train(data=(dataclasses.replace(train, x=x), test), **opts)
+    assert result.summary["updates"] == 2 * 20
+    torch.manual_seed(0)
+    initial = build_model("mlp", (1, 16, 16), 10).state_dict()["fc1.weight"]
+    moved = (result.model.state_dict()["fc1.weight"] - initial).view(-1, 16, 16).abs()
+    for rank, rows in blind.items():
+        seen = moved[:, 8:] if rows.start == 0 else moved[:, :8]  # worker rank's half
+        assert seen.max() > 1e-3, f"worker {rank}'s updates are not in the shared model"
 
 
 @pytest.mark.slow

@@ -131,6 +131,29 @@ def test_dc_asgd_compensates_with_the_pushing_workers_backup():
     assert torch.allclose(s.dense, expected, atol=1e-7)
 
 
+def test_dc_asgd_gives_sparse_rows_no_compensation():
+    """As docs/parameter-server.md states: a table row's backup is the row as it is when
+    the push is applied, so w_now - w_backup = 0 and the row takes the plain rule step,
+    while the same push's dense slice is compensated against the worker's pulled copy."""
+    lam = 0.5
+    part = Partition(1, (0,), ((2,),), (0, 2), SparseTable(1, 4, 3))
+    table = torch.arange(12, dtype=torch.float32).view(4, 3)
+    s = ShardState(0, part, torch.tensor([1.0, 2.0]), table, chain(dc_asgd(lam), sgd(LR)),
+                   Asynchronous(), 2, keep_backups=True)
+    ids = torch.tensor([1])
+    for w in range(2):
+        s.handle(w, Header(Kind.PULL, worker=w, flags=WANT_DENSE | HAS_ROWS), [ids])
+    w0, r0 = s.dense.clone(), s.rows[1].clone()
+    g0, g1 = torch.tensor([1.0, -2.0]), torch.tensor([2.0, 1.0])
+    h0, h1 = torch.tensor([1.0, 2.0, -1.0]), torch.tensor([3.0, -1.0, 2.0])
+    for w, g, h in ((0, g0, h0), (1, g1, h1)):  # both computed at version 0
+        s.handle(w, Header(Kind.PUSH, worker=w, version=0, flags=HAS_ROWS), [g, ids, h])
+    w1, r1 = w0 - LR * g0, r0 - LR * h0
+    assert torch.allclose(s.dense, w1 - LR * (g1 + lam * g1 * g1 * (w1 - w0)), atol=1e-7)
+    assert torch.equal(s.rows[1], r1 - LR * h1)  # no compensation for the row
+    assert (lam * h1 * h1 * (r1 - r0)).abs().min() > 0.01  # though it would have had one
+
+
 def test_staleness_scaled_lr_divides_by_staleness():
     s = make(Asynchronous(), workers=3, rule=chain(staleness_scaled(), sgd(LR)))
     for w in range(3):
