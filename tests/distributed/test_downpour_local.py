@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 import phalanx
-from phalanx.api import make_job
 from phalanx.comm.transport import GlooTransport
 from phalanx.config import RunConfig
+from phalanx.entry.api import make_job
 from phalanx.metrics import EventLog
 from phalanx.parallel import ps
 from phalanx.parallel.base import Job, read_result
