@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,7 +64,7 @@ class Transport(Protocol):
     def recv(self, src: int | None = None, timeout_s: float | None = None, *,
              control: bool = False) -> Message: ...
 
-    def flush(self) -> None: ...
+    def flush(self, lost: Collection[int] = ()) -> None: ...
 
 
 def _is_control(header: Header) -> bool:
@@ -143,7 +143,7 @@ class InProcTransport:
             raise WireError("payload does not match what the header announced")
         return Message(sender, header, list(tensors))
 
-    def flush(self) -> None:
+    def flush(self, lost: Collection[int] = ()) -> None:
         pass
 
 
@@ -319,10 +319,15 @@ class GlooTransport:
                 return
             arrived.put((peer, wire))
 
-    def flush(self) -> None:
+    def flush(self, lost: Collection[int] = ()) -> None:
+        """Wait for every send still in flight. ``lost``: ranks already known dead (a
+        parameter server's dropped workers): a send to one of them that failed is not an
+        error (it was a reply posted before the peer died)."""
         with self._lock:
             inflight, self._inflight = self._inflight, []
-            self._wait(inflight)
+            # a send to a dead peer is not waited for (it could only fail, or block until
+            # the group's timeout); the backend keeps its buffer until it gives up
+            self._wait([s for s in inflight if s[0] not in lost])
 
 
 def _short(gloo_message: str) -> str:

@@ -25,24 +25,22 @@ from torch import nn
 
 from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError, PhalanxError
-from phalanx.metrics import EventLog, Progress
+from phalanx.metrics import EventLog
 from phalanx.parallel.base import (
     Job,
     Outcome,
-    Straggler,
-    augmenter,
     detached,
-    evaluate,
     write_result,
 )
 from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.spec import StrategySpec
+from phalanx.parallel.stats import HogwildStats
+from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule, state_tensors
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
 from phalanx.runtime.placement import DeviceSupport, plan_for, setup_rank, spawn_backend
 
-LOG_EVERY = 10
 # every worker updates one model: on one GPU (CUDA IPC) or in shared host memory; no traffic
 DEVICE = DeviceSupport(nccl=False, one_device=True)
 
@@ -86,17 +84,12 @@ def run(job: Job, log: EventLog) -> Outcome:
                            "shared memory was not shared")
     samples, updates = (int(v) for v in counters.sum(0))
     train_s = float(clocks[:, 1].max() - clocks[:, 0].min())
-    stats = {
-        "bytes_sent": 0,  # no messages: workers write the shared tensors directly
-        "bytes_per_sample": 0.0,
-        "updates": updates,
-        "lock": cfg.lock,
-        "shared_bytes_written": updates * sum(p.numel() * p.element_size()
-                                              for p in model.parameters()),
-        "train_wall_s": train_s,  # first worker's start to last worker's end
-        "train_samples_per_s": samples / train_s if train_s > 0 else 0.0,
-        "launch_wall_s": wall,
-    }
+    stats = HogwildStats(  # no messages (bytes_sent 0): workers write the shared tensors
+        updates=updates, lock=cfg.lock,
+        shared_bytes_written=updates * sum(p.numel() * p.element_size()
+                                           for p in model.parameters()),
+        train_wall_s=train_s, train_samples_per_s=samples / train_s if train_s > 0 else 0.0,
+        launch_wall_s=wall)
     write_result(job, model.state_dict(), train_samples=samples, steps=updates, stats=stats)
     return Outcome(model.cpu(), samples, updates, stats)
 
@@ -123,27 +116,24 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
     total = job.planned_steps(min(len(job.shard(r, world)) for r in range(world)))
     rule = make_rule(cfg, total)
     state = rule.init(shared_w)  # each worker keeps its own optimizer state
-    aug = augmenter(cfg)
-    gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
-    loss_fn = nn.CrossEntropyLoss()
-    straggler = Straggler(cfg.slow_workers.get(rank, 1.0))
-    progress = Progress(total, f"hogwild{'-lock' if lock else ''}",
-                        enabled=cfg.progress and rank == 0)
-    data = DeviceData(job.train, place.torch_device, place.data_on_device, aug is not None)
-    t0 = time.perf_counter()
+    kit = WorkerKit.of(cfg, rank)
+    report = StepReporter(cfg, log, total, f"hogwild{'-lock' if lock else ''}",
+                          shows_progress=rank == 0, evaluates=rank == 0)
+    data = DeviceData(job.train, place.torch_device, place.data_on_device,
+                      kit.aug is not None)
     clocks[rank, 0] = time.time()  # wall clock: comparable across processes
     step, samples, epoch = 0, 0, 0
     while step < total:
         for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed + rank):
-            x, y = data.batch(idx, aug, gen)
+            x, y = data.batch(idx, kit.aug, kit.gen)
             if lock is not None:
                 with lock:  # consistent read: no update is half-applied in the copy
                     torch._foreach_copy_(local_w, shared_w)
-            straggler.start()
+            kit.straggler.start()
             out = local(x)
-            loss = loss_fn(out, y)
+            loss = kit.loss_fn(out, y)
             grads = list(torch.autograd.grad(loss, params))
-            straggler.finish()
+            kit.straggler.finish()
             if lock is not None:
                 with lock:  # atomic write: the update lands whole
                     updates, state = rule.update(grads, state, shared_w)
@@ -156,39 +146,32 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
             samples += len(idx)
             counters[rank, 0] = samples
             counters[rank, 1] = step
-            if step % LOG_EVERY == 0 or step == total:
-                acc = (out.argmax(1) == y).float().mean().item()
-                log.log("train", step=step, epoch=epoch, loss=loss.item(), accuracy=acc,
-                        samples=samples, wall_s=time.perf_counter() - t0)
-                progress.update(step, loss=loss.item())
+            report.step(step, epoch, loss, out, y, samples)
             if rank == 0 and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                 # a lock-free snapshot of the shared model (rank 0's own rule state)
                 save_checkpoint(job.run_dir / "checkpoint.pt", {
                     "step": step, "model": {k: v.detach().to("cpu", copy=True)
                                             for k, v in model.state_dict().items()},
                     "rule_state": state_tensors(state)})
-            if rank == 0 and cfg.eval_every and step % cfg.eval_every == 0:
-                _eval(job, model, log, step, epoch, counters, t0)
+            if report.eval_due(step, epoch_ended=False):
+                _eval(job, model, report, step, epoch, counters)
             if step >= total:
                 break
         epoch += 1
-        if rank == 0 and not cfg.eval_every:
-            _eval(job, model, log, step, epoch, counters, t0)
+        if report.eval_due(step, epoch_ended=True):
+            _eval(job, model, report, step, epoch, counters)
     clocks[rank, 1] = time.time()
-    progress.close()
+    report.close()
     log.close()
     dist.barrier()  # sync point: every worker's last update is in the shared model
     if rank == 0:
         seen[0] = _checksum(model)
 
 
-def _eval(job: Job, model: nn.Module, log: EventLog, step: int, epoch: int,
-          counters: torch.Tensor, t0: float) -> None:
+def _eval(job: Job, model: nn.Module, report: StepReporter, step: int, epoch: int,
+          counters: torch.Tensor) -> None:
     # evaluated while the other workers keep writing: a snapshot taken without a lock
-    snapshot = copy.deepcopy(model)
-    loss, acc = evaluate(snapshot, job.test)
-    log.log("eval", step=step, epoch=epoch, samples=int(counters[:, 0].sum()), test_loss=loss,
-            test_accuracy=acc, wall_s=time.perf_counter() - t0)
+    report.evaluate(copy.deepcopy(model), job.test, step, epoch, int(counters[:, 0].sum()))
 
 
 SPEC = StrategySpec(

@@ -41,11 +41,13 @@ from phalanx.parallel.base import (
     Job,
     Outcome,
     read_result,
+    stats_dict,
     write_result,
 )
 from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.ps_worker import WORKER_STATS, steps_per_worker, worker_main
 from phalanx.parallel.spec import StrategySpec
+from phalanx.parallel.stats import ParameterServerStats, Traffic
 from phalanx.ps.checkpoint import read_shard, restore_shard, save_shard, shard_path
 from phalanx.ps.consistency import Consistency, make_consistency
 from phalanx.ps.partition import flat_dense, partition, trainable, unflatten_into
@@ -107,9 +109,9 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError(f"--nfetch/--npush: only --strategy downpour uses them "
                           f"(got --strategy {cfg.strategy})")
     if cfg.pull_ahead and not (model.pulls_ahead and not preset(cfg).delay_compensation):
-        raise ConfigError(f"--pull-ahead: --strategy {cfg.strategy} with consistency "
-                          f"{model.name} waits for fresh weights (only asp and downpour can "
-                          "pull ahead)")
+        raise ConfigError(f"--pull-ahead: --strategy {cfg.strategy} waits for fresh weights"
+                          + (f" (consistency {model.name})" if cfg.consistency else "")
+                          + " (only asp and downpour can pull ahead)")
     if cfg.grad_accum != 1:
         raise ConfigError(f"--grad-accum: not supported by --strategy {cfg.strategy} "
                           "(use --strategy downpour with --npush)")
@@ -244,13 +246,14 @@ def server_main(job: Job, transport: Transport, layout: Layout, shard: int,
         return
     results = gather_final(state, transport, layout, cfg.ps_timeout)
     model, samples, steps, stats = assemble(job, state.part, results, state.lost_workers)
-    log.log("ps_stats", **stats)
+    log.log("ps_stats", **stats_dict(stats))
     write_result(job, model.state_dict(), train_samples=samples, steps=steps, stats=stats)
-    transport.flush()
+    transport.flush(lost={layout.worker_rank(w) for w in state.lost_workers})
 
 
 def assemble(job: Job, part, results: list[ShardResult],
-             lost_workers: dict[int, int] | None = None) -> tuple[nn.Module, int, int, dict]:
+             lost_workers: dict[int, int] | None = None,
+             ) -> tuple[nn.Module, int, int, ParameterServerStats]:
     """The final model from the shards' parameters (+ the first finished worker's buffers),
     and the stats. ``lost_workers`` (dead worker -> its clock) counts their samples."""
     lost_workers = lost_workers or {}
@@ -283,23 +286,19 @@ def assemble(job: Job, part, results: list[ShardResult],
     applied = sum(hist)
     bytes_sent = int(sum(r.stat("bytes_sent") for r in results)
                      + sum(s["bytes_sent"] for s in per_worker.values()))
-    stats = {
-        "consistency": consistency(cfg).name,
-        "servers": cfg.servers,
-        "staleness_mean": sum(s * c for s, c in enumerate(hist)) / applied if applied else 0.0,
-        "staleness_max": len(hist) - 1 if hist else 0,
-        "staleness_histogram": hist,
-        "pushes_applied": int(sum(r.stat("pushes_applied") for r in results)),
-        "pushes_rejected": int(sum(r.stat("pushes_rejected") for r in results)),
-        "messages_rejected": int(sum(r.stat("messages_rejected") for r in results)),
-        "server_updates": int(results[0].stat("updates")),
-        "pushes_lost": int(sum(r.stat("pushes_lost") for r in results)),
-        "pushes_dropped": int(sum(s.get("pushes_dropped", 0) for s in per_worker.values())),
-        "duplicates": int(sum(r.stat("duplicates") for r in results)),
-        "workers_lost": sorted(lost_workers),
-        "bytes_sent": bytes_sent,
-        "bytes_per_sample": bytes_sent / samples if samples else 0.0,
-    }
+    stats = ParameterServerStats(
+        bytes_sent=bytes_sent, bytes_per_sample=Traffic.per_sample(bytes_sent, samples),
+        consistency=consistency(cfg).name, servers=cfg.servers,
+        staleness_mean=sum(s * c for s, c in enumerate(hist)) / applied if applied else 0.0,
+        staleness_max=len(hist) - 1 if hist else 0, staleness_histogram=hist,
+        pushes_applied=int(sum(r.stat("pushes_applied") for r in results)),
+        pushes_rejected=int(sum(r.stat("pushes_rejected") for r in results)),
+        messages_rejected=int(sum(r.stat("messages_rejected") for r in results)),
+        server_updates=int(results[0].stat("updates")),
+        pushes_lost=int(sum(r.stat("pushes_lost") for r in results)),
+        pushes_dropped=int(sum(s.get("pushes_dropped", 0) for s in per_worker.values())),
+        duplicates=int(sum(r.stat("duplicates") for r in results)),
+        workers_lost=sorted(lost_workers))
     return model, samples, steps, stats
 
 

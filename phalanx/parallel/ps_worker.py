@@ -16,10 +16,7 @@ injection: ``--kill-worker`` exits the process at a step, ``--drop-messages`` lo
 
 from __future__ import annotations
 
-import time
-
 import torch
-from torch import nn
 
 from phalanx.comm.counters import nbytes
 from phalanx.comm.exchange import compression_for
@@ -27,9 +24,10 @@ from phalanx.comm.staging import host_vector, to_host
 from phalanx.comm.transport import Transport
 from phalanx.comm.wire import HEADER_BYTES
 from phalanx.data import epoch_batches, steps_per_epoch
-from phalanx.metrics import EventLog, Progress
-from phalanx.parallel.base import Job, Straggler, augmenter, evaluate
+from phalanx.metrics import EventLog
+from phalanx.parallel.base import Job
 from phalanx.parallel.device_data import DeviceData
+from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.ps.client import Heartbeat, PSClient
 from phalanx.ps.partition import flat_dense, partition, trainable, unflatten_into
 from phalanx.ps.server import Layout
@@ -43,7 +41,6 @@ from phalanx.runtime.faults import (
 )
 from phalanx.runtime.placement import CPU, Placement
 
-LOG_EVERY = 10
 WORKER_STATS = ("samples", "steps", "bytes_sent", "bytes_received", "pushes_dropped")
 
 
@@ -80,7 +77,7 @@ class PSWorker:
         self.total = steps_per_worker(job)
         self.heartbeat = Heartbeat(transport, layout, worker, cfg.heartbeat_s)
         self.step = self.clock = self.samples = 0
-        self.t0 = time.perf_counter()
+        self.report: StepReporter | None = None  # made when training starts
         # --pull-ahead (asp, downpour; not with a sparse table, whose rows depend on the
         # next batch): the next weights are asked for before this step's compute, so
         # their round trip hides behind it; `ahead` holds the requests in flight
@@ -117,10 +114,8 @@ class PSWorker:
         if self.ahead is not None:
             self.pull(None, dense=True)  # drain the pull asked ahead first
         self.pull(None, dense=True)  # evaluate the servers' weights, not a stale copy
-        loss, acc = evaluate(self.model, self.job.test)
-        self.log.log("eval", step=self.step, epoch=epoch,
-                     samples=self.samples * self.cfg.workers, test_loss=loss,
-                     test_accuracy=acc, wall_s=time.perf_counter() - self.t0)
+        self.report.evaluate(self.model, self.job.test, self.step, epoch,
+                             self.samples * self.cfg.workers)
 
     def resume(self) -> int:
         """A restarted worker: the shards say how far it got (the smallest clock any shard
@@ -158,18 +153,17 @@ class PSWorker:
 
     def train(self) -> None:
         cfg, job, part, table = self.cfg, self.job, self.part, self.table
-        straggler = Straggler(cfg.slow_workers.get(self.worker, 1.0))
-        aug = augmenter(cfg)
-        data = DeviceData(job.train, self.device, self.place.data_on_device, aug is not None)
-        gen = torch.Generator().manual_seed(cfg.seed + 1 + self.worker)
-        loss_fn = nn.CrossEntropyLoss()
-        progress = Progress(self.total, cfg.strategy, enabled=cfg.progress and self.worker == 0)
+        kit = WorkerKit.of(cfg, self.worker)
+        data = DeviceData(job.train, self.device, self.place.data_on_device,
+                          kit.aug is not None)
         epoch = self.resume() if cfg.resume else 0
         skip = self.step - epoch * steps_per_epoch(len(self.shard), cfg.batch_size)
         acc_dense = acc_versions = None
         acc_rows: list[torch.Tensor] = []
         acc_row_grads: list[torch.Tensor] = []
-        self.t0 = time.perf_counter()
+        first = self.worker == 0  # shows progress and evaluates the servers' weights
+        self.report = report = StepReporter(cfg, self.log, self.total, cfg.strategy,
+                                            shows_progress=first, evaluates=first)
         while self.step < self.total:
             for i, idx in enumerate(epoch_batches(self.shard, cfg.batch_size, epoch, cfg.seed)):
                 if i < skip:
@@ -177,7 +171,7 @@ class PSWorker:
                 if self.step == self.kill_at:
                     die(self.log.log, "worker", self.worker, f"step {self.step}",
                         KILLED_WORKER_EXIT)
-                x, y = data.batch(idx, aug, gen)
+                x, y = data.batch(idx, kit.aug, kit.gen)
                 rows = x.unique().cpu() if table is not None else None  # ids go to shards
                 if self.step % cfg.nfetch == 0:
                     self.pull(rows, dense=True)  # BSP / SSP workers wait here
@@ -186,11 +180,11 @@ class PSWorker:
                 if acc_versions is None:
                     acc_versions = list(self.client.versions)  # staleness counts from here
                 self.pull_ahead()
-                straggler.start()
+                kit.straggler.start()
                 out = self.model(x)
-                loss = loss_fn(out, y)
+                loss = kit.loss_fn(out, y)
                 grads = torch.autograd.grad(loss, self.params)
-                straggler.finish()
+                kit.straggler.finish()
                 g = flat_dense(part, list(grads))
                 if self.local_steps and (self.step + 1) % cfg.nfetch and \
                         self.step + 1 < self.total:
@@ -211,22 +205,17 @@ class PSWorker:
                     self.clock += 1
                     acc_dense = acc_versions = None
                     acc_rows, acc_row_grads = [], []
-                if self.step % LOG_EVERY == 0 or self.step == self.total:
-                    acc = (out.argmax(1) == y).float().mean().item()
-                    self.log.log("train", step=self.step, epoch=epoch, loss=loss.item(),
-                                 accuracy=acc, samples=self.samples,
-                                 wall_s=time.perf_counter() - self.t0,
-                                 bytes_sent=self.transport.counter.sent)
-                    progress.update(self.step, loss=loss.item())
-                if self.worker == 0 and cfg.eval_every and self.step % cfg.eval_every == 0:
+                report.step(self.step, epoch, loss, out, y, self.samples,
+                            bytes_sent=self.transport.counter.sent)
+                if report.eval_due(self.step, epoch_ended=False):
                     self.evaluate_now(epoch)
                 if self.step >= self.total:
                     break
             epoch += 1
             skip = 0
-            if self.worker == 0 and not cfg.eval_every:
+            if report.eval_due(self.step, epoch_ended=True):
                 self.evaluate_now(epoch)
-        progress.close()
+        report.close()
 
     def done(self) -> None:
         # every worker sends its buffers (BatchNorm statistics, not served by the PS):

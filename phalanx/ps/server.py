@@ -181,7 +181,7 @@ def send_final(state: ShardState, transport: Transport, layout: Layout) -> None:
     counters_t[STAT_FIELDS.index("bytes_sent")] = transport.counter.sent + payload_bytes
     transport.send(layout.server_rank(0), Header(Kind.FINAL, shard=state.shard),
                    [state.dense, rows, counters_t])
-    transport.flush()
+    transport.flush(lost={layout.worker_rank(w) for w in state.lost_workers})
 
 
 def gather_final(state: ShardState, transport: Transport, layout: Layout,
