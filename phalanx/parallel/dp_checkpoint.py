@@ -66,12 +66,12 @@ def fingerprint(cfg: RunConfig) -> str:
     return json.dumps(values, sort_keys=True)
 
 
-def check_checkpointing(cfg: RunConfig) -> None:
-    """Replicas of ``average`` are equal only right after an averaging round: checkpoints
-    are taken there."""
-    if cfg.strategy == "average" and cfg.checkpoint_every % cfg.period:
+def check_checkpointing(cfg: RunConfig, period: int) -> None:
+    """Replicas that are equal only every ``period`` steps (right after an averaging
+    round) are checkpointed there."""
+    if cfg.checkpoint_every % period:
         raise ConfigError(f"--checkpoint-every: {cfg.checkpoint_every} must be a multiple of "
-                          f"--period {cfg.period} (replicas are equal only after averaging)")
+                          f"--period {period} (replicas are equal only after averaging)")
 
 
 @dataclass
@@ -246,7 +246,6 @@ class Checkpointer:
 def check_resume(cfg: RunConfig) -> None:
     """Before any process starts (``--resume DIR``): the checkpoint exists, passes its
     checksum and belongs to this run."""
-    check_checkpointing(cfg)
     read_checkpoint(cfg)
 
 

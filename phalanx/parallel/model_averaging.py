@@ -69,15 +69,19 @@ def world_size(cfg: RunConfig) -> int:
 
 
 def run(job: Job, log: EventLog) -> Outcome:
-    if job.config.sfb:
-        raise ConfigError("--sfb: sufficient factors apply to gradients; use --strategy sync")
     check_shards(job, world_size(job.config))
-    check_checkpointing(job.config)
+    check_config(job.config)
     if job.config.resume:
         check_resume(job.config)
     spawn_workers(job, process_main, world_size(job.config),
                   backend=spawn_backend(job.config, world_size(job.config), DEVICE))
     return read_result(job)
+
+
+def check_config(cfg: RunConfig) -> None:
+    if cfg.sfb:
+        raise ConfigError("--sfb: sufficient factors apply to gradients; use --strategy sync")
+    check_checkpointing(cfg, cfg.period)
 
 
 def can_restart(cfg: RunConfig) -> bool:
@@ -87,7 +91,7 @@ def can_restart(cfg: RunConfig) -> bool:
 
 def process_main(rank: int, world: int, job: Job) -> None:
     """One worker; runs inside an initialised process group (spawn or torchrun)."""
-    check_checkpointing(job.config)  # again here: under torchrun no driver checked first
+    check_config(job.config)  # again here: under torchrun no driver checked first
     place = setup_rank(job.config, rank, world, DEVICE, data_bytes=train_bytes(job))
     with open_log(job, rank) as log:
         train_worker(WorkerContext(job, rank, world, log, time.perf_counter(), place))
@@ -203,7 +207,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
 
 SPEC = StrategySpec(
     "average", "parameter averaging (local SGD) every --period steps; DiLoCo with "
-    "--outer-rule", run, process_main, world_size, check=check_checkpointing,
+    "--outer-rule", run, process_main, world_size, check=check_config,
     check_resume=check_resume, can_restart=can_restart,
     supports=frozenset({"kill_worker", "compress", "powersgd", "outer_rule"}),
     options=("period", "average_optimizer_state"), shards_by="workers", device=DEVICE)

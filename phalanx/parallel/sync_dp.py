@@ -43,7 +43,6 @@ from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.dp_checkpoint import (
     Checkpointer,
     Position,
-    check_checkpointing,
     has_checkpoint,
     spawn_workers,
 )
@@ -69,7 +68,6 @@ def world_size(cfg: RunConfig) -> int:
 
 def run(job: Job, log: EventLog) -> Outcome:
     check_shards(job, world_size(job.config))  # fail here, in one line, not in N children
-    check_checkpointing(job.config)
     if job.config.resume:
         check_resume(job.config)
     spawn_workers(job, process_main, world_size(job.config),
@@ -301,7 +299,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
 
 SPEC = StrategySpec(
     "sync", "synchronous data parallel: gradients allreduced bucket by bucket (ring, native, "
-    "main)", run, process_main, world_size, check=check_checkpointing,
+    "main)", run, process_main, world_size,
     check_resume=check_resume, can_restart=can_restart,
     supports=frozenset({"kill_worker", "compress", "powersgd"}),
     options=("bucket_mb",), shards_by="workers", device=DEVICE)

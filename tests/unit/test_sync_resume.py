@@ -19,7 +19,6 @@ from phalanx.errors import ConfigError
 from phalanx.parallel import model_averaging, sync_dp
 from phalanx.parallel.base import Job
 from phalanx.parallel.dp_checkpoint import (
-    check_checkpointing,
     checkpoint_path,
     read_checkpoint,
 )
@@ -150,6 +149,6 @@ def test_average_checkpoints_only_after_a_round() -> None:
     cfg = RunConfig(strategy="average", workers=2, period=4, checkpoint_every=6).validate()
     with pytest.raises(ConfigError, match="--checkpoint-every: 6 must be a multiple of "
                                           "--period 4"):
-        check_checkpointing(cfg)
-    check_checkpointing(RunConfig(strategy="average", workers=2, period=4,
-                                  checkpoint_every=8).validate())
+        model_averaging.check_config(cfg)
+    model_averaging.check_config(RunConfig(strategy="average", workers=2, period=4,
+                                           checkpoint_every=8).validate())
