@@ -23,7 +23,8 @@ from phalanx.comm.transport import Transport
 from phalanx.comm.wire import Header, Kind
 from phalanx.errors import PhalanxError
 from phalanx.metrics import EventLog
-from phalanx.parallel.base import Job, Straggler
+from phalanx.parallel.base import Job
+from phalanx.parallel.worker import WorkerKit
 from phalanx.ps.client import Heartbeat
 from phalanx.ps.partition import Partition, flat_dense, partition, trainable, unflatten_into
 from phalanx.ps.server import Layout
@@ -85,7 +86,9 @@ class SandblasterWorker:
         self.params = trainable(self.model)
         self.part = model_partition(self.model, cfg.servers)
         self.flat = flat_dense(self.part, self.params)
-        self.straggler = Straggler(cfg.slow_workers.get(worker, 1.0))
+        # the shared set-up's straggler (L-BFGS portions take no augmentation, no
+        # sampled batches: the generator and loss of the kit are not used here)
+        self.straggler = WorkerKit.of(cfg, worker).straggler
         self.kill_at = kill_point(parse_kills(cfg.kill_worker, "--kill-worker"), worker)
         # Heartbeat sends to "server" ranks 0..servers-1: with one, that is the coordinator
         self.heartbeat = Heartbeat(transport, Layout(1, cfg.workers), worker, cfg.heartbeat_s)
