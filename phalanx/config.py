@@ -187,8 +187,9 @@ class RunConfig:
         need(math.isfinite(self.epochs) and self.epochs > 0, "epochs", "must be > 0")
         need(self.max_steps >= 0, "max_steps", "must be >= 0")
         need(self.batch_size >= 1, "batch_size", "must be >= 1")
-        if self.lr is None:  # a strategy with a default of its own set it before this
+        if self.lr is None:  # the rule's start; a strategy's own default replaces it later
             self.lr = DEFAULT_LR[self.rule]
+            self.lr_defaulted = True  # not a field: never written, never a flag
         need(math.isfinite(self.lr) and self.lr > 0, "lr", "must be a finite number > 0")
         need(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")

@@ -81,8 +81,8 @@ def check_config(cfg: RunConfig) -> RunConfig:
     ``--slow-workers`` / ``--kill-worker`` name, the fault and compression flags it
     honours, the consistency model, and the strategy's own ``check``. Returns ``cfg``."""
     s = spec(cfg.strategy)
-    if cfg.lr is None and s.default_lr is not None:
-        cfg.lr = s.default_lr
+    if s.default_lr is not None and (cfg.lr is None or getattr(cfg, "lr_defaulted", False)):
+        cfg.lr = s.default_lr  # e.g. L-BFGS's natural step, unless the user chose one
     cfg.validate()
     ranks, flags = s.compute_ranks(cfg)
     for rank in cfg.slow_workers:
