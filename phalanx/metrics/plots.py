@@ -5,17 +5,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, imported on first use: it costs about 0.4 s,
+    which every ``phalanx`` command would otherwise pay before parsing its flags."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _save(fig, path: Path) -> Path:
     """Lay out, write and close a figure (an open figure per plot would leak memory)."""
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -25,6 +31,7 @@ def line_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[f
               reference: Sequence[str] = ()) -> Path:
     """One line per label: ``series[label] = (xs, ys)``. Labels in ``reference`` (formulas,
     claims) are drawn dashed without markers, so measured points on them stay visible."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     for label, (xs, ys) in series.items():
         if label in reference:
@@ -48,6 +55,7 @@ def line_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[f
 
 def bar_plot(path: Path, values: Mapping[str, float], *, ylabel: str, title: str,
              xlabel: str = "") -> Path:
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     labels = list(values)
     bars = ax.bar(labels, [values[k] for k in labels], color="tab:blue")
@@ -62,6 +70,7 @@ def bar_plot(path: Path, values: Mapping[str, float], *, ylabel: str, title: str
 def histogram_plot(path: Path, hists: Mapping[str, Sequence[int]], *, xlabel: str, title: str
                    ) -> Path:
     """Grouped bars: ``hists[label][k]`` = count of value k (normalised to a fraction)."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     labels = [k for k, h in hists.items() if sum(h)]
     width = 0.8 / max(len(labels), 1)
@@ -88,6 +97,7 @@ def scatter_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequenc
                  xlabel: str, ylabel: str, title: str, logx: bool = True,
                  frontier: Sequence[tuple[float, float]] = ()) -> Path:
     """One marker colour per label; ``frontier`` (x, y) points joined by a dashed line."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.8, 4.6), dpi=110)
     for label, (xs, ys) in series.items():
         ax.scatter(xs, ys, s=28, label=label)
@@ -110,6 +120,7 @@ def band_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[f
               xlabel: str, ylabel: str, title: str, logx: bool = False) -> Path:
     """Mean curves with a shaded band: ``series[label] = (xs, mean, low, high)`` (repeated
     seeds; a band of zero width, from one seed, draws as the plain line)."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     for label, (xs, mean, low, high) in series.items():
         (line,) = ax.plot(xs, mean, marker="o", markersize=3, label=label)

@@ -11,12 +11,12 @@ they are saved and as they are freed. All three are measured, not derived from a
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
 
 from phalanx.parallel.base import Straggler
 
@@ -77,18 +77,27 @@ class StageMeter:
             yield
 
 
-class MeteredStage(PipelineStage):
-    """A ``PipelineStage`` whose per-micro-batch forward and backward run under a
-    :class:`StageMeter` (the schedule's waits for neighbours happen outside them)."""
+@functools.cache
+def metered_stage_class() -> type:
+    """``MeteredStage``, a ``PipelineStage`` subclass. Made on first use:
+    ``torch.distributed.pipelining`` takes about 1.6 s to import, which every ``phalanx``
+    command would otherwise pay (the registry imports every strategy)."""
+    from torch.distributed.pipelining import PipelineStage
 
-    def __init__(self, meter: StageMeter, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.meter = meter
+    class MeteredStage(PipelineStage):
+        """A ``PipelineStage`` whose per-micro-batch forward and backward run under a
+        :class:`StageMeter` (the schedule's waits for neighbours happen outside them)."""
 
-    def forward_one_chunk(self, *args, **kwargs):
-        with self.meter.computing(backward=False):
-            return super().forward_one_chunk(*args, **kwargs)
+        def __init__(self, meter: StageMeter, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.meter = meter
 
-    def backward_one_chunk(self, *args, **kwargs):
-        with self.meter.computing(backward=True):
-            return super().backward_one_chunk(*args, **kwargs)
+        def forward_one_chunk(self, *args, **kwargs):
+            with self.meter.computing(backward=False):
+                return super().forward_one_chunk(*args, **kwargs)
+
+        def backward_one_chunk(self, *args, **kwargs):
+            with self.meter.computing(backward=True):
+                return super().backward_one_chunk(*args, **kwargs)
+
+    return MeteredStage

@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from phalanx.comm.staging import DeviceHop, gloo_carries
 from phalanx.config import RunConfig
@@ -31,7 +30,7 @@ from phalanx.parallel.base import (
     read_result,
     write_result,
 )
-from phalanx.parallel.instrument import MeteredStage, StageMeter
+from phalanx.parallel.instrument import StageMeter, metered_stage_class
 from phalanx.parallel.partition import agreed_partition, check_stages, stage_module
 from phalanx.parallel.reporting import StageReporter, wants_eval
 from phalanx.parallel.spec import StrategySpec
@@ -47,7 +46,14 @@ from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
 from phalanx.runtime.placement import DeviceSupport, setup_rank, spawn_backend
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+def schedule_class(name: str) -> type:
+    """GPipe or 1F1B from ``torch.distributed.pipelining`` (imported here, on first use:
+    see :func:`phalanx.parallel.instrument.metered_stage_class`)."""
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+
 DEVICE = DeviceSupport()  # activations between neighbouring stages: NCCL-able
 
 
@@ -213,14 +219,14 @@ def build_schedule(submod: nn.Module, meter: StageMeter, s: int, stages: int,
     """Stage ``s`` of ``stages`` around ``submod`` and its GPipe / 1F1B schedule.
     ``shapes[k]`` is stage k's output for one micro-batch."""
     mb = shapes[0][0]
-    stage = MeteredStage(
+    stage = metered_stage_class()(
         meter, submod, s, stages, torch.device("cpu"),
         # example tensors: their requires_grad tells the stage which gradients travel
         input_args=(torch.empty(mb, *input_shape) if s == 0
                     else torch.empty(shapes[s - 1], requires_grad=True)),
         output_args=torch.empty(shapes[s], requires_grad=True), group=group)
     # scale_grads=False: the caller scales once per optimizer step (grad_accum-safe)
-    return SCHEDULES[name](stage, microbatches, loss_fn=nn.CrossEntropyLoss(),
+    return schedule_class(name)(stage, microbatches, loss_fn=nn.CrossEntropyLoss(),
                            scale_grads=False)
 
 
