@@ -163,6 +163,11 @@ class SandblasterWorker:
             self.transport.send(self.layout.shard_rank(k),
                                 Header(Kind.PUSH, worker=self.worker, clock=evaluation,
                                        seq=portion, shard=k), [g[a:b]])
+        # the pushes leave before the coordinator hears the portion is done: it counts a
+        # reported portion as computed, and the shards' ACCEPT waits for every portion's
+        # push, so a push still queued when this worker dies (it reported, then was
+        # killed) would stall the iteration. Sent sockets' data survives the process.
+        self.transport.flush()
         correct = (out.argmax(1) == y).sum().item()
         result = torch.tensor([loss.item(), end - start, correct], dtype=torch.float64)
         self.transport.send(coordinator, Header(Kind.TASK, worker=self.worker, clock=evaluation,
