@@ -26,9 +26,9 @@ from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError
 from phalanx.parallel.base import Job, detached, write_result
 from phalanx.parallel.device_data import DeviceData, train_bytes
-from phalanx.parallel.reporting import StageReporter, wants_eval
+from phalanx.parallel.reporting import StageReporter
 from phalanx.parallel.stats import ColumnParallelStats
-from phalanx.parallel.worker import WorkerKit
+from phalanx.parallel.worker import WorkerKit, wants_eval
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.placement import DeviceSupport, setup_rank
 

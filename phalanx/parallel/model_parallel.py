@@ -33,11 +33,11 @@ from phalanx.parallel.column_parallel import check_split_layer
 from phalanx.parallel.column_parallel import process_main as split_main
 from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.partition import agreed_partition, check_stages, stage_module
-from phalanx.parallel.reporting import StageReporter, wants_eval
+from phalanx.parallel.reporting import StageReporter
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stages import boundary_shapes, gather_model
 from phalanx.parallel.stats import ModelParallelStats
-from phalanx.parallel.worker import WorkerKit
+from phalanx.parallel.worker import WorkerKit, wants_eval
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn

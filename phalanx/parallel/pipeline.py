@@ -32,7 +32,7 @@ from phalanx.parallel.base import (
 )
 from phalanx.parallel.instrument import StageMeter, metered_stage_class
 from phalanx.parallel.partition import agreed_partition, check_stages, stage_module
-from phalanx.parallel.reporting import StageReporter, wants_eval
+from phalanx.parallel.reporting import StageReporter
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stages import (
     boundary_shapes,
@@ -40,7 +40,7 @@ from phalanx.parallel.stages import (
     refuse_batchnorm_with_microbatches,
 )
 from phalanx.parallel.stats import PipelineStats
-from phalanx.parallel.worker import WorkerKit
+from phalanx.parallel.worker import WorkerKit, wants_eval
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn

@@ -27,10 +27,3 @@ class StageReporter(StepReporter):
         super().close()
         self.log.close()
 
-
-def wants_eval(cfg, step: int, epoch_done: bool) -> bool:
-    """Evaluate every ``eval_every`` steps, or at the end of each epoch when that is 0
-    (every stage asks: gathering the model for an evaluation is a collective)."""
-    if cfg.eval_every:
-        return not epoch_done and step % cfg.eval_every == 0
-    return epoch_done

@@ -44,6 +44,15 @@ class WorkerKit:
                    augmenter(cfg))
 
 
+def wants_eval(cfg: RunConfig, step: int, epoch_done: bool) -> bool:
+    """Is an evaluation due: every ``--eval-every`` steps, or at the end of each epoch when
+    that is 0. (The stage strategies ask on every rank: gathering the model is a
+    collective.)"""
+    if cfg.eval_every:
+        return not epoch_done and step % cfg.eval_every == 0
+    return epoch_done
+
+
 def batch_accuracy(out: torch.Tensor, y: torch.Tensor) -> float:
     return (out.argmax(1) == y).float().mean().item()
 
@@ -91,11 +100,7 @@ class StepReporter:
         self.progress.update(step)
 
     def eval_due(self, step: int, epoch_ended: bool) -> bool:
-        if not self.evaluates:
-            return False
-        if self.cfg.eval_every:
-            return not epoch_ended and step % self.cfg.eval_every == 0
-        return epoch_ended
+        return self.evaluates and wants_eval(self.cfg, step, epoch_ended)
 
     def evaluate(self, model: nn.Module, test: Dataset, step: int, epoch: int,
                  samples: int) -> None:
