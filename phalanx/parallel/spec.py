@@ -33,10 +33,6 @@ def one_process(cfg: RunConfig) -> int:
     return 1
 
 
-def by_workers(cfg: RunConfig) -> int:
-    return cfg.workers
-
-
 def workers_compute(cfg: RunConfig) -> tuple[int, str]:
     return cfg.workers, f"--workers {cfg.workers}"
 
@@ -97,9 +93,6 @@ class StrategySpec:
         for name in (*self.options, *((self.shards_by,) if self.shards_by else ())):
             if name not in fields:
                 raise ValueError(f"strategy {self.name}: {name!r} is not a RunConfig field")
-
-    def honours(self, feature: str) -> bool:
-        return feature in self.supports
 
     @property
     def can_resume(self) -> bool:
