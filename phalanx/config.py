@@ -297,6 +297,8 @@ def _coerce(f: dataclasses.Field, value: Any, source: str) -> Any:
 
 def load_config_file(path: str) -> dict[str, Any]:
     """Read a JSON or YAML run-configuration file into a dict (validated later)."""
+    if not path:
+        raise ConfigError("--config: the path is empty (name a JSON or YAML file)")
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--config: {path}: no such file")

@@ -66,6 +66,18 @@ def memory_bytes() -> int:
         return 1 << 40
 
 
+def available_memory_bytes() -> int:
+    """Memory the kernel can give without swapping (``MemAvailable``), else physical."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return memory_bytes()
+
+
 def short(value: Any) -> str:
     """A bounded repr of a user value for error messages (at most ~120 characters, even for
     a deeply nested or self-referential structure)."""

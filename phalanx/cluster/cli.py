@@ -193,6 +193,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         for item in filter(None, args.compare.split(",")):
             o, _, p = item.partition(":")
             pairs.append((o, p or opts.placement))
+        if not pairs:
+            raise ConfigError(f"--compare {args.compare!r}: names no policy (e.g. "
+                              "fifo,sjf,tiresias:topology)")
     else:
         pairs = [(opts.ordering, opts.placement)]
     _check_policies(pairs)

@@ -39,6 +39,10 @@ from phalanx.cluster.topology import Topology
 from phalanx.errors import ConfigError
 from phalanx.metrics import Progress
 
+# a scheduler decides every few seconds at the fastest; a smaller step only multiplies the
+# rounds (a 1e-9 s interval never ended)
+MIN_INTERVAL_S = 1.0
+
 
 @dataclass(frozen=True)
 class IntervalConfig:
@@ -49,8 +53,8 @@ class IntervalConfig:
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
-        if not 0 < self.interval_s < math.inf:
-            raise ConfigError(f"--interval must be a finite number > 0 seconds, "
+        if not MIN_INTERVAL_S <= self.interval_s < math.inf:
+            raise ConfigError(f"--interval must be a finite number >= {MIN_INTERVAL_S:g} seconds, "
                               f"got {self.interval_s}")
         if not 0 <= self.restart_cost_s < math.inf:
             raise ConfigError(f"--restart-cost must be a finite number >= 0 seconds, "

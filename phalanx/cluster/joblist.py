@@ -13,10 +13,11 @@ CSV: a header ``name,arrival,gpus[,duration],<RunConfig field>...``; each furthe
 a training setting (``model``, ``max_steps``, ``strategy``, ...), an empty cell keeps its
 default.
 
-The list's shape (names, arrivals, gang sizes, setting names) is checked here: one line
-naming the file, the job and the field. Setting *values* are checked by the training run
-itself, as ``phalanx train`` would, so a job with a bad value fails on its own (recorded
-as failed with its error line) while the others run.
+Everything is checked before any job starts, each as one line naming the file, the job
+and the field: the list's shape (names, arrivals, gang sizes, setting names), each job's
+settings as ``phalanx train`` checks them (:func:`check_settings`) and each gang against
+the cluster (:func:`check_fits`). A list that cannot run as written is refused whole,
+rather than running the other jobs and leaving one out.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from typing import Any
 import yaml
 
 from phalanx.cluster.jobs import JobSpec
+from phalanx.cluster.topology import Topology
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError, DataError
+from phalanx.parallel.registry import check_config
 
 # set by the scheduler, never by the job: where it writes, how many workers (the gang size)
 RESERVED = {"out": "the scheduler sets it to OUT/jobs/NAME",
@@ -43,6 +46,8 @@ RESERVED = {"out": "the scheduler sets it to OUT/jobs/NAME",
             "overwrite": "each job's folder is new"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SETTINGS = {f.name for f in dataclasses.fields(RunConfig)}
+# live mode waits in real time for an arrival: a job list spans hours or days, not decades
+MAX_ARRIVAL_S = 30 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,9 @@ def _job(i: int, entry: Any, where: str, seen: set[str]) -> LiveJob:
         if key not in entry:
             raise DataError(f"{where}: missing '{key}'")
     arrival = _number(entry["arrival"], where, "arrival", False, 0)
+    if arrival > MAX_ARRIVAL_S:
+        raise DataError(f"{where}: arrival {arrival:g} s is more than {MAX_ARRIVAL_S:g} s "
+                        "(30 days) away; live mode waits for it in real time")
     gpus = int(_number(entry["gpus"], where, "gpus", True, 1))
     duration = _number(entry.get("duration", 0), where, "duration", False, 0)
     config = entry.get("config", {})
@@ -96,6 +104,8 @@ def _job(i: int, entry: Any, where: str, seen: set[str]) -> LiveJob:
             raise DataError(f"{where}: config.{key}: do not set it ({RESERVED[k]})")
         if k not in _SETTINGS:
             raise DataError(f"{where}: config.{key}: unknown training setting")
+    if duration > MAX_ARRIVAL_S:
+        raise DataError(f"{where}: duration {duration:g} s is more than {MAX_ARRIVAL_S:g} s")
     spec = JobSpec(i, name, arrival, gpus, max(duration, 1.0), duration,
                    str(config.get("model", "")), cpu_per_gpu=1)
     return LiveJob(spec, dict(config))
@@ -152,3 +162,24 @@ def load_job_list(path: str | Path) -> list[LiveJob]:
     seen: set[str] = set()
     jobs = [_job(i, e, f"job list {p}: {where}", seen) for i, (where, e) in enumerate(entries)]
     return sorted(jobs, key=lambda j: (j.spec.submit, j.spec.id))
+
+
+def check_settings(jobs: list[LiveJob], source: str) -> None:
+    """Each job's training settings, checked as ``phalanx train`` checks them (types,
+    ranges, what the strategy can honour), before any job starts."""
+    for job in jobs:
+        where = f"job list {source}: {job.spec.name}"
+        cfg = RunConfig.from_mapping({**job.config, "workers": job.spec.gpus},
+                                     source=f"{where}: config")
+        try:
+            check_config(cfg)
+        except ConfigError as e:
+            raise DataError(f"{where}: {e}") from None
+
+
+def check_fits(jobs: list[LiveJob], topology: Topology, source: str) -> None:
+    """Refuse a gang larger than the cluster: it could never start."""
+    for job in jobs:
+        if job.spec.gpus > topology.num_devices:
+            raise DataError(f"job list {source}: {job.spec.name}: gpus {job.spec.gpus} is more "
+                            f"than the cluster's {topology.num_devices} slot(s)")

@@ -38,6 +38,7 @@ class Summary:
     events: int
     wall_s: float
     events_per_s: float
+    skipped_rows: int = 0       # malformed trace rows left out (--skip-bad-rows)
 
 
 def _time_mean(times: list[float], values: list[float], end: float) -> float:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from phalanx.cluster.clusters import resolve_cluster
-from phalanx.cluster.interval import IntervalConfig, IntervalSimulator
+from phalanx.cluster.interval import MIN_INTERVAL_S, IntervalConfig, IntervalSimulator
 from phalanx.cluster.jobs import JobSpec
 from phalanx.cluster.perf import PerfModel, PerfOptions
 from phalanx.cluster.policies import (
@@ -69,8 +69,8 @@ class SimulateOptions:
 
     def __post_init__(self) -> None:
         # flags are checked here, before any file is read or any run starts
-        if self.interval_s is not None and not 0.0 < self.interval_s < math.inf:
-            raise ConfigError(f"--interval must be a finite number > 0 seconds, "
+        if self.interval_s is not None and not MIN_INTERVAL_S <= self.interval_s < math.inf:
+            raise ConfigError(f"--interval must be a finite number >= {MIN_INTERVAL_S:g} seconds, "
                               f"got {self.interval_s}")
         if not 0.0 <= self.restart_cost_s < math.inf:
             raise ConfigError(f"--restart-cost must be a finite number >= 0 seconds, "
@@ -218,9 +218,9 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
                         SimConfig(opts.checkpoint_cost_s, progress=opts.progress))
         res = sim.run()
     # the elastic policy places its own jobs (pack, biggest first)
-    return summarise(res, opts.ordering, "pack" if elastic else opts.placement,
-                     inputs.topology.name,
-                     opts.trace), res
+    summary = summarise(res, opts.ordering, "pack" if elastic else opts.placement,
+                        inputs.topology.name, opts.trace)
+    return replace(summary, skipped_rows=inputs.trace.skipped), res
 
 
 def with_policy(opts: SimulateOptions, ordering: str, placement: str) -> SimulateOptions:

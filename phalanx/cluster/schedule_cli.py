@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from phalanx.cluster.clusters import resolve_cluster
-from phalanx.cluster.joblist import load_job_list
+from phalanx.cluster.joblist import check_fits, check_settings, load_job_list
 from phalanx.cluster.live import LiveCluster, LiveConfig
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
 from phalanx.cluster.report import summarise, write_jobs_csv, write_plots, write_summary
@@ -50,6 +50,8 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     config = LiveConfig(Path(args.out), poll_s=args.poll, job_timeout_s=args.job_timeout)
     topology = resolve_cluster(args.cluster, default_data_dir())
     jobs = load_job_list(args.jobs)
+    check_settings(jobs, args.jobs)
+    check_fits(jobs, topology, args.jobs)
     live = LiveCluster(topology, jobs, ordering, placement, config)
     out = config.out
     try:

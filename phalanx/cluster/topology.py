@@ -23,6 +23,7 @@ The YAML form (see docs/cluster.md)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +178,11 @@ def uniform(zones: int = 1, racks: int = 1, servers: int = 4, devices: int = 8,
                      ("devices", devices), ("switches", switches), ("cpu_cores", cpu_cores)):
         if not isinstance(v, int) or v < 1:
             raise ConfigError(f"uniform cluster: {label} must be a positive integer, got {v!r}")
+    total = zones * racks * servers * devices
+    if devices > MAX_SERVER_DEVICES or total > MAX_DEVICES:
+        raise ConfigError(f"uniform cluster: {zones}x{racks}x{servers}x{devices} is {total:,} "
+                          f"devices (at most {MAX_SERVER_DEVICES} per server and "
+                          f"{MAX_DEVICES:,} in all)")
     if devices % switches:
         raise ConfigError(f"uniform cluster: {devices} devices do not split evenly over "
                           f"{switches} PCIe switches")
@@ -208,8 +214,8 @@ def _field(obj: Mapping[str, Any], key: str, where: str, kind: type, default: An
     ok = isinstance(v, accepted) and not isinstance(v, bool)
     if not ok:
         raise ConfigError(f"{where}.{key}: expected {kind.__name__}, got {v!r}")
-    if positive and v <= 0:
-        raise ConfigError(f"{where}.{key}: must be > 0, got {v!r}")
+    if positive and not (v > 0 and math.isfinite(v)):   # NaN and inf too (YAML .nan/.inf)
+        raise ConfigError(f"{where}.{key}: must be a finite number > 0, got {v!r}")
     return v
 
 
@@ -262,6 +268,7 @@ def topology_from_mapping(data: Any, source: str = "cluster") -> Topology:
         seen.add(n)
         return n
 
+    racks: set[str] = set()
     total_devices = 0
     for zi, z in enumerate(_list(data, "zones", source)):
         zw = f"{source}: zones[{zi}]"
@@ -307,7 +314,11 @@ def topology_from_mapping(data: Any, source: str = "cluster") -> Topology:
                             sname = f"{r.get('name', 'rack')}{rk}-{sname}"
                         b.add_server(unique(sname, sw), dtype, switches, cores, mem)
                 rname = str(r.get("name", f"rack{ri}"))
-                b.end_rack(rname if rrep == 1 else f"{rname}{rk}")
+                rname = rname if rrep == 1 else f"{rname}{rk}"
+                if rname in racks:
+                    raise ConfigError(f"{rw}: duplicate rack name {rname!r}")
+                racks.add(rname)
+                b.end_rack(rname)
         b.end_zone(unique(str(z.get("name", f"zone{zi}")), zw))
     return b.build()
 

@@ -19,10 +19,14 @@ from phalanx.cluster.perf import ideal_shape
 from phalanx.cluster.profiles import load_pollux_apps, load_profiles
 from phalanx.cluster.topology import Topology
 from phalanx.errors import ConfigError, DataError
+from phalanx.limits import MAX_SEED
 
 PHILLY_HEADER = ["timestamp", "duration", "num_gpus", "gpu_time", "cluster"]
 POLLUX_HEADER = ["name", "time", "application", "num_replicas", "batch_size"]
 MAX_GANG = 1 << 16  # GPUs one job may ask for; a larger row is a bad row, not a plan
+# arrivals compressed 1000x already pile a two-month trace into under two hours
+MAX_LOAD_SCALE = 1000.0
+MAX_DURATION_S = 1e8  # ~3 years of one job (Philly's longest is ~60 days)
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,11 @@ class TraceOptions:
     def __post_init__(self) -> None:
         if self.limit < 0:
             raise ConfigError(f"--limit must be >= 0, got {self.limit}")
-        if not (self.load_scale > 0 and math.isfinite(self.load_scale)):
-            raise ConfigError(f"--load-scale must be a finite number > 0, got {self.load_scale}")
+        if not 0 < self.load_scale <= MAX_LOAD_SCALE:
+            raise ConfigError(f"--load-scale must be a number in (0, {MAX_LOAD_SCALE:g}], "
+                              f"got {self.load_scale}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed must be in 0..{MAX_SEED}, got {self.seed}")
         if self.cpu_per_gpu < 1:
             raise ConfigError(f"--cpu-per-gpu must be >= 1, got {self.cpu_per_gpu}")
 
@@ -96,13 +103,15 @@ class _Rows:
         return out
 
 
-def _positive(text: str, what: str, kind: type = float) -> float:
+def _positive(text: str, what: str, kind: type = float, high: float = math.inf) -> float:
     try:
         v = kind(text)
     except ValueError:
         raise ValueError(f"{what} {text!r} is not a number") from None
     if not (v > 0 and math.isfinite(v)):
         raise ValueError(f"{what} must be > 0, got {text!r}")
+    if v > high:
+        raise ValueError(f"{what} {text} is more than {high:g}")
     return v
 
 
@@ -135,12 +144,17 @@ def read_philly(path: Path, opts: TraceOptions) -> Trace:
 
     def parse(row: list[str]) -> JobSpec:
         try:
-            submit = datetime.fromisoformat(row[0]).timestamp()
+            when = datetime.fromisoformat(row[0])
         except ValueError:
             raise ValueError(f"timestamp {row[0]!r} is not YYYY-MM-DD HH:MM:SS") from None
-        duration = _positive(row[1], "duration")
+        try:
+            submit = when.timestamp()   # local time, as the published reproductions used
+        except (ValueError, OverflowError, OSError):
+            raise ValueError(f"timestamp {row[0]!r} is out of range (years 1970..9999)"
+                             ) from None
+        duration = _positive(row[1], "duration", high=MAX_DURATION_S)
         gpus = _gang(row[2], "num_gpus")
-        _positive(row[3], "gpu_time")
+        _positive(row[3], "gpu_time", high=MAX_DURATION_S * MAX_GANG)
         if not row[4]:
             raise ValueError("cluster is empty")
         i = next(counter)
@@ -159,9 +173,12 @@ def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4) -> Trace:
     apps = load_pollux_apps(opts.data_dir)
     rows = _Rows(path, POLLUX_HEADER, opts.skip_bad_rows)
     counter = iter(range(1 << 62))
+    names: set[str] = set()
 
     def parse(row: list[str]) -> JobSpec:
         name, app = row[0], row[2]
+        if name in names:
+            raise ValueError(f"job name {name!r} is used twice")
         if app not in apps:
             raise ValueError(f"application {app!r} is not one of {', '.join(sorted(apps))}")
         try:
@@ -173,10 +190,14 @@ def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4) -> Trace:
         gpus = _gang(row[3], "num_replicas")
         batch = int(_positive(row[4], "batch_size", int))
         a = apps[app]
+        if batch > a.max_batch:
+            raise ValueError(f"batch_size {batch} is more than {app}'s largest profiled "
+                             f"batch {a.max_batch}")
         steps = a.work_steps(gpus, batch)
         counts = tuple([node_gpus] * (gpus // node_gpus)
                        + ([gpus % node_gpus] if gpus % node_gpus else []))
         duration = steps * a.step_time(counts, batch)
+        names.add(name)
         return JobSpec(next(counter), name, submit, gpus, steps, duration, app, 4, "",
                        batch)
 

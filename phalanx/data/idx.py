@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from phalanx.errors import DataError
-from phalanx.limits import memory_bytes
+from phalanx.limits import available_memory_bytes, memory_bytes
 
 # third byte of the magic number -> numpy dtype (big-endian on disk)
 _IDX_TYPES = {
@@ -28,6 +28,7 @@ _IDX_TYPES = {
 # deflate cannot expand data more than ~1032:1; a header that claims more than this many
 # bytes per byte of gzip file is lying (a "gzip bomb" or a corrupt header)
 GZIP_MAX_RATIO = 1100
+FLOAT_COPIES = 3
 
 
 def read_idx(path: str | Path, limit: int = 0) -> np.ndarray:
@@ -76,12 +77,16 @@ def _read_stream(path: Path, stream, size: int, gz: bool, limit: int) -> np.ndar
                         f"after {shape}")
     keep = min(shape[0], limit) if limit > 0 else shape[0]
     want = keep * math.prod(shape[1:]) * dtype.itemsize
-    # the data becomes float32 tensors: refuse what cannot fit before reading it
+    # the data becomes float32 tensors: refuse what cannot fit before inflating any of it.
+    # Loading holds about FLOAT_COPIES float32 copies at its peak (the converted array, its
+    # normalised tensor, the raw bytes), and a header that declares gigabytes of zeros
+    # deflates ~1000:1, so a few MB of gzip can claim them (a gzip bomb)
     as_float = keep * math.prod(shape[1:]) * 4
-    if as_float > memory_bytes() // 2:
-        raise DataError(f"{path}: {shape} would need {as_float / 2**30:.1f} GiB as float32, "
-                        f"more than half of this machine's memory (use --train-limit / "
-                        f"--test-limit)")
+    free = min(memory_bytes() // 2, available_memory_bytes())
+    if as_float * FLOAT_COPIES > free:
+        raise DataError(f"{path}: {shape} would need {as_float * FLOAT_COPIES / 2**30:.1f} GiB "
+                        f"to load, more than the {free / 2**30:.1f} GiB this machine has free "
+                        f"(use --train-limit / --test-limit)")
     body = stream.read(want)
     if len(body) < want:
         raise DataError(f"{path}: truncated: header says {shape} ({expected} bytes), "

@@ -67,8 +67,9 @@ def add_run_config_flags(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    values = load_config_file(args.config) if getattr(args, "config", None) else {}
-    source = f"--config {args.config}" if values else "flags"
+    given = getattr(args, "config", None)
+    values = load_config_file(given) if given is not None else {}  # "" is a path: refused
+    source = f"--config {given}" if given is not None else "flags"
     cfg = RunConfig.from_mapping(values, source=source)
     for f in dataclasses.fields(RunConfig):
         value = getattr(args, f.name, None)

@@ -26,6 +26,7 @@ SYSTEM_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
 # these and nothing else
 RUN_OUTPUTS = ("config.json", "events.jsonl", "summary.json", "*.pt", "*.ckpt", ".*.tmp*",
                "*.tmp", "tensorboard")
+NAME_MAX = 255  # bytes in one file name (Linux, macOS)
 LOCK = ".phalanx.lock"  # held (flock) by the process that runs in the folder
 
 
@@ -45,6 +46,10 @@ def check_out(path: str | Path, flag: str = "--out") -> Path:
     if not text or "\x00" in text:
         raise ConfigError(f"{flag}: {text!r} is not a directory path")
     p = Path(text)
+    long = next((part for part in p.parts if len(os.fsencode(part)) > NAME_MAX), None)
+    if long is not None:
+        raise ConfigError(f"{flag}: a path component of {len(os.fsencode(long))} bytes is "
+                          f"longer than the {NAME_MAX} a file name may have")
     try:
         resolved = p.resolve()
     except (OSError, RuntimeError) as e:

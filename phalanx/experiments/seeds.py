@@ -20,9 +20,14 @@ from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.experiments.runs import StrategyRun, read_run, report_head, run_variants
 from phalanx.experiments.stats import RULE, Summary, summarize
+from phalanx.limits import MAX_SEED, short
 from phalanx.metrics import plots
 
 VariantsFn = Callable[[int, Path], Sequence[tuple[str, RunConfig]]]
+
+
+# seeds a study repeats each variant over: every one is a full training run
+MAX_SEEDS = 100
 
 
 def parse_seeds(text: str | None, base: int = 0) -> list[int]:
@@ -36,12 +41,17 @@ def parse_seeds(text: str | None, base: int = 0) -> list[int]:
             count = int(text)
             if count < 1:
                 raise ValueError
+            if count > MAX_SEEDS:
+                raise ConfigError(f"--seeds: {count} runs per variant is more than {MAX_SEEDS} "
+                                  "(an interval needs 3 to 10)")
             seeds = list(range(base, base + count))
     except ValueError:
         raise ConfigError(f"--seeds: {text!r} is neither a count >= 1 nor a comma list of "
                           "seeds, e.g. 5 or 0,1,2") from None
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise ConfigError(f"--seeds: {text!r} must name distinct seeds >= 0")
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) > MAX_SEED:
+        raise ConfigError(f"--seeds: {short(text)} must name distinct seeds in 0..{MAX_SEED}")
+    if len(seeds) > MAX_SEEDS:
+        raise ConfigError(f"--seeds: {len(seeds)} seeds is more than {MAX_SEEDS}")
     return seeds
 
 

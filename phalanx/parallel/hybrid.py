@@ -41,6 +41,6 @@ def stage_ranks(cfg: RunConfig) -> tuple[int, str]:
 
 SPEC = StrategySpec(
     "hybrid", "hybrid: --replicas data-parallel copies of a --stages pipeline", run,
-    process_main, world_size, options=("microbatches", "pipeline_schedule", "replicas"),
+    process_main, world_size, options=("microbatches", "pipeline_schedule", "replicas", "stages"),
     shards_by="replicas", compute_ranks=stage_ranks, device=DEVICE,
     example={"stages": 2, "replicas": 2, "microbatches": 2})

@@ -288,6 +288,6 @@ def stage_ranks(cfg: RunConfig) -> tuple[int, str]:
 
 SPEC = StrategySpec(
     "pipeline", "pipeline parallel: --stages stages, --microbatches per step (GPipe, 1F1B)",
-    run, process_main, world_size, options=("microbatches", "pipeline_schedule"),
+    run, process_main, world_size, options=("microbatches", "pipeline_schedule", "stages"),
     compute_ranks=stage_ranks, device=DEVICE,
     example={"stages": 2, "microbatches": 2})

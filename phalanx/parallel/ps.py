@@ -314,12 +314,15 @@ _SUMMARY = {
 }
 _OPTIONS = {"downpour": ("nfetch", "npush", "downpour_local_steps"),
             "dc-asgd": ("dc_lambda", "dc_adaptive", "dc_momentum")}
+# read by every parameter-server strategy (--pull-ahead: the spec's check says which)
+_SHARED_OPTIONS = ("servers", "ps_timeout", "heartbeat_s", "on_worker_loss", "pull_ahead")
 
 SPECS = tuple(
     StrategySpec(name, _SUMMARY[name], run, process_main, world_size, check_config,
                  check_resume=check_resume, can_restart=can_restart,
                  supports=frozenset({"kill_worker", "kill_server", "drop_messages",
                                      "compress"}),
-                 options=_OPTIONS.get(name, ()), shards_by="workers", device=DEVICE,
+                 options=(*_SHARED_OPTIONS, *_OPTIONS.get(name, ())), shards_by="workers",
+                 device=DEVICE,
                  preset=dataclasses.asdict(p))
     for name, p in PRESETS.items())

@@ -7,10 +7,14 @@ The one place a strategy is listed: adding one is its module (ending with a
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from phalanx.comm.compress import check_compression
 from phalanx.config import RunConfig
+from phalanx.data import DATASETS
 from phalanx.errors import ConfigError
+from phalanx.limits import short
+from phalanx.models import MODELS as MODEL_NAMES
 from phalanx.parallel import (
     hogwild,
     hybrid,
@@ -81,6 +85,11 @@ def check_config(cfg: RunConfig) -> RunConfig:
     ``--slow-workers`` / ``--kill-worker`` name, the fault and compression flags it
     honours, the consistency model, and the strategy's own ``check``. Returns ``cfg``."""
     s = spec(cfg.strategy)
+    # names are checked before anything starts (a study would print its first run first)
+    if cfg.data not in DATASETS:
+        raise ConfigError(f"--data: {short(cfg.data)} is not one of {', '.join(DATASETS)}")
+    if cfg.model not in MODEL_NAMES:
+        raise ConfigError(f"--model: {short(cfg.model)} is not one of {', '.join(MODEL_NAMES)}")
     if s.default_lr is not None and (cfg.lr is None or getattr(cfg, "lr_defaulted", False)):
         cfg.lr = s.default_lr  # e.g. L-BFGS's natural step, unless the user chose one
     cfg.validate()
@@ -100,10 +109,26 @@ def check_config(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+# settings that mean something only beside another setting's value: (setting, whether it
+# is read, what it needs)
+NEEDS: tuple[tuple[str, Callable[[RunConfig], bool], str], ...] = (
+    ("data_dir", lambda c: c.data in ("fashion-mnist", "mnist", "idx", "cifar10"),
+     "--data fashion-mnist, mnist, idx or cifar10"),
+    ("momentum", lambda c: c.rule in ("momentum", "nesterov"), "--rule momentum or nesterov"),
+    ("gamma", lambda c: c.schedule == "step", "--schedule step"),
+    ("step_size", lambda c: c.schedule == "step", "--schedule step"),
+    ("outer_lr", lambda c: bool(c.outer_rule), "--outer-rule sgd or nesterov"),
+    ("outer_momentum", lambda c: c.outer_rule == "nesterov", "--outer-rule nesterov"),
+    ("dc_momentum", lambda c: c.dc_adaptive, "--dc-adaptive"),
+    ("error_feedback", lambda c: c.compress != "none", "--compress"),
+)
+
+
 def check_flags_apply(cfg: RunConfig) -> None:
     """Refuse a setting that the chosen strategy would ignore (``phalanx train``): a
     setting some strategies' specs list in ``options``, or one a consistency model reads,
-    at a non-default value with a strategy that does not read it."""
+    at a non-default value with a strategy that does not read it; or a setting that is
+    read only beside another one's value (``NEEDS``) without it."""
     s = spec(cfg.strategy)
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     for name, strategies in option_owners().items():
@@ -116,6 +141,9 @@ def check_flags_apply(cfg: RunConfig) -> None:
             used = f"consistency {model}" if model else f"--strategy {cfg.strategy}"
             raise ConfigError(f"--{name.replace('_', '-')}: {used} does not use it (only "
                               f"consistency {', '.join(models)}); drop it")
+    for name, is_read, needs in NEEDS:
+        if getattr(cfg, name) != defaults[name] and not is_read(cfg):
+            raise ConfigError(f"--{name.replace('_', '-')}: only read with {needs}; drop it")
     if s.fixed_workers and cfg.workers != s.fixed_workers:
         raise ConfigError(f"--workers: --strategy {cfg.strategy} trains with "
                           f"{s.fixed_workers} worker(s), got {cfg.workers} (choose a "

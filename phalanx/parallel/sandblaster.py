@@ -142,6 +142,7 @@ SPEC = StrategySpec(
     "sandblaster", "Sandblaster L-BFGS: a coordinator hands batch portions to workers; "
     "shards hold parameters and history", run, process_main, world_size, check_config,
     supports=frozenset({"kill_worker"}),
-    options=("portions", "history", "line_search", "static_portions"),
+    options=("portions", "history", "line_search", "static_portions", "servers", "ps_timeout",
+             "heartbeat_s"),
     default_lr=1.0,  # L-BFGS's natural step is 1 (--lr scales it)
     full_batch=True)

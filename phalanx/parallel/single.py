@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from phalanx.data import epoch_batches
+from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import GradAccumulator, Job, Outcome, detached
 from phalanx.parallel.divergence import check_loss
@@ -73,6 +74,12 @@ def _checkpoint(job: Job, model: nn.Module, state, step: int) -> None:
     })
 
 
+def check(cfg) -> None:
+    if cfg.slow_workers:
+        raise ConfigError("--slow-workers: --strategy single has no other worker to wait for "
+                          "(a straggler slows a group; choose a parallel strategy, e.g. sync)")
+
+
 SPEC = StrategySpec(
     "single", "one worker: the baseline every strategy is compared against", run,
-    device=DeviceSupport(nccl=False), fixed_workers=1)
+    check=check, device=DeviceSupport(nccl=False), fixed_workers=1)

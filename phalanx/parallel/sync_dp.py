@@ -302,4 +302,4 @@ SPEC = StrategySpec(
     "main)", run, process_main, world_size,
     check_resume=check_resume, can_restart=can_restart,
     supports=frozenset({"kill_worker", "compress", "powersgd"}),
-    options=("bucket_mb",), shards_by="workers", device=DEVICE)
+    options=("bucket_mb", "sfb"), shards_by="workers", device=DEVICE)

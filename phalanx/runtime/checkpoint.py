@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if hashlib.sha256(body).digest() != digest:
         raise CheckpointError(f"{path}: checksum mismatch (truncated or corrupt checkpoint)")
     try:
-        payload = torch.load(io.BytesIO(body), weights_only=True)
+        with warnings.catch_warnings():
+            # torch warns on a legacy (bare pickle) payload before refusing it: the one
+            # error line below says what is wrong
+            warnings.simplefilter("ignore")
+            payload = torch.load(io.BytesIO(body), weights_only=True)
     except Exception as e:  # noqa: BLE001
         raise CheckpointError(
             f"{path}: unreadable checkpoint payload ({type(e).__name__})") from None
