@@ -14,6 +14,7 @@ from typing import Any
 from phalanx.config import RunConfig
 from phalanx.entry.api import train
 from phalanx.metrics import plots
+from phalanx.parallel.registry import check_config
 
 
 @dataclass
@@ -56,6 +57,8 @@ def run_variants(variants: Sequence[tuple[str, RunConfig]], *,
                  say: Callable[[str], None] | None = None) -> list[StrategyRun]:
     """Train each (label, config) in turn, one progress line per run."""
     say = say or (lambda s: print(s, file=sys.stderr, flush=True))
+    for _, cfg in variants:
+        check_config(cfg)  # every run's settings before the first starts: one line, no output
     runs = []
     for i, (label, cfg) in enumerate(variants, 1):
         say(f"[{i}/{len(variants)}] {label}: {cfg.strategy} x{cfg.workers} workers ...")

@@ -2,10 +2,12 @@
 that asks for millions of devices or is binary, an unterminated CSV quote (issue 18,
 cause 10). Each is one line, fast, and never eats memory."""
 
+import json
 import time
 
 import pytest
 
+from phalanx.cli import main
 from phalanx.cluster.topology import load_topology
 from phalanx.cluster.traces import TraceOptions, read_philly, read_pollux
 from phalanx.errors import ConfigError, DataError
@@ -95,3 +97,16 @@ def test_a_slot_under_a_second_is_refused():
 
     with pytest.raises(ConfigError, match="--slot must be .* at least 1"):
         SimulateOptions(slot_s=1e-300)
+
+
+def test_skipped_rows_are_recorded_in_the_summary(tmp_path, data_dir):
+    """A malformed row left out under --skip-bad-rows is counted in summary.json, not only
+    printed (issue 25's appendix)."""
+    trace = tmp_path / "w.csv"
+    trace.write_text(POLLUX + "a,0,cifar10,2,128\nb,x,cifar10,2,128\nc,9,nope,2,128\n"
+                     "d,20,cifar10,1,128\n")
+    out = tmp_path / "out"
+    assert main(["simulate", "--trace", str(trace), "--cluster", "pollux-64", "--data-dir",
+                 str(data_dir), "--skip-bad-rows", "--no-progress", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["skipped_rows"] == 2 and summary["jobs"] == 2
