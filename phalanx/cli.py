@@ -38,8 +38,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     args.interrupt_hint = resume_hint(cfg)
     result = train(config=cfg)
     s = result.summary
+    rate = "-" if s["samples_per_s"] is None else f"{s['samples_per_s']:.0f}"
+    startup = "" if s["startup_s"] is None else f" (start-up {s['startup_s']:.1f}s)"
     print(f"test_accuracy {s['test_accuracy']:.4f}  test_loss {s['test_loss']:.4f}  "
-          f"samples/s {s['samples_per_s']:.0f}  wall {s['wall_s']:.1f}s  -> {result.out}")
+          f"samples/s {rate} (steady state)  wall {s['wall_s']:.1f}s{startup}  -> {result.out}")
     return 0
 
 

@@ -22,6 +22,7 @@ from phalanx.entry.resume import resume_config
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog, read_events
 from phalanx.metrics.events import finite_or_none
+from phalanx.metrics.throughput import measure
 from phalanx.models import build_model, count_parameters
 from phalanx.parallel.base import Job, Outcome, evaluate
 from phalanx.parallel.divergence import check_parameters, diverged
@@ -129,6 +130,8 @@ def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
     test_loss, test_acc = evaluate(outcome.model, job.test)
     if not math.isfinite(test_loss):
         raise diverged(cfg, f"the test loss of the trained model is {test_loss}")
+    events = job.run_dir / "events.jsonl"
+    rate = measure(read_events(events) if events.is_file() else [], outcome.train_samples)
     summary: dict[str, Any] = {
         "strategy": cfg.strategy,
         "model": cfg.model,
@@ -139,7 +142,10 @@ def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
         "train_samples": outcome.train_samples,
         "steps": outcome.steps,
         "wall_s": wall,
-        "samples_per_s": outcome.train_samples / wall if wall > 0 else 0.0,
+        # steady state: from every rank ready to the last step (phalanx.metrics.throughput)
+        "samples_per_s": rate.samples_per_s,
+        "startup_s": rate.startup_s,
+        "train_s": rate.train_s,
         **extra,
         **outcome.stats_dict(),
     }

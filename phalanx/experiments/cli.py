@@ -12,7 +12,7 @@ from phalanx.entry.paths import check_out
 from phalanx.errors import ConfigError
 from phalanx.experiments import EXPERIMENTS, run_experiment
 from phalanx.experiments.compare import compare, parse_strategies
-from phalanx.experiments.seeds import parse_seeds, seeded_table
+from phalanx.experiments.seeds import pairwise_verdicts, parse_seeds, seeded_table
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -28,8 +28,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     command = "phalanx " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     seeds = parse_seeds(args.seeds, base.seed)
     runs, report = compare(base, strategies, Path(base.out), target=args.target_accuracy,
-                           command=command, seeds=seeds)
+                           command=command, seeds=seeds, reuse=args.reuse)
     print(seeded_table(runs, args.target_accuracy))
+    verdicts = pairwise_verdicts(runs)
+    if verdicts:
+        print("\n" + verdicts)
     print(f"\nreport: {report}")
     return 0
 
@@ -55,6 +58,10 @@ _SEEDS_HELP = ("repeat every run over seeds: a count K (seeds --seed .. --seed+K
                "list, e.g. 0,1,2; tables then show mean +- sd and 95%% intervals")
 
 
+_REUSE_HELP = ("read back finished runs of the same configuration in the report folder instead "
+               "of running them again (add seeds, finish a cut-off study)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("compare", help="run several strategies on the same job; write a report")
     p.add_argument("--strategies", required=True,
@@ -63,6 +70,7 @@ def register(sub) -> None:
                    help="report time and samples to reach this test accuracy (default 0.8)")
     add_run_config_flags(p)
     p.add_argument("--seeds", default=None, help=_SEEDS_HELP)
+    p.add_argument("--reuse", action="store_true", help=_REUSE_HELP)
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("experiments", help="the literature's claims as reproducible studies")
@@ -74,7 +82,5 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="report folder (default runs/experiments/NAME)")
     p.add_argument("--seeds", default=None, help=_SEEDS_HELP)
-    p.add_argument("--reuse", action="store_true",
-                   help="read back finished runs of the same configuration in the report "
-                   "folder instead of running them again (add seeds, finish a cut-off study)")
+    p.add_argument("--reuse", action="store_true", help=_REUSE_HELP)
     p.set_defaults(func=_cmd_experiments)

@@ -73,14 +73,15 @@ def base_train_size(cfg: RunConfig) -> int:
 
 
 def compare(base: RunConfig, strategies: Sequence[str], out: Path, *, target: float = 0.8,
-            command: str = "", seeds: Sequence[int] | None = None) -> tuple[Any, Path]:
+            command: str = "", seeds: Sequence[int] | None = None,
+            reuse: bool = False) -> tuple[Any, Path]:
     """Every strategy once per seed (default: the base seed); returns the
     :class:`~phalanx.experiments.seeds.SeededRuns` and the report's path."""
     out.mkdir(parents=True, exist_ok=True)
     seeds = list(seeds) if seeds else [base.seed]
     runs = run_seeded(lambda seed, folder: [
         (s, strategy_config(dataclasses.replace(base, seed=seed), s, folder / s))
-        for s in strategies], out, seeds)
+        for s in strategies], out, seeds, reuse=reuse)
     desc = (f"Model `{base.model}` on `{base.data}`, {base.epochs:g} epoch(s), batch "
             f"{base.batch_size} per worker, rule `{base.rule}` (lr {base.lr}), "
             f"{base.workers} workers for the multi-worker strategies, one intra-op thread per "

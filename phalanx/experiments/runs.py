@@ -80,17 +80,25 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return str(value)
 
 
+def by_rate(runs: Sequence[StrategyRun]) -> list[StrategyRun]:
+    """Fastest first by steady-state samples/s (start-up excluded: docs/events.md)."""
+    return sorted(runs, key=lambda r: -(r.summary.get("samples_per_s") or 0.0))
+
+
 def table(runs: Sequence[StrategyRun], target: float) -> str:
+    """One row per run, ranked by steady-state samples/s; start-up beside it."""
     head = (f"| run | strategy | workers | test acc | time to {target:.2f} (s) | "
             f"samples to {target:.2f} | "
-            "samples/s | staleness mean | staleness max | bytes/sample |")
-    lines = [head, "|" + "---|" * 10]
-    for r in runs:
+            "samples/s (steady) | start-up (s) | staleness mean | staleness max | "
+            "bytes/sample |")
+    lines = [head, "|" + "---|" * 11]
+    for r in by_rate(runs):
         s = r.summary
         lines.append("| " + " | ".join([
             r.label, s.get("strategy", "?"), str(s.get("workers", 1)),
             _fmt(s.get("test_accuracy"), ".4f"), _fmt(r.time_to(target), ".1f"),
             _fmt(r.samples_to(target)), _fmt(s.get("samples_per_s"), ".0f"),
+            _fmt(s.get("startup_s"), ".1f"),
             _fmt(s.get("staleness_mean"), ".2f"), _fmt(s.get("staleness_max")),
             _fmt(s.get("bytes_per_sample"), ".0f"),
         ]) + " |")

@@ -19,7 +19,7 @@ from typing import Any
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.experiments.runs import StrategyRun, read_run, report_head, run_variants
-from phalanx.experiments.stats import RULE, Summary, summarize
+from phalanx.experiments.stats import RULE, Summary, compare_higher, summarize
 from phalanx.limits import MAX_SEED, short
 from phalanx.metrics import plots
 
@@ -127,10 +127,11 @@ def _cell(value: float | None, spec: str) -> str:
 def seeded_table(sr: SeededRuns, target: float) -> str:
     n = len(sr.seeds)
     head = (f"| run | strategy | workers | seeds | test acc (mean ± sd) | 95% CI | "
-            f"time to {target:.2f} (s) | samples to {target:.2f} | samples/s | "
-            "staleness mean | staleness max | bytes/sample |")
-    lines = [head, "|" + "---|" * 12]
-    for label in sr.labels:
+            f"time to {target:.2f} (s) | samples to {target:.2f} | samples/s (steady) | "
+            "start-up (s) | staleness mean | staleness max | bytes/sample |")
+    lines = [head, "|" + "---|" * 13]
+    # ranked by steady-state samples/s, fastest first (start-up excluded: docs/events.md)
+    for label in sorted(sr.labels, key=lambda lb: -sr.stat(lb, "samples_per_s").mean):
         runs, s0 = sr.runs[label], sr.first(label).summary
         acc = sr.stat(label)
         t, hit = _mean_of([r.time_to(target) for r in runs])
@@ -141,11 +142,38 @@ def seeded_table(sr: SeededRuns, target: float) -> str:
             label, str(s0.get("strategy", "?")), str(s0.get("workers", 1)), str(len(runs)),
             acc.fmt(), acc.fmt_ci(), _cell(t, ".1f") + reached, _cell(samples, ".0f"),
             _cell(sr.stat(label, "samples_per_s").mean, ".0f"),
+            _cell(sr.stat(label, "startup_s").mean, ".1f"),
             "—" if s0.get("staleness_mean") is None
             else format(sr.stat(label, "staleness_mean").mean, ".2f"),
             "—" if s0.get("staleness_max") is None else str(stale_max),
             _cell(sr.stat(label, "bytes_per_sample").mean, ".0f"),
         ]) + " |")
+    return "\n".join(lines)
+
+
+# what a comparison of strategies decides, pair by pair: (summary key, what it is, format)
+PAIRED_QUANTITIES = (("test_accuracy", "test accuracy", ".4f"),
+                     ("samples_per_s", "steady-state samples/s", ".0f"))
+
+
+def pairwise_verdicts(sr: SeededRuns) -> str:
+    """For every pair of variants and each of :data:`PAIRED_QUANTITIES`: does the one with
+    the higher mean really exceed the other, over the same seeds (intervals, then a paired
+    t-test: :func:`~phalanx.experiments.stats.compare_higher`)?"""
+    if len(sr.labels) < 2:
+        return ""
+    if len(sr.seeds) < 2:
+        return ("Pairwise verdicts: none — one seed cannot give one (run with --seeds 3 or "
+                "more).")
+    lines = ["| claim | verdict | basis |", "|---|---|---|"]
+    for key, what, fmt in PAIRED_QUANTITIES:
+        for i, a in enumerate(sr.labels):
+            for b in sr.labels[i + 1:]:
+                hi, lo = (a, b) if sr.stat(a, key).mean >= sr.stat(b, key).mean else (b, a)
+                v = compare_higher(sr.values(hi, key), sr.values(lo, key))
+                claim = (f"{hi} > {lo} in {what} ({format(sr.stat(hi, key).mean, fmt)} vs "
+                         f"{format(sr.stat(lo, key).mean, fmt)})")
+                lines.append(f"| {claim} | **{v.word}** | {v.basis} |")
     return "\n".join(lines)
 
 
@@ -204,6 +232,9 @@ def write_seeded_report(sr: SeededRuns, out: Path, *, title: str, target: float,
     parts = report_head(title, preamble, command)
     seeds = ", ".join(map(str, sr.seeds))
     parts += [f"Seeds: {seeds} ({len(sr.seeds)}). {RULE}", "", seeded_table(sr, target), ""]
+    verdicts = pairwise_verdicts(sr)
+    if verdicts:
+        parts += ["Pairwise verdicts over the same seeds:", "", verdicts, ""]
     if len(sr.seeds) > 1:
         parts += ["Test accuracy per seed:", "", per_seed_table(sr), ""]
     parts += [f"![{p.stem}]({p.name})" for p in pngs]

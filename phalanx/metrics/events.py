@@ -39,6 +39,7 @@ class EventLog:
     def log(self, kind: str, **fields: Any) -> dict[str, Any]:
         record = {"kind": kind, "rank": self.rank, "role": self.role,
                   "t": round(time.perf_counter() - self._t0, 6),
+                  "unix": round(time.time(), 4),  # comparable across processes
                   # a diverged run logs its NaN/inf loss as null instead of failing the log
                   **finite_or_none(fields)}
         if self._fd is not None:

@@ -123,6 +123,7 @@ class Coordinator:
         self.unnamed_losses = 0
         self.last_test_eval = -1
         self.t0 = time.perf_counter()
+        self.log.log("ready", label="sandblaster")  # shards and workers connected
 
     # ---- workers ---------------------------------------------------------------------
 

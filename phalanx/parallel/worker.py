@@ -71,6 +71,8 @@ class StepReporter:
         self.evaluates, self.logs_loss, self.first = evaluates, logs_loss, first
         self.progress = Progress(total, label, enabled=cfg.progress and shows_progress)
         self.t0 = time.perf_counter() if t0 is None else t0
+        # this rank is set up (process, data, groups): its training starts now
+        log.log("ready", label=label)
 
     def wall(self) -> float:
         return time.perf_counter() - self.t0
