@@ -30,13 +30,24 @@ from phalanx.parallel.registry import check_config, spec
 from phalanx.parallel.spec import StrategySpec
 from phalanx.runtime.placement import check_run
 
+# the events a run's history is made of: its training curve and its test evaluations
+HISTORY_KINDS = ("train", "eval", "lbfgs")
+
 
 @dataclass
 class RunResult:
+    """What :func:`train` returns.
+
+    ``summary``: the contents of ``summary.json`` (docs/events.md); ``history``: the
+    ``train`` / ``eval`` (and Sandblaster's ``lbfgs``) events in the order written;
+    ``events``: every event of ``events.jsonl``; ``model``: the trained model (CPU);
+    ``out``: the run folder."""
+
     summary: dict[str, Any]
     history: list[dict[str, Any]]
     model: nn.Module
     out: Path
+    events: list[dict[str, Any]]
 
 
 def make_job(cfg: RunConfig, model: str | Callable[[], nn.Module] | None = None,
@@ -115,7 +126,9 @@ def _run(cfg: RunConfig, job: Job, strategy: StrategySpec, out: Path, events_pat
                 data=cfg.data, parameters=count_parameters(job.model_fn()))
         outcome = strategy.run(job, log)
         summary = finish_run(job, outcome, time.perf_counter() - t0, log)
-    return RunResult(summary, read_events(events_path), outcome.model, out)
+    events = read_events(events_path)
+    history = [e for e in events if e.get("kind") in HISTORY_KINDS]
+    return RunResult(summary, history, outcome.model, out, events)
 
 
 def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,

@@ -23,6 +23,9 @@ def resume_config(cfg: RunConfig) -> RunConfig:
     run_dir = Path(cfg.resume)
     if not run_dir.is_dir():
         raise ConfigError(f"--resume: {run_dir}: no such directory")
+    if (run_dir / "summary.json").is_file():  # written only when a run finishes
+        raise ConfigError(f"--resume: {run_dir}: the run already finished (summary.json); "
+                          "nothing to resume, nothing changed")
     path = run_dir / "config.json"
     if not path.is_file():
         raise ConfigError(f"--resume: {run_dir} has no config.json (not a phalanx run directory)")

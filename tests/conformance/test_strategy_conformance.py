@@ -40,6 +40,10 @@ def test_every_strategy_trains_and_writes_its_run(tmp_path: Path, name: str) -> 
     assert config["strategy"] == name
     kinds = [e["kind"] for e in read_events(tmp_path / name / "events.jsonl")]
     assert kinds[0] == "start" and "summary" in kinds and "eval" in kinds
+    # both throughput figures (docs/events.md): every strategy's ranks say when they are
+    # ready, so start-up is measured apart from the steady-state rate
+    assert "ready" in kinds
+    assert s["samples_per_s"] > 0 and s["startup_s"] >= 0 and 0 < s["train_s"] < s["wall_s"]
     # it trained: the weights moved away from the seed's initial model
     torch.manual_seed(opts["seed"])
     init = phalanx.entry.api.make_job(RunConfig(**{k: v for k, v in opts.items()

@@ -65,5 +65,5 @@ def test_split_layer_equals_single_process(tmp_path):
 
 def test_split_layer_must_be_linear(tmp_path):
     opts = _opts(tmp_path, strategy="model-parallel", workers=2, split_layer="relu1")
-    with pytest.raises(ConfigError, match="--split-layer: 'relu1' is a ReLU"):
+    with pytest.raises(ConfigError, match="split_layer: 'relu1' is a ReLU"):
         phalanx.train(**opts)

@@ -52,7 +52,7 @@ def test_pipeline_refuses_batchnorm_with_microbatches(tmp_path):
 
 
 def test_pipeline_refuses_uneven_microbatches(tmp_path):
-    with pytest.raises(ConfigError, match="--microbatches: 5 does not divide --batch-size 32"):
+    with pytest.raises(ConfigError, match="microbatches: 5 does not divide batch_size=32"):
         phalanx.train(**_opts(tmp_path, microbatches=5))
 
 

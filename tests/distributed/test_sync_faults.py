@@ -111,7 +111,7 @@ def test_local_kill_stops_with_one_line_and_resume_finishes(tmp_path: Path, refe
 
     result = phalanx.train(resume=str(run_dir))
     assert result.summary["steps"] == STEPS
-    resumed = [e for e in result.history if e["kind"] == "resume"]
+    resumed = [e for e in result.events if e["kind"] == "resume"]
     assert {e["step"] for e in resumed} == {10}  # killed right after it: nothing redone
     diff = _max_diff(result.model.state_dict(), reference[strategy])
     print(f"{strategy}: kill after the checkpoint, --resume: max |diff| = {diff:.1e}")

@@ -165,6 +165,11 @@ class _Evil:
         return (os.system, ("touch pwned",))
 
 
+def finished_run(d: Path) -> None:
+    raw_checkpoint(d, code=False)
+    (d / "run" / "summary.json").write_text('{"strategy": "sync", "test_accuracy": 0.9}')
+
+
 def philly_row(d: Path, row: str) -> None:
     (d / "p.csv").write_text(f"timestamp,duration,num_gpus,gpu_time,cluster\n{row}\n")
 
@@ -365,6 +370,8 @@ CASES = [
          lambda d: jobs_yaml(d, JOB.replace("gpus: 1", "gpus: 64"))),
     Case("compare ,,,", lambda d: [*SIM, "--compare", ",,,", *OUT, str(d / "out")],
          "names no policy"),
+    Case("resume a finished run", lambda d: ["train", "--resume", str(d / "run")],
+         "already finished", finished_run),
     # ... wrong messages
     Case("year-1 timestamp", lambda d: [*SIM, "--trace", str(d / "p.csv"), *OUT,
                                         str(d / "out")], "out of range",

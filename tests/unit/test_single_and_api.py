@@ -23,8 +23,9 @@ def test_single_writes_outputs_and_learns(tmp_path):
     for key in ("test_accuracy", "test_loss", "train_samples", "wall_s", "samples_per_s"):
         assert key in s
     assert s["test_accuracy"] > 0.5  # 10 classes: chance is 0.1
-    kinds = {e["kind"] for e in r.history}
-    assert {"start", "train", "eval", "summary"} <= kinds
+    assert {e["kind"] for e in r.events} >= {"start", "ready", "train", "eval", "summary"}
+    assert {e["kind"] for e in r.history} == {"train", "eval"}  # the curve, not the summary
+    assert r.history[-1]["kind"] == "eval" and r.summary["steps"] == r.history[-2]["step"]
     evals = [e for e in r.history if e["kind"] == "eval"]
     assert len(evals) == 2 and all("test_accuracy" in e and "wall_s" in e for e in evals)
     ckpt = load_checkpoint(tmp_path / "checkpoint.pt")
@@ -99,7 +100,7 @@ def test_tensorboard_scalars_written(tmp_path):
 def test_bad_options_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown setting 'bogus'"):
         phalanx.train("mlp", "synthetic", bogus=1, out=str(tmp_path))
-    with pytest.raises(ConfigError, match="--batch-size"):
+    with pytest.raises(ConfigError, match="batch_size: 0"):
         phalanx.train("mlp", "synthetic", batch_size=0, out=str(tmp_path))
     with pytest.raises(ConfigError, match="lenet5: needs images of at least 12x12"):
         phalanx.train("lenet5", "digits", out=str(tmp_path))
@@ -127,5 +128,20 @@ def test_slow_worker_ranks_follow_the_strategy_world():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's message")
 def test_cuda_requested_without_a_gpu(tmp_path):
-    with pytest.raises(ConfigError, match="--device cuda: no CUDA device"):
+    with pytest.raises(ConfigError, match="device=cuda: no CUDA device"):
         phalanx.train("mlp", "synthetic", device="cuda", out=str(tmp_path))
+
+
+def test_api_errors_name_keyword_arguments_not_flags(tmp_path):
+    """phalanx.train speaks Python: its one-line errors name keywords (issue 27)."""
+
+    kw = dict(max_steps=2, progress=False, tensorboard=False, out=str(tmp_path))
+    phalanx.train("mlp", "synthetic", **kw)
+    with pytest.raises(ConfigError) as e:
+        phalanx.train("mlp", "synthetic", **kw)  # the folder holds a run now
+    assert "overwrite=True" in str(e.value) and f"out={tmp_path}" in str(e.value)
+    assert "--" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"^epochs: "):
+        phalanx.train("mlp", "synthetic", epochs=0, out=str(tmp_path / "b"))
+    assert phalanx.as_keywords("--no-progress, --strategies") == "progress=False, --strategies"
+    assert "Returns:" in phalanx.train.__doc__ and "Example" in phalanx.train.__doc__
