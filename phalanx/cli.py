@@ -1,4 +1,4 @@
-"""The ``phalanx`` command: train, models, demo, simulate, compare, experiments.
+"""The ``phalanx`` command: train, models, demo, simulate, schedule, compare, experiments.
 
 Every user error (bad flag, bad value, bad file) prints one line
 ``phalanx: error: ...`` and exits 2; nothing prints a traceback for it.
@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from phalanx import __version__
 from phalanx.cluster import cli as cluster_cli
 from phalanx.config import RunConfig
 from phalanx.entry.api import train
@@ -84,9 +85,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = ("phalanx: train one model with many workers under every synchronisation "
+               "protocol (real processes, CPU or CUDA, one host or several), and schedule "
+               "many training jobs on a GPU cluster (simulated from real traces, or live).")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="phalanx", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(prog="phalanx", description=DESCRIPTION,
+                     epilog="Run 'phalanx COMMAND --help' for a command's flags. Docs: README.md "
+                            "and docs/ in the source tree.")
+    parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                metavar="COMMAND")
 
     p = sub.add_parser("train", help="train one model with one strategy")
     add_run_config_flags(p)

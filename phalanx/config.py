@@ -26,6 +26,19 @@ DEFAULT_LR = {"sgd": 0.05, "momentum": 0.01, "nesterov": 0.01, "adagrad": 0.01,
               "rmsprop": 0.001, "adam": 0.001}
 
 
+WORKER_LOSS = ("continue", "stop")
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", *,
+            factory: Any = None, choices: tuple[str, ...] = ()) -> Any:
+    """A :class:`RunConfig` field with its help sentence and choices beside it: the one
+    place the flag's text is written (``phalanx.entry.flags`` reads it for ``--help``)."""
+    meta = {"help": help, "choices": choices}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 def parse_slow_workers(text: str) -> dict[int, float]:
     """``"0:3.0,2:1.5"`` -> ``{0: 3.0, 2: 1.5}`` (rank -> slowdown factor >= 1)."""
     out: dict[int, float] = {}
@@ -60,104 +73,167 @@ class RunConfig:
     """Everything one training run needs. Field names are the CLI flags (``_`` -> ``-``)."""
 
     # what to train
-    model: str = "lenet5"
-    data: str = "fashion-mnist"
-    data_dir: str | None = None
-    train_limit: int = 0  # use only the first N training samples (0 = all)
-    test_limit: int = 0
-    non_iid: float = 0.0  # 0 = iid shards; 1 = fully label-sorted shards
-    augment: str = ""  # comma list: flip,translate,rotate,noise
+    model: str = setting("lenet5", 'model to train')
+    data: str = setting(
+        "fashion-mnist",
+        "data set (fashion-mnist needs Debian's dataset-fashion-mnist; idx and cifar10 "
+        'need --data-dir)')
+    data_dir: str | None = setting(
+        None, 'directory holding IDX (MNIST-format) or CIFAR-10 binary files')
+    train_limit: int = setting(0, 'train on only the first N training samples (0: all)')
+    test_limit: int = setting(0, 'evaluate on only the first N test samples (0: all)')
+    non_iid: float = setting(
+        0.0, "how label-sorted the workers' shards are (0: iid, 1: each worker sees few labels)")
+    augment: str = setting(
+        "", 'comma list of augmentations applied per batch: flip, translate, rotate, noise')
 
     # optimisation
-    epochs: float = 1.0
-    max_steps: int = 0  # stop after this many steps per worker (0 = epochs decide)
-    batch_size: int = 64
-    lr: float | None = None  # None: the rule's default (DEFAULT_LR)
-    rule: str = "sgd"
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    step_size: int = 1000  # step decay: multiply lr by gamma every step_size steps
-    gamma: float = 0.1
-    grad_accum: int = 1
+    epochs: float = setting(1.0, 'passes over the training set (fractions allowed)')
+    max_steps: int = setting(
+        0, 'stop after this many optimizer steps per worker (0: --epochs decides)')
+    batch_size: int = setting(64, 'samples per batch per worker')
+    lr: float | None = setting(
+        None, "learning rate (default: the rule's own, e.g. sgd 0.05, adam 0.001; L-BFGS 1)")
+    rule: str = setting(
+        "sgd", 'update rule (optimizer), on the workers or on the parameter server', choices=RULES)
+    momentum: float = setting(0.9, 'momentum of --rule momentum / nesterov')
+    weight_decay: float = setting(0.0, 'L2 weight decay added to every gradient')
+    schedule: str = setting("constant", 'learning-rate schedule over the run', choices=SCHEDULES)
+    warmup_steps: int = setting(0, 'linear learning-rate warm-up over this many steps')
+    step_size: int = setting(
+        1000, '--schedule step: multiply the lr by --gamma every this many steps')
+    gamma: float = setting(0.1, '--schedule step: the factor applied every --step-size steps')
+    grad_accum: int = setting(1, 'micro-batches accumulated per optimizer step')
 
     # strategy
-    strategy: str = "single"
-    workers: int = 1
-    seed: int = 0
-    device: str = "cpu"
-    threads: int = 0  # intra-op threads in the driver (0 = PyTorch's default); workers use 1
-    slow_workers: dict[int, float] = field(default_factory=dict)
+    strategy: str = setting(
+        "single", 'how the workers synchronise (docs/architecture.md lists them)')
+    workers: int = setting(1, 'worker processes that compute (data-parallel ranks, stages, ...)')
+    seed: int = setting(
+        0, "seed of the model's initial weights, the data order and every worker's generator")
+    device: str = setting(
+        "cpu", 'cpu, cuda or cuda:K (each rank takes a GPU of its own where it can)')
+    threads: int = setting(
+        0,
+        "intra-op threads of the driver process (0: PyTorch's default; workers use "
+        '--worker-threads)')
+    slow_workers: dict[int, float] = setting(
+        factory=dict,
+        help="emulate stragglers: RANK:FACTOR pairs, e.g. 0:3.0,2:1.5 (rank 0 three times slower)")
     # per-rank placement (phalanx.runtime.placement): collectives' backend, training set on
     # the GPU, intra-op threads of each worker process (0 = max(1, cores // processes))
-    backend: str = "auto"
-    data_on_device: str = "auto"
-    worker_threads: int = 0
+    backend: str = setting(
+        "auto",
+        "collectives' backend: nccl where every rank owns a GPU, gloo otherwise (auto)",
+        choices=BACKENDS)
+    data_on_device: str = setting(
+        "auto", 'keep the training set on the GPU (auto: when it fits)', choices=DATA_ON_DEVICE)
+    worker_threads: int = setting(
+        0, 'intra-op threads per worker process (0: cores / processes, at least 1)')
 
     # parameter server family
-    servers: int = 1
-    staleness: int = 3
-    softsync: int = 1
-    nfetch: int = 1
-    npush: int = 1
-    dc_lambda: float = 0.04
-    dc_adaptive: bool = False
-    dc_momentum: float = 0.95  # moving average of g*g for DC-ASGD-a
-    staleness_lr: bool = False  # divide each applied step by its staleness
-    ps_timeout: float = 60.0  # seconds a PS server/worker waits for a silent peer
-    heartbeat_s: float = 1.0  # seconds between PS worker heartbeats (dead: silent ps_timeout s)
-    on_worker_loss: str = "continue"  # PS: drop a dead worker and go on, or stop the run
+    servers: int = setting(1, "parameter-server shards (or Sandblaster's parameter shards)")
+    staleness: int = setting(
+        3, 'SSP: how many clocks the fastest worker may run ahead of the slowest')
+    softsync: int = setting(
+        1, 'soft-sync: pushes the server gathers before it applies them (1: ASP, N: like sync)')
+    nfetch: int = setting(1, 'Downpour: fetch fresh weights every this many steps')
+    npush: int = setting(1, 'Downpour: push the summed gradients every this many steps')
+    dc_lambda: float = setting(0.04, 'DC-ASGD: the delay-compensation strength lambda')
+    dc_adaptive: bool = setting(False, 'DC-ASGD-a: scale lambda by a moving average of g*g')
+    dc_momentum: float = setting(0.95, "DC-ASGD-a: the moving average's decay")
+    staleness_lr: bool = setting(
+        False, 'divide each applied step by its staleness (staleness-aware async SGD)')
+    ps_timeout: float = setting(
+        60.0, 'seconds a server or worker waits for a silent peer before it is lost')
+    heartbeat_s: float = setting(
+        1.0, "seconds between a worker's heartbeats (at most half of --ps-timeout)")
+    on_worker_loss: str = setting(
+        "continue",
+        'parameter server: drop a dead worker and go on, or stop the run', choices=WORKER_LOSS)
     # fault injection (phalanx.runtime.faults): RANK@STEP, SHARD@UPDATE, push loss probability
-    kill_worker: str = ""
-    kill_server: str = ""
-    drop_messages: float = 0.0
+    kill_worker: str = setting("", 'fault injection: kill worker RANK at STEP (RANK@STEP)')
+    kill_server: str = setting("", 'fault injection: kill shard K after UPDATE updates (K@UPDATE)')
+    drop_messages: float = setting(
+        0.0, 'fault injection: probability that a push is lost on the way')
     # ASP / Downpour: ask for the next weights before this step's compute, so the pull's
     # round trip hides behind it (Downpour's asynchronous fetch; one push more staleness)
-    pull_ahead: bool = False
+    pull_ahead: bool = setting(
+        False,
+        "ASP / Downpour: ask for the next weights before this step's compute (hides the "
+        'pull; one more push of staleness)')
     # the consistency model (phalanx.ps.consistency.MODELS: bsp, asp, ssp, softsync);
     # "" = the one the parameter-server strategy is a preset of
-    consistency: str = ""
+    consistency: str = setting(
+        "", "parameter server: the consistency model (default: the strategy's)")
     # Downpour (Dean et al. 2012, Algorithm 7.1): between fetches a worker applies each of
     # its gradients to its local weights (plain SGD at --lr); off = every step of a fetch
     # period is computed on the fetched (stale) weights
-    downpour_local_steps: bool = True
+    downpour_local_steps: bool = setting(
+        True,
+        'Downpour: between fetches apply each gradient to the local weights (Dean et '
+        "al.'s client)")
 
     # synchronous data parallel / averaging
-    allreduce: str = "native"
-    bucket_mb: float = 25.0
-    sfb: bool = False
-    period: int = 1
-    average_optimizer_state: bool = False
+    allreduce: str = setting(
+        "native",
+        "sync: whose allreduce (native: the backend's; ring: ours; main: through rank 0)",
+        choices=ALLREDUCES)
+    bucket_mb: float = setting(
+        25.0, 'sync: gradient bucket size in MB (buckets reduce while backward runs)')
+    sfb: bool = setting(
+        False, "sync / average: send fully connected layers' gradients as sufficient factors")
+    period: int = setting(1, 'average: local steps between two averagings')
+    average_optimizer_state: bool = setting(
+        False, 'average: average the optimizer state too, not only the weights')
     # --compress none|fp16|bf16|int8|topk:R|randk:R|powersgd:RANK (phalanx.comm.compress)
-    compress: str = "none"
-    error_feedback: bool = True  # keep what compression dropped and send it later
-    outer_rule: str = ""  # DiLoCo outer optimizer for --strategy average: sgd | nesterov
-    outer_lr: float = 1.0
-    outer_momentum: float = 0.9
+    compress: str = setting(
+        "none",
+        'compression of gradients / deltas: none, fp16, bf16, int8, topk:RATIO, '
+        'randk:RATIO, powersgd:RANK[,start=N][,warm]')
+    error_feedback: bool = setting(
+        True, 'keep what compression dropped and add it to the next message')
+    outer_rule: str = setting(
+        "",
+        "average: DiLoCo's outer optimizer on the averaged delta: sgd or nesterov (empty: "
+        'plain averaging)')
+    outer_lr: float = setting(
+        1.0, 'average --outer-rule: the outer learning rate (sgd 1 = plain averaging)')
+    outer_momentum: float = setting(0.9, 'average --outer-rule nesterov: the outer momentum')
 
     # model / pipeline / hybrid / hogwild
-    stages: int = 2
-    microbatches: int = 4
-    pipeline_schedule: str = "gpipe"
-    replicas: int = 1
-    split_layer: str = ""
-    lock: bool = False
+    stages: int = setting(
+        2, 'model-parallel / pipeline / hybrid: pipeline stages (processes per replica)')
+    microbatches: int = setting(4, 'pipeline / hybrid: micro-batches per batch')
+    pipeline_schedule: str = setting(
+        "gpipe", 'pipeline / hybrid: the schedule', choices=PIPELINE_SCHEDULES)
+    replicas: int = setting(1, 'hybrid: data-parallel replicas of the pipeline')
+    split_layer: str = setting(
+        "", "model-parallel: split one Linear layer's columns over the workers (its name)")
+    lock: bool = setting(False, 'hogwild: guard every write with a lock (the locked baseline)')
 
     # sandblaster L-BFGS (a coordinator, shards holding parameters + history, workers)
-    portions: int = 0  # portions each batch is cut into (0 = 8 x workers)
-    history: int = 10  # L-BFGS history size m (pairs kept on the shards)
-    line_search: str = "backtracking"  # backtracking (Armijo) | none (fixed step lr)
-    static_portions: bool = False  # one fixed portion per worker, no backup tasks
+    portions: int = setting(0, 'sandblaster: portions each batch is cut into (0: 8 x workers)')
+    history: int = setting(10, 'sandblaster: L-BFGS history size m (pairs kept on the shards)')
+    line_search: str = setting(
+        "backtracking",
+        'sandblaster: backtracking (Armijo) or none (fixed step --lr)', choices=LINE_SEARCHES)
+    static_portions: bool = setting(
+        False, 'sandblaster: one fixed portion per worker, no backup tasks')
 
     # output
-    out: str = "runs/latest"
-    eval_every: int = 0  # evaluate every N steps (0 = once per epoch)
-    checkpoint_every: int = 0
-    resume: str = ""  # restart a crashed run from DIR/config.json and DIR's checkpoints
-    progress: bool = True
-    tensorboard: bool = True
-    overwrite: bool = False  # a non-empty --out is refused unless this (clears it) or --resume
+    out: str = setting(
+        "runs/latest",
+        'run folder: config.json, events.jsonl, summary.json, checkpoints, tensorboard/')
+    eval_every: int = setting(0, "evaluate on the test set every N steps (0: at each epoch's end)")
+    checkpoint_every: int = setting(0, 'write a checkpoint every N steps (0: only at the end)')
+    resume: str = setting(
+        "", 'continue the crashed or preempted run in this folder from its checkpoints')
+    progress: bool = setting(
+        True, 'show a progress bar (a plain line every few seconds when not on a terminal)')
+    tensorboard: bool = setting(True, 'write TensorBoard scalars under OUT/tensorboard')
+    overwrite: bool = setting(
+        False, 'clear the earlier run in --out first (only files a run writes)')
 
     def validate(self) -> RunConfig:
         """Check every setting on its own (types, ranges, choices) and fill in the learning

@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default=None, help="output folder")
     g = p.add_argument_group("interval engine and presets (docs/cluster.md)")
-    g.add_argument("--preset", default="", choices=("", *PRESETS),
+    g.add_argument("--preset", default=None, choices=PRESETS,
                    help="pollux-artifact: the Pollux artifact's simulator conditions "
                         "(--interval 60 --restart-cost 30 --restart-first yes "
                         "--tiresias-thresholds 57600 --starvation 0 --placement count "
@@ -142,7 +142,7 @@ def _options(args: argparse.Namespace) -> SimulateOptions:
                                          else _thresholds(args.tiresias_thresholds)),
                     interference=False if args.no_interference else None)
     given.update({k: v for k, v in optional.items() if v is not None})
-    return SimulateOptions(**apply_preset(args.preset, given))
+    return SimulateOptions(**apply_preset(args.preset or "", given))
 
 
 def _check_policies(pairs: list[tuple[str, str]]) -> None:

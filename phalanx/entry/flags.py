@@ -12,32 +12,31 @@ import dataclasses
 import sys
 
 from phalanx.config import RunConfig, load_config_file, parse_slow_workers
+from phalanx.data import DATASETS
+from phalanx.models import MODELS as MODEL_NAMES
 from phalanx.parallel.registry import NAMES, check_config
 from phalanx.ps.consistency import MODELS
 
-_HELP = {
-    "model": "model name (mlp, lenet5, resnet, logreg)",
-    "data": "data set (fashion-mnist, mnist, idx, cifar10, digits, synthetic)",
-    "data_dir": "directory with IDX or CIFAR-10 binary files",
-    "strategy": f"training strategy ({', '.join(NAMES)}; see docs/architecture.md)",
-    "consistency": f"parameter server: the consistency model ({', '.join(MODELS)}; default: "
-                   "the strategy's)",
-    "slow_workers": "slow chosen workers by a factor, e.g. 0:3.0,2:1.5",
-    "out": "output directory (config.json, events.jsonl, summary.json)",
-    "portions": "sandblaster: portions each batch is cut into (0 = 8 x workers)",
-    "history": "sandblaster: L-BFGS history size m",
-    "line_search": "sandblaster: backtracking (Armijo) or none (fixed step --lr)",
-    "static_portions": "sandblaster: one fixed portion per worker, no backup tasks",
-    "compress": "gradient/delta compression: none, fp16, bf16, int8, topk:RATIO, randk:RATIO, "
-                "powersgd:RANK[,start=N][,warm] (sync, average, parameter server)",
-    "error_feedback": "keep what compression dropped and add it to the next message",
-    "outer_rule": "DiLoCo outer optimizer for --strategy average: sgd or nesterov",
-    "outer_lr": "outer learning rate on the pseudo-gradient (sgd 1 = plain averaging)",
-    "outer_momentum": "outer Nesterov momentum",
-    "downpour_local_steps": "downpour: between fetches apply each gradient to the local "
-                            "weights (plain SGD at --lr, as Dean et al.'s client); "
-                            "--no-downpour-local-steps computes them on the fetched weights",
-}
+
+# choices that live in registries above the config layer (the config's own tuples are in
+# each field's metadata)
+def _registry_choices() -> dict[str, tuple[str, ...]]:
+    return {"model": tuple(MODEL_NAMES), "data": DATASETS, "strategy": NAMES,
+            "consistency": tuple(MODELS)}
+
+
+def flag_help(f: dataclasses.Field) -> str:
+    """A flag's sentence, its choices and its default, from the field's declaration."""
+    text = f.metadata.get("help", "")
+    choices = f.metadata.get("choices") or _registry_choices().get(f.name, ())
+    if choices:
+        text += f"; one of {', '.join(c for c in choices if c)}"
+    default = f.default if f.default is not dataclasses.MISSING else None
+    if isinstance(default, bool):
+        text += f" (default: {'on' if default else 'off'})"
+    elif default not in ("", None):
+        text += f" (default {default})"
+    return text.replace("%", "%%")  # argparse formats help with %
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,24 +45,32 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def add_run_config_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per :class:`RunConfig` field; defaults stay None so a --config file can
-    supply values and only flags given on the command line override it."""
-    p.add_argument("--config", help="JSON or YAML file of settings (flags override it)")
+def add_run_config_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    """One flag per :class:`RunConfig` field (but those in ``skip``: a sub-command shows
+    only the flags it reads), grouped by the field's section; defaults stay None so a
+    --config file can supply values and only flags given on the command line override it."""
+    p.usage = p.usage or f"{p.prog} [--config FILE] [--SETTING VALUE ...]"
+    p.add_argument("--config", metavar="FILE",
+                   help="JSON or YAML file of settings (flags override it)")
+    group = p.add_argument_group("run settings (docs/architecture.md; phalanx.train takes "
+                                 "the same names as keywords)")
     for f in dataclasses.fields(RunConfig):
+        if f.name in skip:
+            continue
         flag = "--" + f.name.replace("_", "-")
         kind = f.type if isinstance(f.type, str) else f.type.__name__
-        default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = _HELP.get(f.name, "") + (f" (default {default})" if default not in ("", None)
-                                             and f.name not in ("slow_workers",) else "")
+        help_text = flag_help(f)
         if kind == "bool":
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                           help=help_text)
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=None, help=help_text)
         elif f.name == "slow_workers":
-            p.add_argument(flag, dest=f.name, default=None, help=_HELP["slow_workers"])
+            group.add_argument(flag, dest=f.name, default=None, metavar="RANK:FACTOR,...",
+                               help=help_text)
         else:
             conv = {"int": int, "float": float, "float | None": float}.get(kind, str)
-            p.add_argument(flag, dest=f.name, type=conv, default=None, help=help_text)
+            metavar = {"int": "N", "float": "X", "float | None": "X"}.get(kind, "TEXT")
+            group.add_argument(flag, dest=f.name, type=conv, default=None, help=help_text,
+                               metavar=metavar)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -58,6 +58,7 @@ _SEEDS_HELP = ("repeat every run over seeds: a count K (seeds --seed .. --seed+K
                "list, e.g. 0,1,2; tables then show mean +- sd and 95%% intervals")
 
 
+COMPARE_SKIPS = ("strategy", "resume", "overwrite", "kill_worker", "kill_server", "progress")
 _REUSE_HELP = ("read back finished runs of the same configuration in the report folder instead "
                "of running them again (add seeds, finish a cut-off study)")
 
@@ -68,14 +69,20 @@ def register(sub) -> None:
                    help="comma list, e.g. single,sync,asp,ssp,dc-asgd")
     p.add_argument("--target-accuracy", type=float, default=0.8,
                    help="report time and samples to reach this test accuracy (default 0.8)")
-    add_run_config_flags(p)
+    # compare picks the strategies, owns its run folders and shows no per-run bar: the
+    # flags of one run that say otherwise are not offered
+    p.usage = ("phalanx compare --strategies A,B[,...] [--seeds K] [--target-accuracy X] "
+               "[--config FILE] [--SETTING VALUE ...]")
+    add_run_config_flags(p, skip=COMPARE_SKIPS)
     p.add_argument("--seeds", default=None, help=_SEEDS_HELP)
     p.add_argument("--reuse", action="store_true", help=_REUSE_HELP)
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("experiments", help="the literature's claims as reproducible studies")
     p.add_argument("action", choices=["list", "run"])
-    p.add_argument("name", nargs="?")
+    p.add_argument("name", nargs="?", metavar="NAME",
+                   help="the experiment to run: " + ", ".join(EXPERIMENTS)
+                   + " ('phalanx experiments list' gives each one's claim)")
     p.add_argument("--quick", action="store_true", help="a small version (CI-sized)")
     p.add_argument("--data", default=None, help="data set (default: fashion-mnist; quick: "
                    "synthetic)")
