@@ -22,6 +22,7 @@ from phalanx.entry.resume import resume_config
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog, read_events
 from phalanx.metrics.events import finite_or_none
+from phalanx.metrics.progress import StartupLines, say
 from phalanx.metrics.throughput import measure
 from phalanx.models import build_model, count_parameters
 from phalanx.parallel.base import Job, Outcome, evaluate
@@ -97,6 +98,8 @@ def train(model: str | Callable[[], nn.Module] | None = None,
     # device, index, backend and strategy checked against this machine, before any data
     # is read or any process starts (phalanx.runtime.placement decides per rank later)
     check_run(cfg, strategy.world_size(cfg), strategy.device)
+    if cfg.progress:
+        say(f"{cfg.strategy}: loading {cfg.data if not isinstance(data, tuple) else 'data'}...")
     job = make_job(cfg, model, data if isinstance(data, tuple) else None)
     check_job_data(job)  # no strategy may loop over empty epochs (phalanx.entry.preflight)
     # empty, cleared by --overwrite, or resumed: never two runs mixed in one folder
@@ -124,11 +127,26 @@ def _run(cfg: RunConfig, job: Job, strategy: StrategySpec, out: Path, events_pat
     with EventLog(events_path, rank=-1, role="driver", tensorboard_dir=tb_dir) as log:
         log.log("start", strategy=cfg.strategy, workers=cfg.workers, model=cfg.model,
                 data=cfg.data, parameters=count_parameters(job.model_fn()))
-        outcome = strategy.run(job, log)
+        if cfg.progress:
+            say(f"{cfg.strategy}: starting {_processes(strategy, cfg)}...")
+        with StartupLines(events_path, cfg.strategy, enabled=cfg.progress):
+            outcome = strategy.run(job, log)
         summary = finish_run(job, outcome, time.perf_counter() - t0, log)
     events = read_events(events_path)
     history = [e for e in events if e.get("kind") in HISTORY_KINDS]
     return RunResult(summary, history, outcome.model, out, events)
+
+
+def _processes(strategy: StrategySpec, cfg: RunConfig) -> str:
+    """What a run starts, in words: "4 workers + 1 server", "1 process (this one)"."""
+    world = strategy.world_size(cfg)
+    if world == 1:
+        return "1 process (this one)"
+    ranks, _ = strategy.compute_ranks(cfg)
+    text = f"{ranks} worker{'s' if ranks != 1 else ''}"
+    if world > ranks:
+        text += f" + {world - ranks} server{'s' if world - ranks != 1 else ''}"
+    return text + " (processes)"
 
 
 def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,

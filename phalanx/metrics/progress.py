@@ -1,45 +1,161 @@
-"""Progress output: a redrawn bar on a terminal, plain lines (every ~5 s) otherwise."""
+"""Progress output: a tqdm bar on a terminal, a plain line every few seconds otherwise.
+
+tqdm rather than rich: the bar is drawn by one rank of a multi-process run, a child
+process writing to an inherited stderr, and tqdm draws from the calling thread with no
+live-render thread to start, flush or stop around fork/exec; it imports in ~30 ms. On a
+pipe (CI, ``| tee``) tqdm's carriage returns would pile up, so there the plain line stays.
+
+Both show what users of tqdm, torchrun and Ray Train expect: steps done of total, the
+rate (samples/s when the caller passes samples, steps/s otherwise), the ETA, and the
+caller's latest figures (epoch, loss, accuracy, ...).
+"""
 
 from __future__ import annotations
 
+import json
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import TextIO
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _fmt(key: str, value: float | int | str) -> str:
+    if isinstance(value, str):
+        return f"{key} {value}"
+    if isinstance(value, int) or float(value).is_integer() and key in ("epoch", "iteration"):
+        return f"{key} {int(value)}"
+    return f"{key} {value:.4g}"
 
 
 class Progress:
     def __init__(self, total: int, label: str = "train", stream: TextIO | None = None,
-                 enabled: bool = True, every_s: float = 5.0) -> None:
-        self.total, self.label = max(total, 1), label
+                 enabled: bool = True, every_s: float = 5.0, unit: str = "step") -> None:
+        self.total, self.label, self.unit = max(total, 1), label, unit
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.every_s = every_s
         self._t0 = self._last = time.perf_counter()
-        self._shown = False
+        self._done = 0
+        self._samples: tuple[float, float] | None = None  # (time, samples) at the start
+        self._rate = ""
+        self.info: dict[str, float | int | str] = {}
+        self._bar = None  # drawn at the first update: other ranks' start-up lines come first
 
-    def update(self, done: int, **info: float) -> None:
+    def _draw(self):
+        if self._bar is None:
+            from tqdm import tqdm  # only where a bar is drawn
+
+            self._bar = tqdm(total=self.total, desc=self.label, unit=self.unit,
+                             file=self.stream, dynamic_ncols=True, mininterval=0.2,
+                             leave=True, bar_format="{desc} {bar} {n_fmt}/{total_fmt} "
+                                                    "[{elapsed}<{remaining}]{postfix}")
+        return self._bar
+
+    def update(self, done: int, *, samples: float | None = None,
+               **info: float | int | str) -> None:
+        """``done`` steps of ``total``; ``samples`` so far (for samples/s); ``info``: the
+        latest figures to show (kept until replaced)."""
         if not self.enabled:
             return
+        self.info.update(info)
         now = time.perf_counter()
-        interval = 0.2 if self.tty else self.every_s
-        if now - self._last < interval and done < self.total:
+        if samples is not None:
+            if self._samples is None:
+                self._samples = (now, samples)  # the rate counts from the first update
+            elif now > self._samples[0]:
+                rate = (samples - self._samples[1]) / (now - self._samples[0])
+                self._rate = f"{rate:,.0f} samples/s"
+        if self.tty:
+            bar = self._draw()
+            bar.set_postfix_str(self._postfix(), refresh=False)
+            bar.update(max(done - self._done, 0))
+            self._done = done
+            return
+        self._done = done
+        if now - self._last < self.every_s and done < self.total:
             return
         self._last = now
-        frac = min(done / self.total, 1.0)
-        extras = " ".join(f"{k}={v:.4g}" for k, v in info.items())
-        elapsed = now - self._t0
-        if self.tty:
-            bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
-            self.stream.write(
-                f"\r{self.label} [{bar}] {done}/{self.total} {elapsed:5.1f}s {extras}")
-            self._shown = True
-        else:
-            self.stream.write(f"{self.label} {done}/{self.total} ({100 * frac:.0f}%) "
-                              f"{elapsed:.1f}s {extras}\n")
+        self.stream.write(self.line(now) + "\n")
         self.stream.flush()
 
+    def _postfix(self) -> str:
+        parts = [self._rate] if self._rate else []
+        parts += [_fmt(k, v) for k, v in self.info.items()]
+        return "  ".join(parts)
+
+    def line(self, now: float | None = None) -> str:
+        """The plain line: ``label 180/937 (19%) 0:12 elapsed, ETA 0:51, 2,790 samples/s,
+        epoch 1, loss 0.6561``."""
+        now = time.perf_counter() if now is None else now
+        elapsed = now - self._t0
+        frac = min(self._done / self.total, 1.0)
+        eta = elapsed * (1 - frac) / frac if frac > 0 else None
+        parts = [f"{self.label} {self._done}/{self.total} ({100 * frac:.0f}%)",
+                 f"{_clock(elapsed)} elapsed"]
+        if eta is not None and self._done < self.total:
+            parts.append(f"ETA {_clock(eta)}")
+        tail = self._postfix()
+        return ", ".join(parts) + (f", {tail.replace('  ', ', ')}" if tail else "")
+
     def close(self) -> None:
-        if self.tty and self._shown:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def say(message: str, stream: TextIO | None = None) -> None:
+    """One start-up phase line ("starting 4 workers + 1 server...", "rank 3 ready")."""
+    stream = stream or sys.stderr
+    stream.write(message + "\n")
+    stream.flush()
+
+
+class StartupLines:
+    """While a run starts, one line every ``every_s`` on how far it got (how many ranks
+    logged ``ready`` to ``events``), so no run is silent for long on a terminal; it stops
+    at the first training step. A context manager around the strategy's run."""
+
+    def __init__(self, events: Path, label: str, enabled: bool = True,
+                 every_s: float = 2.0) -> None:
+        self.events, self.label, self.enabled, self.every_s = events, label, enabled, every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> StartupLines:
+        if self.enabled:
+            start = self.events.stat().st_size if self.events.is_file() else 0
+            self._thread = threading.Thread(target=self._watch, args=(start,), daemon=True,
+                                            name="phalanx-startup-lines")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _watch(self, offset: int) -> None:
+        t0, ready = time.perf_counter(), 0
+        while not self._stop.wait(self.every_s):
+            try:
+                with self.events.open("rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                continue
+            offset += chunk.rfind(b"\n") + 1  # whole lines only
+            for line in chunk[:chunk.rfind(b"\n") + 1].splitlines():
+                kind = json.loads(line).get("kind") if line.strip() else None
+                if kind in ("train", "lbfgs"):
+                    return  # training has started: the bar takes over
+                ready += kind == "ready"
+            say(f"{self.label}: starting, {ready} rank(s) ready after "
+                f"{time.perf_counter() - t0:.0f}s...")

@@ -118,7 +118,7 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
     state = rule.init(shared_w)  # each worker keeps its own optimizer state
     kit = WorkerKit.of(cfg, rank)
     report = StepReporter(cfg, log, total, f"hogwild{'-lock' if lock else ''}",
-                          shows_progress=rank == 0, evaluates=rank == 0)
+                          shows_progress=rank == 0, evaluates=rank == 0, shards=cfg.workers)
     data = DeviceData(job.train, place.torch_device, place.data_on_device,
                       kit.aug is not None)
     clocks[rank, 0] = time.time()  # wall clock: comparable across processes

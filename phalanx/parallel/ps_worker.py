@@ -163,7 +163,8 @@ class PSWorker:
         acc_row_grads: list[torch.Tensor] = []
         first = self.worker == 0  # shows progress and evaluates the servers' weights
         self.report = report = StepReporter(cfg, self.log, self.total, cfg.strategy,
-                                            shows_progress=first, evaluates=first)
+                                            shows_progress=first, evaluates=first,
+                                            shards=cfg.workers)
         while self.step < self.total:
             for i, idx in enumerate(epoch_batches(self.shard, cfg.batch_size, epoch, cfg.seed)):
                 if i < skip:

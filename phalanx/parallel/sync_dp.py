@@ -171,7 +171,7 @@ class WorkerContext:
         (``t0`` moved back by the checkpoint's elapsed time first)."""
         return StepReporter(self.job.config, self.log, total, label,
                             shows_progress=self.rank == 0, evaluates=self.rank == 0,
-                            t0=self.t0)
+                            t0=self.t0, shards=self.world)
 
     def checkpointer(self, shared_rule_state: bool) -> Checkpointer:
         return Checkpointer(self.job.config, self.job.run_dir, self.rank, self.world,

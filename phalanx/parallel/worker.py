@@ -21,6 +21,7 @@ from torch import nn
 from phalanx.config import RunConfig
 from phalanx.data import Dataset
 from phalanx.metrics import EventLog, Progress
+from phalanx.metrics.progress import say
 from phalanx.parallel.base import Straggler, augmenter, evaluate
 
 LOG_EVERY = 10  # optimizer steps between "train" events (plus the last step)
@@ -62,13 +63,18 @@ class StepReporter:
 
     ``evaluates``: this rank writes ``eval`` events (rank 0 in most strategies);
     ``first``: a ``train`` event at step 1 too (the stage strategies, whose runs are short);
-    ``t0``: when the run's clock started (a resumed run passes its elapsed time back)."""
+    ``t0``: when the run's clock started (a resumed run passes its elapsed time back);
+    ``shards``: ranks drawing distinct batches at this one's pace (the bar's samples/s is
+    this rank's times that: the run's, for data-parallel workers)."""
 
     def __init__(self, cfg: RunConfig, log: EventLog, total: int, label: str, *,
                  shows_progress: bool, evaluates: bool, logs_loss: bool = True,
-                 first: bool = False, t0: float | None = None) -> None:
+                 first: bool = False, t0: float | None = None, shards: int = 1) -> None:
         self.cfg, self.log, self.total = cfg, log, total
         self.evaluates, self.logs_loss, self.first = evaluates, logs_loss, first
+        self.shards = shards
+        if cfg.progress and log.rank >= 0:  # a start-up phase line per process
+            say(f"{label}: rank {log.rank} ({log.role}) ready")
         self.progress = Progress(total, label, enabled=cfg.progress and shows_progress)
         self.t0 = time.perf_counter() if t0 is None else t0
         # this rank is set up (process, data, groups): its training starts now
@@ -88,7 +94,7 @@ class StepReporter:
         value = loss.item() if isinstance(loss, torch.Tensor) else float(loss)
         self.log.log("train", step=step, epoch=epoch, loss=value, accuracy=accuracy,
                      samples=samples, wall_s=self.wall(), **extra)
-        self.progress.update(step, loss=value)
+        self.progress.update(step, samples=samples * self.shards, epoch=epoch, loss=value)
 
     def step(self, step: int, epoch: int, loss: torch.Tensor, out: torch.Tensor,
              y: torch.Tensor, samples: int, **extra: float) -> bool:
@@ -110,6 +116,7 @@ class StepReporter:
         loss, acc = evaluate(model, test)
         self.log.log("eval", step=step, epoch=epoch, samples=samples, test_loss=loss,
                      test_accuracy=acc, wall_s=self.wall())
+        self.progress.update(step, test_acc=acc)
 
     def maybe_eval(self, model: nn.Module, test: Dataset, step: int, epoch: int,
                    samples: int, epoch_ended: bool) -> None:
