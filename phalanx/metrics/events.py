@@ -2,7 +2,13 @@
 
 Several processes of one run append to the same ``events.jsonl``: each line is written
 with a single ``os.write`` on an ``O_APPEND`` descriptor, so lines never interleave.
-An optional TensorBoard writer mirrors the numeric fields as scalars.
+
+An optional TensorBoard writer mirrors the numeric fields as scalars, all processes of a
+run into one TensorBoard run (``OUT/tensorboard``; each process writes its own event file
+there, opened at its first scalar, so a process with nothing to plot leaves nothing).
+Tags: ``eval/...`` and ``summary/...`` (one writer per run), ``rankR/KIND/...`` for the
+rest (``R`` as in ``events.jsonl``). The x axis is the event's ``step`` (a shard's
+``apply``: its ``version``; the summary: the run's ``steps``).
 """
 
 from __future__ import annotations
@@ -27,14 +33,7 @@ class EventLog:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if tensorboard_dir is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                name = role if rank < 0 else f"{role}{rank}"
-                self._tb = SummaryWriter(str(Path(tensorboard_dir) / name))
-            except ImportError:  # tensorboard is optional at run time
-                self._tb = None
+        self._tb_dir = Path(tensorboard_dir) if tensorboard_dir is not None else None
 
     def log(self, kind: str, **fields: Any) -> dict[str, Any]:
         record = {"kind": kind, "rank": self.rank, "role": self.role,
@@ -45,22 +44,36 @@ class EventLog:
         if self._fd is not None:
             line = json.dumps(record, default=_jsonable, allow_nan=False) + "\n"
             os.write(self._fd, line.encode())
-        if self._tb is not None and "step" in fields:
-            step = int(fields["step"])
+        x = fields.get("step", fields.get("version", fields.get("steps")))
+        if self._tb_dir is not None and isinstance(x, (int, float)) and self._writer():
+            prefix = kind if kind in ("eval", "summary") else f"rank{self.rank}/{kind}"
             for key, value in fields.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+                if (key not in ("step", "version") and isinstance(value, (int, float))
+                        and not isinstance(value, bool) and math.isfinite(value)):
+                    self._tb.add_scalar(f"{prefix}/{key}", value, int(x))
             if kind == "train" and "samples" in fields and "wall_s" in fields:
-                self._throughput(step, fields["samples"], fields["wall_s"])
+                self._throughput(int(x), fields["samples"], fields["wall_s"])
         return record
+
+    def _writer(self):
+        """This process's TensorBoard writer, opened at its first scalar (None: tensorboard
+        is not installed; it is optional at run time)."""
+        if self._tb is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                self._tb_dir = None
+                return None
+            self._tb = SummaryWriter(str(self._tb_dir))
+        return self._tb
 
     def _throughput(self, step: int, samples: float, wall_s: float) -> None:
         """``train/samples_per_s`` between consecutive train events of this process."""
         last = self._last_train
         self._last_train = (samples, wall_s)
         if last is not None and wall_s > last[1]:
-            self._tb.add_scalar("train/samples_per_s", (samples - last[0]) / (wall_s - last[1]),
-                                step)
+            self._tb.add_scalar(f"rank{self.rank}/train/samples_per_s",
+                                (samples - last[0]) / (wall_s - last[1]), step)
 
     def close(self) -> None:
         if self._fd is not None:
