@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from torch import nn
 
 from phalanx.config import RunConfig
 from phalanx.data import Dataset, load_data
+from phalanx.entry.flags import LIMITS_VAR, apply_limits
 from phalanx.entry.paths import check_resume_out, hold_run_dir, prepare_run_dir
 from phalanx.entry.preflight import check_job_data
 from phalanx.entry.resume import resume_config
@@ -90,6 +92,7 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         cfg = RunConfig.from_mapping(values, source="phalanx.train")
     else:
         cfg = config
+    apply_limits(cfg, os.environ.get(LIMITS_VAR, ""))  # a smoke run's caps (docs test)
     check_config(cfg)  # each setting, then against the strategy's spec
     if cfg.resume:
         check_resume_out(cfg)

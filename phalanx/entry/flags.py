@@ -13,6 +13,7 @@ import sys
 
 from phalanx.config import RunConfig, load_config_file, parse_slow_workers
 from phalanx.data import DATASETS
+from phalanx.errors import ConfigError
 from phalanx.models import MODELS as MODEL_NAMES
 from phalanx.parallel.registry import NAMES, check_config
 from phalanx.ps.consistency import MODELS
@@ -86,6 +87,30 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             value = parse_slow_workers(value)
         setattr(cfg, f.name, value)
     return check_config(cfg)  # each setting, then against the strategy's spec
+
+
+# Caps a smoke run puts on every run a command starts, without editing the command: the
+# docs-as-written test runs README.md's commands with e.g. "max_steps=3,train_limit=512".
+# Read in one place, phalanx.entry.api.train (every run passes through it), nowhere deeper.
+LIMITS_VAR = "PHALANX_LIMITS"
+LIMITABLE = ("max_steps", "train_limit", "test_limit", "epochs")
+
+
+def apply_limits(cfg: RunConfig, text: str) -> RunConfig:
+    """``cfg`` with each named setting capped (0, "no limit", counts as above any cap)."""
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in LIMITABLE:
+            raise ConfigError(f"{LIMITS_VAR}: {name!r} is not one of {', '.join(LIMITABLE)}")
+        try:
+            cap = float(value) if name == "epochs" else int(value)
+        except ValueError:
+            raise ConfigError(f"{LIMITS_VAR}: {item!r} is not NAME=NUMBER") from None
+        if cap <= 0:
+            raise ConfigError(f"{LIMITS_VAR}: {item!r} must be > 0")
+        current = getattr(cfg, name)
+        setattr(cfg, name, cap if current == 0 else min(current, cap))
+    return cfg
 
 
 def one_line(message: str, limit: int = 2000) -> str:

@@ -132,7 +132,7 @@ def _run_attempt(fn, args: tuple, attempt: int, timeout_s: float = DEFAULT_TIMEO
             pass
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> _Parser:
     parser = _Parser(prog="phalanx.entry.torchrun")
     add_run_config_flags(parser)
     parser.add_argument("--iface", default="",
@@ -141,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="seconds a rank waits for a peer before the run fails "
                              f"(default {DEFAULT_TIMEOUT_S:g})")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     # torchrun's environment, read here at the entry point and passed down
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
