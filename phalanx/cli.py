@@ -25,6 +25,7 @@ from phalanx.experiments.demo import run_demo
 from phalanx.limits import short
 from phalanx.models import MODELS, build_model, count_parameters
 from phalanx.parallel.registry import check_flags_apply
+from phalanx.runtime.hosts import hosts_down, hosts_up, kept_hosts
 from phalanx.runtime.signals import install_driver_handlers, restore, signal_of
 
 # modules that add sub-commands: each has register(subparsers)
@@ -90,6 +91,22 @@ DESCRIPTION = ("phalanx: train one model with many workers under every synchroni
                "many training jobs on a GPU cluster (simulated from real traces, or live).")
 
 
+def _cmd_hosts(args: argparse.Namespace) -> int:
+    if args.action == "up":
+        if args.rate_mbit is not None and not 0 < args.rate_mbit < 1e6:
+            raise ConfigError(f"--rate-mbit: {args.rate_mbit} is not in (0, 1e6)")
+        for h in hosts_up(args.count, args.rate_mbit):
+            print(f"{h.name}  {h.addr}  run in it: ip netns exec {h.name} COMMAND")
+        print("remove them with: phalanx hosts down")
+    elif args.action == "down":
+        names = hosts_down()
+        print(f"removed {len(names)} namespace(s)" + (f": {', '.join(names)}" if names else ""))
+    else:
+        for name in kept_hosts():
+            print(name)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="phalanx", description=DESCRIPTION,
                      epilog="Run 'phalanx COMMAND --help' for a command's flags. Docs: README.md "
@@ -113,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default="fashion-mnist")
     p.add_argument("--out", default="runs/demo")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("hosts", help="test hosts on this machine (network namespaces on a "
+                                     "bridge, as root) to try multi-node runs")
+    p.add_argument("action", choices=["up", "down", "list"])
+    p.add_argument("count", nargs="?", type=int, default=2, help="hosts to make (up; default 2)")
+    p.add_argument("--rate-mbit", type=float, default=None,
+                   help="shape every host's link to this rate (tc tbf)")
+    p.set_defaults(func=_cmd_hosts)
 
     for module in COMMAND_MODULES:
         module.register(sub)

@@ -24,6 +24,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from phalanx.errors import PhalanxError
+
 PREFIX = "phx-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")
 
@@ -195,11 +197,13 @@ class TestNetwork:
     rate_mbit: float | None = None
     subnet: int = field(default_factory=lambda: random.randrange(1, 255))
     hosts: list[TestHost] = field(default_factory=list)
+    # the names' prefix; default: this process's (torn down with it, or by a later run)
+    tag: str = ""
     _bridge_ns: str = ""
     _made: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        tag = f"{PREFIX}{os.getpid()}-{random.randrange(16**6):06x}"
+        tag = self.tag or f"{PREFIX}{os.getpid()}-{random.randrange(16**6):06x}"
         self._bridge_ns = f"{tag}-br"
         self.hosts = [TestHost(f"{tag}-h{i}", f"10.231.{self.subnet}.{i + 1}")
                       for i in range(self.k)]
@@ -303,3 +307,49 @@ def start_torchrun(net: TestNetwork, nproc: int, target: list[str], log_dir: Pat
                 env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
                 start_new_session=True))
     return procs
+
+
+# ``phalanx hosts up N`` / ``down``: hosts that outlive the command, for trying multi-node
+# runs by hand (docs/multi-node.md). Their prefix is not a creator's pid, so the tests'
+# clean-up of dead runs' namespaces (remove_stale) leaves them alone.
+KEPT = "phxh"
+KEPT_SUBNET = 250
+MAX_KEPT = 16
+
+
+def kept_hosts() -> list[str]:
+    """Names of the kept test hosts' namespaces (bridge included), as ``ip`` lists them."""
+    listing = _ip("netns", "list", check=False).stdout
+    return sorted(line.split()[0] for line in listing.splitlines()
+                  if line.split() and line.split()[0].startswith(f"{KEPT}-"))
+
+
+def hosts_up(k: int, rate_mbit: float | None = None) -> list[TestHost]:
+    """Make ``k`` kept test hosts ``phxh-h0..`` at ``10.231.250.1..`` on one bridge."""
+    why = unavailable()
+    if why:
+        raise HostsError(f"cannot make test hosts here: {why}")
+    if not 1 <= k <= MAX_KEPT:
+        raise HostsError(f"hosts up: {k} is not in 1..{MAX_KEPT}")
+    if kept_hosts():
+        raise HostsError("test hosts are up already (phalanx hosts down first)")
+    net = TestNetwork(k, rate_mbit, subnet=KEPT_SUBNET, tag=KEPT)
+    try:
+        net._up()
+    except BaseException:
+        net.teardown()
+        raise
+    return net.hosts
+
+
+def hosts_down() -> list[str]:
+    """Delete the kept test hosts (ending what runs in them); their names."""
+    names = kept_hosts()
+    net = TestNetwork(0, tag=KEPT)
+    net._made = list(names)  # teardown empties the list it is given
+    net.teardown()
+    return names
+
+
+class HostsError(PhalanxError):
+    """Kept test hosts cannot be made or are up already (one line)."""
