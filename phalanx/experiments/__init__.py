@@ -36,6 +36,19 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
 }
 
 
+ONE_SEED = ("**One seed cannot give a verdict.** This study's quantities are noisy: with one "
+            "seed there is no interval, so every claim below is inconclusive by construction. "
+            "Run it with `--seeds 3` (or more) for a verdict.")
+
+
+def _say_one_seed(report: Path) -> None:
+    """Say it plainly, at the top of the report and on the terminal."""
+    lines = report.read_text().splitlines()
+    at = 1 if lines and lines[0].startswith("#") else 0
+    report.write_text("\n".join([*lines[:at], "", ONE_SEED, *lines[at:]]) + "\n")
+    print(ONE_SEED.replace("**", "").replace("`", ""), file=sys.stderr, flush=True)
+
+
 def run_experiment(name: str, out: Path, *, quick: bool = False, data: str | None = None,
                    seed: int = 0, seeds: Sequence[int] | None = None,
                    reuse: bool = False) -> Path:
@@ -46,7 +59,10 @@ def run_experiment(name: str, out: Path, *, quick: bool = False, data: str | Non
     params = inspect.signature(module.run).parameters
     if "seeds" in params:
         extra = {"reuse": reuse} if "reuse" in params else {}
-        return module.run(Path(out), quick=quick, data=data, seeds=seeds, **extra)
+        report = module.run(Path(out), quick=quick, data=data, seeds=seeds, **extra)
+        if len(seeds) == 1:
+            _say_one_seed(Path(report))
+        return report
     if len(seeds) > 1:  # exact experiments (byte counts, equivalences) take one seed
         print(f"{name}: runs one seed (exact); running seed {seeds[0]} only",
               file=sys.stderr, flush=True)

@@ -1,5 +1,7 @@
 """`phalanx compare` and the quick version of every experiment, as a user runs them."""
 
+import importlib
+import inspect
 import json
 
 import pytest
@@ -124,3 +126,7 @@ def test_quick_experiment_states_a_verdict(tmp_path, capsys, name):
     if name == "ring-traffic":
         # byte counts are exact: this claim holds in any run
         assert "The claim **holds**" in report
+    # a noisy study run on one seed says plainly that it cannot give a verdict
+    seeded = "seeds" in inspect.signature(
+        importlib.import_module(EXPERIMENTS[name][1]).run).parameters
+    assert ("One seed cannot give a verdict" in report) == seeded, name
