@@ -58,7 +58,7 @@ _SEEDS_HELP = ("repeat every run over seeds: a count K (seeds --seed .. --seed+K
                "list, e.g. 0,1,2; tables then show mean +- sd and 95%% intervals")
 
 
-COMPARE_SKIPS = ("strategy", "resume", "overwrite", "kill_worker", "kill_server", "progress")
+COMPARE_SKIPS = ("strategy", "resume", "overwrite", "kill_worker", "kill_server")
 _REUSE_HELP = ("read back finished runs of the same configuration in the report folder instead "
                "of running them again (add seeds, finish a cut-off study)")
 
@@ -69,8 +69,8 @@ def register(sub) -> None:
                    help="comma list, e.g. single,sync,asp,ssp,dc-asgd")
     p.add_argument("--target-accuracy", type=float, default=0.8,
                    help="report time and samples to reach this test accuracy (default 0.8)")
-    # compare picks the strategies, owns its run folders and shows no per-run bar: the
-    # flags of one run that say otherwise are not offered
+    # compare picks the strategies and owns its run folders: the flags of one run that say
+    # otherwise are not offered
     p.usage = ("phalanx compare --strategies A,B[,...] [--seeds K] [--target-accuracy X] "
                "[--config FILE] [--SETTING VALUE ...]")
     add_run_config_flags(p, skip=COMPARE_SKIPS)

@@ -81,7 +81,7 @@ def test_cli_whole_trace_unusable(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, text", [
-    (("--load-scale", "inf"), "--load-scale must be a finite number > 0"),
+    (("--load-scale", "inf"), "--load-scale must be a number in (0, 1000]"),
     (("--slot", "inf", "--policy", "las"), "--slot must be a finite number > 0"),
     (("--checkpoint-cost", "nan"), "--checkpoint-cost must be a finite number >= 0"),
     (("--interference-scale", "-1"), "--interference-scale must be a finite number >= 0"),

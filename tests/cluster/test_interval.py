@@ -103,8 +103,8 @@ def test_explicit_flags_override_the_preset():
 
 
 @pytest.mark.parametrize("args, text", [
-    (("--interval", "0"), "--interval must be a finite number > 0"),
-    (("--interval", "inf"), "--interval must be a finite number > 0"),
+    (("--interval", "0"), "--interval must be a finite number >= 1 seconds"),
+    (("--interval", "inf"), "--interval must be a finite number >= 1 seconds"),
     (("--restart-cost", "-1"), "--restart-cost must be a finite number >= 0"),
     (("--restart-cost", "nan"), "--restart-cost must be a finite number >= 0"),
     (("--restart-first", "maybe"), "invalid choice: 'maybe'"),

@@ -45,7 +45,7 @@ def test_yaml_roundtrip(tmp_path):
     (lambda d: d["zones"][0]["racks"][0]["servers"][0].update(device_type="h100"),
      r"device_type: 'h100' is not one of"),
     (lambda d: d["zones"][0]["racks"][0]["servers"][0].update(cpu_cores=-1),
-     r"cpu_cores: must be > 0"),
+     r"cpu_cores: must be a finite number > 0"),
     (lambda d: d["zones"][0]["racks"][0]["servers"][0].update(gpus=3), r"unknown key\(s\) gpus"),
     (lambda d: d["zones"][1].update(racks=[]), r"zones\[1\].racks: expected a non-empty list"),
     (lambda d: d["zones"][0]["racks"][0]["servers"][0].update(devices="eight"),
