@@ -75,7 +75,9 @@ def as_keywords(message: str) -> str:
             return f"{name}={'False' if m.group(1) else 'True'}" + (m.group(3) or "")
         return f"{name}=" if m.group(3) else name  # "out=/tmp/x", "epochs: 0 must be > 0"
 
-    return _FLAG.sub(keyword, message)
+    # a command quoted in `backticks` is a command line: it keeps its flags
+    parts = message.split("`")
+    return "`".join(p if i % 2 else _FLAG.sub(keyword, p) for i, p in enumerate(parts))
 
 
 __all__ = ["train", "__version__"]

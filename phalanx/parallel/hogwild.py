@@ -20,7 +20,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from phalanx.data import epoch_batches
@@ -40,6 +39,7 @@ from phalanx.rules import apply_updates, make_rule, state_tensors
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
 from phalanx.runtime.placement import DeviceSupport, plan_for, setup_rank, spawn_backend
+from phalanx.runtime.supervise import process_context
 
 # every worker updates one model: on one GPU (CUDA IPC) or in shared host memory; no traffic
 DEVICE = DeviceSupport(nccl=False, one_device=True)
@@ -69,7 +69,7 @@ def run(job: Job, log: EventLog) -> Outcome:
     clocks = torch.zeros(cfg.workers, 2, dtype=torch.float64).share_memory_()
     # worker 0's checksum of the final shared weights, as the workers see them
     seen = torch.zeros(1, dtype=torch.float64).share_memory_()
-    lock = mp.get_context("spawn").Lock() if cfg.lock else None
+    lock = process_context().Lock() if cfg.lock else None
     t0 = time.perf_counter()
     # the gloo group that spawn sets up only holds the final barrier: the model itself is
     # the shared state

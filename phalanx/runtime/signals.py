@@ -60,7 +60,7 @@ def restore(previous: dict[int, object]) -> None:
 
 def _watch_parent(parent_pid: int) -> None:
     while True:
-        if os.getppid() != parent_pid:
+        if not _alive(parent_pid) or os.getppid() == 1:
             os._exit(1)
         time.sleep(0.5)
 
@@ -75,9 +75,11 @@ def child_setup(parent_pid: int) -> None:
         armed = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent_pid:  # the driver died before prctl took effect
+    # a rank forked by the fork server (runtime.supervise) is the server's child, and the
+    # server ends when the driver does: the death signal then comes through it
+    if not _alive(parent_pid) or os.getppid() == 1:  # the driver died before prctl took effect
         os._exit(1)
-    if not armed:
+    if not armed or os.getppid() != parent_pid:
         threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
 
 

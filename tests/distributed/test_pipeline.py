@@ -57,5 +57,5 @@ def test_pipeline_refuses_uneven_microbatches(tmp_path):
 
 
 def test_1f1b_needs_as_many_microbatches_as_stages(tmp_path):
-    with pytest.raises(ConfigError, match="1f1b needs at least --stages"):
+    with pytest.raises(ConfigError, match="1f1b needs at least stages"):
         phalanx.train(**_opts(tmp_path, pipeline_schedule="1f1b", stages=3, microbatches=2))

@@ -95,5 +95,5 @@ def test_pull_ahead_with_downpour_fetches(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["bsp", "ssp", "softsync", "dc-asgd"])
 def test_pull_ahead_is_refused_where_the_consistency_model_waits(tmp_path, strategy):
-    with pytest.raises(ConfigError, match=f"--pull-ahead: --strategy {strategy} waits"):
+    with pytest.raises(ConfigError, match=f"pull_ahead=True: strategy={strategy} waits"):
         phalanx.train(**_opts(tmp_path, strategy=strategy, pull_ahead=True))

@@ -35,15 +35,21 @@ def start(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def ranks(pid: int) -> list[int]:
-    """Pids of the run's rank processes (spawned interpreters, in start order)."""
+def children(pid: int) -> list[int]:
     out = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             out += [int(c) for c in (task / "children").read_text().split()]
         except OSError:
             continue
-    return sorted(c for c in out if "spawn_main" in _cmdline(c))
+    return out
+
+
+def ranks(pid: int) -> list[int]:
+    """Pids of the run's rank processes: forks of the driver's pre-loaded fork server
+    (phalanx.runtime.supervise), in start order."""
+    servers = [c for c in children(pid) if "forkserver" in _cmdline(c)]
+    return sorted(r for s in servers for r in children(s))
 
 
 def _cmdline(pid: int) -> str:

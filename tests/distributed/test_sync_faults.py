@@ -105,7 +105,7 @@ def test_local_kill_stops_with_one_line_and_resume_finishes(tmp_path: Path, refe
                       kill_worker="1@10", **FLAGS, **extra)
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith("worker 1 was killed at step 10 (--kill-worker)")
+    assert message.startswith("worker 1 was killed at step 10 (kill_worker)")
     assert f"phalanx train --resume {run_dir}" in message and "torchrun --max-restarts" in message
     assert load_checkpoint(run_dir / "checkpoint.pt")["step"] == 10
 
