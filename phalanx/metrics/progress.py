@@ -112,10 +112,17 @@ class Progress:
 
 
 def say(message: str, stream: TextIO | None = None) -> None:
-    """One start-up phase line ("starting 4 workers + 1 server...", "rank 3 ready")."""
+    """One start-up phase line ("starting 4 workers + 1 server...", "rank 3 ready"), on a
+    terminal only: a pipe or a CI log gets the plain progress line, and an error stays the
+    one line on stderr."""
     stream = stream or sys.stderr
-    stream.write(message + "\n")
-    stream.flush()
+    if hasattr(stream, "isatty") and stream.isatty():
+        stream.write(message + "\n")
+        stream.flush()
+
+
+def tty() -> bool:
+    return sys.stderr.isatty()
 
 
 class StartupLines:
@@ -124,8 +131,9 @@ class StartupLines:
     at the first training step. A context manager around the strategy's run."""
 
     def __init__(self, events: Path, label: str, enabled: bool = True,
-                 every_s: float = 2.0) -> None:
+                 every_s: float = 2.0, stream: TextIO | None = None) -> None:
         self.events, self.label, self.enabled, self.every_s = events, label, enabled, every_s
+        self.stream = stream
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -158,4 +166,4 @@ class StartupLines:
                     return  # training has started: the bar takes over
                 ready += kind == "ready"
             say(f"{self.label}: starting, {ready} rank(s) ready after "
-                f"{time.perf_counter() - t0:.0f}s...")
+                f"{time.perf_counter() - t0:.0f}s...", self.stream)

@@ -25,7 +25,14 @@ import torch.multiprocessing  # noqa: F401 - registers tensor sharing for spawn
 
 from phalanx.errors import PhalanxError
 from phalanx.runtime.signals import child_setup, make_run_tempdir
-from phalanx.runtime.supervise import ERROR_FILE, STOPPING, default_name, start, supervise
+from phalanx.runtime.supervise import (
+    ERROR_FILE,
+    STOPPING,
+    UP_FILE,
+    default_name,
+    start,
+    supervise,
+)
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -56,6 +63,7 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
                               timeout=datetime.timedelta(seconds=timeout_s))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        Path(error_dir, UP_FILE.format(rank=rank)).touch()  # the supervisor reads it
         try:
             fn(rank, world, *args)
         except BaseException as e:

@@ -3,11 +3,14 @@
 Rules, in order, each time a process ends:
 
 * exit 0: done;
-* killed by a signal (``kill -9``, the OOM killer, a segfault) and ``survivable(rank)``:
-  the run goes on without it, with one line saying so. The parameter-server strategies
-  mark their workers survivable: the servers notice the silence through heartbeats and
-  drop the worker after ``--ps-timeout`` (``--on-worker-loss`` decides what then), exactly
-  as they do for an injected ``--kill-worker`` (which kills with SIGKILL too);
+* killed by a signal (``kill -9``, the OOM killer, a segfault) and ``survivable(rank)``,
+  after its process group formed: the run goes on without it, with one line saying so.
+  Before the group formed its peers wait for it in the rendezvous, so that death ends the
+  run at once (within the 1 s poll), in one line naming the process and the signal. The
+  parameter-server strategies mark their workers survivable: the servers notice the
+  silence through heartbeats and drop the worker after ``--ps-timeout``
+  (``--on-worker-loss`` decides what then), exactly as they do for an injected
+  ``--kill-worker`` (which kills with SIGKILL too);
 * anything else ends the run: the other processes are stopped (SIGTERM, then SIGKILL) and
   :class:`~phalanx.runtime.launch.WorkerFailed` names the process by its role
   (``worker 1``) with the first error any process recorded (the cause; its peers fail
@@ -34,6 +37,7 @@ from phalanx.errors import PhalanxError
 
 STOPPING = "stopping"  # file in the error folder: the driver is stopping everyone
 ERROR_FILE = "rank{rank}.err"  # where a child records its first error (launch.py)
+UP_FILE = "rank{rank}.up"  # written by a child once its process group has formed
 ORPHAN_GRACE_S = 10.0  # survivable processes left after the others finished: stopped then
 
 
@@ -56,6 +60,9 @@ def describe_exit(code: int) -> str:
 PRELOAD = ["torch", "torch.distributed", "numpy", "phalanx.runtime.launch",
            "phalanx.parallel.registry"]
 _CONTEXT: list = []
+# "spawn" (a fresh interpreter per rank, as before issue 24) only for bench/startup.py's
+# before/after comparison
+START_METHOD = "forkserver"
 
 
 def process_context():
@@ -64,8 +71,9 @@ def process_context():
     never a fresh interpreter: no per-rank ``import torch``. The fork server has started no
     thread and touched no GPU, so forking it is safe (unlike forking the driver)."""
     if not _CONTEXT:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
+        ctx = multiprocessing.get_context(START_METHOD)
+        if START_METHOD == "forkserver":
+            ctx.set_forkserver_preload(PRELOAD)
         _CONTEXT.append(ctx)
     return _CONTEXT[0]
 
@@ -177,7 +185,8 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
                 del waiting[rank]
                 if code == 0:
                     continue
-                if code < 0 and survivable is not None and survivable(rank):
+                if (code < 0 and survivable is not None and survivable(rank)
+                        and Path(error_dir, UP_FILE.format(rank=rank)).exists()):
                     sys.stderr.write(f"phalanx: {name(rank)} {describe_exit(code)}; the run "
                                      "goes on without it\n")
                     sys.stderr.flush()
@@ -193,7 +202,11 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
             killed = [(rank, code) for rank, code in fatal
                       if code < 0 and -code != signal.SIGABRT]
             if killed:
-                raise fail(f"{name(killed[0][0])} {describe_exit(killed[0][1])}")
+                rank, code = killed[0]
+                # its peers wait for it in the group's rendezvous: the run cannot go on
+                early = not Path(error_dir, UP_FILE.format(rank=rank)).exists()
+                raise fail(f"{name(rank)} {describe_exit(code)}"
+                           + (" before its process group formed" if early else ""))
             # likewise a process that exited without recording an error (an injected fault,
             # os._exit) caused the errors its peers recorded after it
             silent = [(rank, code) for rank, code in fatal

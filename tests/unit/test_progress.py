@@ -26,10 +26,15 @@ def test_plain_line_has_rate_eta_and_figures():
     assert "test_acc 0.9" in out.getvalue().splitlines()[-1]
 
 
-def test_startup_lines_count_ready_ranks_and_stop_at_the_first_step(tmp_path, capsys):
-    events = tmp_path / "events.jsonl"
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_startup_lines_count_ready_ranks_and_stop_at_the_first_step(tmp_path):
+    events, term = tmp_path / "events.jsonl", Terminal()
     events.write_text(json.dumps({"kind": "start"}) + "\n")
-    with StartupLines(events, "asp", every_s=0.05):
+    with StartupLines(events, "asp", every_s=0.05, stream=term):
         time.sleep(0.12)
         with events.open("a") as f:
             f.write(json.dumps({"kind": "ready"}) + "\n" + json.dumps({"kind": "ready"}) + "\n")
@@ -37,8 +42,18 @@ def test_startup_lines_count_ready_ranks_and_stop_at_the_first_step(tmp_path, ca
         with events.open("a") as f:
             f.write(json.dumps({"kind": "train"}) + "\n")
         time.sleep(0.15)
-        lines = capsys.readouterr().err.splitlines()
+        lines = term.getvalue().splitlines()
     assert lines[0].startswith("asp: starting, 0 rank(s) ready")
     assert lines[-1].startswith("asp: starting, 2 rank(s) ready")
     time.sleep(0.1)
-    assert capsys.readouterr().err == ""  # silent once training started
+    assert term.getvalue().splitlines() == lines  # silent once training started
+
+
+def test_phase_lines_are_for_terminals_only(capsys):
+    from phalanx.metrics.progress import say
+
+    say("sync: starting 4 workers (processes)...")  # stderr is a pipe here
+    assert capsys.readouterr().err == ""
+    term = Terminal()
+    say("sync: rank 0 (worker) ready", term)
+    assert term.getvalue() == "sync: rank 0 (worker) ready\n"
