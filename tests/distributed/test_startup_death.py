@@ -54,12 +54,15 @@ def test_a_worker_killed_during_start_up(tmp_path, strategy, world):
     victim = _ranks(p.pid)[-1]
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
-    out, err = p.communicate(timeout=120)
-    took = time.monotonic() - killed_at
+    first = p.stderr.readline()
+    said = time.monotonic() - killed_at  # the line comes at once...
+    out, rest = p.communicate(timeout=120)
+    ended = time.monotonic() - killed_at  # ...the driver's exit (torch's teardown) follows
+    err = first + rest
     lines = err.splitlines()
     name = f"worker {world - 1}" if strategy == "sync" else "worker 1"
     if p.returncode == 2:  # the run ended: at once, in one line
-        assert took < 5.0, (took, err)
+        assert said < 2.0 and ended < 10.0, (said, ended, err)
         assert len(lines) == 1 and lines[0].startswith(f"phalanx: error: {name} was killed "
                                                        "by SIGKILL"), err
     else:  # only a parameter-server worker that had joined may be lost and survived
