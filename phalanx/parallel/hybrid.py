@@ -16,6 +16,7 @@ from phalanx.parallel.pipeline import DEVICE, check, train_pipeline
 from phalanx.parallel.spec import StrategySpec
 from phalanx.runtime.launch import spawn
 from phalanx.runtime.placement import spawn_backend
+from phalanx.runtime.supervise import PIPELINING, preload
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -25,6 +26,7 @@ def world_size(cfg: RunConfig) -> int:
 def run(job: Job, log: EventLog) -> Outcome:
     cfg = job.config
     check(job, cfg.stages, cfg.replicas)
+    preload(PIPELINING)  # the ranks' schedules: imported once, in the fork server
     spawn(process_main, world_size(cfg), (job,),
           backend=spawn_backend(cfg, world_size(cfg), DEVICE))
     return read_result(job)

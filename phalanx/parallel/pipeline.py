@@ -45,6 +45,7 @@ from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
 from phalanx.runtime.placement import DeviceSupport, setup_rank, spawn_backend
+from phalanx.runtime.supervise import PIPELINING, preload
 
 
 def schedule_class(name: str) -> type:
@@ -86,6 +87,7 @@ def check(job: Job, stages: int, replicas: int = 1) -> None:
 
 def run(job: Job, log: EventLog) -> Outcome:
     check(job, job.config.stages)
+    preload(PIPELINING)  # the ranks' schedules: imported once, in the fork server
     spawn(process_main, world_size(job.config), (job,),
           backend=spawn_backend(job.config, world_size(job.config), DEVICE),
           name=lambda rank: f"stage {rank}")

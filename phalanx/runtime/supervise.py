@@ -60,9 +60,19 @@ def describe_exit(code: int) -> str:
 PRELOAD = ["torch", "torch.distributed", "numpy", "phalanx.runtime.launch",
            "phalanx.parallel.registry"]
 _CONTEXT: list = []
+PIPELINING = "torch.distributed.pipelining"
 # "spawn" (a fresh interpreter per rank, as before issue 24) only for bench/startup.py's
 # before/after comparison
 START_METHOD = "forkserver"
+
+
+def preload(*modules: str) -> None:
+    """More for the fork server to import, when a run's ranks will need it (the pipelines'
+    ``torch.distributed.pipelining``: ~1.5 s, not worth it for every run). Call before the
+    run's first rank starts; once the server is up it changes nothing."""
+    PRELOAD.extend(m for m in modules if m not in PRELOAD)
+    if _CONTEXT and START_METHOD == "forkserver":
+        _CONTEXT[0].set_forkserver_preload(PRELOAD)  # for a server started after this
 
 
 def process_context():
