@@ -76,11 +76,14 @@ class Compression:
         self.codec = make_codec(spec) if self.powersgd is None else None
         self._calls: dict[object, int] = defaultdict(int)  # per key: shared randk seeds
         self.screened = Screened()
+        self.lr_hint = ""  # " (--lr X with --rule R)": for the divergence message
         self._streak: dict[object, int] = defaultdict(int)  # per key: skips in a row
 
     @classmethod
     def from_config(cls, cfg) -> Compression:
-        return cls(parse_compress(cfg.compress), cfg.error_feedback, cfg.seed)
+        comp = cls(parse_compress(cfg.compress), cfg.error_feedback, cfg.seed)
+        comp.lr_hint = f" (--lr {cfg.lr:g} with --rule {cfg.rule})"
+        return comp
 
     @property
     def active(self) -> bool:
@@ -97,11 +100,12 @@ class Compression:
         """The largest magnitude one message carries."""
         return POWERSGD_LIMIT if self.codec is None else self.codec.limit
 
-    def screen(self, key: object, x: torch.Tensor,
-               limit: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def screen(self, key: object, x: torch.Tensor, limit: float,
+               what: str = "") -> tuple[torch.Tensor | None, torch.Tensor]:
         """(``x`` + the residual under ``key``, the same clipped to ``limit``); the first
         is None when it holds NaN or inf (counted; the residual stays as it was). Raises
-        :class:`NonFiniteGradients` at the :data:`SKIP_STREAK`-th skip in a row."""
+        :class:`NonFiniteGradients` at the :data:`SKIP_STREAK`-th skip in a row (``what``
+        names the key in its message)."""
         y = self.feedback.add(key, x)
         lo, hi = torch.aminmax(y) if y.numel() else (torch.zeros(()), torch.zeros(()))
         lo, hi = float(lo), float(hi)  # sync point: one scalar pair per message
@@ -110,11 +114,11 @@ class Compression:
             self._streak[key] += 1
             if self._streak[key] >= SKIP_STREAK:
                 raise NonFiniteGradients(
-                    f"training diverged: the gradient sent under {key!r} held NaN or inf "
-                    f"{self._streak[key]} times in a row; --compress {self.spec} skipped "
-                    "each one (counted, the error-feedback residual intact), so nothing was "
-                    "learnt: the learning rate is probably too high, or the data holds "
-                    "non-finite values")
+                    f"training diverged: {what or repr(key)} held NaN or inf in "
+                    f"{self._streak[key]} messages in a row; --compress {self.spec} skipped "
+                    "each one (counted; the error-feedback residual is intact), so nothing "
+                    f"was learnt: the learning rate{self.lr_hint} is probably too high, or "
+                    "the data holds non-finite values")
             return None, torch.zeros_like(x)
         self._streak[key] = 0
         if max(-lo, hi) <= limit:
@@ -127,7 +131,7 @@ class Compression:
         """The wire tensor for ``x`` (+ the residual kept under ``key``); ``seed`` picks
         rand-k's indices (the receiver reads it off the message). None: skipped (NaN or
         inf in ``x``; see :meth:`screen`)."""
-        y, c = self.screen(key, x, self.codec.limit)
+        y, c = self.screen(key, x, self.codec.limit, f"the gradient for shard {key}")
         if y is None:
             return None
         t = self.codec.encode(c, seed) if isinstance(self.codec, RandK) else self.codec.encode(c)
@@ -144,7 +148,8 @@ class Compression:
             return flat.div_(world)
         # skipped (NaN / inf): this rank contributes zeros, so every rank still runs the
         # same collectives; a clipped value's excess stays in the residual
-        x, c = self.screen(key, flat, self.group_limit(world))
+        what = f"bucket {key} of the gradient" if isinstance(key, int) else f"the {key}"
+        x, c = self.screen(key, flat, self.group_limit(world), what)
         if self.powersgd is not None:
             # the plain start-up steps included: their error is the clipped excess only
             start_up = not self.powersgd.compressing(key)

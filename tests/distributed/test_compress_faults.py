@@ -5,8 +5,8 @@ The second rank / worker's gradient of the first layer's bias gets ``inf`` at it
 backward and a value beyond the codec's range at its 4th (fp16: 2e5 > 65504; bf16: 3.39e38;
 the float32 codecs: 3e38 > 2^126); under averaging, whose messages are parameter deltas,
 the bias itself is set to -inf and -big at those steps. The bias sinks (its unit's ReLU goes
-quiet), so the run can go on. Each must: finish (no exception, finite weights, a summary), keep every residual
-finite, and count what happened: one skipped message (sync / averaging:
+quiet), so the run can go on. Each must: finish (no exception, finite weights, a summary),
+keep every residual finite, and count what happened: one skipped message (sync / averaging:
 ``contributions_skipped``; PS: ``pushes_skipped`` and the shard's ``pushes_rejected``) and
 the clipped values (``values_clipped``). One spawn per strategy runs every codec."""
 
