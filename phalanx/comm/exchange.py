@@ -82,7 +82,8 @@ class Compression:
     @classmethod
     def from_config(cls, cfg) -> Compression:
         comp = cls(parse_compress(cfg.compress), cfg.error_feedback, cfg.seed)
-        comp.lr_hint = f" (--lr {cfg.lr:g} with --rule {cfg.rule})"
+        if cfg.lr is not None:  # (None: a configuration not validated yet)
+            comp.lr_hint = f" (--lr {cfg.lr:g} with --rule {cfg.rule})"
         return comp
 
     @property

@@ -1,0 +1,170 @@
+"""The allreduce classes' own code (ring, main node, native) on ranks that are threads: their
+``torch.distributed`` calls go to an in-process point-to-point layer with gloo's matching
+rule (per pair of ranks, in order, same size). The real-process oracle test is
+tests/distributed/test_allreduce_dist.py; this one runs in a second, so it also serves the
+mutation runs (``make mutate``)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from phalanx.comm import allreduce as ar
+from phalanx.comm.allreduce import ring_bytes
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+class _Recv:
+    def __init__(self, net: P2P, src: int, dst: int, into: torch.Tensor) -> None:
+        self.net, self.src, self.dst, self.into = net, src, dst, into
+
+    def wait(self) -> None:
+        got = self.net.pipes[(self.src, self.dst)].get(timeout=10)
+        assert got.shape == self.into.shape, "gloo matches a receive to a send of one size"
+        self.into.copy_(got)
+
+
+class P2P:
+    """A stand-in for ``torch.distributed`` seen by one thread per rank."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.local = threading.local()
+        self.pipes = {(a, b): queue.Queue() for a in range(world) for b in range(world)}
+        self.barrier = threading.Barrier(world, timeout=10)
+        self.slots: list[torch.Tensor | None] = [None] * world
+
+    # what the allreduce module calls
+    def get_world_size(self, group=None) -> int:
+        return self.world
+
+    def get_rank(self, group=None) -> int:
+        return self.local.rank
+
+    def isend(self, t: torch.Tensor, dst: int, group=None) -> _Done:
+        self.pipes[(self.local.rank, dst)].put(t.detach().clone())
+        return _Done()
+
+    def irecv(self, t: torch.Tensor, src: int, group=None) -> _Recv:
+        return _Recv(self, src, self.local.rank, t)
+
+    def _everyone(self, t: torch.Tensor) -> list[torch.Tensor]:
+        self.slots[self.local.rank] = t.detach().clone()
+        self.barrier.wait()
+        parts = list(self.slots)
+        self.barrier.wait()
+        return parts
+
+    def all_reduce(self, t: torch.Tensor, group=None) -> None:
+        parts = self._everyone(t)
+        t.copy_(sum(parts[1:], parts[0].clone()))
+
+    def all_gather(self, out: list[torch.Tensor], t: torch.Tensor, group=None) -> None:
+        for o, p in zip(out, self._everyone(t)):
+            o.copy_(p)
+
+
+def _on_threads(monkeypatch, world: int, fn) -> list:
+    net = P2P(world)
+    monkeypatch.setattr(ar, "dist", SimpleNamespace(
+        get_world_size=net.get_world_size, get_rank=net.get_rank, isend=net.isend,
+        irecv=net.irecv, all_reduce=net.all_reduce, all_gather=net.all_gather))
+    out, errors = [None] * world, []
+
+    def one(rank: int) -> None:
+        net.local.rank = rank
+        try:
+            out[rank] = fn(rank)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test
+            errors.append(e)
+            net.barrier.abort()
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    if errors:
+        raise errors[0]
+    assert all(p.empty() for p in net.pipes.values()), "a message nobody received"
+    return out
+
+
+def _inputs(world: int, shape: tuple[int, ...]) -> list[torch.Tensor]:
+    return [torch.randint(-1000, 1000, shape, generator=torch.Generator().manual_seed(r))
+            .float() for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape", [(0,), (1,), (2,), (7,), (5, 13)])
+@pytest.mark.parametrize("name", ["ring", "main", "native"])
+def test_sums_in_place_and_counts_bytes(monkeypatch, name: str, world: int,
+                                        shape: tuple[int, ...]) -> None:
+    xs = _inputs(world, shape)
+    want = sum(xs[1:], xs[0].clone())
+
+    def rank_main(rank: int):
+        red = ar.make_allreduce(name)
+        # a small segment: the ring cuts messages in pieces (both ends alike)
+        if name == "ring":
+            red.segment_bytes = 8
+        x = xs[rank].clone()
+        out = red(x)
+        return out, x, red.counter.sent, red.counter.received
+
+    results = _on_threads(monkeypatch, world, rank_main)
+    n, size = xs[0].numel(), 4
+    for rank, (out, x, sent, received) in enumerate(results):
+        assert out is x and torch.equal(x, want)  # in place, exact (integers)
+        if name == "ring":
+            assert sent == ring_bytes(n, size, world, rank)
+            assert received == ring_bytes(n, size, world, (rank - 1) % world)
+        elif name == "main":
+            one = n * size if world > 1 else 0
+            assert sent == received == (one * (world - 1) if rank == 0 else one)
+        else:
+            assert sent == received == ring_bytes(n, size, world, rank)
+
+
+@pytest.mark.parametrize("name", ["ring", "main"])
+def test_a_non_contiguous_tensor(monkeypatch, name: str) -> None:
+    xs = [x.view(4, 6).t() for x in _inputs(3, (24,))]
+    want = sum(xs[1:], xs[0].clone())
+
+    def rank_main(rank: int):
+        x = xs[rank].clone()  # keeps the transposed strides
+        assert not x.is_contiguous()
+        ar.make_allreduce(name)(x)
+        return x
+
+    for x in _on_threads(monkeypatch, 3, rank_main):
+        assert torch.equal(x, want)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("name", ["ring", "main", "native"])
+def test_all_gather(monkeypatch, name: str, world: int) -> None:
+    xs = _inputs(world, (5,))
+
+    def rank_main(rank: int):
+        red = ar.make_allreduce(name)
+        return red.all_gather(xs[rank]), red.counter.sent, red.counter.received
+
+    for rank, (parts, sent, received) in enumerate(_on_threads(monkeypatch, world, rank_main)):
+        assert len(parts) == world
+        assert all(torch.equal(p, x) for p, x in zip(parts, xs))
+        size = 5 * 4
+        if name == "main":
+            want_sent = (size * world * (world - 1)) if rank == 0 else (size if world > 1 else 0)
+            want_received = size * (world - 1) if rank == 0 else size * world
+            assert (sent, received) == (want_sent, want_received if world > 1 else 0)
+        else:
+            assert sent == received == size * (world - 1)
