@@ -6,96 +6,12 @@ mutation runs (``make mutate``)."""
 
 from __future__ import annotations
 
-import queue
-import threading
-from types import SimpleNamespace
-
 import pytest
 import torch
+from threadgroup import on_threads
 
 from phalanx.comm import allreduce as ar
 from phalanx.comm.allreduce import ring_bytes
-
-
-class _Done:
-    def wait(self) -> None:
-        return None
-
-
-class _Recv:
-    def __init__(self, net: P2P, src: int, dst: int, into: torch.Tensor) -> None:
-        self.net, self.src, self.dst, self.into = net, src, dst, into
-
-    def wait(self) -> None:
-        got = self.net.pipes[(self.src, self.dst)].get(timeout=10)
-        assert got.shape == self.into.shape, "gloo matches a receive to a send of one size"
-        self.into.copy_(got)
-
-
-class P2P:
-    """A stand-in for ``torch.distributed`` seen by one thread per rank."""
-
-    def __init__(self, world: int) -> None:
-        self.world = world
-        self.local = threading.local()
-        self.pipes = {(a, b): queue.Queue() for a in range(world) for b in range(world)}
-        self.barrier = threading.Barrier(world, timeout=10)
-        self.slots: list[torch.Tensor | None] = [None] * world
-
-    # what the allreduce module calls
-    def get_world_size(self, group=None) -> int:
-        return self.world
-
-    def get_rank(self, group=None) -> int:
-        return self.local.rank
-
-    def isend(self, t: torch.Tensor, dst: int, group=None) -> _Done:
-        self.pipes[(self.local.rank, dst)].put(t.detach().clone())
-        return _Done()
-
-    def irecv(self, t: torch.Tensor, src: int, group=None) -> _Recv:
-        return _Recv(self, src, self.local.rank, t)
-
-    def _everyone(self, t: torch.Tensor) -> list[torch.Tensor]:
-        self.slots[self.local.rank] = t.detach().clone()
-        self.barrier.wait()
-        parts = list(self.slots)
-        self.barrier.wait()
-        return parts
-
-    def all_reduce(self, t: torch.Tensor, group=None) -> None:
-        parts = self._everyone(t)
-        t.copy_(sum(parts[1:], parts[0].clone()))
-
-    def all_gather(self, out: list[torch.Tensor], t: torch.Tensor, group=None) -> None:
-        for o, p in zip(out, self._everyone(t)):
-            o.copy_(p)
-
-
-def _on_threads(monkeypatch, world: int, fn) -> list:
-    net = P2P(world)
-    monkeypatch.setattr(ar, "dist", SimpleNamespace(
-        get_world_size=net.get_world_size, get_rank=net.get_rank, isend=net.isend,
-        irecv=net.irecv, all_reduce=net.all_reduce, all_gather=net.all_gather))
-    out, errors = [None] * world, []
-
-    def one(rank: int) -> None:
-        net.local.rank = rank
-        try:
-            out[rank] = fn(rank)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test
-            errors.append(e)
-            net.barrier.abort()
-
-    threads = [threading.Thread(target=one, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    if errors:
-        raise errors[0]
-    assert all(p.empty() for p in net.pipes.values()), "a message nobody received"
-    return out
 
 
 def _inputs(world: int, shape: tuple[int, ...]) -> list[torch.Tensor]:
@@ -120,7 +36,7 @@ def test_sums_in_place_and_counts_bytes(monkeypatch, name: str, world: int,
         out = red(x)
         return out, x, red.counter.sent, red.counter.received
 
-    results = _on_threads(monkeypatch, world, rank_main)
+    results = on_threads(monkeypatch, world, rank_main)
     n, size = xs[0].numel(), 4
     for rank, (out, x, sent, received) in enumerate(results):
         assert out is x and torch.equal(x, want)  # in place, exact (integers)
@@ -145,7 +61,7 @@ def test_a_non_contiguous_tensor(monkeypatch, name: str) -> None:
         ar.make_allreduce(name)(x)
         return x
 
-    for x in _on_threads(monkeypatch, 3, rank_main):
+    for x in on_threads(monkeypatch, 3, rank_main):
         assert torch.equal(x, want)
 
 
@@ -158,7 +74,7 @@ def test_all_gather(monkeypatch, name: str, world: int) -> None:
         red = ar.make_allreduce(name)
         return red.all_gather(xs[rank]), red.counter.sent, red.counter.received
 
-    for rank, (parts, sent, received) in enumerate(_on_threads(monkeypatch, world, rank_main)):
+    for rank, (parts, sent, received) in enumerate(on_threads(monkeypatch, world, rank_main)):
         assert len(parts) == world
         assert all(torch.equal(p, x) for p, x in zip(parts, xs))
         size = 5 * 4
