@@ -1,10 +1,13 @@
 """``make mutate``: mutmut over the numeric core, one module at a time, and its score per
 module (killed / mutants that ran; "no tests" and timeouts shown beside it).
 
-Usage: ``python tools/mutate.py [MODULE ...]`` (default: all of MODULES); ``--report``
-prints the scores of what has run without running anything. Each mutant runs only the
-fast in-process tests that cover its function (pyproject's [tool.mutmut]); the modules
-run one after the other, never in parallel with other heavy jobs (2 cores)."""
+Usage: ``python tools/mutate.py [--sample K] [MODULE ...]`` (default: all of MODULES);
+``--sample K`` runs every K-th mutant of each module (sorted by name) instead of all of them;
+``--report`` prints the scores of what has run without running anything. The score counts
+the mutants that ran ("not checked" ones, left out by a sample, are not in it; "no tests"
+ones count as not killed). Each mutant runs only the fast in-process tests that cover its
+function (pyproject's [tool.mutmut]); the modules run one after the other, never in
+parallel with other heavy jobs (2 cores)."""
 
 from __future__ import annotations
 
@@ -20,41 +23,59 @@ MODULES = ["phalanx.comm.compress", "phalanx.comm.exchange", "phalanx.comm.ps_pa
 MUTMUT = str(Path(sys.executable).with_name("mutmut"))
 
 
-def results() -> dict[str, collections.Counter]:
+def statuses() -> dict[str, str]:
+    """Every mutant's name -> its status (killed, survived, no tests, not checked, ...)."""
     out = subprocess.run([MUTMUT, "results", "--all", "true"], capture_output=True, text=True,
                          check=True).stdout
-    per: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    found = {}
     for line in out.splitlines():
         name, _, status = line.strip().rpartition(": ")
-        if "__mutmut_" not in name:
-            continue
-        module = name.split(".x_")[0].split(".xǁ")[0]
-        per[module][status] += 1
+        if "__mutmut_" in name:
+            found[name] = status
+    return found
+
+
+def module_of(name: str) -> str:
+    return name.split(".x_")[0].split(".xǁ")[0]
+
+
+def results() -> dict[str, collections.Counter]:
+    per: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for name, status in statuses().items():
+        per[module_of(name)][status] += 1
     return per
 
 
 def report(modules: list[str]) -> None:
     per = results()
-    print(f"{'module':32} {'mutants':>7} {'killed':>6} {'survived':>8} {'other':>5} score")
+    print(f"{'module':30} {'mutants':>7} {'ran':>5} {'killed':>6} {'timeout':>7} "
+          f"{'survived':>8} {'no tests':>8} score")
     for m in modules:
         c = per.get(m, collections.Counter())
-        ran = c["killed"] + c["survived"] + c["timeout"]
-        other = sum(c.values()) - c["killed"] - c["survived"]
-        score = f"{100 * (c['killed'] + c['timeout']) / ran:.1f}%" if ran else "-"
-        print(f"{m:32} {sum(c.values()):7} {c['killed']:6} {c['survived']:8} {other:5} {score}")
+        ran = sum(c.values()) - c["not checked"]
+        dead = c["killed"] + c["timeout"]
+        score = f"{100 * dead / ran:.1f}%" if ran else "-"
+        print(f"{m:30} {sum(c.values()):7} {ran:5} {c['killed']:6} {c['timeout']:7} "
+              f"{c['survived']:8} {c['no tests']:8} {score}")
 
 
 def main(argv: list[str]) -> int:
     only_report = "--report" in argv
-    modules = [a for a in argv if not a.startswith("--")] or MODULES
+    sample = int(argv[argv.index("--sample") + 1]) if "--sample" in argv else 1
+    skip = {argv.index("--sample") + 1} if "--sample" in argv else set()
+    modules = [a for i, a in enumerate(argv) if not a.startswith("--") and i not in skip]
+    modules = modules or MODULES
     if not only_report:
         for m in modules:
-            # "phalanx.rules.*" would also match rules.base: the package's own functions are
-            # named phalanx.rules.x_NAME
-            pattern = f"{m}.x_*" if m == "phalanx.rules" else f"{m}.*"
-            print(f"== mutmut run {pattern}", flush=True)
-            subprocess.run([MUTMUT, "run", pattern], check=False,
-                           stdout=subprocess.DEVNULL)
+            if sample > 1:
+                names = sorted(n for n in statuses() if module_of(n) == m)[::sample]
+            else:
+                # "phalanx.rules.*" would also match rules.base: the package's own
+                # functions are named phalanx.rules.x_NAME
+                names = [f"{m}.x_*" if m == "phalanx.rules" else f"{m}.*"]
+            print(f"== mutmut run {m} ({'all' if sample == 1 else f'every {sample}th'})",
+                  flush=True)
+            subprocess.run([MUTMUT, "run", *names], check=False, stdout=subprocess.DEVNULL)
     report(modules)
     return 0
 

@@ -192,3 +192,11 @@ def test_group_screened_sums_every_rank(monkeypatch) -> None:
         assert on_threads(monkeypatch, world, rank_main, (exchange,)) == [want] * world
     alone = on_threads(monkeypatch, 1, lambda r: group_screened(comp), (exchange,))
     assert alone == [Screened(1, 2, 5)]
+
+
+def test_group_limits() -> None:
+    fp16, int8 = Compression(parse_compress("fp16")), Compression(parse_compress("int8"))
+    assert fp16.group_limit(2) == 65504 / (1 + 2 / 1024)
+    assert fp16.group_limit(8) == 65504 / (1 + 8 / 1024)
+    assert int8.group_limit(2) == 2.0**126 and int8.group_limit(4) == 2.0**125
+    assert Compression(parse_compress("powersgd:1")).group_limit(2) == POWERSGD_LIMIT
