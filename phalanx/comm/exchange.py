@@ -46,9 +46,6 @@ from phalanx.errors import PhalanxError
 
 SKIP_STREAK = 10  # skipped messages in a row on one key: the run has diverged
 POWERSGD_LIMIT = 2.0**100  # P = M Q sums a row of M: room for 2^27 elements per row
-# a half-precision sum of N values each rounded up by at most 2^-11 stays below the max
-# when every value is at most max / (N (1 + N 2^-10))
-HALF_SUM_MARGIN = 2.0**-10
 
 
 class NonFiniteGradients(PhalanxError):
@@ -163,11 +160,14 @@ class Compression:
         return flat.copy_(mean)
 
     def group_limit(self, world: int) -> float:
-        """The largest magnitude of one rank's contribution to a group mean: half precision
-        is summed in half precision (its max over N, with rounding headroom); a float32 sum
-        of N values of at most 2 limit / N = 2^127 / N cannot overflow either."""
+        """The largest magnitude of one rank's contribution to a group mean. Half precision
+        is summed in half precision: N values, each rounded up by at most eps/2 when encoded
+        and again by every partial sum, stay below the max when each is at most
+        max / (N (1 + N eps)) (eps: 2^-10 for fp16, 2^-7 for bf16). A float32 sum of N
+        values of at most 2 limit / N = 2^127 / N cannot overflow either."""
         if isinstance(self.codec, HalfPrecision):
-            return self.codec.limit / (1 + world * HALF_SUM_MARGIN)
+            eps = torch.finfo(self.codec.dtype).eps
+            return self.codec.limit / (1 + world * eps)
         return self.limit * 2 / world
 
     def _codec_mean(self, x: torch.Tensor, allreduce: AllReduce, world: int,

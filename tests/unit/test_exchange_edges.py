@@ -198,5 +198,7 @@ def test_group_limits() -> None:
     fp16, int8 = Compression(parse_compress("fp16")), Compression(parse_compress("int8"))
     assert fp16.group_limit(2) == 65504 / (1 + 2 / 1024)
     assert fp16.group_limit(8) == 65504 / (1 + 8 / 1024)
+    bf16 = Compression(parse_compress("bf16"))
+    assert bf16.group_limit(2) == torch.finfo(torch.bfloat16).max / (1 + 2 / 128)
     assert int8.group_limit(2) == 2.0**126 and int8.group_limit(4) == 2.0**125
     assert Compression(parse_compress("powersgd:1")).group_limit(2) == POWERSGD_LIMIT
