@@ -24,7 +24,7 @@ from phalanx.comm import allreduce as ar
 class ThreadGroup:
     def __init__(self, world: int) -> None:
         self.world = world
-        self.barrier = threading.Barrier(world, timeout=30)
+        self.barrier = threading.Barrier(world, timeout=5)
         self.slots: list[torch.Tensor | None] = [None] * world
 
     def _exchange(self, rank: int, t: torch.Tensor) -> list[torch.Tensor]:
@@ -94,7 +94,7 @@ class _Recv:
         self.net, self.src, self.dst, self.into = net, src, dst, into
 
     def wait(self) -> None:
-        got = self.net.pipes[(self.src, self.dst)].get(timeout=10)
+        got = self.net.pipes[(self.src, self.dst)].get(timeout=5)
         assert got.shape == self.into.shape, "gloo matches a receive to a send of one size"
         self.into.copy_(got)
 
@@ -106,7 +106,7 @@ class P2P:
         self.world = world
         self.local = threading.local()
         self.pipes = {(a, b): queue.Queue() for a in range(world) for b in range(world)}
-        self.barrier = threading.Barrier(world, timeout=10)
+        self.barrier = threading.Barrier(world, timeout=5)
         self.slots: list[torch.Tensor | None] = [None] * world
 
     # what the allreduce module calls
