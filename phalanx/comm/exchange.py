@@ -206,8 +206,11 @@ class Compression:
 
 def group_screened(comp: Compression | None) -> Screened:
     """Every rank's :class:`Screened` counts summed (a bookkeeping collective every rank
-    calls, not counted in the traffic, like the byte totals)."""
-    mine = comp.screened if comp is not None else Screened()
+    calls, not counted in the traffic, like the byte totals; none without compression,
+    which every rank's configuration agrees on)."""
+    if comp is None or not comp.active:
+        return Screened()
+    mine = comp.screened
     t = torch.tensor([mine.skipped, mine.clipped, mine.values_clipped], dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t)

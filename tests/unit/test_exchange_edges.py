@@ -177,6 +177,9 @@ def test_randk_draws_new_shared_indices_every_call() -> None:
 
 def test_group_screened_sums_every_rank(monkeypatch) -> None:
     assert group_screened(None) == Screened()
+    inactive = Compression(parse_compress("none"))
+    inactive.screened = Screened(1, 1, 1)
+    assert group_screened(inactive) == Screened()  # no collective without compression
     comp = Compression(parse_compress("int8"))
     comp.screened = Screened(1, 2, 5)
     monkeypatch.setattr(exchange.dist, "is_initialized", lambda: False)
