@@ -6,6 +6,8 @@ mutation runs (``make mutate``)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from threadgroup import on_threads
@@ -84,3 +86,25 @@ def test_all_gather(monkeypatch, name: str, world: int) -> None:
             assert (sent, received) == (want_sent, want_received if world > 1 else 0)
         else:
             assert sent == received == size * (world - 1)
+
+
+@pytest.mark.parametrize("name", ["ring", "main", "native"])
+def test_a_process_group_whose_ranks_are_not_the_global_ones(monkeypatch, name: str) -> None:
+    """Every call names the group, and point-to-point calls take global ranks: group rank
+    g is global rank ranks[g]."""
+    group = SimpleNamespace(ranks=[2, 0, 1])
+    xs = _inputs(3, (7,))
+    want = sum(xs[1:], xs[0].clone())
+
+    def rank_main(rank: int):
+        counter = ar.ByteCounter()
+        red = ar.make_allreduce(name, group=group, counter=counter)
+        assert red.counter is counter
+        x = xs[rank].clone()
+        red(x)
+        return x, red.all_gather(xs[rank]), counter.sent
+
+    for x, parts, sent in on_threads(monkeypatch, 3, rank_main, group=group):
+        assert torch.equal(x, want) and sent > 0
+        # all_gather lists the tensors in group-rank order
+        assert all(torch.equal(p, xs[g]) for p, g in zip(parts, group.ranks))

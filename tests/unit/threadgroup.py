@@ -100,27 +100,41 @@ class _Recv:
 
 
 class P2P:
-    """A stand-in for ``torch.distributed`` seen by one thread per rank."""
+    """A stand-in for ``torch.distributed`` seen by one thread per rank. ``group``: the
+    process group every call must name (its ``ranks`` list maps group ranks to the global
+    ranks that point-to-point calls take); None is the default group."""
 
-    def __init__(self, world: int) -> None:
-        self.world = world
+    def __init__(self, world: int, group=None) -> None:
+        self.world, self.group = world, group
         self.local = threading.local()
         self.pipes = {(a, b): queue.Queue() for a in range(world) for b in range(world)}
         self.barrier = threading.Barrier(world, timeout=5)
         self.slots: list[torch.Tensor | None] = [None] * world
 
+    def _check(self, group) -> None:
+        assert group is self.group, "a collective on another group than the allreduce's"
+
     # what the allreduce module calls
     def get_world_size(self, group=None) -> int:
+        self._check(group)
         return self.world
 
     def get_rank(self, group=None) -> int:
-        return self.local.rank
+        self._check(group)
+        me = self.local.rank
+        return group.ranks.index(me) if group is not None else me
+
+    def get_global_rank(self, group, group_rank: int) -> int:
+        self._check(group)
+        return group.ranks[group_rank]
 
     def isend(self, t: torch.Tensor, dst: int, group=None) -> _Done:
+        self._check(group)
         self.pipes[(self.local.rank, dst)].put(t.detach().clone())
         return _Done()
 
     def irecv(self, t: torch.Tensor, src: int, group=None) -> _Recv:
+        self._check(group)
         return _Recv(self, src, self.local.rank, t)
 
     def _everyone(self, t: torch.Tensor) -> list[torch.Tensor]:
@@ -131,22 +145,28 @@ class P2P:
         return parts
 
     def all_reduce(self, t: torch.Tensor, group=None) -> None:
+        self._check(group)
         parts = self._everyone(t)
         t.copy_(sum(parts[1:], parts[0].clone()))
 
     def all_gather(self, out: list[torch.Tensor], t: torch.Tensor, group=None) -> None:
-        for o, p in zip(out, self._everyone(t)):
+        self._check(group)
+        parts = self._everyone(t)
+        if self.group is not None:  # in group-rank order
+            parts = [parts[g] for g in self.group.ranks]
+        for o, p in zip(out, parts):
             o.copy_(p)
 
 
-def on_threads(monkeypatch, world: int, fn, modules=(ar,)) -> list:
-    """``fn(rank)`` on ``world`` thread ranks, with ``torch.distributed`` in ``modules``
-    replaced by one :class:`P2P` (its results in rank order)."""
-    net = P2P(world)
+def on_threads(monkeypatch, world: int, fn, modules=(ar,), group=None) -> list:
+    """``fn(rank)`` on ``world`` thread ranks (``rank``: the global one), with
+    ``torch.distributed`` in ``modules`` replaced by one :class:`P2P` (its results in
+    rank order)."""
+    net = P2P(world, group)
     fake = SimpleNamespace(
         get_world_size=net.get_world_size, get_rank=net.get_rank, isend=net.isend,
         irecv=net.irecv, all_reduce=net.all_reduce, all_gather=net.all_gather,
-        is_initialized=lambda: True)
+        get_global_rank=net.get_global_rank, is_initialized=lambda: True)
     for module in modules:
         monkeypatch.setattr(module, "dist", fake)
     out, errors = [None] * world, []
