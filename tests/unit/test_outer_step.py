@@ -17,7 +17,8 @@ WORLD = 2
 
 def _weights(rank: int, step: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(10 * rank + step)
-    return [torch.randn(4, 3, generator=g), torch.randn(3, generator=g)]
+    return [torch.randn(4, 3, generator=g), torch.randn(3, generator=g),
+            torch.randn(2, 5, generator=g)]
 
 
 def _rounds(cfg: RunConfig, rounds: int, poison: tuple[int, int] | None = None):
@@ -55,7 +56,7 @@ def test_sgd_at_lr_1_is_the_average_and_nesterov_is_its_formula() -> None:
         for rank in range(WORLD):
             for got, w in zip(out[rank][0][r], want):
                 assert torch.allclose(got, w, atol=1e-6)
-    lr, mu = 0.7, 0.9
+    lr, mu = 0.7, 0.5
     start, out = _rounds(RunConfig(outer_rule="nesterov", outer_lr=lr, outer_momentum=mu), 2)
     anchor, buf = [w.clone() for w in start], [torch.zeros_like(w) for w in start]
     for r in range(2):
@@ -67,6 +68,24 @@ def test_sgd_at_lr_1_is_the_average_and_nesterov_is_its_formula() -> None:
         for got, w in zip(out[0][0][r], anchor):
             assert torch.allclose(got, w, atol=1e-5)
     assert outer_rule(RunConfig()) is not None
+
+
+def test_outer_sgd_steps_by_its_lr_and_plain_rounds_ignore_it() -> None:
+    start, out = _rounds(RunConfig(outer_rule="sgd", outer_lr=0.5), 1)
+    avg = _mean([_weights(rank, 1) for rank in range(WORLD)])
+    for got, a, m in zip(out[0][0][0], start, avg):
+        assert torch.allclose(got, a - 0.5 * (a - m), atol=1e-6)
+    # --outer-lr without --outer-rule: a plain (compressed) average, lr 1
+    _, out = _rounds(RunConfig(compress="fp16", outer_lr=0.5), 1)
+    for got, m in zip(out[0][0][0], avg):
+        assert torch.allclose(got, m, atol=1e-2)
+
+
+def test_a_powersgd_round_reads_the_shapes() -> None:
+    _, out = _rounds(RunConfig(compress="powersgd:4"), 1)
+    avg = _mean([_weights(rank, 1) for rank in range(WORLD)])
+    for got, m in zip(out[0][0][0], avg):  # rank 4 >= every matrix's rank here: exact
+        assert torch.allclose(got, m, atol=1e-5)
 
 
 @pytest.mark.parametrize("compress", ["int8", "topk:0.5", "fp16"])
