@@ -108,3 +108,23 @@ def test_a_process_group_whose_ranks_are_not_the_global_ones(monkeypatch, name: 
         assert torch.equal(x, want) and sent > 0
         # all_gather lists the tensors in group-rank order
         assert all(torch.equal(p, xs[g]) for p, g in zip(parts, group.ranks))
+
+
+@pytest.mark.parametrize("name", ["ring", "main", "native"])
+def test_int64_values_float32_cannot_hold(monkeypatch, name: str) -> None:
+    xs = [torch.arange(9, dtype=torch.int64) * (2**40 + r) + r for r in range(3)]
+    want = sum(xs[1:], xs[0].clone())
+
+    def rank_main(rank: int):
+        x = xs[rank].clone()
+        ar.make_allreduce(name)(x)
+        return x
+
+    for x in on_threads(monkeypatch, 3, rank_main):
+        assert x.dtype == torch.int64 and torch.equal(x, want)
+
+
+def test_an_unknown_allreduce_is_one_line() -> None:
+    with pytest.raises(ar.ConfigError) as e:
+        ar.make_allreduce("tree")
+    assert str(e.value) == "--allreduce: 'tree' is not one of ring, native, main"
