@@ -127,7 +127,17 @@ TORCH_EQUIVALENTS = {
     "adam": (lambda: R.adam(0.01, weight_decay=0.001),
              lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.001)),
     "step_decay": (lambda: R.sgd(R.step_decay_schedule(0.1, 30, 0.5)), None),
+    # defaults left to both sides, weight decay on, and small gradients so eps matters
+    "momentum_defaults_wd": (lambda: R.momentum(0.05, weight_decay=0.01),
+                             lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9,
+                                                       weight_decay=0.01)),
+    "adagrad_wd": (lambda: R.adagrad(0.1, weight_decay=0.01),
+                   lambda p: torch.optim.Adagrad(p, lr=0.1, weight_decay=0.01)),
+    "rmsprop_wd": (lambda: R.rmsprop(0.01, weight_decay=0.01),
+                   lambda p: torch.optim.RMSprop(p, lr=0.01, weight_decay=0.01)),
+    "adam_defaults": (lambda: R.adam(0.01), lambda p: torch.optim.Adam(p, lr=0.01)),
 }
+TINY = {"adagrad_wd", "rmsprop_wd", "adam_defaults"}  # gradients of 1e-9: eps shows
 
 
 @pytest.mark.parametrize("name", sorted(n for n, (_, ref) in TORCH_EQUIVALENTS.items() if ref))
@@ -140,6 +150,8 @@ def test_matches_torch_optim(name):
     g = torch.Generator().manual_seed(1)
     for _ in range(100):
         grads = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in ours]
+        if name in TINY:
+            grads = [1e-9 * x for x in grads]
         updates, state = rule.update(grads, state, ours)
         R.apply_updates(ours, updates)
         for p, gr in zip(theirs, grads):
@@ -181,3 +193,46 @@ def test_make_rule_builds_every_named_rule(rule):
     params = _params()
     updates, _ = r.update([torch.ones_like(p) for p in params], r.init(params), params)
     assert all(torch.isfinite(u).all() for u in updates)
+
+
+def test_rule_edges() -> None:
+    """Empty parameter lists, the scale transform, integer step counters, nested state,
+    omitted staleness, one-line misuse messages."""
+    params = _params()
+    for rule in (R.sgd(0.1), R.adam(0.1), R.momentum(0.1)):
+        updates, _ = rule.update([], rule.init([]), [])
+        assert updates == []
+    (u,), _ = R.scale(-2.0).update([torch.ones(2)], R.scale(-2.0).init(params))
+    assert torch.equal(u, torch.full((2,), -2.0))
+    for rule in (R.sgd(R.step_decay_schedule(0.1, 2, 0.5)), R.adam(0.1)):
+        counts = [t for t in R.state_tensors(rule.init(params)) if t.dim() == 0]
+        assert counts and all(t.dtype == torch.int64 for t in counts)
+    state = R.momentum(0.1).init(params)
+    assert len(R.state_tensors(state)) >= len(params)  # nested: every momentum buffer
+    g = [torch.ones_like(p) for p in params]
+    rule = R.chain(R.staleness_scaled(), R.sgd(0.1))
+    omitted, _ = rule.update(g, rule.init(params), params)
+    fresh, _ = rule.update(g, rule.init(params), params, staleness=0)
+    assert all(torch.equal(a, b) for a, b in zip(omitted, fresh))
+    with pytest.raises(ValueError) as e:
+        R.staleness_scaled().update(g, R.staleness_scaled().init(params), staleness=None)
+    assert str(e.value) == "staleness_scaled needs staleness="
+    with pytest.raises(ValueError) as e:
+        R.sgd(0.1, weight_decay=0.1).update(g, R.sgd(0.1, weight_decay=0.1).init(params))
+    assert str(e.value) == "add_decayed_weights needs params"
+
+
+def test_dc_asgd_defaults() -> None:
+    """The adaptive variant's defaults: momentum 0.95 of the mean square (bias-corrected),
+    eps 1e-7 (gradients of 1e-4: g * g is below eps, so eps shows), over two steps."""
+    params = [torch.tensor([1.0, 2.0], dtype=torch.float64)]
+    backup = [torch.tensor([0.5, 1.0], dtype=torch.float64)]
+    gs = [torch.tensor([1e-4, -2e-4], dtype=torch.float64),
+          torch.tensor([3e-4, 1e-4], dtype=torch.float64)]
+    rule = R.dc_asgd(0.5, adaptive=True)
+    state, ms = rule.init(params), torch.zeros(2, dtype=torch.float64)
+    for t, g in enumerate(gs, start=1):
+        (u,), state = rule.update([g], state, params, backup=backup)
+        ms = 0.95 * ms + 0.05 * g * g
+        lam = 0.5 / torch.sqrt(ms / (1 - 0.95**t) + 1e-7)
+        assert torch.allclose(u, g + lam * g * g * (params[0] - backup[0]), rtol=1e-12)
