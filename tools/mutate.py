@@ -3,7 +3,9 @@ module (killed / mutants that ran; "no tests" and timeouts shown beside it).
 
 Usage: ``python tools/mutate.py [--sample K] [MODULE ...]`` (default: all of MODULES);
 ``--sample K`` runs every K-th mutant of each module (sorted by name) instead of all of them;
-``--report`` prints the scores of what has run without running anything. The score counts
+``--survivors`` re-runs only the mutants of each module that survived or had no tests
+(after tests were added); ``--report`` prints the scores of what has run without running
+anything. The score counts
 the mutants that ran ("not checked" ones, left out by a sample, are not in it; "no tests"
 ones count as not killed). Each mutant runs only the fast in-process tests that cover its
 function (pyproject's [tool.mutmut]); the modules run one after the other, never in
@@ -67,14 +69,20 @@ def main(argv: list[str]) -> int:
     modules = modules or MODULES
     if not only_report:
         for m in modules:
-            if sample > 1:
+            if "--survivors" in argv:
+                names = sorted(n for n, st in statuses().items()
+                               if module_of(n) == m and st in ("survived", "no tests"))
+                if not names:
+                    continue
+            elif sample > 1:
                 names = sorted(n for n in statuses() if module_of(n) == m)[::sample]
             else:
                 # "phalanx.rules.*" would also match rules.base: the package's own
                 # functions are named phalanx.rules.x_NAME
                 names = [f"{m}.x_*" if m == "phalanx.rules" else f"{m}.*"]
-            print(f"== mutmut run {m} ({'all' if sample == 1 else f'every {sample}th'})",
-                  flush=True)
+            what = ("survivors" if "--survivors" in argv else
+                    "all" if sample == 1 else f"every {sample}th")
+            print(f"== mutmut run {m} ({what}: {len(names)} names)", flush=True)
             subprocess.run([MUTMUT, "run", *names], check=False, stdout=subprocess.DEVNULL)
     report(modules)
     return 0
