@@ -236,3 +236,43 @@ def test_dc_asgd_defaults() -> None:
         ms = 0.95 * ms + 0.05 * g * g
         lam = 0.5 / torch.sqrt(ms / (1 - 0.95**t) + 1e-7)
         assert torch.allclose(u, g + lam * g * g * (params[0] - backup[0]), rtol=1e-12)
+
+
+MAKE_RULE_REFS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.01),
+    "momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5, weight_decay=0.01),
+    "nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5, weight_decay=0.01,
+                                          nesterov=True),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1, weight_decay=0.01),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.1, weight_decay=0.01),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.1, weight_decay=0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MAKE_RULE_REFS))
+def test_make_rule_passes_every_setting(name: str) -> None:
+    """--rule with --lr, --momentum and --weight-decay reach the rule: 20 steps against
+    torch.optim with the same settings; --schedule cosine reaches it too."""
+    cfg = RunConfig(rule=name, lr=0.1, momentum=0.5, weight_decay=0.01)
+    ours = _params()
+    theirs = [p.clone().requires_grad_() for p in ours]
+    rule, opt = R.make_rule(cfg, 20), MAKE_RULE_REFS[name](theirs)
+    state = rule.init(ours)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(20):
+        grads = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in ours]
+        updates, state = rule.update(grads, state, ours)
+        R.apply_updates(ours, updates)
+        for p, gr in zip(theirs, grads):
+            p.grad = gr.clone()
+        opt.step()
+    assert max((a - b.detach()).abs().max().item() for a, b in zip(ours, theirs)) <= 1e-6
+    sched = R.make_schedule(RunConfig(lr=0.2, schedule="cosine"), 10)
+    assert [sched(s) for s in (0, 5, 10)] == pytest.approx([0.2, 0.1, 0.0])
+
+
+def test_an_unknown_rule_is_one_line() -> None:
+    with pytest.raises(Exception) as e:
+        R.make_rule(RunConfig(rule="lion", lr=0.1))
+    assert str(e.value) == ("--rule: 'lion' is not one of sgd, momentum, nesterov, adagrad, "
+                            "rmsprop, adam")
