@@ -212,3 +212,21 @@ def test_finite_and_checksum() -> None:
     b[1] = torch.nextafter(b[1], torch.tensor(9.0))  # one bit
     assert checksum(a) != checksum(b)
     assert codec_flags(CompressSpec("none")) == 0 and codec_flags(CompressSpec("randk")) == 40
+
+
+def test_features_no_strategy_declares() -> None:
+    """A feature missing from the registry's map is honoured by no strategy (never a
+    TypeError), and several strategies are named with 'or'."""
+    for kw in ({"strategy": "sync", "compress": "int8"},
+               {"strategy": "average", "outer_rule": "sgd"}):
+        with pytest.raises(ConfigError):
+            check_compression(RunConfig(**kw), {})
+    with pytest.raises(ConfigError) as e:
+        check_compression(RunConfig(strategy="sync", compress="powersgd:1"),
+                          {"compress": ("sync",)})
+    assert str(e.value).endswith("a parameter-server push is one message: use ")
+    with pytest.raises(ConfigError) as e:
+        check_compression(RunConfig(strategy="sync", outer_rule="sgd"),
+                          {"outer_rule": ("average", "diloco")})
+    assert str(e.value) == ("--outer-rule: the DiLoCo outer optimizer needs --strategy "
+                            "average or diloco")
