@@ -31,7 +31,7 @@ N = 54
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("allreduce", ["ring", "native", "main"])
-@pytest.mark.parametrize("text", ["none", "fp16", "int8", "topk:0.1", "randk:0.2",
+@pytest.mark.parametrize("text", ["none", "fp16", "bf16", "int8", "topk:0.1", "randk:0.2",
                                   "powersgd:2", "powersgd:1,start=1"])
 def test_group_bytes_equal_the_formula(monkeypatch, text: str, allreduce: str,
                                        world: int) -> None:
@@ -205,3 +205,35 @@ def test_group_limits() -> None:
     assert bf16.group_limit(2) == torch.finfo(torch.bfloat16).max / (1 + 2 / 128)
     assert int8.group_limit(2) == 2.0**126 and int8.group_limit(4) == 2.0**125
     assert Compression(parse_compress("powersgd:1")).group_limit(2) == POWERSGD_LIMIT
+
+
+def test_factories_and_defaults() -> None:
+    assert exchange.compression_for(RunConfig()) is None
+    assert exchange.pull_deltas_for(RunConfig()) is None
+    assert exchange.compression_for(RunConfig(compress="int8")).active
+    assert exchange.pull_deltas_for(RunConfig(compress="int8")).codec.name == "int8"
+    spec = parse_compress("powersgd:2,start=1")
+    assert mean_bytes(spec, SHAPES, 2, "ring") == allreduce_total(4 * N, 2)  # step 0: raw
+    assert mean_bytes(parse_compress("bf16"), SHAPES, 2, "ring") == allreduce_total(2 * N, 2)
+
+
+def test_the_streak_message_without_a_name_and_for_a_shard() -> None:
+    comp = Compression(parse_compress("int8"))
+    for _ in range(exchange.SKIP_STREAK - 1):
+        comp.screen("k", torch.tensor([float("nan")]), 1.0)
+    with pytest.raises(NonFiniteGradients, match=r"^training diverged: 'k' held NaN"):
+        comp.screen("k", torch.tensor([float("nan")]), 1.0)
+    for _ in range(exchange.SKIP_STREAK - 1):
+        comp.encode(torch.tensor([float("nan")]), key=3)
+    with pytest.raises(NonFiniteGradients, match=r"^training diverged: the gradient for "
+                                                 r"shard 3 held NaN or inf in 10 messages"):
+        comp.encode(torch.tensor([float("nan")]), key=3)
+
+
+def test_randk_buckets_draw_their_own_indices() -> None:
+    def rank_main(rank, allreduce):
+        comp = Compression(parse_compress("randk:0.2"), seed=1)
+        return [comp.mean_(torch.ones(N), SHAPES, allreduce, 2, key) != 0 for key in (0, 1)]
+
+    (a0, a1), (b0, b1) = run_group(2, rank_main)
+    assert torch.equal(a0, b0) and torch.equal(a1, b1) and not torch.equal(a0, a1)
