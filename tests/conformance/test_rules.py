@@ -136,8 +136,11 @@ TORCH_EQUIVALENTS = {
     "rmsprop_wd": (lambda: R.rmsprop(0.01, weight_decay=0.01),
                    lambda p: torch.optim.RMSprop(p, lr=0.01, weight_decay=0.01)),
     "adam_defaults": (lambda: R.adam(0.01), lambda p: torch.optim.Adam(p, lr=0.01)),
+    "adagrad_tiny": (lambda: R.adagrad(0.1), lambda p: torch.optim.Adagrad(p, lr=0.1)),
+    "rmsprop_tiny": (lambda: R.rmsprop(0.01), lambda p: torch.optim.RMSprop(p, lr=0.01)),
 }
-TINY = {"adagrad_wd", "rmsprop_wd", "adam_defaults"}  # gradients of 1e-9: eps shows
+# gradients of 1e-9 (and no weight decay to swamp them): eps shows
+TINY = {"adam_defaults", "adagrad_tiny", "rmsprop_tiny"}
 
 
 @pytest.mark.parametrize("name", sorted(n for n, (_, ref) in TORCH_EQUIVALENTS.items() if ref))
@@ -276,3 +279,28 @@ def test_an_unknown_rule_is_one_line() -> None:
         R.make_rule(RunConfig(rule="lion", lr=0.1))
     assert str(e.value) == ("--rule: 'lion' is not one of sgd, momentum, nesterov, adagrad, "
                             "rmsprop, adam")
+
+
+def test_schedule_and_dc_asgd_edges() -> None:
+    cos = R.cosine_schedule(0.2, 1)
+    assert (cos(0), cos(1)) == (0.2, 0.0)
+    assert R.cosine_schedule(0.2, 0)(0) == 0.2
+    floor = R.cosine_schedule(0.3, 10, final=0.1)
+    assert [floor(s) for s in (0, 5, 10)] == pytest.approx([0.3, 0.2, 0.1])
+    one = R.warmup(R.constant_schedule(0.5), 1)
+    assert one(0) == 0.5 and R.warmup(R.constant_schedule(0.5), 2)(0) == 0.25
+    params = _params()
+    g = [torch.ones_like(p) for p in params]
+    (u,), _ = R.sgd(0.1).update(g[:1], R.sgd(0.1).init(params[:1]))  # no params needed
+    assert torch.equal(u, -0.1 * g[0])
+    backup = [p - 1 for p in params]
+    rule = R.dc_asgd(1.0)
+    out, state = rule.update(g, rule.init(params), params, backup=backup)
+    assert all(torch.equal(o, x + x * x * 1.0) for o, x in zip(out, g))  # w - b = 1
+    assert state.count.dtype == torch.int64 and int(state.count) == 1
+    zero = R.dc_asgd(0.0)
+    _, state = zero.update(g, zero.init(params), params, backup=backup)
+    assert int(state.count) == 0  # lam = 0: plain ASGD, nothing tracked
+    with pytest.raises(ValueError) as e:
+        rule.update(g, rule.init(params), params)
+    assert str(e.value) == "dc_asgd needs params= and backup= (the worker's pulled weights)"
