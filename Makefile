@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PIP := .venv/bin/pip
 STAMP := .venv/.installed
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench lint clean mutate
 
 $(STAMP): pyproject.toml
 	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null && [ ! -d /usr/share/datasets/fashion-mnist ]; then \
@@ -24,6 +24,13 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b --quick || exit 1; done
+
+# mutation testing of the numeric core (not CI: tens of minutes on 2 cores; one module at a
+# time, each mutant against the fast in-process tests that cover it). Scores per module at
+# the end; `$(PY) tools/mutate.py MODULE` runs one, `--report` only prints.
+mutate: $(STAMP)
+	$(PIP) install -q -e '.[test,mutate]'
+	$(PY) tools/mutate.py
 
 lint: $(STAMP)
 	.venv/bin/ruff check phalanx tests bench

@@ -27,11 +27,19 @@ them in rank order (identical replicas); powersgd allreduces P and Q.
 Error feedback (Seide et al. 2014; Karimireddy et al. 2019): each sender keeps, per key (a
 bucket, a shard), the residual ``x - decode(encode(x))`` and adds it to the next tensor it
 compresses, so what compression drops is delayed, not lost.
+
+Non-finite and out-of-range input (docs/compression.md): every codec has a ``limit``, the
+largest magnitude one message may carry (fp16 65504, bf16 its max, the float32 codecs
+2^126 so that a sum of two and int8's rounding stay finite). The sender
+(:class:`~phalanx.comm.exchange.Compression`) skips a message whose input holds NaN or
+inf and clips a finite one to the limit, the excess staying in the residual; a residual
+that would still come out non-finite is dropped, never kept.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -121,6 +129,7 @@ def kept(ratio: float, numel: int) -> int:
 
 class Codec(Protocol):
     name: str
+    limit: float  # the largest magnitude one message carries (see the module's notes)
 
     def payload_bytes(self, numel: int) -> int: ...
 
@@ -134,8 +143,13 @@ def _need(cond: bool, what: str) -> None:
         raise DecodeError(what)
 
 
+# float32 codecs: a quarter of float32's max, so a sum of two and int8's rounding stay finite
+FP32_LIMIT = 2.0**126
+
+
 class Identity:
     name = "none"
+    limit = FP32_LIMIT
 
     def payload_bytes(self, numel: int) -> int:
         return 4 * numel
@@ -152,12 +166,15 @@ class HalfPrecision:
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
         self.name = "fp16" if dtype == torch.float16 else "bf16"
+        self.limit = torch.finfo(dtype).max  # beyond it the cast gives inf
+
 
     def payload_bytes(self, numel: int) -> int:
         return 2 * numel
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(self.dtype)
+        # clipped, so a finite value never becomes inf (the caller keeps the excess)
+        return x.clamp(-self.limit, self.limit).to(self.dtype)
 
     def decode(self, t: torch.Tensor, numel: int) -> torch.Tensor:
         _need(t.dtype == self.dtype and t.numel() == numel, f"not {self.name}[n]")
@@ -168,6 +185,7 @@ class Int8:
     """Symmetric linear quantisation with one float32 scale per tensor."""
 
     name = "int8"
+    limit = FP32_LIMIT
 
     def payload_bytes(self, numel: int) -> int:
         return numel + 4
@@ -189,6 +207,7 @@ class TopK:
     """The k largest magnitudes, with their indices."""
 
     name = "topk"
+    limit = FP32_LIMIT
 
     def __init__(self, ratio: float) -> None:
         self.ratio = ratio
@@ -217,6 +236,7 @@ class RandK:
     indices. No n/k rescaling: with error feedback the dropped mass comes back later."""
 
     name = "randk"
+    limit = FP32_LIMIT
 
     def __init__(self, ratio: float) -> None:
         self.ratio = ratio
@@ -282,6 +302,7 @@ class ErrorFeedback:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.residual: dict[object, torch.Tensor] = {}
+        self.dropped = 0  # residuals that came out non-finite and were dropped
 
     def add(self, key: object, x: torch.Tensor) -> torch.Tensor:
         """``x`` plus the residual kept under ``key`` (a new tensor; ``x`` is not changed)."""
@@ -289,8 +310,30 @@ class ErrorFeedback:
         return x + r if r is not None else x.clone()
 
     def keep(self, key: object, x: torch.Tensor, sent: torch.Tensor) -> None:
-        if self.enabled:
-            self.residual[key] = x - sent
+        """Keep ``x - sent`` under ``key``; a residual that is not finite is dropped (and
+        counted in :attr:`dropped`), never kept: one bad message must not poison the next."""
+        if not self.enabled:
+            return
+        r = x - sent
+        if finite(r):
+            self.residual[key] = r
+        else:
+            self.residual.pop(key, None)
+            self.dropped += 1
+
+
+def finite(t: torch.Tensor) -> bool:
+    """No NaN or inf in ``t``: one pass, no boolean copy (min / max propagate NaN)."""
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return math.isfinite(float(lo)) and math.isfinite(float(hi))
+
+
+def checksum(t: torch.Tensor) -> int:
+    """CRC-32 of a float32 host tensor's bytes: a compressed pull's integrity check (the
+    worker's decoded copy against the shard's record of it, bit for bit)."""
+    return zlib.crc32(memoryview(t.detach().contiguous().numpy()).cast("B"))
 
 
 OUTER_RULES = ("sgd", "nesterov")
@@ -328,47 +371,3 @@ def check_compression(cfg, honoured_by: dict[str, tuple[str, ...]]) -> None:
         raise ConfigError(f"--outer-lr: {cfg.outer_lr!r} must be a finite number > 0")
     if not 0 <= cfg.outer_momentum < 1:
         raise ConfigError(f"--outer-momentum: {cfg.outer_momentum!r} must be in [0, 1)")
-
-
-# ---- parameter-server messages -----------------------------------------------------------
-
-def decode_push(flags: int, tensors: list[torch.Tensor],
-                numel: int) -> tuple[list[torch.Tensor], str]:
-    """A received PUSH's payload with its dense gradient decoded (unchanged when the flags
-    name no codec), and why it is bad ("" when it is not)."""
-    if not flags & CODEC_MASK or not tensors:
-        return tensors, ""
-    try:
-        return [decode_payload(flags, tensors[0], numel), *tensors[1:]], ""
-    except DecodeError as e:
-        return tensors, f"bad compressed gradient ({e})"
-
-
-class PullDeltas:
-    """The shard's side of compressed pulls: per worker, the copy of the dense slice that
-    worker holds. A pull is answered with the compressed difference between the shard's
-    parameters and that copy, and the copy moves by exactly what the worker will decode —
-    so what one reply leaves out is in the next one (error feedback without a residual)."""
-
-    def __init__(self, codec: Codec) -> None:
-        self.codec = codec
-        self.copies: dict[int, torch.Tensor] = {}
-        self._replies = 0
-
-    def reply(self, worker: int, dense: torch.Tensor, fresh: bool) -> tuple[torch.Tensor, int]:
-        """(payload, codec flag bits) for ``worker``; ``fresh``: it holds nothing we know of
-        (first pull, a restarted worker) and gets the full slice."""
-        copy = self.copies.get(worker)
-        if copy is None or fresh:
-            self.copies[worker] = dense.clone()
-            return dense, 0
-        delta = dense - copy
-        self._replies += 1
-        t = (self.codec.encode(delta, self._replies) if isinstance(self.codec, RandK)
-             else self.codec.encode(delta))
-        copy += self.codec.decode(t, delta.numel())
-        return t, WIRE_CODECS.index(self.codec.name) << CODEC_SHIFT
-
-    def held(self, worker: int) -> torch.Tensor | None:
-        """The parameters ``worker`` holds now (DC-ASGD's backup), if known."""
-        return self.copies.get(worker)

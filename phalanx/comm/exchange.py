@@ -8,22 +8,32 @@ PowerSGD) with error feedback, and offers the two exchanges phalanx has:
 
 :func:`mean_bytes` is the exact number of bytes all ranks together send for one
 :meth:`~Compression.mean_` call; the tests hold the byte counters to it.
+
+Non-finite safety (docs/compression.md): before anything is encoded, the input plus its
+residual is screened. NaN or inf anywhere: the message is *skipped* (a PS push is replaced
+by a SKIPPED notice the shard counts as rejected; in a group this rank contributes zeros,
+so the collective still runs on every rank) and the residual is left as it was. Finite but
+beyond the codec's limit (fp16's 65504): the values are *clipped* to it and the excess stays
+in the residual, so it arrives over the next messages. :class:`Screened` counts both;
+:data:`SKIP_STREAK` skips in a row on one key end the run with one line naming the cause.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from phalanx.comm.allreduce import AllReduce
 from phalanx.comm.compress import (
     CompressSpec,
     ErrorFeedback,
     HalfPrecision,
-    PullDeltas,
     RandK,
     codec_flags,
     kept,
@@ -31,6 +41,24 @@ from phalanx.comm.compress import (
     parse_compress,
 )
 from phalanx.comm.powersgd import PowerSGD, factor_numel
+from phalanx.comm.ps_payload import PullDeltas
+from phalanx.errors import PhalanxError
+
+SKIP_STREAK = 10  # skipped messages in a row on one key: the run has diverged
+POWERSGD_LIMIT = 2.0**100  # P = M Q sums a row of M: room for 2^27 elements per row
+
+
+class NonFiniteGradients(PhalanxError):
+    """The same key's input was NaN or inf :data:`SKIP_STREAK` times in a row."""
+
+
+@dataclass
+class Screened:
+    """What the screen before encoding did, over a sender's life."""
+
+    skipped: int = 0  # messages (pushes, group contributions) skipped: NaN or inf
+    clipped: int = 0  # messages clipped to the codec's limit
+    values_clipped: int = 0  # values in them beyond the limit
 
 
 class Compression:
@@ -44,10 +72,16 @@ class Compression:
                          if spec.name == "powersgd" else None)
         self.codec = make_codec(spec) if self.powersgd is None else None
         self._calls: dict[object, int] = defaultdict(int)  # per key: shared randk seeds
+        self.screened = Screened()
+        self.lr_hint = ""  # " (--lr X with --rule R)": for the divergence message
+        self._streak: dict[object, int] = defaultdict(int)  # per key: skips in a row
 
     @classmethod
     def from_config(cls, cfg) -> Compression:
-        return cls(parse_compress(cfg.compress), cfg.error_feedback, cfg.seed)
+        comp = cls(parse_compress(cfg.compress), cfg.error_feedback, cfg.seed)
+        if cfg.lr is not None:  # (None: a configuration not validated yet)
+            comp.lr_hint = f" (--lr {cfg.lr:g} with --rule {cfg.rule})"
+        return comp
 
     @property
     def active(self) -> bool:
@@ -59,11 +93,46 @@ class Compression:
 
     # ---- one message to one peer ---------------------------------------------------------
 
-    def encode(self, x: torch.Tensor, key: object, seed: int = 0) -> torch.Tensor:
-        """The wire tensor for ``x`` (+ the residual kept under ``key``); ``seed`` picks
-        rand-k's indices (the receiver reads it off the message)."""
+    @property
+    def limit(self) -> float:
+        """The largest magnitude one message carries."""
+        return POWERSGD_LIMIT if self.codec is None else self.codec.limit
+
+    def screen(self, key: object, x: torch.Tensor, limit: float,
+               what: str = "") -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(``x`` + the residual under ``key``, the same clipped to ``limit``); the first
+        is None when it holds NaN or inf (counted; the residual stays as it was). Raises
+        :class:`NonFiniteGradients` at the :data:`SKIP_STREAK`-th skip in a row (``what``
+        names the key in its message)."""
         y = self.feedback.add(key, x)
-        t = self.codec.encode(y, seed) if isinstance(self.codec, RandK) else self.codec.encode(y)
+        lo, hi = torch.aminmax(y) if y.numel() else (torch.zeros(()), torch.zeros(()))
+        lo, hi = float(lo), float(hi)  # sync point: one scalar pair per message
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            self.screened.skipped += 1
+            self._streak[key] += 1
+            if self._streak[key] >= SKIP_STREAK:
+                raise NonFiniteGradients(
+                    f"training diverged: {what or repr(key)} held NaN or inf in "
+                    f"{self._streak[key]} messages in a row; --compress {self.spec} skipped "
+                    "each one (counted; the error-feedback residual is intact), so nothing "
+                    f"was learnt: the learning rate{self.lr_hint} is probably too high, or "
+                    "the data holds non-finite values")
+            return None, torch.zeros_like(x)
+        self._streak[key] = 0
+        if max(-lo, hi) <= limit:
+            return y, y
+        self.screened.clipped += 1
+        self.screened.values_clipped += int((y.abs() > limit).sum())
+        return y, y.clamp(-limit, limit)
+
+    def encode(self, x: torch.Tensor, key: object, seed: int = 0) -> torch.Tensor | None:
+        """The wire tensor for ``x`` (+ the residual kept under ``key``); ``seed`` picks
+        rand-k's indices (the receiver reads it off the message). None: skipped (NaN or
+        inf in ``x``; see :meth:`screen`)."""
+        y, c = self.screen(key, x, self.codec.limit, f"the gradient for shard {key}")
+        if y is None:
+            return None
+        t = self.codec.encode(c, seed) if isinstance(self.codec, RandK) else self.codec.encode(c)
         self.feedback.keep(key, y, self.codec.decode(t, y.numel()))
         return t
 
@@ -75,23 +144,39 @@ class Compression:
         if world == 1 or not self.active:
             allreduce(flat)
             return flat.div_(world)
-        if self.powersgd is not None and not self.powersgd.compressing(key):
-            return self.powersgd.mean_(flat, shapes, allreduce, world, key)  # plain start-up
-        x = self.feedback.add(key, flat)
+        # skipped (NaN / inf): this rank contributes zeros, so every rank still runs the
+        # same collectives; a clipped value's excess stays in the residual
+        what = f"bucket {key} of the gradient" if isinstance(key, int) else f"the {key}"
+        x, c = self.screen(key, flat, self.group_limit(world), what)
         if self.powersgd is not None:
-            mean = self.powersgd.mean_(x.clone(), shapes, allreduce, world, key)
-            sent = mean  # PowerSGD's error is against the aggregate (as the paper / torch)
+            # the plain start-up steps included: their error is the clipped excess only
+            start_up = not self.powersgd.compressing(key)
+            mean = self.powersgd.mean_(c.clone(), shapes, allreduce, world, key)
+            sent = c if start_up else mean  # PowerSGD's error is against the aggregate
         else:
-            mean, sent = self._codec_mean(x, allreduce, world, key)
-        self.feedback.keep(key, x, sent)
+            mean, sent = self._codec_mean(c, allreduce, world, key)
+        if x is not None:
+            self.feedback.keep(key, x, sent)
         return flat.copy_(mean)
+
+    def group_limit(self, world: int) -> float:
+        """The largest magnitude of one rank's contribution to a group mean. Half precision
+        is summed in half precision: N values, each rounded up by at most eps/2 when encoded
+        and again by every partial sum, stay below the max when each is at most
+        max / (N (1 + N eps)) (eps: 2^-10 for fp16, 2^-7 for bf16). A float32 sum of N
+        values of at most 2 limit / N = 2^127 / N cannot overflow either."""
+        if isinstance(self.codec, HalfPrecision):
+            eps = torch.finfo(self.codec.dtype).eps
+            return self.codec.limit / (1 + world * eps)
+        return self.limit * 2 / world
 
     def _codec_mean(self, x: torch.Tensor, allreduce: AllReduce, world: int,
                     key: object) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean over the group, this rank's own decoded contribution)."""
         codec, n = self.codec, x.numel()
         if isinstance(codec, HalfPrecision):
-            # divide first, as DDP's fp16 hook does: the half-precision sum cannot overflow
+            # divide first, as DDP's fp16 hook does: with x within group_limit the
+            # half-precision sum cannot overflow
             h = codec.encode(x / world)
             sent = h.float() * world
             allreduce(h)
@@ -117,6 +202,19 @@ class Compression:
         for part in parts:  # rank order on every rank: identical replicas
             total += codec.decode(part, n)
         return total.div_(world), mine
+
+
+def group_screened(comp: Compression | None) -> Screened:
+    """Every rank's :class:`Screened` counts summed (a bookkeeping collective every rank
+    calls, not counted in the traffic, like the byte totals; none without compression,
+    which every rank's configuration agrees on)."""
+    if comp is None or not comp.active:
+        return Screened()
+    mine = comp.screened
+    t = torch.tensor([mine.skipped, mine.clipped, mine.values_clipped], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return Screened(*(int(v) for v in t.tolist()))
 
 
 # ---- exact traffic ---------------------------------------------------------------------

@@ -33,7 +33,9 @@ def orthogonalize_(m: torch.Tensor, eps: float = 0.0) -> None:
     if rank <= 2:
         for i in range(rank):  # Gram-Schmidt
             col = m[:, :, i : i + 1]
-            col /= torch.norm(col, dim=1, keepdim=True) + eps
+            norm = torch.norm(col, dim=1, keepdim=True) + eps
+            # a zero column (every rank skipped a non-finite input) stays zero, not 0/0
+            col /= torch.where(norm > 0, norm, torch.ones_like(norm))
             if i + 1 < rank:
                 rest = m[:, :, i + 1 :]
                 rest -= torch.sum(col * rest, dim=1, keepdim=True) * col

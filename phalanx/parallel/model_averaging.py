@@ -23,6 +23,7 @@ from torch import nn
 
 from phalanx.comm.allreduce import AllReduce, make_allreduce
 from phalanx.comm.counters import ByteCounter
+from phalanx.comm.exchange import group_screened
 from phalanx.comm.staging import staged
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
@@ -193,13 +194,15 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     report.close()
     report.maybe_eval(model, job.test, step, last_epoch, samples * world, epoch_ended=True)
     sent = total_bytes(counter)
+    screened = group_screened(outer.compression if outer is not None else None)
     if rank == 0:
         stats = AveragingStats(
             bytes_sent=sent, bytes_per_sample=sent / max(samples * world, 1),
             allreduce=cfg.allreduce, period=cfg.period,
             average_optimizer_state=cfg.average_optimizer_state, averaging_rounds=rounds,
             bytes_estimated=allreduce.estimated, compress=cfg.compress,
-            outer_rule=cfg.outer_rule)
+            outer_rule=cfg.outer_rule, contributions_skipped=screened.skipped,
+            values_clipped=screened.values_clipped)
         write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
                      stats=stats)
     return model

@@ -21,7 +21,7 @@ from phalanx.comm.exchange import Compression
 from phalanx.config import RunConfig
 from phalanx.rules import UpdateRule, apply_updates, momentum, sgd
 
-AVERAGING_KEY = "average"  # error-feedback key of the parameter deltas
+AVERAGING_KEY = "parameter delta"  # error-feedback key of the averaging round
 
 
 def outer_rule(cfg: RunConfig) -> UpdateRule:

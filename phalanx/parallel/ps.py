@@ -298,6 +298,9 @@ def assemble(job: Job, part, results: list[ShardResult],
         pushes_lost=int(sum(r.stat("pushes_lost") for r in results)),
         pushes_dropped=int(sum(s.get("pushes_dropped", 0) for s in per_worker.values())),
         duplicates=int(sum(r.stat("duplicates") for r in results)),
+        pushes_skipped=int(sum(s.get("pushes_skipped", 0) for s in per_worker.values())),
+        values_clipped=int(sum(s.get("values_clipped", 0) for s in per_worker.values())),
+        pull_resyncs=int(sum(r.stat("pull_resyncs") for r in results)),
         workers_lost=sorted(lost_workers))
     return model, samples, steps, stats
 

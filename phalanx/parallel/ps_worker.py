@@ -41,7 +41,8 @@ from phalanx.runtime.faults import (
 )
 from phalanx.runtime.placement import CPU, Placement
 
-WORKER_STATS = ("samples", "steps", "bytes_sent", "bytes_received", "pushes_dropped")
+WORKER_STATS = ("samples", "steps", "bytes_sent", "bytes_received", "pushes_dropped",
+                "pushes_skipped", "values_clipped")
 
 
 def steps_per_worker(job: Job) -> int:
@@ -108,7 +109,7 @@ class PSWorker:
         """Ask every shard for the weights the next step trains on, now."""
         if self.pulls_ahead and self.step + 1 < self.total and (self.step + 1) % \
                 self.cfg.nfetch == 0:
-            self.ahead = self.client.request(self.clock)
+            self.ahead = self.client.request(self.clock, held=self.flat)
 
     def evaluate_now(self, epoch: int) -> None:
         if self.ahead is not None:
@@ -227,9 +228,11 @@ class PSWorker:
         # count the DONE messages themselves in bytes_sent
         done_bytes = self.part.shards * (HEADER_BYTES + nbytes(stats)) + nbytes(*extra)
         dropped = self.dropper.dropped if self.dropper is not None else 0
+        comp = self.client.compression
+        screened = (comp.screened.skipped, comp.screened.values_clipped) if comp else (0, 0)
         stats[:] = torch.tensor([self.samples, self.step, self.transport.counter.sent
-                                 + done_bytes, self.transport.counter.received, dropped],
-                                dtype=torch.float64)
+                                 + done_bytes, self.transport.counter.received, dropped,
+                                 *screened], dtype=torch.float64)
         self.client.done(self.clock, stats, extra)
 
 

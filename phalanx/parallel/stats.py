@@ -27,6 +27,8 @@ class SyncStats(Traffic):
     comm_wait_s: float = 0.0  # time the step waited for the last bucket
     sfb_layers: int = 0  # layers sent as sufficient factors
     compress: str = "none"
+    contributions_skipped: int = 0  # --compress: a rank's NaN / inf bucket sent as zeros
+    values_clipped: int = 0  # --compress: values beyond the codec's range, clipped
 
 
 @dataclass
@@ -38,6 +40,8 @@ class AveragingStats(Traffic):
     bytes_estimated: int = 0
     compress: str = "none"
     outer_rule: str = ""
+    contributions_skipped: int = 0  # --compress: a rank's NaN / inf delta sent as zeros
+    values_clipped: int = 0  # --compress: values beyond the codec's range, clipped
 
 
 @dataclass
@@ -55,6 +59,9 @@ class ParameterServerStats(Traffic):
     pushes_dropped: int = 0  # dropped by --drop-messages at the workers
     duplicates: int = 0
     workers_lost: list[int] = field(default_factory=list)
+    pushes_skipped: int = 0  # --compress: NaN / inf gradients not sent (the shards rejected)
+    values_clipped: int = 0  # --compress: values beyond the codec's range, clipped
+    pull_resyncs: int = 0  # compressed pulls answered in full after a failed checksum
 
 
 @dataclass

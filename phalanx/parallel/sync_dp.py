@@ -25,7 +25,7 @@ from torch import nn
 from phalanx.comm.allreduce import make_allreduce
 from phalanx.comm.bucketing import CommThread, GradReducer
 from phalanx.comm.counters import ByteCounter
-from phalanx.comm.exchange import Compression
+from phalanx.comm.exchange import Compression, group_screened
 from phalanx.comm.sfb import SufficientFactors
 from phalanx.comm.staging import gloo_carries, staged
 from phalanx.config import RunConfig
@@ -283,6 +283,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     report.close()
     report.maybe_eval(model, job.test, step, last_epoch, samples * world, epoch_ended=True)
     sent = total_bytes(counter)
+    screened = group_screened(compression)  # every rank's skipped / clipped messages
     if rank == 0:
         stats = SyncStats(
             bytes_sent=sent, bytes_per_sample=sent / max(samples * world, 1),
@@ -291,7 +292,8 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             buckets_launched_in_backward=reducer.stats.launched_in_backward,
             buckets_launched=reducer.stats.buckets_launched,
             comm_wait_s=reducer.stats.wait_s, sfb_layers=len(sfb_layers),
-            compress=cfg.compress)
+            compress=cfg.compress, contributions_skipped=screened.skipped,
+            values_clipped=screened.values_clipped)
         write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
                      stats=stats)
     return model

@@ -18,19 +18,22 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from phalanx.comm.compress import CODEC_MASK, DecodeError, decode_payload
+from phalanx.comm.compress import CODEC_MASK, DecodeError, checksum, decode_payload
 from phalanx.comm.transport import PeerLost, Transport, TransportTimeout
 from phalanx.comm.wire import Header, Kind, WireError
 from phalanx.errors import PhalanxError
 from phalanx.ps.partition import Partition
 from phalanx.ps.server import Layout
-from phalanx.ps.shard import HAS_ROWS, RESUME, WANT_DENSE
+from phalanx.ps.shard import CHECKED, HAS_ROWS, RESUME, SKIPPED, WANT_DENSE
 from phalanx.runtime.faults import MessageDropper
 
 if TYPE_CHECKING:
     from phalanx.comm.exchange import Compression
 
 LOST_PEER_GRACE_S = 5.0
+# every CHECK_EVERY-th compressed pull carries the CRC-32 of the worker's copy (one pass
+# over the slice on each side, against the O(n) decode every pull does anyway)
+CHECK_EVERY = 16
 
 
 class PSClient:
@@ -42,6 +45,8 @@ class PSClient:
         self.versions = [0] * part.shards  # each shard's version at our last pull
         self.server_clocks = [0] * part.shards  # our clock as each shard knew it then
         self.compression: Compression | None = None  # --compress: pushes and pulls
+        self.check_every = CHECK_EVERY
+        self.pulls_asked = 0  # compressed dense pulls asked for (the checksum's cadence)
 
     def pull(self, clock: int, dense_out: torch.Tensor | None = None,
              rows: torch.Tensor | None = None, table_out: torch.Tensor | None = None,
@@ -51,14 +56,20 @@ class PSClient:
         shards answer (this is the synchronisation point of BSP and SSP). ``resume``: a
         restarted worker does not know its clock; each shard's answer tells it
         (:attr:`server_clocks`)."""
-        asked = self.request(clock, dense_out is not None, rows, resume)
+        asked = self.request(clock, dense_out is not None, rows, resume, held=dense_out)
         self.collect(asked, dense_out, table_out)
 
     def request(self, clock: int, dense: bool = True, rows: torch.Tensor | None = None,
-                resume: bool = False) -> list:
+                resume: bool = False, held: torch.Tensor | None = None) -> list:
         """Send the PULL requests of :meth:`pull` and return what :meth:`collect` needs
-        to receive the answers. Between the two a worker may compute (a pull ahead)."""
+        to receive the answers. Between the two a worker may compute (a pull ahead).
+        ``held``: the dense parameters this worker holds (every earlier answer applied),
+        whose slices' checksums every :attr:`check_every`-th compressed pull carries."""
         per_shard = self.part.split_rows(rows) if rows is not None else None
+        check = False
+        if dense and self.compression is not None and held is not None and not resume:
+            self.pulls_asked += 1
+            check = self.pulls_asked % self.check_every == 0
         asked = []
         for k in range(self.part.shards):
             ids = per_shard[k] if per_shard is not None else None
@@ -67,11 +78,16 @@ class PSClient:
                 continue
             flags = (WANT_DENSE if want_dense else 0) | (HAS_ROWS if ids is not None else 0)
             flags |= RESUME if resume else 0
+            tensors = [ids] if ids is not None else []
             if want_dense and self.compression is not None:
                 flags |= self.compression.flags  # answer with a compressed delta
+                if check:  # is my copy still the one the shard deltas against?
+                    a, b = self.part.dense_range(k)
+                    tensors.append(torch.tensor([checksum(held[a:b])], dtype=torch.int64))
+                    flags |= CHECKED
             self.transport.send(self.layout.server_rank(k),
                                 Header(Kind.PULL, worker=self.worker, clock=clock, shard=k,
-                                       flags=flags), [ids] if ids is not None else [])
+                                       flags=flags), tensors)
             asked.append((k, want_dense, ids))
         return asked
 
@@ -116,10 +132,12 @@ class PSClient:
             tensors = [dense_grad[a:b]]
             flags = 0
             if self.compression is not None:  # error feedback per shard; rand-k seeded
-                tensors = [self.compression.encode(dense_grad[a:b], key=k,
-                                                   seed=clock * self.part.shards + k)]
-                flags = self.compression.flags
-            if per_shard is not None:
+                t = self.compression.encode(dense_grad[a:b], key=k,
+                                            seed=clock * self.part.shards + k)
+                tensors, flags = ([t], self.compression.flags) if t is not None else ([], SKIPPED)
+            # SKIPPED (NaN / inf; counted in compression.screened): nothing is sent but the
+            # notice, which the shard counts as the rejected push it replaces
+            if per_shard is not None and not flags & SKIPPED:
                 mask = self.part.owner(rows) == k
                 tensors += [per_shard[k], row_grads[mask]]
                 flags |= HAS_ROWS

@@ -71,7 +71,8 @@ class ShardResult:
 
 
 STAT_FIELDS = ("pushes_applied", "pushes_rejected", "messages_rejected", "updates",
-               "bytes_sent", "bytes_received", "pushes_lost", "duplicates", "workers_lost")
+               "bytes_sent", "bytes_received", "pushes_lost", "duplicates", "workers_lost",
+               "pull_resyncs")
 
 
 def serve(state: ShardState, transport: Transport, layout: Layout, timeout_s: float,
@@ -167,7 +168,7 @@ def _counters(stats: ShardStats, counter: ByteCounter, extra_sent: int = 0) -> l
               "messages_rejected": stats.messages_rejected, "updates": stats.updates,
               "bytes_sent": counter.sent + extra_sent, "bytes_received": counter.received,
               "pushes_lost": stats.pushes_lost, "duplicates": stats.duplicates,
-              "workers_lost": stats.workers_lost}
+              "workers_lost": stats.workers_lost, "pull_resyncs": stats.pull_resyncs}
     return [float(values[k]) for k in STAT_FIELDS] + [float(c) for c in stats.histogram()]
 
 

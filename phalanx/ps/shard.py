@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from phalanx.comm.compress import CODEC_MASK, PullDeltas, decode_push
+from phalanx.comm.compress import CODEC_MASK, finite
+from phalanx.comm.ps_payload import PullDeltas, decode_push
 from phalanx.comm.wire import Header, Kind
 from phalanx.ps.consistency import Consistency
 from phalanx.ps.partition import Partition
@@ -36,6 +37,9 @@ from phalanx.rules import UpdateRule, apply_updates
 WANT_DENSE = 1  # PULL flag: send the dense slice (else only the requested rows)
 HAS_ROWS = 2  # PULL / PUSH flag: the payload carries sparse row ids (+ row gradients)
 RESUME = 4  # PULL flag: a restarted worker asks where it stands (the reply's clock)
+# (bits 3..5: the codec of a compressed payload, phalanx.comm.compress.CODEC_MASK)
+SKIPPED = 64  # PUSH flag: the worker's gradient held NaN or inf and was not sent (no payload)
+CHECKED = 128  # PULL flag: the last payload is the CRC-32 of the worker's copy (int64[1])
 MAX_GAP = 1024  # more pushes lost in a row than this: the message is rejected as bogus
 
 
@@ -66,6 +70,7 @@ class ShardStats:
     updates: int = 0
     pushes_lost: int = 0  # sequence gaps: pushes that never arrived
     duplicates: int = 0  # pushes whose sequence number was already applied (ignored)
+    pull_resyncs: int = 0  # compressed pulls answered in full: the worker's copy had drifted
     workers_lost: int = 0  # workers dropped as dead
     staleness: Counter = field(default_factory=Counter)
     reasons: Counter = field(default_factory=Counter)
@@ -97,7 +102,8 @@ class ShardState:
         self.version = 0
         self.clocks = [0] * workers
         self.active = set(range(workers))
-        self.parked: list[tuple[int, int, torch.Tensor | None]] = []  # (worker, flags, ids)
+        # (worker, flags, ids, the CRC-32 of its copy or None)
+        self.parked: list[tuple[int, int, torch.Tensor | None, int | None]] = []
         self.buffer: list[Pending] = []
         self.stats = ShardStats()
         self.worker_stats: dict[int, list[torch.Tensor]] = {}
@@ -110,7 +116,7 @@ class ShardState:
     @property
     def waiting(self) -> set[int]:
         """Workers whose pull this shard is holding back (they are silent by our doing)."""
-        return {w for w, _, _ in self.parked}
+        return {p[0] for p in self.parked}
 
     def reject_message(self, reason: str, push: bool = False) -> None:
         if push:
@@ -184,13 +190,19 @@ class ShardState:
         # pushes were lost; a smaller one is a restarted worker catching up (resume)
         if not h.flags & RESUME and not self._lost(w, h.clock):
             return []
-        ids = None
+        ids = crc = None
+        if h.flags & CHECKED:
+            check = tensors[-1] if tensors else None
+            if check is None or check.dtype != torch.int64 or check.numel() != 1:
+                self.reject_message("pull: the copy's checksum is not int64[1]")
+                return []
+            crc, tensors = int(check), tensors[:-1]
         if h.flags & HAS_ROWS:
             if len(tensors) != 1 or (bad := self._bad_ids(tensors[0])):
                 self.reject_message(f"pull: {bad if tensors else 'no row ids'}")
                 return []
             ids = tensors[0]
-        self.parked.append((w, h.flags, ids))
+        self.parked.append((w, h.flags, ids, crc))
         return self._release()
 
     def _on_push(self, w: int, h: Header, tensors: list[torch.Tensor]) -> list[Outgoing]:
@@ -200,8 +212,12 @@ class ShardState:
             return []
         if not self._lost(w, h.seq):
             return []
-        tensors, bad = decode_push(h.flags, tensors, self.dense.numel())  # --compress
-        bad = bad or self._bad_push(h, tensors)
+        if h.flags & SKIPPED:  # counted as the rejection it replaces (no payload to check)
+            bad = ("the worker skipped a gradient holding NaN or inf" if not tensors
+                   else "a skipped push carries a payload")
+        else:
+            tensors, bad = decode_push(h.flags, tensors, self.dense.numel())  # --compress
+            bad = bad or self._bad_push(h, tensors)
         self.clocks[w] += 1  # even a rejected push ends the worker's iteration (no deadlock)
         if bad:
             self.reject_message(f"push: {bad}", push=True)
@@ -247,7 +263,7 @@ class ShardState:
         if g.dtype != self.dense.dtype or g.numel() != self.dense.numel():
             return (f"dense gradient {g.dtype}[{g.numel()}] does not match the shard's "
                     f"{self.dense.dtype}[{self.dense.numel()}]")
-        if not _finite(g):
+        if not finite(g):
             return "NaN or Inf in the gradient"
         if want == 3:
             ids, rows = tensors[1], tensors[2]
@@ -255,7 +271,7 @@ class ShardState:
                 return bad
             if rows.dtype != self.rows.dtype or rows.numel() != ids.numel() * self.rows.shape[1]:
                 return "row gradients do not match the row ids"
-            if not _finite(rows):
+            if not finite(rows):
                 return "NaN or Inf in the row gradients"
         return ""
 
@@ -317,15 +333,27 @@ class ShardState:
             return []
         slowest = min((self.clocks[a] for a in self.active), default=math.inf)
         out, still = [], []
-        for w, flags, ids in self.parked:
+        for parked in self.parked:
+            w, flags, ids, crc = parked
             if self.consistency.admits(self.clocks[w], slowest):
-                out.append(self._params_reply(w, flags, ids))
+                out.append(self._params_reply(w, flags, ids, crc))
             else:
-                still.append((w, flags, ids))
+                still.append(parked)
         self.parked = still
         return out
 
-    def _params_reply(self, w: int, flags: int, ids: torch.Tensor | None) -> Outgoing:
+    def _drifted(self, w: int, crc: int | None) -> bool:
+        """The worker's copy is not the one we hold for it (a reply lost or mangled): it
+        gets the full slice, and the counter says so."""
+        if crc is None or self.pulls is None or self.pulls.matches(w, crc):
+            return False
+        self.stats.pull_resyncs += 1
+        if self._log is not None:
+            self._log("resync", shard=self.shard, worker=w, version=self.version)
+        return True
+
+    def _params_reply(self, w: int, flags: int, ids: torch.Tensor | None,
+                      crc: int | None = None) -> Outgoing:
         # a snapshot, never the live tensor: the transport reads the payload after this
         # returns (gloo's isend), while the next push may already change the weights in
         # place; a torn read would mix two versions. The same copy is DC-ASGD's backup
@@ -334,9 +362,10 @@ class ShardState:
         snapshot = self.dense.clone() if want or self.keep_backups else None
         dense = snapshot if want else self.dense[:0]
         if flags & CODEC_MASK:  # a compressed delta asked for: say in the reply if it is one
-            flags &= ~CODEC_MASK
+            flags &= ~(CODEC_MASK | CHECKED)
             if self.pulls is not None and want:
-                dense, codec = self.pulls.reply(w, snapshot, fresh=bool(flags & RESUME))
+                fresh = bool(flags & RESUME) or self._drifted(w, crc)
+                dense, codec = self.pulls.reply(w, snapshot, fresh=fresh)
                 flags |= codec
         if self.keep_backups:
             # the weights the worker will hold: its decoded copy under compressed pulls
@@ -348,14 +377,6 @@ class ShardState:
         header = Header(Kind.PARAMS, worker=w, clock=self.clocks[w], version=self.version,
                         shard=self.shard, flags=flags)
         return Outgoing(w, header, tensors)
-
-
-def _finite(t: torch.Tensor) -> bool:
-    """No NaN or Inf in ``t``: one pass and no boolean copy (min/max propagate NaN)."""
-    if t.numel() == 0:
-        return True
-    lo, hi = torch.aminmax(t)
-    return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
 def _gather(state: Any, idx: torch.Tensor, n: int) -> Any:

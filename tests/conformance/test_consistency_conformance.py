@@ -77,5 +77,19 @@ def test_random_arrivals_never_deadlock(name: str) -> None:
 
 
 def test_an_unknown_model_is_one_line() -> None:
-    with pytest.raises(ConfigError, match="--consistency: 'eventual' is not one of"):
+    with pytest.raises(ConfigError) as e:
         model_class("eventual")
+    assert str(e.value) == "--consistency: 'eventual' is not one of bsp, asp, ssp, softsync"
+
+
+def test_the_smallest_bounds_are_allowed_and_below_them_refused() -> None:
+    from phalanx.ps.consistency import SoftSynchronous, StaleSynchronous
+
+    assert StaleSynchronous(0).admits(0, 0) and not StaleSynchronous(0).admits(1, 0)
+    assert SoftSynchronous(1).ready([0], [0, 1])
+    with pytest.raises(ValueError) as e:
+        StaleSynchronous(-1)
+    assert str(e.value) == "SSP bound must be >= 0"
+    with pytest.raises(ValueError) as e:
+        SoftSynchronous(0)
+    assert str(e.value) == "SoftSync n must be >= 1"

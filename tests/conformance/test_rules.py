@@ -127,7 +127,20 @@ TORCH_EQUIVALENTS = {
     "adam": (lambda: R.adam(0.01, weight_decay=0.001),
              lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.001)),
     "step_decay": (lambda: R.sgd(R.step_decay_schedule(0.1, 30, 0.5)), None),
+    # defaults left to both sides, weight decay on, and small gradients so eps matters
+    "momentum_defaults_wd": (lambda: R.momentum(0.05, weight_decay=0.01),
+                             lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9,
+                                                       weight_decay=0.01)),
+    "adagrad_wd": (lambda: R.adagrad(0.1, weight_decay=0.01),
+                   lambda p: torch.optim.Adagrad(p, lr=0.1, weight_decay=0.01)),
+    "rmsprop_wd": (lambda: R.rmsprop(0.01, weight_decay=0.01),
+                   lambda p: torch.optim.RMSprop(p, lr=0.01, weight_decay=0.01)),
+    "adam_defaults": (lambda: R.adam(0.01), lambda p: torch.optim.Adam(p, lr=0.01)),
+    "adagrad_tiny": (lambda: R.adagrad(0.1), lambda p: torch.optim.Adagrad(p, lr=0.1)),
+    "rmsprop_tiny": (lambda: R.rmsprop(0.01), lambda p: torch.optim.RMSprop(p, lr=0.01)),
 }
+# gradients of 1e-9 (and no weight decay to swamp them): eps shows
+TINY = {"adam_defaults", "adagrad_tiny", "rmsprop_tiny"}
 
 
 @pytest.mark.parametrize("name", sorted(n for n, (_, ref) in TORCH_EQUIVALENTS.items() if ref))
@@ -140,6 +153,8 @@ def test_matches_torch_optim(name):
     g = torch.Generator().manual_seed(1)
     for _ in range(100):
         grads = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in ours]
+        if name in TINY:
+            grads = [1e-9 * x for x in grads]
         updates, state = rule.update(grads, state, ours)
         R.apply_updates(ours, updates)
         for p, gr in zip(theirs, grads):
@@ -181,3 +196,111 @@ def test_make_rule_builds_every_named_rule(rule):
     params = _params()
     updates, _ = r.update([torch.ones_like(p) for p in params], r.init(params), params)
     assert all(torch.isfinite(u).all() for u in updates)
+
+
+def test_rule_edges() -> None:
+    """Empty parameter lists, the scale transform, integer step counters, nested state,
+    omitted staleness, one-line misuse messages."""
+    params = _params()
+    for rule in (R.sgd(0.1), R.adam(0.1), R.momentum(0.1)):
+        updates, _ = rule.update([], rule.init([]), [])
+        assert updates == []
+    (u,), _ = R.scale(-2.0).update([torch.ones(2)], R.scale(-2.0).init(params))
+    assert torch.equal(u, torch.full((2,), -2.0))
+    for rule in (R.sgd(R.step_decay_schedule(0.1, 2, 0.5)), R.adam(0.1)):
+        counts = [t for t in R.state_tensors(rule.init(params)) if t.dim() == 0]
+        assert counts and all(t.dtype == torch.int64 for t in counts)
+    state = R.momentum(0.1).init(params)
+    assert len(R.state_tensors(state)) >= len(params)  # nested: every momentum buffer
+    g = [torch.ones_like(p) for p in params]
+    rule = R.chain(R.staleness_scaled(), R.sgd(0.1))
+    omitted, _ = rule.update(g, rule.init(params), params)
+    fresh, _ = rule.update(g, rule.init(params), params, staleness=0)
+    assert all(torch.equal(a, b) for a, b in zip(omitted, fresh))
+    with pytest.raises(ValueError) as e:
+        R.staleness_scaled().update(g, R.staleness_scaled().init(params), staleness=None)
+    assert str(e.value) == "staleness_scaled needs staleness="
+    with pytest.raises(ValueError) as e:
+        R.sgd(0.1, weight_decay=0.1).update(g, R.sgd(0.1, weight_decay=0.1).init(params))
+    assert str(e.value) == "add_decayed_weights needs params"
+
+
+def test_dc_asgd_defaults() -> None:
+    """The adaptive variant's defaults: momentum 0.95 of the mean square (bias-corrected),
+    eps 1e-7 (gradients of 1e-4: g * g is below eps, so eps shows), over two steps."""
+    params = [torch.tensor([1.0, 2.0], dtype=torch.float64)]
+    backup = [torch.tensor([0.5, 1.0], dtype=torch.float64)]
+    gs = [torch.tensor([1e-4, -2e-4], dtype=torch.float64),
+          torch.tensor([3e-4, 1e-4], dtype=torch.float64)]
+    rule = R.dc_asgd(0.5, adaptive=True)
+    state, ms = rule.init(params), torch.zeros(2, dtype=torch.float64)
+    for t, g in enumerate(gs, start=1):
+        (u,), state = rule.update([g], state, params, backup=backup)
+        ms = 0.95 * ms + 0.05 * g * g
+        lam = 0.5 / torch.sqrt(ms / (1 - 0.95**t) + 1e-7)
+        assert torch.allclose(u, g + lam * g * g * (params[0] - backup[0]), rtol=1e-12)
+
+
+MAKE_RULE_REFS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.01),
+    "momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5, weight_decay=0.01),
+    "nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5, weight_decay=0.01,
+                                          nesterov=True),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1, weight_decay=0.01),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.1, weight_decay=0.01),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.1, weight_decay=0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MAKE_RULE_REFS))
+def test_make_rule_passes_every_setting(name: str) -> None:
+    """--rule with --lr, --momentum and --weight-decay reach the rule: 20 steps against
+    torch.optim with the same settings; --schedule cosine reaches it too."""
+    cfg = RunConfig(rule=name, lr=0.1, momentum=0.5, weight_decay=0.01)
+    ours = _params()
+    theirs = [p.clone().requires_grad_() for p in ours]
+    rule, opt = R.make_rule(cfg, 20), MAKE_RULE_REFS[name](theirs)
+    state = rule.init(ours)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(20):
+        grads = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in ours]
+        updates, state = rule.update(grads, state, ours)
+        R.apply_updates(ours, updates)
+        for p, gr in zip(theirs, grads):
+            p.grad = gr.clone()
+        opt.step()
+    assert max((a - b.detach()).abs().max().item() for a, b in zip(ours, theirs)) <= 1e-6
+    sched = R.make_schedule(RunConfig(lr=0.2, schedule="cosine"), 10)
+    assert [sched(s) for s in (0, 5, 10)] == pytest.approx([0.2, 0.1, 0.0])
+
+
+def test_an_unknown_rule_is_one_line() -> None:
+    with pytest.raises(Exception) as e:
+        R.make_rule(RunConfig(rule="lion", lr=0.1))
+    assert str(e.value) == ("--rule: 'lion' is not one of sgd, momentum, nesterov, adagrad, "
+                            "rmsprop, adam")
+
+
+def test_schedule_and_dc_asgd_edges() -> None:
+    cos = R.cosine_schedule(0.2, 1)
+    assert (cos(0), cos(1)) == (0.2, 0.0)
+    assert R.cosine_schedule(0.2, 0)(0) == 0.2
+    floor = R.cosine_schedule(0.3, 10, final=0.1)
+    assert [floor(s) for s in (0, 5, 10)] == pytest.approx([0.3, 0.2, 0.1])
+    one = R.warmup(R.constant_schedule(0.5), 1)
+    assert one(0) == 0.5 and R.warmup(R.constant_schedule(0.5), 2)(0) == 0.25
+    params = _params()
+    g = [torch.ones_like(p) for p in params]
+    (u,), _ = R.sgd(0.1).update(g[:1], R.sgd(0.1).init(params[:1]))  # no params needed
+    assert torch.equal(u, -0.1 * g[0])
+    backup = [p - 1 for p in params]
+    rule = R.dc_asgd(1.0)
+    out, state = rule.update(g, rule.init(params), params, backup=backup)
+    assert all(torch.equal(o, x + x * x * 1.0) for o, x in zip(out, g))  # w - b = 1
+    assert state.count.dtype == torch.int64 and int(state.count) == 1
+    zero = R.dc_asgd(0.0)
+    _, state = zero.update(g, zero.init(params), params, backup=backup)
+    assert int(state.count) == 0  # lam = 0: plain ASGD, nothing tracked
+    with pytest.raises(ValueError) as e:
+        rule.update(g, rule.init(params), params)
+    assert str(e.value) == "dc_asgd needs params= and backup= (the worker's pulled weights)"

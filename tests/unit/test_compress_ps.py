@@ -107,3 +107,119 @@ def test_compressed_pulls_track_the_workers_copy(tmp_path: Path, compress: str) 
         for k, shard in enumerate(shards):
             msg = servers[k].recv(timeout_s=5)
             shard.handle(0, msg.header, msg.tensors)
+
+
+# ---- an injected inf and an injected overflow in PS pushes ---------------------------------
+
+PUSHES, INF_PUSH, BIG_PUSH = 6, 1, 3
+
+
+@pytest.mark.parametrize("compress", ["none", "fp16", "bf16", "int8", "topk:0.01",
+                                      "randk:0.05"])
+def test_injected_inf_and_overflow_in_pushes(tmp_path: Path, compress: str) -> None:
+    """One inf (push 1) and one value beyond the codec's range (push 3), both in shard 0's
+    slice: the inf push is rejected (compressed: skipped by the worker, counted by the
+    shard as the rejection it replaces), every other push is applied, the residuals and
+    the shards' parameters stay finite (the issue: 1 applied, 5 rejected of 6)."""
+    job, part, net, client, shards, flat = _setup(tmp_path, compress)
+    if compress == "none":
+        client.compression = None
+    big = {"fp16": 7e4, "bf16": 3.39e38}.get(compress, 3e38)
+    gen = torch.Generator().manual_seed(0)
+    for clock in range(PUSHES):
+        g = torch.randn(flat.numel(), generator=gen) * 0.01
+        if clock == INF_PUSH:
+            g[0] = float("inf")
+        if clock == BIG_PUSH:
+            g[1] = big
+        client.push(clock, g, versions=[shard.version for shard in shards])
+        for k, shard in enumerate(shards):
+            msg = net.transport(k).recv(timeout_s=5)
+            shard.handle(0, msg.header, msg.tensors)
+            assert torch.isfinite(shard.dense).all(), (compress, clock, k)
+    s0, s1 = shards[0].stats, shards[1].stats
+    assert (s0.pushes_applied, s0.pushes_rejected) == (PUSHES - 1, 1), s0
+    assert (s1.pushes_applied, s1.pushes_rejected) == (PUSHES, 0), s1
+    reason = next(iter(s0.reasons))
+    if compress == "none":
+        assert "NaN or Inf in the gradient" in reason
+        return
+    assert "skipped a gradient holding NaN or inf" in reason
+    screened = client.compression.screened
+    assert screened.skipped == 1 and screened.clipped >= 1
+    for k in range(SERVERS):
+        assert torch.isfinite(client.compression.feedback.residual[k]).all()
+
+
+def test_skipped_push_with_a_payload_is_rejected(tmp_path: Path) -> None:
+    from phalanx.ps.shard import SKIPPED
+
+    _, _, _, _, shards, _ = _setup(tmp_path, "int8")
+    shards[0].handle(0, Header(Kind.PUSH, worker=0, clock=0, shard=0, seq=0, flags=SKIPPED),
+                     [torch.zeros(3)])
+    assert shards[0].stats.pushes_rejected == 1 and shards[0].clocks[0] == 1
+    assert "a skipped push carries a payload" in next(iter(shards[0].stats.reasons))
+
+
+# ---- compressed pulls: the integrity check -------------------------------------------------
+
+def _pull_drift(tmp_path: Path, compress: str, check_every: int, pulls: int = 60,
+                lost: int = 5) -> tuple[float, list]:
+    """``pulls`` compressed pulls with a push between them; the reply to pull ``lost`` never
+    reaches the worker (its copy stays as it was, as if the message were lost and the
+    worker went on). Returns (max |worker copy - shard parameters| after the last pull,
+    the shards)."""
+    job, part, net, client, shards, flat = _setup(tmp_path / f"{check_every}", compress)
+    client.check_every = check_every
+    for s in shards:
+        s.pulls = pull_deltas_for(job.config)
+    servers = [net.transport(k) for k in range(SERVERS)]
+    held = flat.clone()
+    gen = torch.Generator().manual_seed(2)
+
+    def serve() -> None:
+        for k, shard in enumerate(shards):
+            msg = servers[k].recv(timeout_s=5)
+            for out in shard.handle(0, msg.header, msg.tensors):
+                servers[k].send(out.worker + SERVERS, out.header, out.tensors)
+
+    for clock in range(pulls):
+        before = held.clone()
+        th = threading.Thread(target=serve)
+        th.start()
+        client.pull(clock, held)
+        th.join()
+        if clock == lost:
+            a, b = part.dense_range(0)
+            held[a:b] = before[a:b]  # shard 0's reply was lost
+        if clock == pulls - 1:
+            break  # measured right after the last pull
+        client.push(clock, torch.randn(flat.numel(), generator=gen) * 0.5,
+                    versions=list(client.versions))
+        for k, shard in enumerate(shards):
+            msg = servers[k].recv(timeout_s=5)
+            shard.handle(0, msg.header, msg.tensors)
+    a, b = part.dense_range(0)
+    return float((held[a:b] - shards[0].dense).abs().max()), shards
+
+
+@pytest.mark.parametrize("compress", ["int8", "topk:0.05"])
+def test_a_lost_pull_reply_is_found_and_resynced(tmp_path: Path, compress: str) -> None:
+    drift, _ = _pull_drift(tmp_path, compress, check_every=10**9)  # never checked
+    fixed, shards = _pull_drift(tmp_path, compress, check_every=16)
+    clean, _ = _pull_drift(tmp_path, compress, check_every=10**9, lost=-1)  # nothing lost
+    print(f"{compress}: worker-to-shard error after 60 pulls, one reply lost: "
+          f"unchecked {drift:.2e}, checked every 16th pull {fixed:.2e}, no loss {clean:.2e}")
+    assert shards[0].stats.pull_resyncs == 1 and shards[1].stats.pull_resyncs == 0
+    assert drift > 10 * clean  # the drift is permanent without the check
+    assert fixed <= 2 * clean + 1e-6  # with it, the copy is back on track
+
+
+def test_a_bad_checksum_payload_is_rejected(tmp_path: Path) -> None:
+    from phalanx.ps.shard import CHECKED, WANT_DENSE
+
+    _, _, _, client, shards, _ = _setup(tmp_path, "int8")
+    flags = WANT_DENSE | CHECKED | client.compression.flags
+    for bad in ([], [torch.zeros(1)], [torch.zeros(2, dtype=torch.int64)]):
+        shards[0].handle(0, Header(Kind.PULL, worker=0, clock=0, shard=0, flags=flags), bad)
+    assert shards[0].stats.messages_rejected == 3 and not shards[0].parked

@@ -265,3 +265,89 @@ def test_a_pull_answer_is_a_snapshot(keep_backups):
     assert s.version == 1 and not torch.equal(s.dense, sent)
     assert torch.equal(sent, torch.tensor([1.0, 2.0, 3.0, 4.0]))  # still version 0
     assert sent.data_ptr() != s.dense.data_ptr()
+
+
+# ---- edges the mutation runs showed (make mutate) -------------------------------------------
+
+def test_events_and_reasons_are_recorded_exactly():
+    from phalanx.ps.shard import ShardStats
+
+    events = []
+    s = make(BulkSynchronous(), workers=2, log=lambda kind, **f: events.append((kind, f)))
+    assert ShardStats().histogram() == []
+    for _ in range(2):
+        s.handle(5, Header(Kind.PULL, worker=5), [])
+    assert s.stats.reasons == {"message from an unknown or finished worker": 2}
+    assert events[0] == ("reject", {"shard": 0,
+                                    "reason": "message from an unknown or finished worker"})
+    s.log_worker_lost(1, "silent")
+    assert events[-1] == ("worker_lost", {"shard": 0, "worker": 1, "clock": 0, "version": 0,
+                                          "reason": "silent"})
+    s.stats.staleness.update({0: 2, 2: 1})
+    assert s.stats.histogram() == [2, 0, 1]
+
+
+def test_done_releases_a_barrier_the_finished_worker_held():
+    s = make(BulkSynchronous(), workers=2)
+    pull(s, 0)
+    pull(s, 1)
+    push(s, 0, [1, 1, 1, 1], 0)  # BSP waits for worker 1 ...
+    assert s.version == 0
+    s.handle(1, Header(Kind.DONE, worker=1, clock=0), [torch.zeros(1)])
+    assert s.version == 1  # ... which finished instead: the buffer is applied
+
+
+@pytest.mark.parametrize("ids,reason", [
+    (torch.tensor([1], dtype=torch.int32), "row ids are not int64"),
+    (torch.tensor([7]), "row id out of range"),
+    (torch.tensor([-1]), "row id out of range"),
+    (torch.tensor([2]), "row id held by another shard"),
+    (torch.tensor([1, 1]), "repeated row id"),
+])
+def test_bad_row_ids_name_the_reason(ids, reason):
+    part = Partition(2, (0,), ((2,),), (0, 1, 2), SparseTable(1, 7, 3))
+    s = ShardState(1, part, torch.zeros(1), torch.zeros(3, 3), sgd(1.0), Asynchronous(), 1)
+    s.handle(0, Header(Kind.PULL, worker=0, shard=1, flags=HAS_ROWS), [ids])
+    assert s.stats.reasons == {f"pull: {reason}": 1}
+
+
+def test_sparse_rows_keep_their_own_optimizer_state():
+    """AdaGrad on the table: each row's accumulator is gathered, updated and scattered
+    back, so a row pushed twice takes the second step with its own history only."""
+    from phalanx.rules import adagrad
+
+    part = Partition(1, (0,), ((1,),), (0, 1), SparseTable(1, 4, 2))
+    table = torch.zeros(4, 2)
+    s = ShardState(0, part, torch.zeros(1), table, adagrad(1.0), Asynchronous(), 1)
+    steps = [(torch.tensor([1, 3]), torch.tensor([[1.0, 2.0], [3.0, 4.0]])),
+             (torch.tensor([3]), torch.tensor([[1.0, 1.0]]))]
+    acc, want = torch.zeros(4, 2), torch.zeros(4, 2)
+    for clock, (ids, g) in enumerate(steps):
+        s.handle(0, Header(Kind.PULL, worker=0, clock=clock, flags=HAS_ROWS), [ids])
+        s.handle(0, Header(Kind.PUSH, worker=0, clock=clock, seq=clock, flags=HAS_ROWS),
+                 [torch.zeros(1), ids, g.reshape(-1)])
+        acc[ids] += g * g
+        want[ids] -= g / (acc[ids].sqrt() + 1e-10)
+    assert torch.allclose(s.rows, want, atol=1e-6) and s.stats.pushes_applied == 2
+    assert torch.equal(s.rows[[0, 2]], torch.zeros(2, 2))  # untouched rows never move
+
+
+def test_a_failed_checksum_resyncs_in_full_and_says_so():
+    from phalanx.comm.compress import CompressSpec, checksum, codec_flags, make_codec
+    from phalanx.comm.ps_payload import PullDeltas
+    from phalanx.ps.shard import CHECKED
+
+    events = []
+    s = make(Asynchronous(), workers=1, log=lambda kind, **f: events.append((kind, f)))
+    s.pulls = PullDeltas(make_codec(CompressSpec("int8")))
+    flags = WANT_DENSE | codec_flags(CompressSpec("int8"))
+    (first,) = s.handle(0, Header(Kind.PULL, worker=0, flags=flags), [])
+    held = first.tensors[0].clone()
+    good = torch.tensor([checksum(held)], dtype=torch.int64)
+    (ok,) = s.handle(0, Header(Kind.PULL, worker=0, flags=flags | CHECKED), [good])
+    assert ok.header.flags & CHECKED == 0 and s.stats.pull_resyncs == 0
+    bad = torch.tensor([checksum(held) ^ 1], dtype=torch.int64)
+    (full,) = s.handle(0, Header(Kind.PULL, worker=0, flags=flags | CHECKED), [bad])
+    assert full.header.flags == WANT_DENSE and torch.equal(full.tensors[0], s.dense)
+    assert s.stats.pull_resyncs == 1
+    assert events == [("resync", {"shard": 0, "worker": 0, "version": 0})]
