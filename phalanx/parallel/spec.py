@@ -53,7 +53,7 @@ def momentum_for(replicas: int, cfg: RunConfig) -> tuple[str, float] | None:
     momentum rule reached 0.750-0.768 (docs/data-parallel.md)."""
     if replicas <= 1:
         return None
-    return "momentum", DEFAULT_LR["sgd"] * (1.0 - cfg.momentum) * replicas
+    return "momentum", round(DEFAULT_LR["sgd"] * (1.0 - cfg.momentum) * replicas, 12)
 
 
 def workers_momentum(cfg: RunConfig) -> tuple[str, float] | None:
