@@ -31,6 +31,8 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
                   "phalanx.experiments.bandwidth"),
     "compression": ("compressor x protocol: accuracy against bytes, and its frontier",
                     "phalanx.experiments.compression"),
+    "defaults": ("at its defaults every strategy reaches 0.70 on 4,000 Fashion-MNIST images "
+                 "in 3 epochs, on every seed", "phalanx.experiments.defaults"),
     "error-feedback": ("top-k 1% with error feedback is within 1 point of uncompressed",
                        "phalanx.experiments.error_feedback"),
 }

@@ -12,7 +12,13 @@ from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.experiments.runs import StrategyRun
 from phalanx.experiments.seeds import run_seeded, write_seeded_report
-from phalanx.parallel.registry import NAMES, check_config, option_owners, spec
+from phalanx.parallel.registry import (
+    NAMES,
+    RULE_DEFAULT,
+    check_config,
+    option_owners,
+    spec,
+)
 
 __all__ = ["StrategyRun", "compare", "parse_strategies", "plan_evals", "strategy_config"]
 
@@ -30,9 +36,16 @@ def parse_strategies(text: str) -> list[str]:
 
 
 def strategy_config(base: RunConfig, strategy: str, out: Path,
-                    overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The base configuration with one strategy swapped in (single runs one worker)."""
+                    overrides: dict[str, Any] | None = None, *,
+                    own_rule: bool | None = None) -> RunConfig:
+    """The base configuration with one strategy swapped in (single runs one worker).
+    ``own_rule``: the user named neither --rule nor --lr, so each strategy trains with its
+    own default rule (``StrategySpec.default_rule``; default: read from ``base``)."""
+    if own_rule is None:
+        own_rule = uses_default_rule(base)
     cfg = dataclasses.replace(base, strategy=strategy, out=str(out), progress=False)
+    if own_rule:
+        cfg.lr, cfg.rule = None, RULE_DEFAULT  # check_config below applies the strategy's
     if cfg.threads == 0:
         cfg.threads = 1  # every process of every strategy gets one core's worth: a fair race
     s = spec(strategy)
@@ -50,7 +63,14 @@ def strategy_config(base: RunConfig, strategy: str, out: Path,
         setattr(cfg, key, value)
     if cfg.softsync > cfg.workers:
         cfg.softsync = cfg.workers
-    return check_config(plan_evals(cfg))
+    return check_config(plan_evals(check_config(cfg)))  # planned on the checked budget
+
+
+def uses_default_rule(cfg: RunConfig) -> bool:
+    """Did the user leave both --rule and --lr to the defaults (as checked for ``cfg``'s
+    strategy)?"""
+    return bool(getattr(cfg, "lr_defaulted", False)) and (
+        cfg.rule == RULE_DEFAULT or spec(cfg.strategy).default_rule(cfg) is not None)
 
 
 def plan_evals(cfg: RunConfig, points: int = 8) -> RunConfig:
@@ -79,8 +99,9 @@ def compare(base: RunConfig, strategies: Sequence[str], out: Path, *, target: fl
     :class:`~phalanx.experiments.seeds.SeededRuns` and the report's path."""
     out.mkdir(parents=True, exist_ok=True)
     seeds = list(seeds) if seeds else [base.seed]
+    own = uses_default_rule(base)  # before replace(): the marker is not a field
     runs = run_seeded(lambda seed, folder: [
-        (s, strategy_config(dataclasses.replace(base, seed=seed), s, folder / s))
+        (s, strategy_config(dataclasses.replace(base, seed=seed), s, folder / s, own_rule=own))
         for s in strategies], out, seeds, reuse=reuse)
     desc = (f"Model `{base.model}` on `{base.data}`, {base.epochs:g} epoch(s), batch "
             f"{base.batch_size} per worker, rule `{base.rule}` (lr {base.lr}), "

@@ -76,7 +76,7 @@ class SeededRuns:
         return self.runs[label][0]
 
 
-def _finished(cfg: RunConfig) -> bool:
+def finished(cfg: RunConfig) -> bool:
     """A run folder that already holds a finished run of exactly this configuration."""
     folder = Path(cfg.out)
     # how the folder was prepared (--overwrite) is not part of the run's configuration
@@ -107,7 +107,7 @@ def run_seeded(make: VariantsFn, out: Path, seeds: Sequence[int], *,
         if len(seeds) > 1:
             print(f"seed {seed} ({list(seeds).index(seed) + 1}/{len(seeds)})", file=sys.stderr,
                   flush=True)
-        done = {label for label, cfg in variants if reuse and _finished(cfg)}
+        done = {label for label, cfg in variants if reuse and finished(cfg)}
         fresh = iter(run_variants([v for v in variants if v[0] not in done]))
         for label, cfg in variants:
             run = read_run(label, Path(cfg.out)) if label in done else next(fresh)

@@ -4,6 +4,13 @@ the whole model on exactly the batches the parallel run sees.
 With ``replicas`` R the batch of step t is the concatenation of every replica's batch t
 (replica r walks shard r of R, like a data-parallel worker): one large-batch SGD step is
 what R replicas averaging their gradients must equal.
+
+Exactness needs the same intra-op thread count on both sides: PyTorch's CPU GEMM and
+convolution kernels split their sums by thread, so one LeNet-5 gradient differs by up to
+2e-6 between 1 and 2 threads, and SGD at lr 0.05 amplifies that ~1e4-fold in 10 steps
+(issue #25: `--strategy single` with 2 threads vs model parallel's 1 thread per stage
+differed by 2e-6 at step 20 and 8e-3 at step 30; at 1 thread each, bit for bit after 3
+epochs).
 """
 
 from __future__ import annotations
@@ -33,12 +40,24 @@ def _batches(job: Job, rank: int, world: int):
         epoch += 1
 
 
-def reference_training(job: Job, steps: int, replicas: int = 1) -> Reference:
+def reference_training(job: Job, steps: int, replicas: int = 1, threads: int = 1) -> Reference:
     """Train ``job``'s model for ``steps`` steps in this process (no augmentation, no
-    gradient accumulation: the parallel runs compared against it use neither)."""
+    gradient accumulation: the parallel runs compared against it use neither), with
+    ``threads`` intra-op threads: the workers' count (``--worker-threads``), since the CPU
+    kernels' sums depend on it (module docstring)."""
     cfg = job.config
     if cfg.augment or cfg.grad_accum != 1:
         raise ValueError("reference_training compares runs without augment and grad_accum")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _train(job, steps, replicas)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(job: Job, steps: int, replicas: int) -> Reference:
+    cfg = job.config
     model = job.build_model()
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]

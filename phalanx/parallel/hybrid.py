@@ -13,7 +13,7 @@ from phalanx.config import RunConfig
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import Job, Outcome, read_result
 from phalanx.parallel.pipeline import DEVICE, check, train_pipeline
-from phalanx.parallel.spec import StrategySpec
+from phalanx.parallel.spec import StrategySpec, momentum_for
 from phalanx.runtime.launch import spawn
 from phalanx.runtime.placement import spawn_backend
 from phalanx.runtime.supervise import PIPELINING, preload
@@ -41,8 +41,14 @@ def stage_ranks(cfg: RunConfig) -> tuple[int, str]:
             f"--stages {cfg.stages} x --replicas {cfg.replicas}")
 
 
+def replicas_momentum(cfg: RunConfig) -> tuple[str, float] | None:
+    """R replicas average their gradients: R x fewer steps per epoch (spec.momentum_for)."""
+    return momentum_for(cfg.replicas, cfg)
+
+
 SPEC = StrategySpec(
     "hybrid", "hybrid: --replicas data-parallel copies of a --stages pipeline", run,
     process_main, world_size, options=("microbatches", "pipeline_schedule", "replicas", "stages"),
     shards_by="replicas", compute_ranks=stage_ranks, device=DEVICE,
+    default_rule=replicas_momentum,  # R x fewer steps per epoch: docs/model-parallel.md
     example={"stages": 2, "replicas": 2, "microbatches": 2})

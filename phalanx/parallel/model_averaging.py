@@ -45,7 +45,7 @@ from phalanx.parallel.dp_checkpoint import (
     spawn_workers,
 )
 from phalanx.parallel.outer_step import OuterSync
-from phalanx.parallel.spec import StrategySpec
+from phalanx.parallel.spec import StrategySpec, workers_momentum
 from phalanx.parallel.stats import AveragingStats
 from phalanx.parallel.sync_dp import (
     DEVICE,
@@ -214,4 +214,5 @@ SPEC = StrategySpec(
     check_resume=check_resume, can_restart=can_restart,
     supports=frozenset({"kill_worker", "compress", "powersgd", "outer_rule"}),
     options=("period", "average_optimizer_state", "sfb", "outer_lr", "outer_momentum"),
-    shards_by="workers", device=DEVICE)
+    shards_by="workers", device=DEVICE,
+    default_rule=workers_momentum)  # N x fewer steps per epoch: docs/data-parallel.md

@@ -46,7 +46,7 @@ from phalanx.parallel.base import (
 )
 from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.ps_worker import WORKER_STATS, steps_per_worker, worker_main
-from phalanx.parallel.spec import StrategySpec
+from phalanx.parallel.spec import StrategySpec, nothing, workers_momentum
 from phalanx.parallel.stats import ParameterServerStats, Traffic
 from phalanx.ps.checkpoint import read_shard, restore_shard, save_shard, shard_path
 from phalanx.ps.consistency import Consistency, make_consistency
@@ -326,6 +326,9 @@ SPECS = tuple(
                  supports=frozenset({"kill_worker", "kill_server", "drop_messages",
                                      "compress"}),
                  options=(*_SHARED_OPTIONS, *_OPTIONS.get(name, ())), shards_by="workers",
-                 device=DEVICE,
-                 preset=dataclasses.asdict(p))
+                 device=DEVICE, preset=dataclasses.asdict(p),
+                 # BSP averages N gradients per update, like sync; the asynchronous presets
+                 # keep plain SGD: asynchrony already acts as momentum (Mitliagkas et al.
+                 # 2016; measured: ASP with momentum 0.9 sat at ln 10, docs/data-parallel.md)
+                 default_rule=workers_momentum if p.consistency == "bsp" else nothing)
     for name, p in PRESETS.items())

@@ -45,6 +45,8 @@ _SPECS: tuple[StrategySpec, ...] = (
 STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in _SPECS}
 assert len(STRATEGIES) == len(_SPECS), "two strategies share a name"
 NAMES: tuple[str, ...] = tuple(STRATEGIES)
+EPOCHS_DEFAULT = RunConfig.__dataclass_fields__["epochs"].default
+RULE_DEFAULT = RunConfig.__dataclass_fields__["rule"].default
 
 
 def spec(name: str) -> StrategySpec:
@@ -92,6 +94,12 @@ def check_config(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"--model: {short(cfg.model)} is not one of {', '.join(MODEL_NAMES)}")
     if s.default_lr is not None and (cfg.lr is None or getattr(cfg, "lr_defaulted", False)):
         cfg.lr = s.default_lr  # e.g. L-BFGS's natural step, unless the user chose one
+    own = s.default_rule(cfg) if cfg.lr is None and cfg.rule == RULE_DEFAULT else None
+    if own is not None:  # the user named neither --rule nor --lr: the strategy's choice
+        cfg.rule, cfg.lr = own
+        cfg.lr_defaulted = True  # not a field: never written, never a flag
+    if s.default_epochs is not None and cfg.epochs == EPOCHS_DEFAULT and not cfg.max_steps:
+        cfg.epochs = s.default_epochs  # e.g. L-BFGS's passes: one would train nothing
     cfg.validate()
     ranks, flags = s.compute_ranks(cfg)
     for rank in cfg.slow_workers:

@@ -7,7 +7,9 @@ ranks S+1..S+N are workers (``--workers N``). Every function evaluation is a bat
 whole training set; ``--train-limit`` sizes it) cut into ``--portions P`` portions
 (default 8 x N) handed to whichever worker is free, with backup tasks near the end;
 ``--static-portions`` gives each worker one fixed portion instead. Budget: ``--max-steps``
-L-BFGS iterations, or else ``--epochs`` passes over the data (each evaluation is one).
+L-BFGS iterations, or else ``--epochs`` passes over the data (each evaluation is one;
+left at 1, :data:`DEFAULT_PASSES`); either way L-BFGS stops early once the loss stalls
+(``sandblaster_coord.STALL_TOL``), and a run that ends with 0 iterations is an error.
 
 Flags: ``--history m`` (pairs kept), ``--line-search backtracking|none``, ``--lr`` (the
 step scale, 1 by default). Faults: workers heartbeat to the coordinator; a worker silent
@@ -17,12 +19,19 @@ for ``--ps-timeout`` s (or whose connection broke) is dropped and its portion re
 
 from __future__ import annotations
 
+import math
+
 from phalanx.comm.transport import GlooTransport
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import Job, Outcome, read_result, stats_dict, write_result
-from phalanx.parallel.sandblaster_coord import Coordinator, portions_for, worker_totals
+from phalanx.parallel.sandblaster_coord import (
+    Coordinator,
+    check_progress,
+    portions_for,
+    worker_totals,
+)
 from phalanx.parallel.sandblaster_worker import (
     SandblasterLayout,
     SandblasterWorker,
@@ -35,6 +44,11 @@ from phalanx.ps.sandblaster_shard import SHARD_STATS, SandblasterShard, serve_sh
 from phalanx.runtime.launch import spawn
 
 __all__ = ["SPEC", "check_config", "process_main", "run", "world_size"]
+
+
+# passes over the data of a default run (--epochs left at 1, no --max-steps): enough for
+# logreg on Fashion-MNIST to converge by the stopping rule (docs/parameter-server.md)
+DEFAULT_PASSES = 100
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -51,6 +65,10 @@ def check_config(cfg: RunConfig) -> None:
             raise ConfigError(f"--{name.replace('_', '-')}: not supported by --strategy "
                               "sandblaster (a deterministic full-batch objective, no "
                               "checkpoints)")
+    if not cfg.max_steps and math.ceil(cfg.epochs) < 2:
+        raise ConfigError(f"--epochs {cfg.epochs:g}: sandblaster's first pass over the data "
+                          "only evaluates the starting point, so L-BFGS would take 0 "
+                          f"iterations; give at least 2 passes (default {DEFAULT_PASSES})")
     if cfg.static_portions and cfg.portions not in (0, cfg.workers):
         raise ConfigError(f"--portions {cfg.portions}: --static-portions uses one portion "
                           f"per worker ({cfg.workers})")
@@ -126,6 +144,7 @@ def coordinator_main(job: Job, transport: GlooTransport, layout: SandblasterLayo
     stats = SandblasterStats(
         bytes_sent=bytes_sent, bytes_per_sample=Traffic.per_sample(bytes_sent, coord.samples),
         iterations=iterations, function_evals=coord.evals, final_loss=loss,
+        stop_reason=coord.stop_reason,
         line_search=job.config.line_search, history=job.config.history,
         portions=coord.portions, servers=job.config.servers,
         portions_per_worker=c.portions_done, backups_issued=c.backups_issued,
@@ -134,6 +153,9 @@ def coordinator_main(job: Job, transport: GlooTransport, layout: SandblasterLayo
         coordinator_fetch_bytes=coord.fetch_bytes,
         **{f"shard_{k}": int(v) for k, v in zip(SHARD_STATS, shard_stats)})
     log.log("sandblaster_stats", **stats_dict(stats))
+    # every process has stopped (finish): a run that trained nothing fails here, in one
+    # line, instead of writing a result
+    check_progress(iterations, coord.stop_reason)
     write_result(job, model.state_dict(), train_samples=coord.samples, steps=iterations,
                  stats=stats)
 
@@ -145,4 +167,5 @@ SPEC = StrategySpec(
     options=("portions", "history", "line_search", "static_portions", "servers", "ps_timeout",
              "heartbeat_s"),
     default_lr=1.0,  # L-BFGS's natural step is 1 (--lr scales it)
+    default_epochs=DEFAULT_PASSES,
     full_batch=True)

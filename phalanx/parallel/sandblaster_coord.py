@@ -13,6 +13,11 @@ The iteration follows ``torch.optim.LBFGS`` (first step ``min(1, 1/|g|_1) * lr``
 search: ``none`` takes that step as it is (torch's ``line_search_fn=None``);
 ``backtracking`` halves it until the Armijo condition ``f(x + t d) <= f(x) + 1e-4 t g.d``
 holds (at most 10 trials; if none passes the run stops at x).
+
+Besides torch's tests (which float32 losses practically never meet) the run stops once
+the loss stalls: a relative decrease below ``STALL_TOL`` over the last ``STALL_WINDOW``
+iterations. ``Coordinator.stop_reason`` says which test ended it; a run that ends with 0
+iterations is an error (:func:`check_progress`), never a result.
 """
 
 from __future__ import annotations
@@ -44,6 +49,30 @@ TOL_GRAD = 1e-7  # torch.optim.LBFGS defaults
 TOL_CHANGE = 1e-9
 ARMIJO_C1 = 1e-4
 MAX_TRIALS = 10
+# converged: the loss fell by less than STALL_TOL (relative) over STALL_WINDOW iterations
+# (docs/parameter-server.md: logreg on Fashion-MNIST stalls there, at its test accuracy)
+STALL_WINDOW = 10
+STALL_TOL = 1e-3
+
+
+class NoProgress(PhalanxError):
+    """L-BFGS ended before its first iteration: the run trained nothing."""
+
+
+def check_progress(iterations: int, reason: str) -> None:
+    if iterations == 0:
+        hint = "; try a smaller --lr" if reason.startswith("line search") else ""
+        raise NoProgress(f"sandblaster: 0 L-BFGS iterations ({reason}): the run trained "
+                         f"nothing{hint}")
+
+
+def stalled(losses: list[float]) -> bool:
+    """The loss fell by less than STALL_TOL (relative) over the last STALL_WINDOW
+    iterations (``losses[0]`` is the starting point's)."""
+    if len(losses) <= STALL_WINDOW:
+        return False
+    before, now = losses[-1 - STALL_WINDOW], losses[-1]
+    return before - now <= STALL_TOL * max(abs(now), 1e-12)
 
 
 def portions_for(cfg) -> int:
@@ -122,6 +151,7 @@ class Coordinator:
         self.lost: list[int] = []
         self.unnamed_losses = 0
         self.last_test_eval = -1
+        self.stop_reason = ""
         self.t0 = time.perf_counter()
         self.log.log("ready", label="sandblaster")  # shards and workers connected
 
@@ -259,7 +289,7 @@ class Coordinator:
                               self.evals)
 
     def optimise(self) -> tuple[int, float]:
-        """Run L-BFGS; returns (iterations, final loss)."""
+        """Run L-BFGS; returns (iterations, final loss). ``stop_reason`` says why it ended."""
         cfg = self.cfg
         max_iter = cfg.max_steps or 10**9
         max_evals = 10**9 if cfg.max_steps else max(1, math.ceil(cfg.epochs))
@@ -270,45 +300,58 @@ class Coordinator:
         dots = self.accept(lb.pairs)
         keep_pair = lb.observe(dots)
         meter = self.record(0, meter, loss, dots, 0.0)
-        n = 0
+        losses, n = [loss], 0
+        self.stop_reason = "budget"
         if dots.max_abs_g <= TOL_GRAD:
+            self.stop_reason = "gradient below tolerance at the start"
             return n, loss
         while n < max_iter and self.evals < max_evals:
-            n += 1
             coeffs, gtd = lb.direction()
-            prev_loss = loss
-            t = (min(1.0, 1.0 / dots.abs_sum_g) if n == 1 else 1.0) * cfg.lr
+            t = (min(1.0, 1.0 / dots.abs_sum_g) if n == 0 else 1.0) * cfg.lr
             if gtd > -TOL_CHANGE:
-                n -= 1
+                self.stop_reason = "not a descent direction"
                 break
             parts = self.link.command(Op.DIRECTION, self.next_evaluation(),
                                       [float(keep_pair), t, *coeffs.tolist()])
             max_d = max(float(p[0]) for p in parts)
-            new_loss = self.run_batch()
-            trials = 1
-            while (cfg.line_search == "backtracking"
-                   and not new_loss <= loss + ARMIJO_C1 * t * gtd and trials < MAX_TRIALS):
-                t *= 0.5
-                self.link.command(Op.TRIAL, self.next_evaluation(), [t])
-                new_loss = self.run_batch()
-                trials += 1
+            new_loss, t, trials = self.line_search(loss, t, gtd)
             if cfg.line_search == "backtracking" and not new_loss <= loss + ARMIJO_C1 * t * gtd:
                 self.link.command(Op.TRIAL, self.next_evaluation(), [0.0])  # stay at x
-                self.log.log("line_search_failed", step=n, trials=trials)
-                n -= 1
+                self.log.log("line_search_failed", step=n + 1, trials=trials)
+                self.stop_reason = f"line search failed after {trials} trials"
                 break
+            n += 1
             dots = self.accept(lb.pairs)
             keep_pair = lb.observe(dots)
             loss = new_loss
+            losses.append(loss)
             meter = self.record(n, meter, loss, dots, t)
             if n % eval_every == 0:
                 self.test_eval(n)
             if (dots.max_abs_g <= TOL_GRAD or max_d * t <= TOL_CHANGE
-                    or abs(loss - prev_loss) < TOL_CHANGE):
+                    or abs(loss - losses[-2]) < TOL_CHANGE):
+                self.stop_reason = "gradient or step below tolerance"
                 break
-        if self.last_test_eval != n:
+            if stalled(losses):
+                self.stop_reason = (f"converged: loss fell by less than {STALL_TOL:g} "
+                                    f"(relative) in {STALL_WINDOW} iterations")
+                break
+        if n and self.last_test_eval != n:
             self.test_eval(n)
         return n, loss
+
+    def line_search(self, loss: float, t: float, gtd: float) -> tuple[float, float, int]:
+        """Evaluate the served point; with backtracking, halve t until Armijo holds (at
+        most MAX_TRIALS evaluations). Returns (loss there, t, trials)."""
+        new_loss = self.run_batch()
+        trials = 1
+        while (self.cfg.line_search == "backtracking"
+               and not new_loss <= loss + ARMIJO_C1 * t * gtd and trials < MAX_TRIALS):
+            t *= 0.5
+            self.link.command(Op.TRIAL, self.next_evaluation(), [t])
+            new_loss = self.run_batch()
+            trials += 1
+        return new_loss, t, trials
 
     # ---- the end ---------------------------------------------------------------------
 

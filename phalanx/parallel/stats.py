@@ -111,6 +111,7 @@ class SandblasterStats(Traffic):
     iterations: int = 0
     function_evals: int = 0
     final_loss: float = 0.0
+    stop_reason: str = ""  # which test ended L-BFGS (budget, converged, line search, ...)
     line_search: str = ""
     history: int = 0
     portions: int = 0

@@ -47,7 +47,7 @@ from phalanx.parallel.dp_checkpoint import (
     spawn_workers,
 )
 from phalanx.parallel.dp_checkpoint import check_resume as _check_resume
-from phalanx.parallel.spec import StrategySpec
+from phalanx.parallel.spec import StrategySpec, workers_momentum
 from phalanx.parallel.stats import SyncStats
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
@@ -304,4 +304,5 @@ SPEC = StrategySpec(
     "main)", run, process_main, world_size,
     check_resume=check_resume, can_restart=can_restart,
     supports=frozenset({"kill_worker", "compress", "powersgd"}),
-    options=("bucket_mb", "sfb"), shards_by="workers", device=DEVICE)
+    options=("bucket_mb", "sfb"), shards_by="workers", device=DEVICE,
+    default_rule=workers_momentum)  # N x fewer steps per epoch: docs/data-parallel.md

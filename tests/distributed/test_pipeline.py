@@ -1,4 +1,6 @@
-"""Pipeline parallelism (GPipe, 1F1B) with real processes equals single-process training."""
+"""Pipeline parallelism (GPipe, 1F1B) with real processes equals single-process training,
+over 2 epochs of 810 samples (not a multiple of the batch 32), one intra-op thread on both
+sides (phalanx/parallel/equivalence.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +12,14 @@ from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
 from phalanx.parallel.equivalence import logged_losses, max_state_diff, reference_training
 
-STEPS = 20
+STEPS = 50  # 2 epochs of 25 full batches (810 samples, batch 32)
 
 
 def _opts(tmp_path, **kw):
-    base = {"model": "mlp", "data": "synthetic", "train_limit": 800, "test_limit": 200,
-            "batch_size": 32, "max_steps": STEPS, "lr": 0.05, "rule": "momentum",
-            "strategy": "pipeline", "out": str(tmp_path / "run"), "progress": False,
-            "tensorboard": False}
+    base = {"model": "mlp", "data": "synthetic", "train_limit": 810, "test_limit": 200,
+            "batch_size": 32, "epochs": 2, "lr": 0.05, "rule": "momentum",
+            "worker_threads": 1, "strategy": "pipeline", "out": str(tmp_path / "run"),
+            "progress": False, "tensorboard": False}
     base.update(kw)
     return base
 
@@ -31,9 +33,10 @@ def test_pipeline_equals_single_process(tmp_path, schedule, stages, microbatches
     assert result.summary["steps"] == STEPS
     assert max_state_diff(result.model.state_dict(), ref.state) <= 1e-5
     losses = logged_losses(result.history, rank=stages - 1)
-    assert sorted(losses) == [1, 10, 20]
+    assert sorted(losses) == [1, 10, 20, 30, 40, 50]
     for step, loss in losses.items():
         assert loss == pytest.approx(ref.losses[step - 1], abs=1e-5)
+    assert [e["step"] for e in result.history if e["kind"] == "eval"] == [25, 50]
     s = result.summary
     assert s["pipeline_schedule"] == schedule and len(s["partition"]) == stages
     # activations held per stage, measured: GPipe keeps all M, 1F1B at most P - stage

@@ -19,6 +19,8 @@ from phalanx.data.idx import write_idx
 from phalanx.entry.api import make_job, train
 from phalanx.parallel import sandblaster
 from phalanx.parallel.base import Job, Outcome, read_result
+from phalanx.parallel.registry import check_config
+from phalanx.parallel.sandblaster_coord import STALL_TOL, STALL_WINDOW
 from phalanx.ps.vector_lbfgs import GradientDots
 from phalanx.runtime.launch import spawn
 
@@ -235,6 +237,13 @@ def test_a_dead_worker_s_portions_are_reissued_and_the_result_is_unchanged(tmp_p
     (["--history", "0"], "--history: 0 must be >= 1"),
     (["--model", "resnet"], "--model resnet: has buffers"),
     (["--line-search", "wolfe"], "--line-search: 'wolfe' is not one of"),
+    # one pass only evaluates the starting point: 0 iterations is refused before any start
+    (["--epochs", "0.5"], "--epochs 0.5: sandblaster's first pass over the data only "
+     "evaluates the starting point"),
+    # found only at run time: every Armijo trial fails, L-BFGS ends with 0 iterations
+    (["--model", "mlp", "--lr", "1e6", "--max-steps", "5", "--servers", "1"],
+     "sandblaster: 0 L-BFGS iterations (line search failed after 10 trials): the run "
+     "trained nothing; try a smaller --lr"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, flags, message):
     code = main(["train", "--strategy", "sandblaster", "--data", "synthetic", "--model",
@@ -261,3 +270,45 @@ def test_mlp_fashion_mnist_non_convex_trains(tmp_path, seed):
     print(f"seed {seed}: test accuracy {s['test_accuracy']:.4f}, loss {s['final_loss']:.4f}, "
           f"{s['iterations']} iterations")
     assert s["test_accuracy"] > 0.8 and s["train_samples"] == 30 * 10_000
+
+
+def test_the_default_budget_is_passes_that_train_and_a_given_one_is_kept():
+    """--epochs left at 1 (one pass: the starting point only) means DEFAULT_PASSES; a
+    budget the user gives, in passes or iterations, is kept."""
+    cfg = check_config(RunConfig(strategy="sandblaster", model="logreg"))
+    assert cfg.epochs == sandblaster.DEFAULT_PASSES == 100 and cfg.lr == 1.0
+    assert check_config(RunConfig(strategy="sandblaster", epochs=30)).epochs == 30
+    assert check_config(RunConfig(strategy="sandblaster", max_steps=20)).epochs == 1
+    assert check_config(RunConfig(strategy="asp")).epochs == 1  # SGD: one epoch
+
+
+def test_a_stalled_loss_stops_the_run_with_its_reason(tmp_path):
+    """Logreg on noisy blocks (it cannot separate them: the loss levels off above 0)
+    converges long before 100 passes: the stall test (relative decrease below STALL_TOL
+    over STALL_WINDOW iterations) ends it."""
+    data = fashion_shaped(tmp_path / "data", n_train=400, n_test=100)
+    result = train(config=config(tmp_path, max_steps=0, epochs=1, data="idx",  # default budget
+                                 data_dir=str(data), history=10))
+    s = result.summary
+    print(s["stop_reason"], s["iterations"], s["function_evals"], s["test_accuracy"])
+    assert s["stop_reason"].startswith("converged: loss fell by less than"), s["stop_reason"]
+    assert STALL_WINDOW < s["iterations"] and s["function_evals"] < sandblaster.DEFAULT_PASSES
+    losses = [r["loss"] for r in lbfgs_records(result.out)]
+    assert losses[-1 - STALL_WINDOW] - losses[-1] <= STALL_TOL * losses[-1]
+    assert losses[-2 - STALL_WINDOW] - losses[-2] > STALL_TOL * losses[-2]  # not before
+    assert s["test_accuracy"] > 0.3  # 10 classes: chance is 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+                    reason="Fashion-MNIST is not installed")
+def test_the_default_run_of_the_issue_trains_logreg(tmp_path):
+    """Issue #25: `phalanx train --strategy sandblaster --model logreg --data fashion-mnist
+    --workers 3 --servers 2` did 1 pass and 0 iterations (test accuracy 0.09). Measured
+    now: 100 passes, 92 iterations, test accuracy 0.843, 35 s."""
+    code = main(["train", "--strategy", "sandblaster", "--model", "logreg", "--data",
+                 "fashion-mnist", "--workers", "3", "--servers", "2", "--out",
+                 str(tmp_path), "--no-progress", "--no-tensorboard"])
+    assert code == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["test_accuracy"] >= 0.80 and s["iterations"] >= 50, s

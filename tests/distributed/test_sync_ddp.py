@@ -1,5 +1,7 @@
 """Our synchronous data parallel against PyTorch's DistributedDataParallel (the oracle):
-same seed, same shards, same batches, real processes; 50 optimizer steps."""
+same seed, same shards, same batches, real processes; 50 optimizer steps over 330 samples
+(shards of 165 or 82-83: not multiples of the batch 16), so 5 to 10 epochs, each
+reshuffled, with one intra-op thread per process on both sides."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from phalanx.parallel.base import Job, read_result
 from phalanx.runtime.launch import spawn
 
 STEPS = 50
+TRAIN = 330  # world 2: 10 steps per epoch; world 4: 5 (so 5 and 10 epochs; --epochs 10)
 
 
 def ddp_reference(rank: int, world: int, job: Job) -> nn.Module:
@@ -35,7 +38,10 @@ def ddp_reference(rank: int, world: int, job: Job) -> nn.Module:
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     loss_fn = nn.CrossEntropyLoss()
     step, micro = 0, 0
-    for _, idx in sync_dp.worker_batches(job, rank, world):
+    torch.set_num_threads(1)  # as our workers (worker_threads=1): the same sums
+    epochs = set()
+    for epoch, idx in sync_dp.worker_batches(job, rank, world):
+        epochs.add(epoch)
         micro += 1
         last = micro % cfg.grad_accum == 0
         with contextlib.nullcontext() if last else ddp.no_sync():
@@ -46,6 +52,7 @@ def ddp_reference(rank: int, world: int, job: Job) -> nn.Module:
             opt.zero_grad(set_to_none=True)
             step += 1
             if step == STEPS:
+                assert len(epochs) >= 5, epochs  # the comparison spans several epochs
                 return model
     raise AssertionError("unreachable")
 
@@ -80,6 +87,7 @@ def _jobs(tmp_path: Path, world: int, model: str, variants: list[dict]) -> list[
         cfg = RunConfig(model=model, data="synthetic", strategy="sync", workers=world,
                         batch_size=16, lr=0.05, max_steps=STEPS, bucket_mb=0.02,
                         progress=False, tensorboard=False, test_limit=200,
+                        train_limit=TRAIN, epochs=10, worker_threads=1,
                         out=str(tmp_path / f"v{i}"),
                         **extra).validate()
         jobs.append(make_job(cfg, model, data))
