@@ -53,6 +53,11 @@ class Progress:
         if self._bar is None:
             from tqdm import tqdm  # only where a bar is drawn
 
+            # tqdm's default lock is a multiprocessing RLock: a named semaphore that a rank
+            # leaving by os._exit never releases (resource_tracker warned of a leak at the
+            # driver's exit). One bar per process: a thread lock is all it needs.
+            tqdm.set_lock(threading.RLock())
+
             self._bar = tqdm(total=self.total, desc=self.label, unit=self.unit,
                              file=self.stream, dynamic_ncols=True, mininterval=0.2,
                              leave=True, bar_format="{desc} {bar} {n_fmt}/{total_fmt} "

@@ -32,7 +32,7 @@ from phalanx.comm.counters import nbytes
 from phalanx.comm.transport import PeerLost, Transport, TransportTimeout
 from phalanx.comm.wire import HEADER_BYTES, Header, Kind, WireError
 from phalanx.errors import PhalanxError
-from phalanx.metrics import EventLog
+from phalanx.metrics import EventLog, Progress
 from phalanx.parallel.base import Job, evaluate
 from phalanx.parallel.sandblaster_worker import (
     WORKER_STATS,
@@ -154,6 +154,11 @@ class Coordinator:
         self.stop_reason = ""
         self.t0 = time.perf_counter()
         self.log.log("ready", label="sandblaster")  # shards and workers connected
+        # the budget is in passes over the data (function evaluations), or --max-steps
+        # iterations: the bar counts what will end the run
+        self.progress = Progress(cfg.max_steps or max(1, math.ceil(cfg.epochs)),
+                                 "sandblaster", enabled=cfg.progress,
+                                 unit="iteration" if cfg.max_steps else "pass")
 
     # ---- workers ---------------------------------------------------------------------
 
@@ -270,6 +275,7 @@ class Coordinator:
         loss, acc = evaluate(self.fetch_model(), self.job.test)
         self.log.log("eval", step=iteration, samples=self.samples, test_loss=loss,
                      test_accuracy=acc, wall_s=time.perf_counter() - self.t0)
+        self.progress.update(iteration if self.cfg.max_steps else self.evals, test_acc=acc)
 
     # ---- L-BFGS ----------------------------------------------------------------------
 
@@ -285,6 +291,8 @@ class Coordinator:
                      backups_wasted=c.backups_wasted, reissued=c.reissued,
                      wall_s=time.perf_counter() - self.t0)
         self.counts = PortionCounts([0] * self.cfg.workers)
+        self.progress.update(iteration if self.cfg.max_steps else self.evals,
+                             samples=self.samples, iteration=iteration, loss=loss)
         return IterationMeter(self.link.bytes, self.task_bytes, self.link.shard_bytes,
                               self.evals)
 
@@ -338,6 +346,7 @@ class Coordinator:
                 break
         if n and self.last_test_eval != n:
             self.test_eval(n)
+        self.progress.close()
         return n, loss
 
     def line_search(self, loss: float, t: float, gtd: float) -> tuple[float, float, int]:
