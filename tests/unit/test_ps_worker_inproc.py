@@ -106,12 +106,12 @@ def test_a_lossy_link_is_counted_on_both_ends(tmp_path: Path) -> None:
 
 
 def test_evaluation_reads_the_servers_weights(tmp_path: Path, monkeypatch) -> None:
-    """Worker 0 evaluates what the shards hold (a fresh pull), not its local copy: the
-    last eval (after the last push) is the final model's."""
+    """Worker 0 evaluates what the shards hold (a fresh pull, after draining a pull asked
+    ahead), not its local copy: the last eval (after the last push) is the final model's."""
     from phalanx.parallel.base import evaluate
 
     job = job_for(tmp_path, strategy="downpour", workers=1, servers=1, max_steps=STEPS,
-                  batch_size=BATCH, nfetch=4, npush=1, eval_every=STEPS)
+                  batch_size=BATCH, nfetch=4, npush=1, eval_every=STEPS, pull_ahead=True)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     main = ps_worker.worker_main
 
@@ -135,3 +135,18 @@ def test_a_lossy_link_drops_the_same_pushes_for_the_same_seed(tmp_path: Path) ->
     same = all(torch.equal(p, q) for p, q in zip(runs[0].model.parameters(),
                                                    runs[1].model.parameters()))
     assert same
+
+
+def test_several_epochs_equal_the_single_worker_loop(tmp_path: Path) -> None:
+    """ASP with one worker is the single-worker loop exactly, over three epochs (each
+    epoch's own batch order)."""
+    from phalanx.metrics import EventLog as Log
+    from phalanx.parallel import single
+
+    kw = {"workers": 1, "servers": 1, "max_steps": 12, "batch_size": BATCH,
+          "train_limit": 64, "epochs": 3, "rule": "momentum", "lr": 0.02}
+    out = run_threads(job_for(tmp_path / "asp", strategy="asp", **kw))
+    ref = single.run(job_for(tmp_path / "single", strategy="single", **kw), Log(None))
+    assert out.steps == 12
+    for p, q in zip(ref.model.parameters(), out.model.parameters()):
+        assert torch.equal(p, q)
