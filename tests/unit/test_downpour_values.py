@@ -67,11 +67,11 @@ class Recording(PSWorker):
             self._fetch = False
 
 
-def _run(tmp_path: Path) -> Recording:
+def _run(tmp_path: Path, nfetch: int = NFETCH) -> Recording:
     cfg = RunConfig.from_mapping({
         "strategy": "downpour", "model": "mlp", "data": "synthetic", "batch_size": 16,
         "max_steps": STEPS, "lr": LR, "schedule": "step", "step_size": STEP_SIZE,
-        "gamma": GAMMA, "rule": "sgd", "workers": 1, "servers": 1, "nfetch": NFETCH,
+        "gamma": GAMMA, "rule": "sgd", "workers": 1, "servers": 1, "nfetch": nfetch,
         "npush": NPUSH, "progress": False, "tensorboard": False, "eval_every": 10**6,
         "out": str(tmp_path / "run"), "ps_timeout": 30.0}).validate()
     job = make_job(cfg)
@@ -118,3 +118,11 @@ def test_pushes_carry_the_sum_and_local_steps_follow_the_schedule(tmp_path: Path
         assert torch.allclose(w.weights[s], want, atol=1e-7), (s, (w.weights[s] - want).abs())
         moved = (w.weights[s] - w.weights[s - 1]).abs().max()
         assert moved > 1e-5  # the local step really moved the weights
+
+
+def test_a_fetch_period_of_two_has_one_local_step(tmp_path: Path) -> None:
+    w = _run(tmp_path, nfetch=2)
+    assert [s for s in range(STEPS) if w.fetched[s]] == list(range(0, STEPS, 2))
+    for s in range(1, STEPS, 2):
+        want = w.weights[s - 1] - lr_at(s - 1) * w.grads[s - 1]
+        assert torch.allclose(w.weights[s], want, atol=1e-7), s

@@ -338,8 +338,10 @@ def test_a_failed_checksum_resyncs_in_full_and_says_so():
     from phalanx.ps.shard import CHECKED
 
     events = []
-    s = make(Asynchronous(), workers=1, log=lambda kind, **f: events.append((kind, f)))
-    s.pulls = PullDeltas(make_codec(CompressSpec("int8")))
+    part = Partition(1, (0,), ((4,),), (0, 4))
+    s = ShardState(0, part, torch.tensor([1.0, 2.0, 3.0, 4.0]), None, sgd(LR), Asynchronous(),
+                   1, log=lambda kind, **f: events.append((kind, f)),
+                   pulls=PullDeltas(make_codec(CompressSpec("int8"))))
     flags = WANT_DENSE | codec_flags(CompressSpec("int8"))
     (first,) = s.handle(0, Header(Kind.PULL, worker=0, flags=flags), [])
     held = first.tensors[0].clone()
@@ -351,3 +353,36 @@ def test_a_failed_checksum_resyncs_in_full_and_says_so():
     assert full.header.flags == WANT_DENSE and torch.equal(full.tensors[0], s.dense)
     assert s.stats.pull_resyncs == 1
     assert events == [("resync", {"shard": 0, "worker": 0, "version": 0})]
+
+
+def test_dc_asgd_backup_is_the_decoded_copy_under_compressed_pulls():
+    from phalanx.comm.compress import CompressSpec, codec_flags, make_codec
+    from phalanx.comm.ps_payload import PullDeltas
+
+    s = make(Asynchronous(), workers=1, values=(0.1, 0.2, 0.3, 0.37),
+             rule=chain(dc_asgd(0.5), sgd(LR)), keep_backups=True)
+    s.pulls = PullDeltas(make_codec(CompressSpec("int8")))
+    flags = WANT_DENSE | codec_flags(CompressSpec("int8"))
+    s.handle(0, Header(Kind.PULL, worker=0, flags=flags), [])
+    push(s, 0, [1.0, -0.3, 0.77, 0.01], version=0)
+    s.handle(0, Header(Kind.PULL, worker=0, clock=1, flags=flags), [])
+    held = s.pulls.held(0)
+    assert not torch.equal(held, s.dense)  # int8 left something out ...
+    assert torch.equal(s.backups[0], held)  # ... and the backup is what the worker holds
+
+
+def test_finished_workers_and_exact_reasons():
+    s = make(Asynchronous(), workers=2)
+    s.handle(1, Header(Kind.DONE, worker=1, clock=0), [torch.zeros(1)])
+    pull(s, 1, clock=0)
+    s.handle(0, Header(Kind.PULL, worker=0, shard=3), [])
+    s.handle(0, Header(Kind.PUSH, worker=0, seq=5000), [torch.zeros(4)])
+    assert s.stats.reasons == {"message from an unknown or finished worker": 1,
+                               "message addressed to another shard": 1,
+                               "sequence number 5000 too far ahead of 0": 1}
+    from phalanx.ps.shard import SKIPPED
+
+    s.handle(0, Header(Kind.PUSH, worker=0, seq=0, flags=SKIPPED), [])
+    assert s.stats.reasons["push: the worker skipped a gradient holding NaN or inf"] == 1
+    push(s, 0, [1, 1, 1, 1], version=0)
+    assert (s.stats.updates, s.stats.pushes_applied, s.stats.pushes_rejected) == (1, 1, 1)

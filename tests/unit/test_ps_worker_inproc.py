@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import test_ps_inproc
 import torch
 from test_ps_inproc import job_for, run_threads
@@ -102,3 +103,50 @@ def test_a_lossy_link_is_counted_on_both_ends(tmp_path: Path) -> None:
     assert s["pushes_dropped"] > 0 and s["pushes_dropped"] == s["pushes_lost"]
     assert s["pushes_applied"] + s["pushes_lost"] == 2 * STEPS
     assert torch.isfinite(torch.tensor(s["bytes_sent"], dtype=torch.float64))
+
+
+def test_evaluation_reads_the_servers_weights(tmp_path: Path, monkeypatch) -> None:
+    """Worker 0 evaluates what the shards hold (a fresh pull, after draining a pull asked
+    ahead), not its local copy: the last eval (after the last push) is the final model's."""
+    from phalanx.parallel.base import evaluate
+
+    job = job_for(tmp_path, strategy="downpour", workers=1, servers=1, max_steps=STEPS,
+                  batch_size=BATCH, nfetch=4, npush=1, eval_every=STEPS, pull_ahead=True)
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    main = ps_worker.worker_main
+
+    def logging_worker(job, transport, layout, worker, log, *args):
+        with EventLog(job.run_dir / "events.jsonl", rank=worker + 1, role="worker") as own:
+            main(job, transport, layout, worker, own, *args)
+
+    monkeypatch.setattr(test_ps_inproc, "worker_main", logging_worker)
+    out = run_threads(job)
+    last = [e for e in _events(job) if e["kind"] == "eval"][-1]
+    loss, _ = evaluate(out.model, job.test)
+    assert last["step"] == STEPS and last["test_loss"] == pytest.approx(loss, rel=1e-6)
+
+
+def test_a_lossy_link_drops_the_same_pushes_for_the_same_seed(tmp_path: Path) -> None:
+    runs = [run_threads(job_for(tmp_path / str(i), strategy="asp", workers=1, servers=1,
+                                max_steps=STEPS, batch_size=BATCH, drop_messages=0.4, seed=s))
+            for i, s in enumerate((3, 3, 4))]
+    a, b, c = (r.stats["pushes_dropped"] for r in runs)
+    assert a == b and 0 < a < STEPS
+    same = all(torch.equal(p, q) for p, q in zip(runs[0].model.parameters(),
+                                                   runs[1].model.parameters()))
+    assert same
+
+
+def test_several_epochs_equal_the_single_worker_loop(tmp_path: Path) -> None:
+    """ASP with one worker is the single-worker loop exactly, over three epochs (each
+    epoch's own batch order)."""
+    from phalanx.metrics import EventLog as Log
+    from phalanx.parallel import single
+
+    kw = {"workers": 1, "servers": 1, "max_steps": 12, "batch_size": BATCH,
+          "train_limit": 64, "epochs": 3, "rule": "momentum", "lr": 0.02}
+    out = run_threads(job_for(tmp_path / "asp", strategy="asp", **kw))
+    ref = single.run(job_for(tmp_path / "single", strategy="single", **kw), Log(None))
+    assert out.steps == 12
+    for p, q in zip(ref.model.parameters(), out.model.parameters()):
+        assert torch.equal(p, q)
