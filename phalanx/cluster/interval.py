@@ -166,7 +166,7 @@ class IntervalSimulator:
         if elastic is not None:
             bad = sorted({s.model for s in jobs if not perf.is_step_based(s)})
             if bad:
-                raise ConfigError(f"--policy goodput: needs Pollux applications (with "
+                raise ConfigError(f"--policy {elastic.name}: needs Pollux applications (with "
                                   f"placement and validation profiles), not {', '.join(bad)}")
 
     # ------------------------------------------------------------------ start / stop

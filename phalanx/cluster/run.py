@@ -21,7 +21,7 @@ from phalanx.cluster.policies import (
     parse_quota,
 )
 from phalanx.cluster.policies.goodput import ElasticPolicy, GoodputPolicy
-from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
+from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy, LearnedOptions
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S
 from phalanx.cluster.policies.pollux import PolluxPolicy
 from phalanx.cluster.profiles import load_pollux_apps, load_profiles
@@ -66,13 +66,22 @@ class SimulateOptions:
     restart_first: bool = True
     tiresias_thresholds: tuple[float, ...] | None = None   # None: Tiresias's defaults
     starvation: float | None = None
-    goodput_priority: str = "srpt"
+    goodput_priority: str = "none"      # srpt reads remaining work (declared epochs)
     goodput_horizon_s: float = 1800.0
     goodput_batch: str = "adaptive"     # or "fixed": each job keeps its own batch (ablation)
     # what an elastic policy knows of throughput: "learned" (fitted to the set-ups each
     # job has run, as Pollux) or "oracle" (every measured profile: an ablation)
     profiles: str = "learned"
     pollux_generations: int = 30
+    pollux_search: str = "ga"           # or "greedy" (the same objective, no GA)
+    # learned goodput ablations (policies/goodput_learned.py): bonus for GPU counts a job
+    # has not run, one model per application over all its jobs, a change's minimum gain
+    goodput_explore: float = 0.0
+    goodput_share: bool = False
+    goodput_min_gain: float = 0.0
+    goodput_speedup_units: bool = False
+    goodput_growth: float = 2.0
+    goodput_multistart: bool = False
     preset: str = ""
 
     def __post_init__(self) -> None:
@@ -100,6 +109,13 @@ class SimulateOptions:
         if self.profiles not in PROFILES:
             raise ConfigError(f"--profiles {self.profiles}: unknown (choose from "
                               f"{', '.join(PROFILES)})")
+        if not (0.0 <= self.goodput_explore < math.inf
+                and 0.0 <= self.goodput_min_gain < math.inf):
+            raise ConfigError(f"--goodput-explore and --goodput-min-gain must be finite "
+                              f"numbers >= 0, got {self.goodput_explore}, "
+                              f"{self.goodput_min_gain}")
+        if self.pollux_search not in ("ga", "greedy"):
+            raise ConfigError(f"--pollux-search {self.pollux_search}: unknown (ga, greedy)")
         if not 1 <= self.pollux_generations <= 10000:
             raise ConfigError(f"--pollux-generations must be an integer in 1..10000, "
                               f"got {self.pollux_generations}")
@@ -203,14 +219,20 @@ def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
             raise ConfigError("--policy pollux: learns its throughput model; --profiles "
                               "oracle is for --policy goodput")
         return PolluxPolicy(inputs.perf.pollux, tuple(s.num_devices for s in servers),
-                            seed=opts.seed, generations=opts.pollux_generations)
+                            seed=opts.seed, generations=opts.pollux_generations,
+                            search=opts.pollux_search)
     node_gpus = max(s.num_devices for s in servers)
     if opts.profiles == "learned":
         if opts.goodput_batch == "fixed":
             raise ConfigError("--goodput-batch fixed: an ablation of the oracle policy; "
                               "add --profiles oracle")
         return LearnedGoodputPolicy(inputs.perf.pollux, node_gpus, opts.restart_cost_s,
-                                    opts.goodput_horizon_s, opts.goodput_priority)
+                                    opts.goodput_horizon_s, opts.goodput_priority,
+                                    LearnedOptions(opts.goodput_explore, opts.goodput_share,
+                                                   opts.goodput_min_gain,
+                                                   opts.goodput_speedup_units,
+                                                   opts.goodput_growth,
+                                                   opts.goodput_multistart))
     return GoodputPolicy(inputs.perf.pollux, node_gpus, opts.restart_cost_s,
                          opts.goodput_horizon_s, opts.goodput_priority,
                          fixed_batch=opts.goodput_batch == "fixed")

@@ -151,7 +151,8 @@ def _run_guarded(opts, inputs):
     trapped = PerfModel(inputs.perf.profiles,
                         {k: Trap(v) for k, v in inputs.perf.pollux.items()})
     pol = make_elastic(opts, replace(inputs, perf=trapped))
-    pol.learner = WatchedLearner(dict(pol.learner.facts), share=pol.learner.share)
+    old = pol.learner
+    pol.learner = WatchedLearner(dict(old.facts), old.share, old.growth, old.gammas)
     sim = IntervalSimulator(inputs.topology, inputs.trace.jobs, make_ordering("fifo"),
                             make_placement("pack"), inputs.perf,
                             config=IntervalConfig(check_invariants=True), elastic=pol)

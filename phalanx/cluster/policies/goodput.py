@@ -1,5 +1,7 @@
-"""Elastic, goodput-driven allocation: the scheduler chooses each job's GPU count AND its
-total batch size (per-GPU batch x accumulation steps), every interval.
+"""Elastic, goodput-driven allocation on the *measured* profiles (``--profiles oracle``:
+an ablation, since no scheduler knows them; the default is ``goodput_learned.py``). The
+scheduler chooses each job's GPU count AND its total batch size (per-GPU batch x
+accumulation steps), every interval.
 
 * goodput(job, n GPUs, batch) = throughput x statistical efficiency, in progress units
   (iterations at the application's initial batch) per second:
@@ -8,14 +10,13 @@ total batch size (per-GPU batch x accumulation steps), every interval.
   does not fit) and ``gain = (var + sqr) / (var / scale + sqr)`` from the validation
   files' gradient statistics. For each (application, epoch, n) the best batch within the
   application's limits is searched over per-GPU batches x accumulation steps.
-* allocation: greedy on marginal value per GPU. A job's value at n GPUs is
+* allocation: ``greedy`` on marginal value per GPU. A job's value at n GPUs is
   ``w x goodput(n)``, times ``T / (T + restart_s)`` when n is not its current count (a
-  change restarts the job; T = the horizon, or its remaining time if shorter). With
-  ``priority="srpt"`` the weight is 1 / the job's remaining progress, so the value is
-  1 / (its remaining time at n GPUs, restart included): the greedy gives
-  a GPU to whichever job's completion it hastens most (shortest remaining first, with
-  speedups). ``"las"`` weighs by 1 / (attained GPU-seconds + one GPU-hour) instead (no
-  knowledge of the remaining work); ``"none"`` maximises total goodput.
+  change restarts the job; T = the horizon, or with ``srpt`` its remaining time if
+  shorter). With ``priority="srpt"`` (the only priority that reads remaining work, from
+  the epochs users declare) the weight is 1 / the job's remaining progress, so the value
+  is 1 / (its remaining time at n GPUs, restart included). ``"las"`` weighs by 1 /
+  (attained GPU-seconds + one GPU-hour); ``"none"`` (default) maximises total goodput.
   Each step adds to one job the GPU block (next allowed count: 1-4 on one node, then whole
   nodes) with the best value per added GPU; a heap keeps each job's best block, so a round
   costs O((jobs + GPUs) x counts) lookups, all cached.
@@ -97,7 +98,7 @@ class GoodputPolicy:
     node_gpus: int = 4
     restart_s: float = 30.0
     horizon_s: float = 1800.0      # a change must pay its restart back within this
-    priority: str = "srpt"
+    priority: str = "none"
     max_accum: int = 7
     fixed_batch: bool = False      # ablation: keep each job's own batch, choose GPUs only
     name: str = "goodput"
@@ -185,11 +186,6 @@ class GoodputPolicy:
         if n == 0:
             return 0.0
         g = self.best(app, j.epoch, n, j.batch)[0]
-        if not self.uses_remaining:
-            # in units of the job's own 1-GPU goodput (a speedup), as the learned policy
-            # must (it knows no absolute speed of a job it has not run)
-            g1 = self.best(app, j.epoch, 1, j.batch)[0]
-            g = g / g1 if g1 > 0 else 0.0
         if n != j.gpus:
             # a change restarts the job: over the next T seconds (the horizon, or the
             # job's remaining time if it ends sooner) it makes T / (T + restart) of the

@@ -40,8 +40,14 @@ class LearnedOptions:
     explore: float = 0.0
     share: bool = False
     min_gain: float = 0.0
+    speedup_units: bool = False   # value none / las in speedup, not progress, units
+    growth: float = 2.0           # may grow to growth x the most GPUs run (Pollux: 2)
+    multistart: bool = False      # fit from several overlap exponents, keep the best
 
     def __post_init__(self) -> None:
+        if not 1.0 <= self.growth < math.inf:
+            raise ConfigError(f"goodput: growth must be a finite number >= 1, got "
+                              f"{self.growth}")
         if not 0.0 <= self.explore < math.inf or not 0.0 <= self.min_gain < math.inf:
             raise ConfigError(f"goodput: explore and min_gain must be finite >= 0, got "
                               f"{self.explore}, {self.min_gain}")
@@ -65,7 +71,10 @@ class LearnedGoodputPolicy:
         if not 0 < self.horizon_s < math.inf:
             raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
                               f"got {self.horizon_s}")
-        self.learner = Learner(dict(self.facts), share=self.options.share)
+        o = self.options
+        self.learner = Learner(dict(self.facts), share=o.share, growth=o.growth,
+                               gammas=(1.0 + 1e-3, 2.0, 4.0, 8.0) if o.multistart
+                               else (1.0 + 1e-3,))
 
     @property
     def uses_remaining(self) -> bool:
@@ -101,17 +110,19 @@ class LearnedGoodputPolicy:
             counts = self._counts(min(self.learner.cap(j.id, j.app), capacity))
             allowed[j.id] = counts
             speed[j.id], g1 = self._speedups(j, counts)
+            # speedups x the job's 1-GPU goodput = its goodput in progress units
+            scale = 1.0 if self.options.speedup_units else (g1 if g1 > 0 else math.nan)
             if self.priority == "srpt":
                 weight[j.id] = g1 / max(j.remaining, 1e-9) if g1 > 0 else math.nan
             elif self.priority == "las":
-                weight[j.id] = 1.0 / (j.attained + 3600.0)
+                weight[j.id] = scale / (j.attained + 3600.0)
             else:
-                weight[j.id] = 1.0
+                weight[j.id] = scale
         known = [w for w in weight.values() if not math.isnan(w)]
         for jid, w in weight.items():
             if math.isnan(w):
-                # srpt, a job never run: as urgent as the most urgent known job (its
-                # first GPU is how its speed becomes known)
+                # a job never run: as valuable as the most valuable known job (its first
+                # GPU is how its speed becomes known)
                 weight[jid] = max(known, default=1.0)
 
         def value(j: JobView, n: int) -> float:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phalanx.cluster.learned import Facts, Learner
-from phalanx.cluster.policies.goodput import Choice, JobView
+from phalanx.cluster.policies.goodput import Choice, JobView, greedy
 from phalanx.cluster.policies.pollux_ga import Problem, fronts, nsga2
 from phalanx.errors import ConfigError
 
@@ -34,11 +34,14 @@ class PolluxPolicy:
     seed: int = 0
     generations: int = 30
     pop_size: int = 100
+    search: str = "ga"                   # or "greedy": the same objective, no GA
     name: str = "pollux"
     adapts_batch: bool = field(default=True, init=False)
     uses_remaining: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
+        if self.search not in ("ga", "greedy"):
+            raise ConfigError(f"--pollux-search {self.search}: unknown (ga, greedy)")
         if self.generations < 1 or self.pop_size < 2:
             raise ConfigError(f"--pollux-generations must be >= 1 and the population >= 2, "
                               f"got {self.generations}, {self.pop_size}")
@@ -90,6 +93,8 @@ class PolluxPolicy:
         restarts = np.array([v.restarts for v in order], dtype=float)
         age = np.array([now - v.submit for v in order])
         problem = Problem(tables, base, caps, restarts, age, sizes)
+        if self.search == "greedy":
+            return self._greedy(order, problem, capacity)
         pop, f = nsga2(problem, self._initial(ids, base), self._rng, self.pop_size,
                        self.generations)
         self._prev = (pop, ids)
@@ -103,6 +108,33 @@ class PolluxPolicy:
             servers = tuple((int(s), int(best[i, s])) for s in np.flatnonzero(best[i]))
             out[v.id] = Choice(int(best[i].sum()), None, servers)
         return out
+
+    def _greedy(self, order: list[JobView], problem: Problem, capacity: int
+                ) -> dict[int, Choice]:
+        """The artifact's objective without its GA: the power mean with p = -1 is
+        ``jobs / sum(1 / scaled speedup)``, so maximising it is a sum over jobs, and
+        ``goodput.greedy`` gives GPUs where ``1 / s(current) - 1 / s(n)`` per added GPU
+        is largest (counts 1..node, then whole nodes, packed; the restart penalty applies
+        to a job whose count changes). A job that keeps its count keeps its nodes."""
+        node = int(max(self.node_sizes))
+        index = {v.id: i for i, v in enumerate(order)}
+
+        def value(j: JobView, n: int) -> float:
+            i = index[j.id]
+            s = problem.tables[i, 0 if n == 0 else (1 if n <= node else 2), n]
+            s *= problem.scale
+            if n != j.gpus:
+                s *= problem.penalty[i]
+            return -1.0 / (s + 1e-3)
+
+        allowed = {}
+        for i, v in enumerate(order):
+            cap = int(problem.max_replicas[i, 0])
+            allowed[v.id] = (list(range(1, min(node, cap) + 1))
+                             + list(range(2 * node, cap + 1, node)))
+        level = greedy(order, capacity, allowed, value)
+        return {v.id: Choice(level[v.id], None, v.placement if level[v.id] == v.gpus else ())
+                for v in order}
 
     def _initial(self, ids: list[int], base: np.ndarray) -> np.ndarray:
         """The last call's final population for the jobs still here (new jobs hold
