@@ -78,7 +78,7 @@ class SimulateOptions:
     # has not run, one model per application over all its jobs, a change's minimum gain
     goodput_explore: float = 0.0
     goodput_share: bool = False
-    goodput_min_gain: float = 0.0
+    goodput_min_gain: float = 0.1
     goodput_speedup_units: bool = False
     goodput_growth: float = 2.0
     goodput_multistart: bool = False

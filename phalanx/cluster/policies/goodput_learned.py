@@ -16,10 +16,15 @@ GPU-s + 3600), ``srpt`` (the only one that reads remaining work, from the epochs
 declare) its 1-GPU goodput / remaining progress, so the value is 1 / remaining time; with
 srpt T is the horizon or the job's remaining time if shorter, otherwise the horizon.
 
-Ablations (``LearnedOptions``): ``explore`` multiplies the speedup of GPU counts a job
-has not run yet by ``1 + explore``; ``share`` fits one model per application over every
-job's observations (a prior from similar jobs) and lets a new job start at the count that
-model favours; ``min_gain`` asks a change to raise the value by this fraction at least.
+Options (``LearnedOptions``; ``--study pollux-ablation`` measures each): ``min_gain``
+(default 0.1) asks a change to raise the job's value by this fraction beyond the restart
+term, a hysteresis against reallocations the noisy learned model does not pay back (the
+one change that helped); ``explore`` multiplies the speedup of GPU counts a job has not
+run by ``1 + explore``; ``share`` fits one model per application over every job's
+observations (a prior from similar jobs; a new job is then valued and sized by it);
+``growth`` (Pollux: 2) caps a job at that many times the most GPUs it has run;
+``multistart`` fits from overlap exponents 1, 2, 4, 8 and keeps the best;
+``speedup_units`` values ``none`` / ``las`` in speedups instead of progress.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from phalanx.errors import ConfigError
 class LearnedOptions:
     explore: float = 0.0
     share: bool = False
-    min_gain: float = 0.0
+    min_gain: float = 0.1         # a change must raise the value by 10% (hysteresis)
     speedup_units: bool = False   # value none / las in speedup, not progress, units
     growth: float = 2.0           # may grow to growth x the most GPUs run (Pollux: 2)
     multistart: bool = False      # fit from several overlap exponents, keep the best
