@@ -107,3 +107,17 @@ def test_bad_elastic_options_are_one_line(args, text, capsys):
     rc, _, err = run_cli(capsys, "--preset", "pollux-artifact", "--trace", "pollux:1",
                          "--policy", "goodput", *args)
     assert rc == 2 and text in err and err.count("\n") == 1, err
+
+
+def test_ablation_table(tmp_path):
+    from phalanx.cluster.pollux_ablation import SEED_WORKLOADS, VARIANTS, write_ablation_table
+    from phalanx.cluster.pollux_study import Row
+
+    rows = [Row(w, p, v, 2000.0 + 100 * i, 160, 0, 1.0)
+            for i, (p, v, _) in enumerate(VARIANTS) for w in range(1, 9)
+            if not v.startswith("seed ") or w in SEED_WORKLOADS]
+    write_ablation_table(rows, tmp_path / "a.md")
+    text = (tmp_path / "a.md").read_text()
+    # learned/none is 2,000; our pollux (seed 0, the 8th variant) 2,700
+    assert "| goodput | learned/none | 2,000 |" in text and "| **2,000** | 0.741 | 0.727 |" in text
+    assert "| 1 | 2,700 | 2,800 | 2,900 | 0.071 |" in text
