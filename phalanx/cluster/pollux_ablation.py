@@ -37,6 +37,8 @@ VARIANTS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("goodput", "share (prior from same-application jobs)", {"goodput_share": True}),
     ("goodput", "growth 4x", {"goodput_growth": 4.0}),
     ("goodput", "speedup units", {"goodput_speedup_units": True}),
+    ("goodput", "share + min gain 0.2 (the two that helped)",
+     {"goodput_share": True, "goodput_min_gain": 0.2}),
     ("pollux", "learned", {"seed": 0}),
     ("pollux", "seed 1", {"seed": 1}),
     ("pollux", "seed 2", {"seed": 2}),
