@@ -160,7 +160,7 @@ def _plot(cols: list[tuple[str, object]], path: Path) -> None:
     width = 0.8 / len(cols)
     colours = ["#bbbbbb", "#1f77b4", "#2ca02c", "#ff9f9f", "#d62728", "#ff7f0e", "#9467bd",
                "#8c564b", "#e0e0e0", "#f0f0f0"]
-    fig, ax = plt.subplots(figsize=(9, 4.4))
+    fig, ax = plt.subplots(figsize=(11, 6))
     for i, (name, _) in enumerate(cols):
         ax.bar(x + (i - (len(cols) - 1) / 2) * width, data[i], width, label=name,
                color=colours[i % len(colours)],
@@ -171,8 +171,8 @@ def _plot(cols: list[tuple[str, object]], path: Path) -> None:
     ax.set_ylabel("mean JCT (hours)")
     ax.set_title("Pollux workloads, 64 GPUs, artifact conditions (// published, "
                  ".. oracle ablation)")
-    ax.set_ylim(0, float(data.max()) * 1.3)
-    ax.legend(fontsize=8, ncol=4, loc="upper left")
+    ax.set_ylim(0, float(data.max()) * 1.1)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
