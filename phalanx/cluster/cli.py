@@ -17,8 +17,9 @@ from pathlib import Path
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
 from phalanx.cluster.report import Summary, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.run import (
-    ELASTIC,
+    ELASTICS,
     PRESETS,
+    PROFILES,
     SimulateOptions,
     apply_preset,
     check_fits,
@@ -42,16 +43,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "configuration set (default philly-2048; preset pollux-artifact: "
                         "pollux-64)")
     p.add_argument("--policy", default="fifo",
-                   help=f"ordering: {', '.join(ORDERINGS)}; or {ELASTIC} (elastic: GPUs and "
-                        f"batch per job, interval engine)")
+                   help=f"ordering: {', '.join(ORDERINGS)}; or elastic ({', '.join(ELASTICS)}: "
+                        f"GPUs and batch per job, interval engine; pollux = the Pollux "
+                        f"artifact's policy)")
     p.add_argument("--placement", default=None,
                    help=f"placement: {', '.join(PLACEMENTS)} (default topology; preset "
                         f"pollux-artifact: count)")
     p.add_argument("--compare", default="",
                    help="comma list of orderings (or ORDERING:PLACEMENT) to run on the same "
                         "input; prints one table")
-    p.add_argument("--study", choices=("pollux", "load"), default=None,
-                   help="pollux: mean JCT table on the 8 Pollux workloads; load: "
+    p.add_argument("--study", choices=("pollux", "pollux-ablation", "load"), default=None,
+                   help="pollux: mean JCT table on the 8 Pollux workloads (artifact, our "
+                        "pollux, goodput); pollux-ablation: the learned policies' "
+                        "ablations; load: "
                         "pack/spread/load-adaptive at three Philly load levels")
     p.add_argument("--threshold", type=float, default=0.5,
                    help="load-adaptive: spread below this utilisation (default 0.5)")
@@ -100,11 +104,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--starvation", type=float, default=None,
                    help="Tiresias starvation factor, 0 = no promotion (default 4)")
     g.add_argument("--goodput-priority", default=None, choices=("srpt", "las", "none"),
-                   help="goodput policy: weight of a job's goodput (default srpt: 1 / "
-                        "remaining progress)")
+                   help="goodput policy: weight of a job's goodput (default none; las: "
+                        "1 / (attained GPU-s + 3600); srpt: 1 / remaining progress, from "
+                        "the epochs users declare)")
     g.add_argument("--goodput-horizon", type=float, default=None,
                    help="goodput policy: seconds over which a reallocation must pay back "
                         "its restart (default 1800)")
+    g.add_argument("--profiles", default=None, choices=PROFILES,
+                   help="what an elastic policy knows of throughput: learned (default: a "
+                        "model fitted to the set-ups each job has run, as Pollux) or oracle "
+                        "(every measured profile: an ablation, never a headline)")
+    g.add_argument("--pollux-generations", type=int, default=None,
+                   help="--policy pollux: generations of its genetic search per interval "
+                        "(default 30; the artifact runs 100)")
+    g.add_argument("--pollux-search", default=None, choices=("ga", "greedy"),
+                   help="--policy pollux: its genetic search (ga, default) or a greedy "
+                        "search of the same objective")
     g.add_argument("--goodput-batch", default=None, choices=("adaptive", "fixed"),
                    help="goodput policy: choose each job's batch (adaptive, default) or keep "
                         "the trace's (fixed: GPU counts only, an ablation)")
@@ -135,7 +150,9 @@ def _options(args: argparse.Namespace) -> SimulateOptions:
                     interval_s=args.interval, restart_cost_s=args.restart_cost,
                     starvation=args.starvation, goodput_priority=args.goodput_priority,
                     goodput_horizon_s=args.goodput_horizon,
-                    goodput_batch=args.goodput_batch,
+                    goodput_batch=args.goodput_batch, profiles=args.profiles,
+                    pollux_generations=args.pollux_generations,
+                    pollux_search=args.pollux_search,
                     restart_first=(None if args.restart_first is None
                                    else args.restart_first == "yes"),
                     tiresias_thresholds=(None if args.tiresias_thresholds is None
@@ -147,7 +164,7 @@ def _options(args: argparse.Namespace) -> SimulateOptions:
 
 def _check_policies(pairs: list[tuple[str, str]]) -> None:
     for o, p in pairs:
-        if o not in ORDERINGS and o != ELASTIC:
+        if o not in ORDERINGS and o not in ELASTICS:
             raise ConfigError(f"policy {o!r}: unknown ordering (choose from "
                               f"{', '.join(ORDERINGS)})")
         if p not in PLACEMENTS:

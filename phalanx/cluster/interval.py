@@ -29,9 +29,11 @@ from dataclasses import dataclass, replace
 
 from phalanx.cluster.allocator import Placement
 from phalanx.cluster.jobs import JobSpec, JobState
+from phalanx.cluster.learned import Learner
 from phalanx.cluster.perf import PerfModel
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, Pack, PlacementPolicy
-from phalanx.cluster.policies.goodput import GoodputPolicy, JobView
+from phalanx.cluster.policies.goodput import ElasticPolicy, JobView
+from phalanx.cluster.policies.placement import place_on
 from phalanx.cluster.profiles import BatchConfig, PolluxApplication
 from phalanx.cluster.scheduler import SchedulerCore, keep_in_order
 from phalanx.cluster.simulator import SimResult, allocation_shape
@@ -65,9 +67,10 @@ class _Run:
     """Progress of one admitted job (kept across preemptions)."""
 
     __slots__ = ("app", "work", "epoch", "progress", "cfg", "step_t", "rate", "restart_left",
-                 "counts")
+                 "counts", "learner", "jid")
 
-    def __init__(self, app: PolluxApplication | None, work: float) -> None:
+    def __init__(self, app: PolluxApplication | None, work: float, learner: Learner | None = None,
+                 jid: int = -1) -> None:
         self.app = app
         self.work = work           # non-Pollux jobs: work units
         self.epoch = 0
@@ -77,6 +80,26 @@ class _Run:
         self.rate = 0.0            # non-Pollux jobs: work units per second
         self.restart_left = 0.0
         self.counts: tuple[int, ...] = ()
+        # a job that learns (the policy's ``learner``): it reports every stretch it trains
+        # and re-picks its batch after it, as an AdaptDL job does
+        self.learner = learner
+        self.jid = jid
+
+    def _report(self) -> None:
+        """The set-up just run, its true step and sync time, and the gradient statistics
+        at its batch and epoch (``simulator.py:Job.step`` -> ``update_params``)."""
+        app, cfg = self.app, self.cfg
+        step, sync = app.throughput(self.counts, cfg.atomic)
+        self.learner.observe(self.jid, app.name, sum(self.counts), len(self.counts),
+                             cfg.atomic, step, sync, app.grad_stats(cfg.batch, self.epoch))
+
+    def rebatch(self) -> None:
+        """The batch the job picks for its GPUs now (``Job.update_local_bsz``)."""
+        if self.learner is None or self.epoch >= self.app.epochs:
+            return
+        self.cfg = self.learner.batch_config(self.jid, self.app.name, len(self.counts),
+                                             sum(self.counts))
+        self.step_t = self.app.config_step_time(self.counts, self.cfg)
 
     def remaining(self, spec: JobSpec) -> float:
         if self.app is None:
@@ -97,12 +120,15 @@ class _Run:
                 return t + need
             self.progress += dt * self.rate
             return None
-        app, batch = self.app, self.cfg.batch
+        app = self.app
         while dt > 0:
-            g = app.gain(batch, self.epoch) / self.step_t
+            if self.learner is not None:
+                self._report()
+            g = app.gain(self.cfg.batch, self.epoch) / self.step_t
             nxt = float(app.epoch_end[self.epoch + 1])
             if self.progress + g * dt < nxt:
                 self.progress += g * dt
+                self.rebatch()
                 return None
             # the artifact rounds the time to each epoch's end to whole seconds
             delta = min(float(round((nxt - self.progress) / g)), dt)
@@ -111,6 +137,7 @@ class _Run:
             t, dt = t + delta, dt - delta
             if self.epoch >= app.epochs:
                 return t
+            self.rebatch()
         return None
 
 
@@ -129,7 +156,7 @@ class IntervalSimulator:
                  placement: PlacementPolicy, perf: PerfModel,
                  admission: AdmissionPolicy | None = None,
                  config: IntervalConfig | None = None,
-                 elastic: GoodputPolicy | None = None) -> None:
+                 elastic: ElasticPolicy | None = None) -> None:
         self.topology, self.specs = topology, sorted(jobs, key=lambda s: (s.submit, s.id))
         self.ordering, self.placement = ordering, placement
         self.perf, self.config = perf, config if config is not None else IntervalConfig()
@@ -143,14 +170,19 @@ class IntervalSimulator:
         if elastic is not None:
             bad = sorted({s.model for s in jobs if not perf.is_step_based(s)})
             if bad:
-                raise ConfigError(f"--policy goodput: needs Pollux applications (with "
+                raise ConfigError(f"--policy {elastic.name}: needs Pollux applications (with "
                                   f"placement and validation profiles), not {', '.join(bad)}")
 
     # ------------------------------------------------------------------ start / stop
     def _set_speed(self, st: JobState, run: _Run, p: Placement, cfg: BatchConfig | None
                    ) -> None:
         run.counts = _counts_in_order(self.topology, p)
-        if run.app is not None:
+        if run.app is not None and run.learner is not None and cfg is None:
+            # the job picks its batch for the new GPUs (``Job.reallocate``)
+            run.cfg = run.learner.batch_config(st.spec.id, run.app.name, len(run.counts),
+                                               len(p.devices))
+            run.step_t = run.app.config_step_time(run.counts, run.cfg)
+        elif run.app is not None:
             run.cfg = cfg or run.app.batch_config(len(p.devices), st.spec.batch_size)
             run.step_t = run.app.config_step_time(run.counts, run.cfg)
         else:
@@ -199,15 +231,24 @@ class IntervalSimulator:
             self._preempt(st)
         core.try_start([j for j in order if j in keep], self._start)
 
+    def _view(self, jid: int, st: JobState) -> JobView:
+        run = self.runs[jid]
+        held: dict[int, int] = {}
+        if st.running:
+            for d in st.placements[-1][1]:
+                s = self.topology.device_server[d]
+                held[s] = held.get(s, 0) + 1
+        # remaining work only for a policy that declares it uses it
+        remaining = run.remaining(st.spec) if self.elastic.uses_remaining else None
+        return JobView(jid, st.spec.model, st.spec.submit, run.epoch, remaining,
+                       sum(run.counts) if st.running else 0, st.attained,
+                       st.spec.batch_size, tuple(sorted(held.items())),
+                       max(len(st.placements) - 1, 0))
+
     def _elastic_round(self) -> None:
         pol = self.elastic
-        views = []
-        for jid, st in list(self.running.items()) + list(self.core.waiting.items()):
-            run = self.runs[jid]
-            views.append(JobView(jid, st.spec.model, st.spec.submit, run.epoch,
-                                 run.remaining(st.spec),
-                                 sum(run.counts) if st.running else 0, st.attained,
-                                 st.spec.batch_size))
+        views = [self._view(jid, st) for jid, st in
+                 list(self.running.items()) + list(self.core.waiting.items())]
         if not views:
             return
         choice = pol.allocate(tuple(views), self.cluster.capacity, self.now)
@@ -216,8 +257,9 @@ class IntervalSimulator:
         for v in views:
             c = choice[v.id]
             st, run = self.states[v.id], self.runs[v.id]
-            if c.gpus == v.gpus:
-                if c.gpus and c.config != run.cfg:
+            same = c.servers == v.placement if c.servers else c.gpus == v.gpus
+            if same:
+                if c.gpus and c.config is not None and c.config != run.cfg:
                     # a new batch on the same GPUs: re-scaled between steps, no restart
                     run.cfg = c.config
                     run.step_t = run.app.config_step_time(run.counts, c.config)
@@ -228,12 +270,15 @@ class IntervalSimulator:
                     continue
                 self._stop(st)
                 self.core.enqueue(st)
-            moves.append((c.gpus, st, c.config))
+            moves.append((c, st))
         pack = Pack()
-        for gpus, st, cfg in sorted(moves, key=lambda m: (-m[0], m[1].spec.submit, m[1].id)):
-            p = pack.place(replace(st.spec, gpus=gpus), self.cluster)
+        for c, st in sorted(moves, key=lambda m: (-m[0].gpus, m[1].spec.submit, m[1].id)):
+            if c.servers:
+                p = place_on(self.cluster, st.spec, c.servers)
+            else:
+                p = pack.place(replace(st.spec, gpus=c.gpus), self.cluster)
             if p is not None:
-                self._start(st, p, cfg)
+                self._start(st, p, c.config)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> SimResult:
@@ -263,6 +308,8 @@ class IntervalSimulator:
                 self._stop(st)
                 st.remaining = 0.0
                 self.core.done(st.spec)
+                if self.runs[st.spec.id].learner is not None:
+                    self.runs[st.spec.id].learner.forget(st.spec.id)
                 done += 1
             # 2. arrivals up to this boundary
             while nxt < len(specs) and specs[nxt].submit <= self.now:
@@ -308,4 +355,5 @@ class IntervalSimulator:
         st = arrival.state
         self.states[spec.id] = st
         app = self.perf.pollux.get(spec.model) if self.perf.is_step_based(spec) else None
-        self.runs[spec.id] = _Run(app, spec.work)
+        learner = getattr(self.elastic, "learner", None) if app is not None else None
+        self.runs[spec.id] = _Run(app, spec.work, learner, spec.id)

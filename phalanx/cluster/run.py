@@ -20,8 +20,10 @@ from phalanx.cluster.policies import (
     make_placement,
     parse_quota,
 )
-from phalanx.cluster.policies.goodput import GoodputPolicy
+from phalanx.cluster.policies.goodput import ElasticPolicy, GoodputPolicy
+from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy, LearnedOptions
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S
+from phalanx.cluster.policies.pollux import PolluxPolicy
 from phalanx.cluster.profiles import load_pollux_apps, load_profiles
 from phalanx.cluster.report import Summary, summarise
 from phalanx.cluster.simulator import SimConfig, SimResult, Simulator
@@ -30,6 +32,8 @@ from phalanx.cluster.traces import Trace, TraceOptions, load_trace
 from phalanx.errors import ConfigError
 
 ELASTIC = "goodput"     # the elastic policy's name (interval engine only)
+ELASTICS = (ELASTIC, "pollux")   # elastic policies: GPUs (and batch) per job
+PROFILES = ("learned", "oracle")
 
 
 def default_data_dir() -> Path:
@@ -62,9 +66,22 @@ class SimulateOptions:
     restart_first: bool = True
     tiresias_thresholds: tuple[float, ...] | None = None   # None: Tiresias's defaults
     starvation: float | None = None
-    goodput_priority: str = "srpt"
+    goodput_priority: str = "none"      # srpt reads remaining work (declared epochs)
     goodput_horizon_s: float = 1800.0
     goodput_batch: str = "adaptive"     # or "fixed": each job keeps its own batch (ablation)
+    # what an elastic policy knows of throughput: "learned" (fitted to the set-ups each
+    # job has run, as Pollux) or "oracle" (every measured profile: an ablation)
+    profiles: str = "learned"
+    pollux_generations: int = 30
+    pollux_search: str = "ga"           # or "greedy" (the same objective, no GA)
+    # learned goodput ablations (policies/goodput_learned.py): bonus for GPU counts a job
+    # has not run, one model per application over all its jobs, a change's minimum gain
+    goodput_explore: float = 0.0
+    goodput_share: bool = False
+    goodput_min_gain: float = 0.1
+    goodput_speedup_units: bool = False
+    goodput_growth: float = 2.0
+    goodput_multistart: bool = False
     preset: str = ""
 
     def __post_init__(self) -> None:
@@ -89,6 +106,19 @@ class SimulateOptions:
         if self.goodput_batch not in ("adaptive", "fixed"):
             raise ConfigError(f"--goodput-batch {self.goodput_batch}: unknown (choose from "
                               f"adaptive, fixed)")
+        if self.profiles not in PROFILES:
+            raise ConfigError(f"--profiles {self.profiles}: unknown (choose from "
+                              f"{', '.join(PROFILES)})")
+        if not (0.0 <= self.goodput_explore < math.inf
+                and 0.0 <= self.goodput_min_gain < math.inf):
+            raise ConfigError(f"--goodput-explore and --goodput-min-gain must be finite "
+                              f"numbers >= 0, got {self.goodput_explore}, "
+                              f"{self.goodput_min_gain}")
+        if self.pollux_search not in ("ga", "greedy"):
+            raise ConfigError(f"--pollux-search {self.pollux_search}: unknown (ga, greedy)")
+        if not 1 <= self.pollux_generations <= 10000:
+            raise ConfigError(f"--pollux-generations must be an integer in 1..10000, "
+                              f"got {self.pollux_generations}")
         if not 0.0 < self.goodput_horizon_s < math.inf:
             raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
                               f"got {self.goodput_horizon_s}")
@@ -181,6 +211,33 @@ def perf_options(opts: SimulateOptions) -> PerfOptions:
                        k_server=base.k_server * opts.interference_scale)
 
 
+def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
+    """The elastic policy of ``opts.ordering`` with what ``opts.profiles`` lets it know."""
+    servers = inputs.topology.servers
+    if opts.ordering == "pollux":
+        if opts.profiles != "learned":
+            raise ConfigError("--policy pollux: learns its throughput model; --profiles "
+                              "oracle is for --policy goodput")
+        return PolluxPolicy(inputs.perf.pollux, tuple(s.num_devices for s in servers),
+                            seed=opts.seed, generations=opts.pollux_generations,
+                            search=opts.pollux_search)
+    node_gpus = max(s.num_devices for s in servers)
+    if opts.profiles == "learned":
+        if opts.goodput_batch == "fixed":
+            raise ConfigError("--goodput-batch fixed: an ablation of the oracle policy; "
+                              "add --profiles oracle")
+        return LearnedGoodputPolicy(inputs.perf.pollux, node_gpus, opts.restart_cost_s,
+                                    opts.goodput_horizon_s, opts.goodput_priority,
+                                    LearnedOptions(opts.goodput_explore, opts.goodput_share,
+                                                   opts.goodput_min_gain,
+                                                   opts.goodput_speedup_units,
+                                                   opts.goodput_growth,
+                                                   opts.goodput_multistart))
+    return GoodputPolicy(inputs.perf.pollux, node_gpus, opts.restart_cost_s,
+                         opts.goodput_horizon_s, opts.goodput_priority,
+                         fixed_batch=opts.goodput_batch == "fixed")
+
+
 def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
              jobs: tuple[JobSpec, ...] | None = None,
              placement: PlacementPolicy | None = None,
@@ -193,19 +250,13 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
     if placement is None:
         placement = make_placement(opts.placement, opts.threshold, opts.hysteresis)
     specs = jobs if jobs is not None else inputs.trace.jobs
-    elastic = opts.ordering == ELASTIC
+    elastic = opts.ordering in ELASTICS
     if opts.interval_s is not None or elastic:
         interval = opts.interval_s if opts.interval_s is not None else 60.0
         if ordering is None:
             ordering = make_ordering("fifo" if elastic else opts.ordering, interval,
                                      opts.tiresias_thresholds, opts.starvation)
-        goodput = None
-        if elastic:
-            node_gpus = max(s.num_devices for s in inputs.topology.servers)
-            goodput = GoodputPolicy(inputs.perf.pollux, node_gpus,
-                                    opts.restart_cost_s, opts.goodput_horizon_s,
-                                    opts.goodput_priority,
-                                    fixed_batch=opts.goodput_batch == "fixed")
+        goodput = make_elastic(opts, inputs) if elastic else None
         res = IntervalSimulator(inputs.topology, specs, ordering, placement, inputs.perf,
                                 admission, IntervalConfig(interval, opts.restart_cost_s,
                                                           opts.restart_first, opts.progress),
@@ -218,9 +269,17 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
                         SimConfig(opts.checkpoint_cost_s, progress=opts.progress))
         res = sim.run()
     # the elastic policy places its own jobs (pack, biggest first)
-    summary = summarise(res, opts.ordering, "pack" if elastic else opts.placement,
+    summary = summarise(res, opts.ordering, _elastic_label(opts) if elastic else opts.placement,
                         inputs.topology.name, opts.trace)
     return replace(summary, skipped_rows=inputs.trace.skipped), res
+
+
+def _elastic_label(opts: SimulateOptions) -> str:
+    """The placement column of an elastic run: what it knew (oracle runs are ablations)."""
+    if opts.ordering == "pollux":
+        return "learned"
+    label = f"{opts.profiles}/{opts.goodput_priority}"
+    return label + (" (oracle ablation)" if opts.profiles == "oracle" else "")
 
 
 def with_policy(opts: SimulateOptions, ordering: str, placement: str) -> SimulateOptions:

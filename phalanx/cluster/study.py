@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from phalanx.cluster.load_study import load_study
+from phalanx.cluster.pollux_ablation import ablation_study
 from phalanx.cluster.pollux_study import preset_study
 from phalanx.cluster.report import Summary
 from phalanx.cluster.run import SimulateOptions, load_inputs, simulate
@@ -97,8 +98,10 @@ def run_study(name: str, base: SimulateOptions, out: Path) -> None:
     if name == "pollux":
         preset_study(base, out)
         pollux_study(base, out)
+    elif name == "pollux-ablation":
+        ablation_study(base, out)
     elif name == "load":
         load_study(base, out)
     else:
-        raise ConfigError(f"--study {name}: unknown (pollux, load)")
+        raise ConfigError(f"--study {name}: unknown (pollux, pollux-ablation, load)")
     print(f"wrote {out}/")

@@ -127,22 +127,28 @@ def test_preset_study_outputs(tmp_path):
     """The study's table and plot from rows (the runs themselves are the study's)."""
     from phalanx.cluster.pollux_study import (
         ARTIFACT_POLLUX,
-        GOODPUT,
+        ELASTIC_RUNS,
         NON_ELASTIC,
         Row,
         read_rows,
         write_preset_outputs,
     )
 
-    pairs = NON_ELASTIC + tuple(("goodput", v) for v, _ in GOODPUT)
-    rows = [Row(w, o, v, 1000.0 * w + (50 if o == "tiresias" else 0), 160, 0, 0.1)
-            for w in range(1, 9) for o, v in pairs]
+    pairs = NON_ELASTIC + tuple((o, v) for o, v, _ in ELASTIC_RUNS)
+    jct = {"tiresias": 50, "pollux": -100}
+    rows = [Row(w, o, v, 1000.0 * w + jct.get(o, 0) + (-300 if v == "learned/none" else 0),
+                160, 0, 0.5 * w) for w in range(1, 9) for o, v in pairs]
     write_preset_outputs(rows, tmp_path)
     assert read_rows(tmp_path / "pollux_preset.csv") == rows
     table = (tmp_path / "pollux_preset.md").read_text()
     assert "best non-elastic (fifo/count)" in table      # the lowest mean, first on ties
-    assert "| 1 | 2,474 | 1,050 |" in table and f"{ARTIFACT_POLLUX[7]:,}" in table
+    assert "| 1 | 2,474 | 1,050 | 1,000 | 2,089 | 900 | 700 |" in table
+    assert f"{ARTIFACT_POLLUX[7]:,}" in table and "(oracle ablation)" in table
+    assert "uses declared epochs" in table
+    # our pollux / artifact, goodput / our pollux, goodput / artifact on workload 1
+    assert "| 0.431 | 0.778 | 0.335 |" in table
     assert "| **mean** | **4,038** | **4,550** |" in table
+    assert "| pollux/learned | 0.5 | 1.0 |" in table       # wall times
     assert (tmp_path / "pollux_preset.png").stat().st_size > 10_000
 
 
@@ -155,5 +161,5 @@ def test_cli_preset_compare(tmp_path, capsys):
     assert rc == 0, err
     rows = json.loads((tmp_path / "compare.json").read_text())
     assert [(r["ordering"], r["placement"]) for r in rows] == [
-        ("tiresias", "count"), ("goodput", "pack"), ("fifo", "pack")]
+        ("tiresias", "count"), ("goodput", "learned/none"), ("fifo", "pack")]
     assert all(r["cluster"] == "pollux-64" and r["finished"] == 30 for r in rows)

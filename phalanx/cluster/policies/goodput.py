@@ -1,5 +1,7 @@
-"""Elastic, goodput-driven allocation: the scheduler chooses each job's GPU count AND its
-total batch size (per-GPU batch x accumulation steps), every interval.
+"""Elastic, goodput-driven allocation on the *measured* profiles (``--profiles oracle``:
+an ablation, since no scheduler knows them; the default is ``goodput_learned.py``). The
+scheduler chooses each job's GPU count AND its total batch size (per-GPU batch x
+accumulation steps), every interval.
 
 * goodput(job, n GPUs, batch) = throughput x statistical efficiency, in progress units
   (iterations at the application's initial batch) per second:
@@ -8,14 +10,13 @@ total batch size (per-GPU batch x accumulation steps), every interval.
   does not fit) and ``gain = (var + sqr) / (var / scale + sqr)`` from the validation
   files' gradient statistics. For each (application, epoch, n) the best batch within the
   application's limits is searched over per-GPU batches x accumulation steps.
-* allocation: greedy on marginal value per GPU. A job's value at n GPUs is
+* allocation: ``greedy`` on marginal value per GPU. A job's value at n GPUs is
   ``w x goodput(n)``, times ``T / (T + restart_s)`` when n is not its current count (a
-  change restarts the job; T = the horizon, or its remaining time if shorter). With
-  ``priority="srpt"`` the weight is 1 / the job's remaining progress, so the value is
-  1 / (its remaining time at n GPUs, restart included): the greedy gives
-  a GPU to whichever job's completion it hastens most (shortest remaining first, with
-  speedups). ``"las"`` weighs by 1 / (attained GPU-seconds + one GPU-hour) instead (no
-  knowledge of the remaining work); ``"none"`` maximises total goodput.
+  change restarts the job; T = the horizon, or with ``srpt`` its remaining time if
+  shorter). With ``priority="srpt"`` (the only priority that reads remaining work, from
+  the epochs users declare) the weight is 1 / the job's remaining progress, so the value
+  is 1 / (its remaining time at n GPUs, restart included). ``"las"`` weighs by 1 /
+  (attained GPU-seconds + one GPU-hour); ``"none"`` (default) maximises total goodput.
   Each step adds to one job the GPU block (next allowed count: 1-4 on one node, then whole
   nodes) with the best value per added GPU; a heap keeps each job's best block, so a round
   costs O((jobs + GPUs) x counts) lookups, all cached.
@@ -27,8 +28,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from phalanx.cluster.profiles import BatchConfig, PolluxApplication
 from phalanx.errors import ConfigError
@@ -36,24 +38,53 @@ from phalanx.errors import ConfigError
 PRIORITIES = ("srpt", "las", "none")
 
 
+class UndeclaredRead(RuntimeError):
+    """A policy read what it declared it does not use (a job's remaining work)."""
+
+
 @dataclass(frozen=True)
 class JobView:
-    """What the elastic policy sees of one active job."""
+    """What the elastic policy sees of one active job. ``remaining`` (progress still to
+    make, from the epochs the user declared) is there only for a policy that declares it
+    uses it (``uses_remaining``); reading it otherwise raises ``UndeclaredRead``."""
 
     id: int
     app: str
     submit: float
     epoch: int
-    remaining: float          # progress still to make (iterations at the initial batch)
+    remaining_work: float | None   # None: not given to this policy
     gpus: int                 # GPUs held now (0: waiting)
     attained: float           # GPU-seconds so far
     batch: int = 0            # the job's own total batch (used with ``fixed_batch``)
+    placement: tuple[tuple[int, int], ...] = ()   # (server, GPUs) held now, server order
+    restarts: int = 0         # allocations after its first
+
+    @property
+    def remaining(self) -> float:
+        if self.remaining_work is None:
+            raise UndeclaredRead(f"job {self.id}: remaining work read by a policy that "
+                                 f"does not declare it (uses_remaining=False)")
+        return self.remaining_work
 
 
 @dataclass(frozen=True)
 class Choice:
     gpus: int
-    config: BatchConfig | None     # None when gpus == 0
+    config: BatchConfig | None     # None when gpus == 0 or when the job picks its batch
+    servers: tuple[tuple[int, int], ...] = ()   # (server, GPUs): exact placement, if set
+
+
+class ElasticPolicy(Protocol):
+    """What the interval engine asks of an elastic policy. ``uses_remaining``: it is
+    given jobs' remaining work (from their declared epochs). ``adapts_batch``: each job
+    picks its own batch (through the policy's ``learner``) when the choice has none."""
+
+    name: str
+    uses_remaining: bool
+    adapts_batch: bool
+
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
+                 ) -> dict[int, Choice]: ...
 
 
 def packed_counts(n: int, node_gpus: int) -> tuple[int, ...]:
@@ -67,11 +98,19 @@ class GoodputPolicy:
     node_gpus: int = 4
     restart_s: float = 30.0
     horizon_s: float = 1800.0      # a change must pay its restart back within this
-    priority: str = "srpt"
+    priority: str = "none"
     max_accum: int = 7
     fixed_batch: bool = False      # ablation: keep each job's own batch, choose GPUs only
     name: str = "goodput"
     _best: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def uses_remaining(self) -> bool:
+        return self.priority == "srpt"
+
+    @property
+    def adapts_batch(self) -> bool:
+        return False
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -151,7 +190,9 @@ class GoodputPolicy:
             # a change restarts the job: over the next T seconds (the horizon, or the
             # job's remaining time if it ends sooner) it makes T / (T + restart) of the
             # progress. With srpt weights the value is then 1 / (remaining time + restart)
-            t = min(self.horizon_s, j.remaining / g) if g > 0 else self.horizon_s
+            t = self.horizon_s
+            if self.uses_remaining and g > 0:
+                t = min(t, j.remaining / g)
             g *= t / (t + self.restart_s)
         return w * g
 
@@ -159,45 +200,51 @@ class GoodputPolicy:
                  ) -> dict[int, Choice]:
         """GPU count and batch of every job (``gpus`` 0: it waits); the counts sum to at
         most ``capacity``."""
-        free = capacity
-        level = {j.id: 0 for j in jobs}
-        info = {}
-        heap: list[tuple[float, int, int, int]] = []
-        for j in jobs:
-            app = self.apps[j.app]
-            info[j.id] = (j, app, self._weight(j), self.counts_allowed(app, capacity, j.batch))
-        # a job's best next block is recomputed after it grows or when the free GPUs
-        # shrink below it (lazily, when popped)
+        apps = {j.id: self.apps[j.app] for j in jobs}
+        weights = {j.id: self._weight(j) for j in jobs}
+        allowed = {j.id: self.counts_allowed(apps[j.id], capacity, j.batch) for j in jobs}
+        level = greedy(jobs, capacity, allowed,
+                       lambda j, n: self._value(j, apps[j.id], n, weights[j.id]))
+        return {j.id: Choice(n, self.best(apps[j.id], j.epoch, n, j.batch)[1] if n else None)
+                for j in jobs for n in (level[j.id],)}
 
-        def push(jid: int) -> None:
-            j, app, w, allowed = info[jid]
-            cur = level[jid]
-            base = self._value(j, app, cur, w)
-            best = None
-            for n in allowed:
-                if n <= cur:
-                    continue
-                if n - cur > free:
-                    break
-                score = (self._value(j, app, n, w) - base) / (n - cur)
-                if best is None or score > best[0]:
-                    best = (score, n)
-            if best is not None and best[0] > 0:
-                heapq.heappush(heap, (-best[0], j.submit, jid, best[1]))
 
-        for j in sorted(jobs, key=lambda j: (j.submit, j.id)):
-            push(j.id)
-        while heap and free > 0:
-            _, _, jid, n = heapq.heappop(heap)
-            add = n - level[jid]
-            if add > free:
-                push(jid)        # stale: fewer GPUs left than this block needs
+def greedy(jobs: Sequence[JobView], capacity: int, allowed: Mapping[int, Sequence[int]],
+           value: Callable[[JobView, int], float]) -> dict[int, int]:
+    """GPUs per job: repeatedly give the job with the best marginal ``value`` per added
+    GPU its best next block among its ``allowed`` counts (ascending), until no block adds
+    value or the GPUs run out. A heap holds each job's best block; a block that no longer
+    fits is recomputed when popped."""
+    free = capacity
+    level = {j.id: 0 for j in jobs}
+    by_id = {j.id: j for j in jobs}
+    heap: list[tuple[float, float, int, int]] = []
+
+    def push(jid: int) -> None:
+        j = by_id[jid]
+        cur = level[jid]
+        base = value(j, cur)
+        best = None
+        for n in allowed[jid]:
+            if n <= cur:
                 continue
-            level[jid] = n
-            free -= add
-            push(jid)
-        out = {}
-        for jid, n in level.items():
-            j, app, _, _ = info[jid]
-            out[jid] = Choice(n, self.best(app, j.epoch, n, j.batch)[1] if n else None)
-        return out
+            if n - cur > free:
+                break
+            score = (value(j, n) - base) / (n - cur)
+            if best is None or score > best[0]:
+                best = (score, n)
+        if best is not None and best[0] > 0:
+            heapq.heappush(heap, (-best[0], j.submit, jid, best[1]))
+
+    for j in sorted(jobs, key=lambda j: (j.submit, j.id)):
+        push(j.id)
+    while heap and free > 0:
+        _, _, jid, n = heapq.heappop(heap)
+        add = n - level[jid]
+        if add > free:
+            push(jid)        # stale: fewer GPUs left than this block needs
+            continue
+        level[jid] = n
+        free -= add
+        push(jid)
+    return level

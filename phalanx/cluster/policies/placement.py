@@ -56,6 +56,16 @@ def _build(cluster: ClusterState, job: JobSpec, takes: Iterable[tuple[int, int]]
     return Placement(tuple(devices), tuple(cores))
 
 
+def place_on(cluster: ClusterState, job: JobSpec, takes: Iterable[tuple[int, int]]
+             ) -> Placement | None:
+    """``k`` GPUs on each server ``s`` of ``takes`` (a policy that names its servers, as
+    Pollux does), or None if one of them has not that many free."""
+    takes = list(takes)
+    if any(cluster.usable_on_server(s) < k for s, k in takes):
+        return None
+    return _build(cluster, job, sorted(takes), tight=True)
+
+
 def _greedy(cluster: ClusterState, servers: Iterable[int], gpus: int) -> list[tuple[int, int]]:
     """Take devices from ``servers`` in the given order until the gang is complete."""
     takes, need = [], gpus
