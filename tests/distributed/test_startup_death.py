@@ -10,34 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from test_signals import ranks  # the rank processes: forks of the fork server
 
 RUN = ["--data", "synthetic", "--model", "mlp", "--batch-size", "32", "--max-steps", "40",
        "--no-progress", "--no-tensorboard"]
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _ranks(driver: int) -> list[int]:
-    servers = [c for c in _children(driver) if "forkserver" in _cmdline(c)]
-    return sorted(r for s in servers for r in _children(s))
 
 
 @pytest.mark.parametrize("strategy,world", [("sync", 2), ("asp", 3)])
@@ -49,9 +27,9 @@ def test_a_worker_killed_during_start_up(tmp_path, strategy, world):
                           "--workers", "2", *RUN, "--out", str(tmp_path / "run")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while len(_ranks(p.pid)) < world and time.monotonic() < deadline:
+    while len(ranks(p.pid)) < world and time.monotonic() < deadline:
         time.sleep(0.002)  # kill the last rank the moment it exists: before it joins
-    victim = _ranks(p.pid)[-1]
+    victim = ranks(p.pid)[-1]
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
     first = p.stderr.readline()
