@@ -130,3 +130,19 @@ def test_quick_experiment_states_a_verdict(tmp_path, capsys, name):
     seeded = "seeds" in inspect.signature(
         importlib.import_module(EXPERIMENTS[name][1]).run).parameters
     assert ("One seed cannot give a verdict" in report) == seeded, name
+
+
+def test_compare_reuse_reads_finished_runs_back_and_gives_pairwise_verdicts(tmp_path, capsys):
+    """compare --reuse (README): a second compare over the same folder trains nothing; with
+    two seeds each pair of strategies gets a verdict on accuracy and on samples/s."""
+    args = ["compare", "--strategies", "single,sync", "--workers", "2", "--data", "synthetic",
+            "--model", "mlp", "--max-steps", "12", "--seeds", "2", "--no-tensorboard",
+            "--out", str(tmp_path)]
+    code, first = run_main(capsys, *args)
+    assert code == 0, first.err
+    assert "single > sync in" in first.out or "sync > single in" in first.out
+    assert first.out.count("steady-state samples/s (") == 1  # one pair, one verdict each
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("summary.json")}
+    code, again = run_main(capsys, *args, "--reuse")
+    assert code == 0 and "test accuracy" not in again.err  # no run was trained
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("summary.json")} == before
