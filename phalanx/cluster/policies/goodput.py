@@ -42,6 +42,16 @@ class UndeclaredRead(RuntimeError):
     """A policy read what it declared it does not use (a job's remaining work)."""
 
 
+def check_goodput_flags(priority: str, horizon_s: float) -> None:
+    """The goodput policies' own flags (learned and oracle alike)."""
+    if priority not in PRIORITIES:
+        raise ConfigError(f"--goodput-priority {priority}: unknown (choose from "
+                          f"{', '.join(PRIORITIES)})")
+    if not 0 < horizon_s < math.inf:
+        raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
+                          f"got {horizon_s}")
+
+
 @dataclass(frozen=True)
 class JobView:
     """What the elastic policy sees of one active job. ``remaining`` (progress still to
@@ -113,12 +123,7 @@ class GoodputPolicy:
         return False
 
     def __post_init__(self) -> None:
-        if self.priority not in PRIORITIES:
-            raise ConfigError(f"--goodput-priority {self.priority}: unknown (choose from "
-                              f"{', '.join(PRIORITIES)})")
-        if not 0 < self.horizon_s < math.inf:
-            raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
-                              f"got {self.horizon_s}")
+        check_goodput_flags(self.priority, self.horizon_s)
         if self.node_gpus < 1:
             raise ConfigError(f"goodput: node_gpus must be >= 1, got {self.node_gpus}")
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phalanx.cluster.learned import Facts, Learner
-from phalanx.cluster.policies.goodput import PRIORITIES, Choice, JobView, greedy
+from phalanx.cluster.policies.goodput import Choice, JobView, check_goodput_flags, greedy
 from phalanx.errors import ConfigError
 
 
@@ -70,12 +70,7 @@ class LearnedGoodputPolicy:
     adapts_batch: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
-        if self.priority not in PRIORITIES:
-            raise ConfigError(f"--goodput-priority {self.priority}: unknown (choose from "
-                              f"{', '.join(PRIORITIES)})")
-        if not 0 < self.horizon_s < math.inf:
-            raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
-                              f"got {self.horizon_s}")
+        check_goodput_flags(self.priority, self.horizon_s)
         o = self.options
         self.learner = Learner(dict(self.facts), share=o.share, growth=o.growth,
                                gammas=(1.0 + 1e-3, 2.0, 4.0, 8.0) if o.multistart
