@@ -24,7 +24,7 @@ from phalanx.entry.resume import resume_config
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog, read_events
 from phalanx.metrics.events import finite_or_none
-from phalanx.metrics.progress import StartupLines, say, tty
+from phalanx.metrics.progress import StartupLines, say
 from phalanx.metrics.throughput import measure
 from phalanx.models import build_model, count_parameters
 from phalanx.parallel.base import Job, Outcome, evaluate
@@ -132,7 +132,7 @@ def _run(cfg: RunConfig, job: Job, strategy: StrategySpec, out: Path, events_pat
                 data=cfg.data, parameters=count_parameters(job.model_fn()))
         if cfg.progress:
             say(f"{cfg.strategy}: starting {_processes(strategy, cfg)}...")
-        with StartupLines(events_path, cfg.strategy, enabled=cfg.progress and tty()):
+        with StartupLines(events_path, cfg.strategy, enabled=cfg.progress):
             outcome = strategy.run(job, log)
         summary = finish_run(job, outcome, time.perf_counter() - t0, log)
     events = read_events(events_path)

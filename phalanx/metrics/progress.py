@@ -40,7 +40,7 @@ class Progress:
         self.total, self.label, self.unit = max(total, 1), label, unit
         self.stream = stream or sys.stderr
         self.enabled = enabled
-        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.tty = enabled and _terminal(self.stream)
         self.every_s = every_s
         self._t0 = self._last = time.perf_counter()
         self._done = 0
@@ -80,7 +80,7 @@ class Progress:
                 self._rate = f"{rate:,.0f} samples/s"
         if self.tty:
             bar = self._draw()
-            bar.set_postfix_str(self._postfix(), refresh=False)
+            bar.set_postfix_str("  ".join(self._figures()), refresh=False)
             bar.update(max(done - self._done, 0))
             self._done = done
             return
@@ -91,10 +91,9 @@ class Progress:
         self.stream.write(self.line(now) + "\n")
         self.stream.flush()
 
-    def _postfix(self) -> str:
-        parts = [self._rate] if self._rate else []
-        parts += [_fmt(k, v) for k, v in self.info.items()]
-        return "  ".join(parts)
+    def _figures(self) -> list[str]:
+        """The rate and the caller's latest figures, each as "name value"."""
+        return ([self._rate] if self._rate else []) + [_fmt(k, v) for k, v in self.info.items()]
 
     def line(self, now: float | None = None) -> str:
         """The plain line: ``label 180/937 (19%) 0:12 elapsed, ETA 0:51, 2,790 samples/s,
@@ -107,8 +106,7 @@ class Progress:
                  f"{_clock(elapsed)} elapsed"]
         if eta is not None and self._done < self.total:
             parts.append(f"ETA {_clock(eta)}")
-        tail = self._postfix()
-        return ", ".join(parts) + (f", {tail.replace('  ', ', ')}" if tail else "")
+        return ", ".join(parts + self._figures())
 
     def close(self) -> None:
         if self._bar is not None:
@@ -121,13 +119,13 @@ def say(message: str, stream: TextIO | None = None) -> None:
     terminal only: a pipe or a CI log gets the plain progress line, and an error stays the
     one line on stderr."""
     stream = stream or sys.stderr
-    if hasattr(stream, "isatty") and stream.isatty():
+    if _terminal(stream):
         stream.write(message + "\n")
         stream.flush()
 
 
-def tty() -> bool:
-    return sys.stderr.isatty()
+def _terminal(stream: TextIO) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty()
 
 
 class StartupLines:
@@ -137,8 +135,10 @@ class StartupLines:
 
     def __init__(self, events: Path, label: str, enabled: bool = True,
                  every_s: float = 2.0, stream: TextIO | None = None) -> None:
-        self.events, self.label, self.enabled, self.every_s = events, label, enabled, every_s
+        self.events, self.label, self.every_s = events, label, every_s
         self.stream = stream
+        # its lines are for a terminal (say): on a pipe there is nothing to watch for
+        self.enabled = enabled and _terminal(stream or sys.stderr)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -168,6 +168,11 @@ def stop(procs: list, error_dir: str | None, grace_s: float = 3.0) -> None:
             p.join(1.0)
 
 
+def _joined(error_dir: str, rank: int) -> bool:
+    """Whether ``rank`` got past its process group's rendezvous (launch.py writes UP_FILE)."""
+    return Path(error_dir, UP_FILE.format(rank=rank)).exists()
+
+
 def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any],
               fail: Callable[[str], BaseException],
               survivable: Callable[[int], bool] | None = None,
@@ -196,7 +201,7 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
                 if code == 0:
                     continue
                 if (code < 0 and survivable is not None and survivable(rank)
-                        and Path(error_dir, UP_FILE.format(rank=rank)).exists()):
+                        and _joined(error_dir, rank)):
                     sys.stderr.write(f"phalanx: {name(rank)} {describe_exit(code)}; the run "
                                      "goes on without it\n")
                     sys.stderr.flush()
@@ -214,9 +219,9 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
             if killed:
                 rank, code = killed[0]
                 # its peers wait for it in the group's rendezvous: the run cannot go on
-                early = not Path(error_dir, UP_FILE.format(rank=rank)).exists()
                 raise fail(f"{name(rank)} {describe_exit(code)}"
-                           + (" before its process group formed" if early else ""))
+                           + ("" if _joined(error_dir, rank) else
+                              " before its process group formed"))
             # likewise a process that exited without recording an error (an injected fault,
             # os._exit) caused the errors its peers recorded after it
             silent = [(rank, code) for rank, code in fatal
