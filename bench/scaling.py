@@ -34,7 +34,7 @@ from phalanx.config import RunConfig
 from phalanx.data import load_data
 from phalanx.entry.api import make_job, train
 from phalanx.metrics import read_events
-from phalanx.parallel import sync_dp
+from phalanx.parallel import replicas
 from phalanx.parallel.base import Job
 from phalanx.runtime.launch import spawn
 from phalanx.runtime.placement import cores
@@ -78,7 +78,7 @@ def _ddp(rank: int, world: int, job: Job, device: str, out: str) -> None:
     loss_fn = nn.CrossEntropyLoss()
     x_all, y_all = job.train.x.to(dev), job.train.y.to(dev)
     step, t_warm = 0, 0.0
-    for _, idx in sync_dp.worker_batches(job, rank, world):
+    for _, idx in replicas.worker_batches(job, rank, world):
         idx = idx.to(dev)
         loss = loss_fn(ddp(x_all[idx]), y_all[idx])
         loss.backward()

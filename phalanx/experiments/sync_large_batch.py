@@ -19,7 +19,7 @@ from phalanx.config import RunConfig
 from phalanx.entry.api import make_job, train
 from phalanx.experiments.common import base_config, variant, verdict_block
 from phalanx.experiments.runs import run_variants, write_report
-from phalanx.parallel.sync_dp import worker_batches
+from phalanx.parallel.replicas import worker_batches
 from phalanx.rules import apply_updates, make_rule
 
 

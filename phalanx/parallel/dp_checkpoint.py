@@ -40,6 +40,7 @@ from phalanx.comm.counters import ByteCounter
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
+from phalanx.parallel.loop import Position
 from phalanx.rules import state_tensors
 from phalanx.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from phalanx.runtime.faults import die, kill_point, parse_kills
@@ -72,17 +73,6 @@ def check_checkpointing(cfg: RunConfig, period: int) -> None:
     if cfg.checkpoint_every % period:
         raise ConfigError(f"--checkpoint-every: {cfg.checkpoint_every} must be a multiple of "
                           f"--period {period} (replicas are equal only after averaging)")
-
-
-@dataclass
-class Position:
-    """Where a worker is in the run (per worker; equal on every rank at a checkpoint)."""
-
-    step: int = 0
-    epoch: int = 0
-    samples: int = 0  # this worker's samples
-    rounds: int = 0  # averaging rounds (``average``)
-    wall_s: float = 0.0  # rank 0's elapsed training time, so wall_s continues after a resume
 
 
 @dataclass

@@ -21,44 +21,31 @@ import time
 import torch
 from torch import nn
 
-from phalanx.comm.allreduce import AllReduce, make_allreduce
-from phalanx.comm.counters import ByteCounter
+from phalanx.comm.allreduce import AllReduce
 from phalanx.comm.exchange import group_screened
-from phalanx.comm.staging import staged
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
-from phalanx.parallel.base import (
-    GradAccumulator,
-    Job,
-    Outcome,
-    detached,
-    read_result,
-    write_result,
-)
-from phalanx.parallel.device_data import DeviceData, train_bytes
+from phalanx.parallel.base import Job, Outcome, read_result, write_result
+from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.dp_checkpoint import (
-    Position,
     check_checkpointing,
     check_resume,
     has_checkpoint,
     spawn_workers,
 )
+from phalanx.parallel.loop import Micro
 from phalanx.parallel.outer_step import OuterSync
-from phalanx.parallel.spec import StrategySpec, workers_momentum
-from phalanx.parallel.stats import AveragingStats
-from phalanx.parallel.sync_dp import (
+from phalanx.parallel.replicas import (
     DEVICE,
+    ReplicaHooks,
     WorkerContext,
-    broadcast_from_rank0,
     check_shards,
     open_log,
-    total_bytes,
-    total_steps,
-    worker_batches,
 )
-from phalanx.parallel.worker import WorkerKit
-from phalanx.rules import apply_updates, make_rule, state_tensors
+from phalanx.parallel.spec import StrategySpec, workers_momentum
+from phalanx.parallel.stats import AveragingStats
+from phalanx.rules import state_tensors
 from phalanx.runtime.placement import setup_rank, spawn_backend
 
 __all__ = ["average_", "can_restart", "check_resume", "process_main", "run", "train_worker",
@@ -113,99 +100,61 @@ def average_(tensors: list[torch.Tensor], allreduce: AllReduce, world: int) -> N
             offset += n
 
 
+class AverageHooks(ReplicaHooks):
+    """Local steps on each worker's own optimizer; every ``--period`` steps (and at the
+    last) the replicas average their weights (with ``--outer-rule``: DiLoCo's outer step on
+    the averaged delta)."""
+
+    label = "average"
+    shared_rule_state = False  # each worker's optimizer state is its own: per-rank checkpoints
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx)
+        self.rounds = self.start.rounds
+        # --compress / --outer-rule: compressed deltas and the DiLoCo outer step
+        self.outer = (OuterSync(self.cfg, self.weights, self.allreduce, self.world)
+                      if OuterSync.wanted(self.cfg) else None)
+
+    def forward_backward(self, idx: torch.Tensor, scale: float, last: bool) -> Micro:
+        return self.compute(idx, scale)
+
+    def step(self, step: int) -> dict:
+        self.apply([p.grad for p in self.params])
+        if step % self.cfg.period == 0 or step == self.total:
+            self.synchronise()
+            self.rounds += 1
+        return {"bytes_sent": self.counter.sent, "rounds": self.rounds}
+
+    def synchronise(self) -> None:
+        # sync point: every worker blocks here until all have finished their period
+        allreduce, world = self.allreduce, self.world
+        if self.outer is not None:
+            self.outer.sync(self.weights)
+            average_(self.buffers, allreduce, world)
+        else:
+            average_(self.weights + self.buffers, allreduce, world)
+        if self.cfg.average_optimizer_state:
+            # integer leaves (step counts) are equal on every worker; average the rest
+            average_([t for t in state_tensors(self.state) if t.is_floating_point()],
+                     allreduce, world)
+
+
 def train_worker(ctx: WorkerContext) -> nn.Module:
     """The local-SGD loop of one worker; returns the final averaged model."""
-    job, rank, world = ctx.job, ctx.rank, ctx.world
-    cfg = job.config
-    place = ctx.placement
-    model = job.build_model().to(place.torch_device)
-    model.train()
-    counter = ByteCounter()
-    params = [p for p in model.parameters() if p.requires_grad]
-    broadcast_from_rank0(params + list(model.buffers()), counter, rank, world)
-    allreduce = staged(make_allreduce(cfg.allreduce, counter=counter), place.host_staging)
-    buffers = [b for b in model.buffers() if b.is_floating_point()]
-
-    total = total_steps(job, world)
-    weights = detached(params)
-    rule = make_rule(cfg, total)
-    state = rule.init(weights)
-    kit = WorkerKit.of(cfg, rank)
-    data = DeviceData(job.train, place.torch_device, place.data_on_device,
-                      kit.aug is not None)
-    # each worker's optimizer state is its own (unless averaged): checkpointed per rank
-    ckpt = ctx.checkpointer(shared_rule_state=False)
-    pos = ckpt.restore(model, state, kit.gen, counter) if cfg.resume else Position()
-    ctx.t0 -= pos.wall_s
-    report = ctx.reporter(total, f"average x{world}")
-
-    # --compress / --outer-rule: compressed deltas and the DiLoCo outer step
-    outer = OuterSync(cfg, weights, allreduce, world) if OuterSync.wanted(cfg) else None
-
-    def synchronise() -> None:
-        # sync point: every worker blocks here until all have finished their period
-        if outer is not None:
-            outer.sync(weights)
-            average_(buffers, allreduce, world)
-        else:
-            average_(weights + buffers, allreduce, world)
-        if cfg.average_optimizer_state:
-            # integer leaves (step counts) are equal on every worker; average the rest
-            average_([t for t in state_tensors(state) if t.is_floating_point()], allreduce,
-                     world)
-
-    step, samples, last_epoch, rounds = pos.step, pos.samples, pos.epoch, pos.rounds
-    micro = step * cfg.grad_accum
-    accumulator = GradAccumulator(cfg.grad_accum)
-    for epoch, idx in worker_batches(job, rank, world, skip=micro):
-        if step >= total:
-            break  # resumed from the final checkpoint: nothing left to do
-        if micro % cfg.grad_accum == 0:
-            ckpt.maybe_kill(step)
-        if epoch != last_epoch:
-            report.maybe_eval(model, job.test, step, last_epoch, samples * world,
-                              epoch_ended=True)
-            last_epoch = epoch
-        x, y = data.batch(idx, kit.aug, kit.gen)
-        kit.straggler.start()
-        out = model(x)
-        loss = kit.loss_fn(out, y)
-        g = torch.autograd.grad(loss, params)
-        kit.straggler.finish()
-        micro += 1
-        samples += len(idx)
-        grads = accumulator.add(g)
-        if grads is None:
-            continue
-        updates, state = rule.update(grads, state, weights)
-        apply_updates(weights, updates)
-        step += 1
-        if step % cfg.period == 0 or step == total:
-            synchronise()
-            rounds += 1
-        report.step(step, epoch, loss, out, y, samples, bytes_sent=counter.sent,
-                    rounds=rounds)
-        report.maybe_eval(model, job.test, step, epoch, samples * world, epoch_ended=False)
-        if ckpt.due(step, final=step == total):  # a multiple of --period: just averaged
-            ckpt.save(model, state, Position(step, epoch, samples, rounds, report.wall()),
-                      kit.gen, counter)
-        if step >= total:
-            break
-    report.close()
-    report.maybe_eval(model, job.test, step, last_epoch, samples * world, epoch_ended=True)
-    sent = total_bytes(counter)
+    hooks = AverageHooks(ctx)
+    pos = hooks.train()
+    common = hooks.run_stats(pos.samples)
+    outer = hooks.outer
     screened = group_screened(outer.compression if outer is not None else None)
-    if rank == 0:
+    if ctx.rank == 0:
+        cfg = ctx.job.config
         stats = AveragingStats(
-            bytes_sent=sent, bytes_per_sample=sent / max(samples * world, 1),
-            allreduce=cfg.allreduce, period=cfg.period,
-            average_optimizer_state=cfg.average_optimizer_state, averaging_rounds=rounds,
-            bytes_estimated=allreduce.estimated, compress=cfg.compress,
-            outer_rule=cfg.outer_rule, contributions_skipped=screened.skipped,
-            values_clipped=screened.values_clipped)
-        write_result(job, model.state_dict(), train_samples=samples * world, steps=step,
-                     stats=stats)
-    return model
+            **common, period=cfg.period, average_optimizer_state=cfg.average_optimizer_state,
+            averaging_rounds=hooks.rounds, outer_rule=cfg.outer_rule,
+            contributions_skipped=screened.skipped, values_clipped=screened.values_clipped)
+        write_result(ctx.job, hooks.model.state_dict(), train_samples=pos.samples * ctx.world,
+                     steps=pos.step, stats=stats)
+    return hooks.model
 
 
 SPEC = StrategySpec(

@@ -3,75 +3,68 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
-from phalanx.parallel.base import GradAccumulator, Job, Outcome, detached
-from phalanx.parallel.divergence import check_loss
+from phalanx.parallel.base import Job, Outcome, detached
+from phalanx.parallel.device_data import DeviceData, train_bytes
+from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule, state_tensors
 from phalanx.runtime.checkpoint import save_checkpoint
-from phalanx.runtime.placement import DeviceSupport
+from phalanx.runtime.placement import DeviceSupport, Placement, plan_for
+
+DEVICE = DeviceSupport(nccl=False)  # one process: no collectives
+
+
+class _SingleHooks(Hooks):
+    """Forward, backward, the rule's update: nothing to exchange."""
+
+    def __init__(self, job: Job, place: Placement) -> None:
+        cfg = job.config
+        self.job, self.model = job, job.build_model().to(place.torch_device)
+        self.model.train()
+        self.test = job.test
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.weights = detached(self.params)
+        self.total = job.planned_steps(len(job.shard(0, 1)))
+        self.rule = make_rule(cfg, self.total)
+        self.state = self.rule.init(self.weights)
+        self.kit = WorkerKit.of(cfg, 0)
+        self.data = DeviceData(job.train, place.torch_device, place.data_on_device,
+                               self.kit.aug is not None)
+
+    def forward_backward(self, idx: torch.Tensor, scale: float, last: bool) -> Micro:
+        x, y = self.data.batch(idx, self.kit.aug, self.kit.gen)
+        out = self.model(x)
+        loss = self.kit.loss_fn(out, y)
+        (loss * scale if scale != 1.0 else loss).backward()
+        return Micro(len(idx), loss, out, y)
+
+    def step(self, step: int) -> dict:
+        grads = [p.grad for p in self.params]
+        updates, self.state = self.rule.update(grads, self.state, self.weights)
+        apply_updates(self.weights, updates)
+        for p in self.params:
+            p.grad = None
+        return {}
+
+    def checkpoint(self, pos: Position, final: bool) -> None:
+        save_checkpoint(self.job.run_dir / "checkpoint.pt", {
+            "step": pos.step,
+            "model": {k: v.cpu() for k, v in self.model.state_dict().items()},
+            "rule_state": [t.cpu() for t in state_tensors(self.state)],
+        })
 
 
 def run(job: Job, log: EventLog) -> Outcome:
     cfg = job.config
-    device = torch.device(cfg.device)
-    model = job.build_model().to(device)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    weights = detached(params)
-    shard = job.shard(0, 1)
-    total = job.planned_steps(len(shard))
-    rule = make_rule(cfg, total)
-    state = rule.init(weights)
-    kit = WorkerKit.of(cfg, 0)
-    # the whole training set moves to the device once; batches are then indexed there
-    x_all, y_all = job.train.x.to(device), job.train.y.to(device)
-    report = StepReporter(cfg, log, total, "single", shows_progress=True, evaluates=True)
-
-    step, samples, epoch = 0, 0, 0
-    accumulator = GradAccumulator(cfg.grad_accum)
-    while step < total:
-        for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed):
-            idx = idx.to(device)
-            x, y = x_all[idx], y_all[idx]
-            if kit.aug is not None:
-                x = kit.aug(x, kit.gen)
-            out = model(x)
-            loss = kit.loss_fn(out, y)
-            g = torch.autograd.grad(loss, params)
-            samples += len(idx)
-            grads = accumulator.add(g)
-            if grads is None:
-                continue  # accumulate; the optimizer steps on the last micro-batch
-            updates, state = rule.update(grads, state, weights)
-            apply_updates(weights, updates)
-            step += 1
-            if report.wants_train(step):
-                check_loss(cfg, loss.item(), step)  # NaN / inf: stop now, in one line
-                report.step(step, epoch, loss, out, y, samples)
-            report.maybe_eval(model, job.test, step, epoch, samples, epoch_ended=False)
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                _checkpoint(job, model, state, step)
-            if step >= total:
-                break
-        epoch += 1
-        report.maybe_eval(model, job.test, step, epoch, samples, epoch_ended=True)
-    report.close()
-    _checkpoint(job, model, state, step)
-    return Outcome(model.cpu(), samples, step)
-
-
-def _checkpoint(job: Job, model: nn.Module, state, step: int) -> None:
-    save_checkpoint(job.run_dir / "checkpoint.pt", {
-        "step": step,
-        "model": {k: v.cpu() for k, v in model.state_dict().items()},
-        "rule_state": [t.cpu() for t in state_tensors(state)],
-    })
+    hooks = _SingleHooks(job, plan_for(cfg, 0, 1, DEVICE, data_bytes=train_bytes(job)))
+    report = StepReporter(cfg, log, hooks.total, "single", shows_progress=True, evaluates=True)
+    batches = batch_stream(job.shard(0, 1), cfg.batch_size, cfg.seed)
+    pos = Loop(cfg, report, hooks, batches, hooks.total, straggler=hooks.kit.straggler).run()
+    return Outcome(hooks.model.cpu(), pos.samples, pos.step)
 
 
 def check(cfg) -> None:
@@ -82,4 +75,4 @@ def check(cfg) -> None:
 
 SPEC = StrategySpec(
     "single", "one worker: the baseline every strategy is compared against", run,
-    check=check, device=DeviceSupport(nccl=False), fixed_workers=1)
+    check=check, device=DEVICE, fixed_workers=1)

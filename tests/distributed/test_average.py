@@ -10,7 +10,7 @@ from pathlib import Path
 from phalanx.config import RunConfig
 from phalanx.data import load_data
 from phalanx.entry.api import make_job
-from phalanx.parallel import model_averaging, sync_dp
+from phalanx.parallel import model_averaging, replicas, sync_dp
 from phalanx.parallel.base import Job, read_result
 from phalanx.runtime.launch import spawn
 
@@ -35,8 +35,8 @@ VARIANTS = {
 def _worker(rank: int, world: int, jobs: dict[str, Job]) -> None:
     for job in jobs.values():
         module = sync_dp if job.config.strategy == "sync" else model_averaging
-        with sync_dp.open_log(job, rank) as log:
-            module.train_worker(sync_dp.WorkerContext(job, rank, world, log, time.perf_counter()))
+        with replicas.open_log(job, rank) as log:
+            module.train_worker(replicas.WorkerContext(job, rank, world, log, time.perf_counter()))
 
 
 def test_averaging_against_sync_gradient_averaging(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from phalanx.comm.exchange import mean_bytes
 from phalanx.config import RunConfig
 from phalanx.data import load_data
 from phalanx.entry.api import make_job
-from phalanx.parallel import model_averaging, sync_dp
+from phalanx.parallel import model_averaging, replicas, sync_dp
 from phalanx.parallel.base import Job, read_result
 from phalanx.runtime.launch import spawn
 
@@ -30,8 +30,8 @@ SYNC_BYTES = [("none", "ring"), ("fp16", "ring"), ("bf16", "native"), ("int8", "
 def _worker(rank: int, world: int, jobs: list[Job]) -> None:
     for job in jobs:
         module = sync_dp if job.config.strategy == "sync" else model_averaging
-        with sync_dp.open_log(job, rank) as log:
-            module.train_worker(sync_dp.WorkerContext(job, rank, world, log, time.perf_counter()))
+        with replicas.open_log(job, rank) as log:
+            module.train_worker(replicas.WorkerContext(job, rank, world, log, time.perf_counter()))
 
 
 def _job(tmp_path: Path, name: str, **kw) -> Job:

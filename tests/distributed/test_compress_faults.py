@@ -24,7 +24,7 @@ from phalanx.comm import exchange
 from phalanx.config import RunConfig
 from phalanx.data import load_data
 from phalanx.entry.api import make_job
-from phalanx.parallel import model_averaging, ps, sync_dp
+from phalanx.parallel import model_averaging, ps, replicas, sync_dp
 from phalanx.parallel.base import Job, read_result
 from phalanx.runtime.launch import spawn
 
@@ -95,8 +95,8 @@ def _group(rank: int, world: int, jobs: list[Job]) -> None:
         if rank == 1:
             _injecting(job, into_weights=average)
         module = model_averaging if average else sync_dp
-        with sync_dp.open_log(job, rank) as log:
-            module.train_worker(sync_dp.WorkerContext(job, rank, world, log, time.perf_counter()))
+        with replicas.open_log(job, rank) as log:
+            module.train_worker(replicas.WorkerContext(job, rank, world, log, time.perf_counter()))
         (job.run_dir / f"residuals{rank}.json").write_text(json.dumps(_residuals_finite(made)))
 
 

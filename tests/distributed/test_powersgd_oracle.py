@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from phalanx.config import RunConfig
 from phalanx.data import load_data
 from phalanx.entry.api import make_job
-from phalanx.parallel import sync_dp
+from phalanx.parallel import replicas, sync_dp
 from phalanx.parallel.base import Job, read_result
 from phalanx.runtime.launch import spawn
 
@@ -48,7 +48,7 @@ def _ddp_one(rank: int, world: int, job: Job, out: Path) -> None:
     ddp.register_comm_hook(state, psgd.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     loss_fn = nn.CrossEntropyLoss()
-    for step, (_, idx) in enumerate(sync_dp.worker_batches(job, rank, world)):
+    for step, (_, idx) in enumerate(replicas.worker_batches(job, rank, world)):
         if step == STEPS:
             break
         loss_fn(ddp(job.train.x[idx]), job.train.y[idx]).backward()
@@ -61,8 +61,8 @@ def _ddp_one(rank: int, world: int, job: Job, out: Path) -> None:
 
 def _ours(rank: int, world: int, jobs: list[Job]) -> None:
     for job in jobs:
-        with sync_dp.open_log(job, rank) as log:
-            sync_dp.train_worker(sync_dp.WorkerContext(job, rank, world, log,
+        with replicas.open_log(job, rank) as log:
+            sync_dp.train_worker(replicas.WorkerContext(job, rank, world, log,
                                                        time.perf_counter()))
 
 

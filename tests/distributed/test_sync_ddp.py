@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from phalanx.config import RunConfig
 from phalanx.data import load_data
 from phalanx.entry.api import make_job
-from phalanx.parallel import sync_dp
+from phalanx.parallel import replicas, sync_dp
 from phalanx.parallel.base import Job, read_result
 from phalanx.runtime.launch import spawn
 
@@ -40,7 +40,7 @@ def ddp_reference(rank: int, world: int, job: Job) -> nn.Module:
     step, micro = 0, 0
     torch.set_num_threads(1)  # as our workers (worker_threads=1): the same sums
     epochs = set()
-    for epoch, idx in sync_dp.worker_batches(job, rank, world):
+    for epoch, idx in replicas.worker_batches(job, rank, world):
         epochs.add(epoch)
         micro += 1
         last = micro % cfg.grad_accum == 0
@@ -58,18 +58,18 @@ def ddp_reference(rank: int, world: int, job: Job) -> nn.Module:
 
 
 def _ours(rank: int, world: int, jobs: list[Job], out: str) -> None:
-    replicas = []
+    spreads = []
     for job in jobs:
-        with sync_dp.open_log(job, rank) as log:
-            ctx = sync_dp.WorkerContext(job, rank, world, log, time.perf_counter())
+        with replicas.open_log(job, rank) as log:
+            ctx = replicas.WorkerContext(job, rank, world, log, time.perf_counter())
             model = sync_dp.train_worker(ctx)
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         # every replica must be the same model, bit for bit
         gathered = [torch.empty_like(flat) for _ in range(world)]
         dist.all_gather(gathered, flat)
-        replicas.append(max((g - flat).abs().max().item() for g in gathered))
+        spreads.append(max((g - flat).abs().max().item() for g in gathered))
     if rank == 0:
-        (Path(out) / "replicas.json").write_text(json.dumps(replicas))
+        (Path(out) / "replicas.json").write_text(json.dumps(spreads))
 
 
 def _ddp(rank: int, world: int, job: Job, out: str) -> None:

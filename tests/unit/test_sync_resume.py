@@ -16,7 +16,7 @@ from phalanx.config import RunConfig
 from phalanx.data import load_data
 from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
-from phalanx.parallel import model_averaging, sync_dp
+from phalanx.parallel import model_averaging, replicas, sync_dp
 from phalanx.parallel.base import Job
 from phalanx.parallel.dp_checkpoint import (
     checkpoint_path,
@@ -48,8 +48,8 @@ def _job(out: Path, **extra) -> Job:
 
 def _train(job: Job) -> dict[str, torch.Tensor]:
     module = sync_dp if job.config.strategy == "sync" else model_averaging
-    with sync_dp.open_log(job, 0) as log:
-        model = module.train_worker(sync_dp.WorkerContext(job, 0, 1, log, time.perf_counter()))
+    with replicas.open_log(job, 0) as log:
+        model = module.train_worker(replicas.WorkerContext(job, 0, 1, log, time.perf_counter()))
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
@@ -59,9 +59,9 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 def test_skip_continues_the_same_batch_sequence_across_epochs() -> None:
     job = _job(Path("/nonexistent"), batch_size=32)  # 10 micro-batches per epoch
-    whole = list(itertools.islice(sync_dp.worker_batches(job, 0, 1), 35))
+    whole = list(itertools.islice(replicas.worker_batches(job, 0, 1), 35))
     for skip in (0, 3, 10, 27):
-        resumed = list(itertools.islice(sync_dp.worker_batches(job, 0, 1, skip=skip),
+        resumed = list(itertools.islice(replicas.worker_batches(job, 0, 1, skip=skip),
                                         35 - skip))
         assert [e for e, _ in resumed] == [e for e, _ in whole[skip:]]
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(resumed, whole[skip:]))
