@@ -11,12 +11,13 @@ The split follows torchtitan's ``train`` / ``train_step`` / ``forward_backward_s
 - **Gradient accumulation is written once**: ``--grad-accum`` micro-batches make a step;
   each one's backward runs on its loss times :attr:`Loop.loss_scale` (``1/grad_accum``,
   exactly 1 without accumulation) so ``.grad`` sums to the mean of the micro-batches'
-  gradients; :meth:`Hooks.step` then reduces / exchanges and applies the update once.
+  gradients; :meth:`Hooks.apply_update` then reduces / exchanges and applies the update
+  once.
   A pipeline's schedule runs its own backward: it scales the summed gradient by the same
   :attr:`Loop.loss_scale` (over its micro-batches too).
 - A strategy's hooks: :meth:`Hooks.forward_backward` (one micro-batch, including its
-  communication overlapped with backward), :meth:`Hooks.step` (exchange + update; returns
-  the extras of the ``train`` event), and optionally :meth:`Hooks.before_step`,
+  communication overlapped with backward), :meth:`Hooks.apply_update` (exchange + update;
+  returns the extras of the ``train`` event), and optionally :meth:`Hooks.before_step`,
   :meth:`Hooks.evaluate` (a collective for the stage strategies, a pull for the parameter
   server) and :meth:`Hooks.checkpoint`.
 """
@@ -62,7 +63,7 @@ class Micro:
 
 
 class Hooks:
-    """A strategy's part of the loop. ``forward_backward`` and ``step`` are required."""
+    """A strategy's part of the loop. ``forward_backward`` and ``apply_update`` are required."""
 
     model: nn.Module | None = None  # evaluated by the default :meth:`evaluate`
     test: Dataset | None = None
@@ -77,7 +78,7 @@ class Hooks:
         that overlaps backward synchronises on it)."""
         raise NotImplementedError
 
-    def step(self, step: int) -> dict[str, Any]:
+    def apply_update(self, step: int) -> dict[str, Any]:
         """Exchange and apply the update for optimizer step ``step`` (1-based) and clear
         the gradients. Returns the ``train`` event's extras; ``loss`` / ``accuracy`` in it
         replace the last micro-batch's (a pipeline's all-replica mean)."""
@@ -127,7 +128,7 @@ class Loop:
             pos.samples += mb.samples
             if micro % self.accum:
                 continue  # accumulate in .grad; the step comes on the last micro-batch
-            extra = hooks.step(pos.step + 1) or {}
+            extra = hooks.apply_update(pos.step + 1) or {}
             pos.step += 1
             pos.rounds = int(extra.get("rounds", pos.rounds))
             self._report(mb, extra)

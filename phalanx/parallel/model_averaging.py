@@ -118,7 +118,7 @@ class AverageHooks(ReplicaHooks):
     def forward_backward(self, idx: torch.Tensor, scale: float, last: bool) -> Micro:
         return self.compute(idx, scale)
 
-    def step(self, step: int) -> dict:
+    def apply_update(self, step: int) -> dict:
         self.apply([p.grad for p in self.params])
         if step % self.cfg.period == 0 or step == self.total:
             self.synchronise()

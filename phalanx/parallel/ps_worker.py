@@ -23,10 +23,11 @@ from phalanx.comm.exchange import compression_for
 from phalanx.comm.staging import host_vector, to_host
 from phalanx.comm.transport import Transport
 from phalanx.comm.wire import HEADER_BYTES
-from phalanx.data import epoch_batches, steps_per_epoch
+from phalanx.data import steps_per_epoch
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import Job
 from phalanx.parallel.device_data import DeviceData
+from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.ps.client import Heartbeat, PSClient
 from phalanx.ps.partition import flat_dense, partition, trainable, unflatten_into
@@ -52,7 +53,10 @@ def steps_per_worker(job: Job) -> int:
     return min(job.planned_steps(len(job.shard(w, n))) for w in range(n))
 
 
-class PSWorker:
+class PSWorker(Hooks):
+    """One worker of the parameter server: the loop's hooks pull (every ``--nfetch``
+    steps, and the table rows of every batch), compute, and push (every ``--npush``)."""
+
     def __init__(self, job: Job, transport: Transport, layout: Layout, worker: int,
                  log: EventLog, placement: Placement = CPU) -> None:
         cfg = self.cfg = job.config
@@ -87,6 +91,13 @@ class PSWorker:
         # Downpour's local steps (only a fetch period longer than one step has any)
         self.local_steps = cfg.downpour_local_steps and cfg.nfetch > 1
         self.local_lr = make_schedule(cfg, self.total)
+        # what the steps since the last push accumulated
+        self.acc_dense: torch.Tensor | None = None
+        self.acc_versions: list[int] | None = None
+        self.acc_rows: list[torch.Tensor] = []
+        self.acc_row_grads: list[torch.Tensor] = []
+        self.step_rows: list[torch.Tensor] = []  # this step's micro-batches' table rows
+        self._pulled = False
 
     # ---- talking to the shards ---------------------------------------------------------
 
@@ -111,24 +122,21 @@ class PSWorker:
                 self.cfg.nfetch == 0:
             self.ahead = self.client.request(self.clock, held=self.flat)
 
-    def evaluate_now(self, epoch: int) -> None:
+    def evaluate_now(self, epoch: int, samples: int) -> None:
         if self.ahead is not None:
             self.pull(None, dense=True)  # drain the pull asked ahead first
         self.pull(None, dense=True)  # evaluate the servers' weights, not a stale copy
-        self.report.evaluate(self.model, self.job.test, self.step, epoch,
-                             self.samples * self.cfg.workers)
+        self.report.evaluate(self.model, self.job.test, self.step, epoch, samples)
 
-    def resume(self) -> int:
+    def resume(self) -> None:
         """A restarted worker: the shards say how far it got (the smallest clock any shard
         restored; a shard that is ahead ignores the repeated pushes by sequence number).
-        Returns the epoch to continue in; the first ``step % per_epoch`` batches of it
-        were trained on before the crash."""
+        The batches before that step were trained on before the crash."""
         self.pull(None, dense=True, resume=True)
         self.clock = min(self.client.server_clocks)
         self.step = min(self.clock * self.cfg.npush, self.total)
-        self.samples = self.step * self.cfg.batch_size
+        self.samples = self.step * self.cfg.batch_size * self.cfg.grad_accum
         self.log.log("resume", worker=self.worker, clock=self.clock, step=self.step)
-        return self.step // steps_per_epoch(len(self.shard), self.cfg.batch_size)
 
     def local_step(self, grads: tuple[torch.Tensor, ...]) -> None:
         """``w <- w - lr(step) * g`` on the local dense weights, so the next step of this
@@ -153,71 +161,87 @@ class PSWorker:
         self.done()
 
     def train(self) -> None:
-        cfg, job, part, table = self.cfg, self.job, self.part, self.table
-        kit = WorkerKit.of(cfg, self.worker)
-        data = DeviceData(job.train, self.device, self.place.data_on_device,
-                          kit.aug is not None)
-        epoch = self.resume() if cfg.resume else 0
-        skip = self.step - epoch * steps_per_epoch(len(self.shard), cfg.batch_size)
-        acc_dense = acc_versions = None
-        acc_rows: list[torch.Tensor] = []
-        acc_row_grads: list[torch.Tensor] = []
+        cfg, job = self.cfg, self.job
+        self.kit = WorkerKit.of(cfg, self.worker)
+        self.data = DeviceData(job.train, self.device, self.place.data_on_device,
+                               self.kit.aug is not None)
+        if cfg.resume:
+            self.resume()
         first = self.worker == 0  # shows progress and evaluates the servers' weights
-        self.report = report = StepReporter(cfg, self.log, self.total, cfg.strategy,
-                                            shows_progress=first, evaluates=first,
-                                            shards=cfg.workers)
-        while self.step < self.total:
-            for i, idx in enumerate(epoch_batches(self.shard, cfg.batch_size, epoch, cfg.seed)):
-                if i < skip:
-                    continue  # resumed mid-epoch: trained on before the crash
-                if self.step == self.kill_at:
-                    die(self.log.log, "worker", self.worker, f"step {self.step}",
-                        KILLED_WORKER_EXIT)
-                x, y = data.batch(idx, kit.aug, kit.gen)
-                rows = x.unique().cpu() if table is not None else None  # ids go to shards
-                if self.step % cfg.nfetch == 0:
-                    self.pull(rows, dense=True)  # BSP / SSP workers wait here
-                elif rows is not None:
-                    self.pull(rows, dense=False)  # this batch's table rows are always fresh
-                if acc_versions is None:
-                    acc_versions = list(self.client.versions)  # staleness counts from here
-                self.pull_ahead()
-                kit.straggler.start()
-                out = self.model(x)
-                loss = kit.loss_fn(out, y)
-                grads = torch.autograd.grad(loss, self.params)
-                kit.straggler.finish()
-                g = flat_dense(part, list(grads))
-                if self.local_steps and (self.step + 1) % cfg.nfetch and \
-                        self.step + 1 < self.total:
-                    self.local_step(grads)  # the next step is not a fetch: it sees this one
-                acc_dense = g if acc_dense is None else acc_dense + g
-                if table is not None:
-                    acc_rows.append(rows)
-                    acc_row_grads.append(grads[part.table.param][rows])
-                self.step += 1
-                self.samples += len(idx)
-                if self.step % cfg.npush == 0 or self.step == self.total:
-                    ids = row_grads = None
-                    if table is not None:
-                        ids, row_grads = _coalesce(acc_rows, acc_row_grads)
-                    # a fresh host copy per push (no reused buffer): the send is asynchronous
-                    self.client.push(self.clock, to_host(acc_dense), acc_versions, ids,
-                                     to_host(row_grads) if row_grads is not None else None)
-                    self.clock += 1
-                    acc_dense = acc_versions = None
-                    acc_rows, acc_row_grads = [], []
-                report.step(self.step, epoch, loss, out, y, self.samples,
-                            bytes_sent=self.transport.counter.sent)
-                if report.eval_due(self.step, epoch_ended=False):
-                    self.evaluate_now(epoch)
-                if self.step >= self.total:
-                    break
-            epoch += 1
-            skip = 0
-            if report.eval_due(self.step, epoch_ended=True):
-                self.evaluate_now(epoch)
-        report.close()
+        self.report = StepReporter(cfg, self.log, self.total, cfg.strategy,
+                                   shows_progress=first, evaluates=first, shards=cfg.workers)
+        skip = self.step * cfg.grad_accum  # resumed: micro-batches trained on before
+        batches = batch_stream(self.shard, cfg.batch_size, cfg.seed, skip=skip)
+        per_epoch = steps_per_epoch(len(self.shard), cfg.batch_size)
+        start = Position(self.step, skip // per_epoch, self.samples)
+        pos = Loop(cfg, self.report, self, batches, self.total, start=start,
+                   shards=cfg.workers).run()
+        self.samples = pos.samples
+
+    # ---- the loop's hooks --------------------------------------------------------------
+
+    def before_step(self, step: int) -> None:
+        if step == self.kill_at:
+            die(self.log.log, "worker", self.worker, f"step {step}", KILLED_WORKER_EXIT)
+        self._pulled = False  # the step's first micro-batch pulls
+
+    def forward_backward(self, idx: torch.Tensor, scale: float, last: bool) -> Micro:
+        x, y = self.data.batch(idx, self.kit.aug, self.kit.gen)
+        rows = x.unique().cpu() if self.table is not None else None  # ids go to the shards
+        if not self._pulled and self.step % self.cfg.nfetch == 0:
+            self.pull(rows, dense=True)  # BSP / SSP workers wait here
+        elif rows is not None:
+            self.pull(rows, dense=False)  # this batch's table rows are always fresh
+        if rows is not None:
+            self.step_rows.append(rows)
+        if self.acc_versions is None:
+            self.acc_versions = list(self.client.versions)  # staleness counts from here
+        if not self._pulled:
+            self.pull_ahead()
+        self._pulled = True
+        # the straggler slows the compute only, never the pulls
+        self.kit.straggler.start()
+        out = self.model(x)
+        loss = self.kit.loss_fn(out, y)
+        (loss * scale if scale != 1.0 else loss).backward()
+        self.kit.straggler.finish()
+        return Micro(len(idx), loss, out, y)
+
+    def apply_update(self, step: int) -> dict:
+        """Accumulate the step's gradient; push every ``--npush`` steps and at the last.
+        ``step`` is 1-based; ``self.step`` counts the steps done before it."""
+        cfg, part = self.cfg, self.part
+        grads = [p.grad for p in self.params]
+        g = flat_dense(part, grads)
+        if self.local_steps and step % cfg.nfetch and step < self.total:
+            self.local_step(grads)  # the next step is not a fetch: it sees this one
+        self.acc_dense = g if self.acc_dense is None else self.acc_dense + g
+        if self.table is not None:
+            rows = torch.unique(torch.cat(self.step_rows))
+            self.acc_rows.append(rows)
+            self.acc_row_grads.append(grads[part.table.param][rows])
+            self.step_rows = []
+        for p in self.params:
+            p.grad = None
+        self.step = step
+        if step % cfg.npush == 0 or step == self.total:
+            self.push()
+        return {"bytes_sent": self.transport.counter.sent}
+
+    def push(self) -> None:
+        ids = row_grads = None
+        if self.table is not None:
+            ids, row_grads = _coalesce(self.acc_rows, self.acc_row_grads)
+        # a fresh host copy per push (no reused buffer): the send is asynchronous
+        self.client.push(self.clock, to_host(self.acc_dense), self.acc_versions, ids,
+                         to_host(row_grads) if row_grads is not None else None)
+        self.clock += 1
+        self.acc_dense = self.acc_versions = None
+        self.acc_rows, self.acc_row_grads = [], []
+
+    def evaluate(self, report: StepReporter, step: int, epoch: int, samples: int) -> None:
+        if report.evaluates:
+            self.evaluate_now(epoch, samples)
 
     def done(self) -> None:
         # every worker sends its buffers (BatchNorm statistics, not served by the PS):

@@ -42,7 +42,7 @@ class _SingleHooks(Hooks):
         (loss * scale if scale != 1.0 else loss).backward()
         return Micro(len(idx), loss, out, y)
 
-    def step(self, step: int) -> dict:
+    def apply_update(self, step: int) -> dict:
         grads = [p.grad for p in self.params]
         updates, self.state = self.rule.update(grads, self.state, self.weights)
         apply_updates(self.weights, updates)

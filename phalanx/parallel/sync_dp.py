@@ -104,7 +104,7 @@ class SyncHooks(ReplicaHooks):
         self.sfb.begin(sync=last)  # before forward: its hooks are set up there
         return self.compute(idx, scale)
 
-    def step(self, step: int) -> dict:
+    def apply_update(self, step: int) -> dict:
         self.reducer.finish()  # sync point: waits for every bucket to be averaged
         self.sfb.finish()
         self.apply([p.grad for p in self.params])
