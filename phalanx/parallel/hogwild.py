@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import (
@@ -32,13 +31,20 @@ from phalanx.parallel.base import (
     write_result,
 )
 from phalanx.parallel.device_data import DeviceData, train_bytes
+from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stats import HogwildStats
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule, state_tensors
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
-from phalanx.runtime.placement import DeviceSupport, plan_for, setup_rank, spawn_backend
+from phalanx.runtime.placement import (
+    DeviceSupport,
+    Placement,
+    plan_for,
+    setup_rank,
+    spawn_backend,
+)
 from phalanx.runtime.supervise import process_context
 
 # every worker updates one model: on one GPU (CUDA IPC) or in shared host memory; no traffic
@@ -99,6 +105,77 @@ def _checksum(model: nn.Module) -> float:
         return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
+class _HogwildHooks(Hooks):
+    """One worker: its gradient on the shared weights (or, with ``--lock``, on a snapshot
+    copied under the lock), its update written into them in place."""
+
+    def __init__(self, job: Job, rank: int, world: int, model: nn.Module, place: Placement,
+                 counters: torch.Tensor, lock) -> None:
+        cfg = self.cfg = job.config
+        self.job, self.rank, self.counters, self.lock = job, rank, counters, lock
+        self.model, self.test = model, job.test  # evaluated: the shared model
+        self.shared_w = detached([p for p in model.parameters() if p.requires_grad])
+        # with --lock the gradient is computed on a private snapshot of the weights
+        self.local = copy.deepcopy(model) if lock is not None else model
+        self.params = [p for p in self.local.parameters() if p.requires_grad]
+        self.local_w = detached(self.params)
+        self.total = job.planned_steps(min(len(job.shard(r, world)) for r in range(world)))
+        self.rule = make_rule(cfg, self.total)
+        self.state = self.rule.init(self.shared_w)  # each worker keeps its own optimizer state
+        self.kit = WorkerKit.of(cfg, rank)
+        self.data = DeviceData(job.train, place.torch_device, place.data_on_device,
+                               self.kit.aug is not None)
+        self.samples = 0
+
+    def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if first and self.lock is not None:
+            with self.lock:  # consistent read: no update is half-applied in the copy
+                torch._foreach_copy_(self.local_w, self.shared_w)
+        return self.data.batch(idx, self.kit.aug, self.kit.gen)
+
+    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
+                         last: bool) -> Micro:
+        x, y = batch
+        out = self.local(x)
+        loss = self.kit.loss_fn(out, y)
+        (loss * scale if scale != 1.0 else loss).backward()
+        self.samples += len(y)
+        return Micro(len(y), loss, out, y)
+
+    def apply_update(self, step: int) -> dict:
+        grads = [p.grad for p in self.params]
+        if self.lock is not None:
+            with self.lock:  # atomic write: the update lands whole
+                self._write(grads)
+        else:
+            self._write(grads)  # Hogwild!: read-modify-write of shared memory, no lock
+        for p in self.params:
+            p.grad = None
+        self.counters[self.rank, 0] = self.samples
+        self.counters[self.rank, 1] = step
+        return {}
+
+    def _write(self, grads: list[torch.Tensor]) -> None:
+        updates, self.state = self.rule.update(grads, self.state, self.shared_w)
+        apply_updates(self.shared_w, updates)
+
+    def evaluate(self, report: StepReporter, step: int, epoch: int, samples: int) -> None:
+        if report.evaluates:
+            # evaluated while the other workers keep writing: a snapshot taken without a
+            # lock; samples: every worker's so far
+            report.evaluate(copy.deepcopy(self.model), self.test, step, epoch,
+                            int(self.counters[:, 0].sum()))
+
+    def checkpoint(self, pos: Position, final: bool) -> None:
+        every = self.cfg.checkpoint_every
+        if self.rank == 0 and every and pos.step % every == 0:
+            # a lock-free snapshot of the shared model (rank 0's own rule state)
+            save_checkpoint(self.job.run_dir / "checkpoint.pt", {
+                "step": pos.step, "model": {k: v.detach().to("cpu", copy=True)
+                                            for k, v in self.model.state_dict().items()},
+                "rule_state": state_tensors(self.state)})
+
+
 def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.Tensor,
             clocks: torch.Tensor, lock, seen: torch.Tensor) -> None:
     cfg = job.config
@@ -106,72 +183,17 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
     place = setup_rank(cfg, rank, world, DEVICE, data_bytes=train_bytes(job))
     tb = job.run_dir / "tensorboard" if cfg.tensorboard else None
     log = EventLog(job.run_dir / "events.jsonl", rank=rank, role="worker", tensorboard_dir=tb)
-    shared = [p for p in model.parameters() if p.requires_grad]
-    shared_w = detached(shared)
-    # with --lock the gradient is computed on a private snapshot of the weights
-    local = copy.deepcopy(model) if lock is not None else model
-    params = [p for p in local.parameters() if p.requires_grad]
-    local_w = detached(params)
-    shard = job.shard(rank, world)
-    total = job.planned_steps(min(len(job.shard(r, world)) for r in range(world)))
-    rule = make_rule(cfg, total)
-    state = rule.init(shared_w)  # each worker keeps its own optimizer state
-    kit = WorkerKit.of(cfg, rank)
-    report = StepReporter(cfg, log, total, f"hogwild{'-lock' if lock else ''}",
+    hooks = _HogwildHooks(job, rank, world, model, place, counters, lock)
+    report = StepReporter(cfg, log, hooks.total, f"hogwild{'-lock' if lock else ''}",
                           shows_progress=rank == 0, evaluates=rank == 0, shards=cfg.workers)
-    data = DeviceData(job.train, place.torch_device, place.data_on_device,
-                      kit.aug is not None)
+    batches = batch_stream(job.shard(rank, world), cfg.batch_size, cfg.seed + rank)
     clocks[rank, 0] = time.time()  # wall clock: comparable across processes
-    step, samples, epoch = 0, 0, 0
-    while step < total:
-        for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed + rank):
-            x, y = data.batch(idx, kit.aug, kit.gen)
-            if lock is not None:
-                with lock:  # consistent read: no update is half-applied in the copy
-                    torch._foreach_copy_(local_w, shared_w)
-            kit.straggler.start()
-            out = local(x)
-            loss = kit.loss_fn(out, y)
-            grads = list(torch.autograd.grad(loss, params))
-            kit.straggler.finish()
-            if lock is not None:
-                with lock:  # atomic write: the update lands whole
-                    updates, state = rule.update(grads, state, shared_w)
-                    apply_updates(shared_w, updates)
-            else:
-                # Hogwild!: read-modify-write of shared memory with no lock at all
-                updates, state = rule.update(grads, state, shared_w)
-                apply_updates(shared_w, updates)
-            step += 1
-            samples += len(idx)
-            counters[rank, 0] = samples
-            counters[rank, 1] = step
-            report.step(step, epoch, loss, out, y, samples)
-            if rank == 0 and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                # a lock-free snapshot of the shared model (rank 0's own rule state)
-                save_checkpoint(job.run_dir / "checkpoint.pt", {
-                    "step": step, "model": {k: v.detach().to("cpu", copy=True)
-                                            for k, v in model.state_dict().items()},
-                    "rule_state": state_tensors(state)})
-            if report.eval_due(step, epoch_ended=False):
-                _eval(job, model, report, step, epoch, counters)
-            if step >= total:
-                break
-        epoch += 1
-        if report.eval_due(step, epoch_ended=True):
-            _eval(job, model, report, step, epoch, counters)
+    Loop(cfg, report, hooks, batches, hooks.total, straggler=hooks.kit.straggler).run()
     clocks[rank, 1] = time.time()
-    report.close()
     log.close()
     dist.barrier()  # sync point: every worker's last update is in the shared model
     if rank == 0:
         seen[0] = _checksum(model)
-
-
-def _eval(job: Job, model: nn.Module, report: StepReporter, step: int, epoch: int,
-          counters: torch.Tensor) -> None:
-    # evaluated while the other workers keep writing: a snapshot taken without a lock
-    report.evaluate(copy.deepcopy(model), job.test, step, epoch, int(counters[:, 0].sum()))
 
 
 SPEC = StrategySpec(

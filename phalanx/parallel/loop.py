@@ -4,8 +4,9 @@ accumulation live here; a strategy supplies :class:`Hooks`.
 The split follows torchtitan's ``train`` / ``train_step`` / ``forward_backward_step``:
 
 - :meth:`Loop.run` owns the step, micro-batch, sample and epoch counters and every cadence:
-  the kill point and the pulls (:meth:`Hooks.before_step`, at the first micro-batch of a
-  step), the emulated straggler, the ``train`` events with their divergence check, the
+  the kill point (:meth:`Hooks.before_step`, at the first micro-batch of a step), the
+  emulated straggler (on :meth:`Hooks.forward_backward`, never on :meth:`Hooks.fetch`'s
+  data, pulls or locks), the ``train`` events with their divergence check, the
   evaluations (every ``--eval-every`` steps, or at each epoch's end), the checkpoints
   (every ``--checkpoint-every`` steps, and the final one where the strategy keeps one).
 - **Gradient accumulation is written once**: ``--grad-accum`` micro-batches make a step;
@@ -15,7 +16,8 @@ The split follows torchtitan's ``train`` / ``train_step`` / ``forward_backward_s
   once.
   A pipeline's schedule runs its own backward: it scales the summed gradient by the same
   :attr:`Loop.loss_scale` (over its micro-batches too).
-- A strategy's hooks: :meth:`Hooks.forward_backward` (one micro-batch, including its
+- A strategy's hooks: :meth:`Hooks.fetch` (the batch and what must arrive before it is
+  computed on), :meth:`Hooks.forward_backward` (one micro-batch, including its
   communication overlapped with backward), :meth:`Hooks.apply_update` (exchange + update;
   returns the extras of the ``train`` event), and optionally :meth:`Hooks.before_step`,
   :meth:`Hooks.evaluate` (a collective for the stage strategies, a pull for the parameter
@@ -72,10 +74,17 @@ class Hooks:
         """At the first micro-batch of optimizer step ``step + 1``: the kill point, a pull,
         a buffer broadcast."""
 
-    def forward_backward(self, idx: torch.Tensor, scale: float, last: bool) -> Micro:
-        """One micro-batch: forward, loss, ``(loss * scale).backward()`` (so ``.grad``
-        accumulates the step's mean). ``last``: the step's last micro-batch (a reducer
-        that overlaps backward synchronises on it)."""
+    def fetch(self, idx: torch.Tensor, first: bool) -> Any:
+        """The micro-batch ``idx`` ready to compute on, outside the straggler's clock: the
+        data on the device, and what must arrive first (a pull, a locked snapshot).
+        ``first``: the step's first micro-batch. Default: the indices themselves."""
+        return idx
+
+    def forward_backward(self, batch: Any, scale: float, last: bool) -> Micro:
+        """One micro-batch (what :meth:`fetch` returned): forward, loss,
+        ``(loss * scale).backward()`` (so ``.grad`` accumulates the step's mean). ``last``:
+        the step's last micro-batch (a reducer that overlaps backward synchronises on
+        it)."""
         raise NotImplementedError
 
     def apply_update(self, step: int) -> dict[str, Any]:
@@ -121,10 +130,12 @@ class Loop:
             if epoch != pos.epoch:
                 self._evaluate(pos.epoch + 1, epoch_ended=True)
                 pos.epoch = epoch
-            if micro % self.accum == 0:
+            first = micro % self.accum == 0
+            if first:
                 hooks.before_step(pos.step)
+            batch = hooks.fetch(idx, first)
             micro += 1
-            mb = self._forward_backward(idx, last=micro % self.accum == 0)
+            mb = self._forward_backward(batch, last=micro % self.accum == 0)
             pos.samples += mb.samples
             if micro % self.accum:
                 continue  # accumulate in .grad; the step comes on the last micro-batch
@@ -141,15 +152,15 @@ class Loop:
                 hooks.checkpoint(pos, final)
             if final:
                 break
-        report.close()
         self._evaluate(pos.epoch + 1, epoch_ended=True)
+        report.close()
         return pos
 
-    def _forward_backward(self, idx: torch.Tensor, last: bool) -> Micro:
+    def _forward_backward(self, batch: Any, last: bool) -> Micro:
         if self.straggler is None:
-            return self.hooks.forward_backward(idx, self.loss_scale, last)
+            return self.hooks.forward_backward(batch, self.loss_scale, last)
         self.straggler.start()
-        mb = self.hooks.forward_backward(idx, self.loss_scale, last)
+        mb = self.hooks.forward_backward(batch, self.loss_scale, last)
         self.straggler.finish()
         return mb
 

@@ -115,8 +115,9 @@ class AverageHooks(ReplicaHooks):
         self.outer = (OuterSync(self.cfg, self.weights, self.allreduce, self.world)
                       if OuterSync.wanted(self.cfg) else None)
 
-    def forward_backward(self, idx: torch.Tensor, scale: float, last: bool) -> Micro:
-        return self.compute(idx, scale)
+    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
+                         last: bool) -> Micro:
+        return self.compute(batch, scale)
 
     def apply_update(self, step: int) -> dict:
         self.apply([p.grad for p in self.params])

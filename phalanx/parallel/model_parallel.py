@@ -19,7 +19,6 @@ import torch.distributed as dist
 
 from phalanx.comm.staging import recv, send
 from phalanx.config import RunConfig
-from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import (
@@ -32,16 +31,17 @@ from phalanx.parallel.base import (
 from phalanx.parallel.column_parallel import check_split_layer
 from phalanx.parallel.column_parallel import process_main as split_main
 from phalanx.parallel.device_data import DeviceData, train_bytes
+from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
 from phalanx.parallel.partition import agreed_partition, check_stages, stage_module
 from phalanx.parallel.reporting import StageReporter
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stages import boundary_shapes, gather_model
 from phalanx.parallel.stats import ModelParallelStats
-from phalanx.parallel.worker import WorkerKit, wants_eval
+from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
-from phalanx.runtime.placement import DeviceSupport, setup_rank, spawn_backend
+from phalanx.runtime.placement import DeviceSupport, Placement, setup_rank, spawn_backend
 
 DEVICE = DeviceSupport()  # activations between neighbouring ranks: NCCL-able
 
@@ -80,117 +80,131 @@ class _Clock:
         self.compute += time.perf_counter() - t
 
 
+class _LayerHooks(Hooks):
+    """Stage ``rank`` of the layer pipeline without micro-batches: receive the previous
+    stage's activations, run its layers, send them on; the gradients come back the same
+    way. The straggler slows the compute, never the waits for a neighbour."""
+
+    def __init__(self, job: Job, rank: int, world: int, place: Placement) -> None:
+        cfg = self.cfg = job.config
+        self.job, self.rank, self.world = job, rank, world
+        self.staging, self.device = place.host_staging, place.torch_device
+        model = self.full = job.build_model()
+        check_stages(model, world, "--workers")  # again here: under torchrun no driver checked
+        model.train()
+        self.shard = job.shard(0, 1)  # one stream of batches: every stage walks the same order
+        self.total = job.planned_steps(len(self.shard))
+        if cfg.batch_size > len(self.shard):
+            raise ConfigError(
+                f"--batch-size: {cfg.batch_size} exceeds the {len(self.shard)} training samples")
+        self.part = agreed_partition(model, world, job.train.x[: cfg.batch_size])
+        self.shapes = boundary_shapes(model, self.part, job.train.input_shape, cfg.batch_size)
+        model.to(self.device)  # after the partition and the shapes were worked out on the host
+        self.stage = stage_module(model, self.part.names[rank])
+        self.first, self.last = rank == 0, rank == world - 1
+        self.params = [p for p in self.stage.parameters() if p.requires_grad]
+        self.weights = detached(self.params)
+        self.rule = make_rule(cfg, self.total)
+        self.state = self.rule.init(self.weights)
+        # data index 0: the single-worker loop's augmentation draws (the first stage draws)
+        self.kit = WorkerKit.of(cfg, 0, rank)
+        self.aug = self.kit.aug if self.first else None
+        self.data = DeviceData(job.train, self.device, place.data_on_device,
+                               self.aug is not None)
+        self.clock = _Clock()
+        self.sent = 0
+
+    def fetch(self, idx: torch.Tensor, first: bool):
+        if self.first or self.last:
+            return self.data.batch(idx, self.aug, self.kit.gen)
+        return None, None
+
+    def forward_backward(self, batch, scale: float, last: bool) -> Micro:
+        x, y = batch
+        rank, staging, clock, straggler = self.rank, self.staging, self.clock, self.kit.straggler
+        # ---- forward: receive the previous stage's activations, run ours, pass on
+        if not self.first:
+            x = torch.empty(self.shapes[rank - 1], device=self.device)
+            t = time.perf_counter()
+            recv(x, rank - 1, staging)  # sync point: blocks until stage rank-1 finished
+            clock.waited(t)
+            x.requires_grad_(True)
+        t = time.perf_counter()
+        straggler.start()
+        out = self.stage(x)
+        loss = None
+        if self.last:
+            loss = self.kit.loss_fn(out, y)
+            (loss * scale if scale != 1.0 else loss).backward()
+        straggler.finish()
+        clock.computed(t)
+        if not self.last:
+            self._backward_from_next(out)
+        if not self.first:
+            t = time.perf_counter()
+            send(x.grad, rank - 1, staging)
+            self.sent += x.grad.numel() * x.grad.element_size()
+            clock.waited(t)
+        return Micro(len(out), loss, out if self.last else None, y)
+
+    def _backward_from_next(self, out: torch.Tensor) -> None:
+        t = time.perf_counter()
+        send(out.detach(), self.rank + 1, self.staging)
+        self.sent += out.numel() * out.element_size()
+        # ---- backward: the next stage hands back d loss / d out
+        grad_out = torch.empty_like(out)
+        recv(grad_out, self.rank + 1, self.staging)  # sync point: waits for all later stages
+        self.clock.waited(t)
+        t = time.perf_counter()
+        self.kit.straggler.start()
+        if out.requires_grad:  # a first stage without parameters has nothing to do
+            out.backward(grad_out)
+        self.kit.straggler.finish()
+        self.clock.computed(t)
+
+    def apply_update(self, step: int) -> dict:
+        if self.params:  # a stage of parameter-free layers (flatten, relu) has no update
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            updates, self.state = self.rule.update(grads, self.state, self.weights)
+            apply_updates(self.weights, updates)
+        for p in self.params:
+            p.grad = None
+        return {}
+
+    def evaluate(self, report: StepReporter, step: int, epoch: int, samples: int) -> None:
+        _evaluate(self.full, self.part, self.rank, self.world, report, step, epoch, samples)
+
+    def checkpoint(self, pos: Position, final: bool) -> None:
+        every = self.cfg.checkpoint_every
+        if every and pos.step % every == 0:  # a collective: every stage gathers
+            _checkpoint(self.job, self.full, self.part, self.rank, self.world, pos.step)
+
+
 def _layer_parallel(rank: int, world: int, job: Job) -> None:
     cfg = job.config
     place = setup_rank(cfg, rank, world, DEVICE, data_bytes=train_bytes(job))
-    staging, device = place.host_staging, place.torch_device
-    model = job.build_model()
-    check_stages(model, world, "--workers")  # again here: under torchrun no driver checked
-    model.train()
-    x_all = job.train.x
-    shard = job.shard(0, 1)  # one stream of batches: every stage walks the same order
-    total = job.planned_steps(len(shard))
-    if cfg.batch_size > len(shard):
-        raise ConfigError(
-            f"--batch-size: {cfg.batch_size} exceeds the {len(shard)} training samples")
-    part = agreed_partition(model, world, x_all[: cfg.batch_size])
-    shapes = boundary_shapes(model, part, job.train.input_shape, cfg.batch_size)
-    model.to(device)  # after the partition and the shapes were worked out on the host
-    stage = stage_module(model, part.names[rank])
-    first, last = rank == 0, rank == world - 1
-    params = [p for p in stage.parameters() if p.requires_grad]
-    weights = detached(params)
-    rule = make_rule(cfg, total)
-    state = rule.init(weights)
-    # data index 0: the single-worker loop's augmentation draws (the first stage draws)
-    kit = WorkerKit.of(cfg, 0, rank)
-    gen, loss_fn, straggler = kit.gen, kit.loss_fn, kit.straggler
-    aug = kit.aug if first else None
-    data = DeviceData(job.train, device, place.data_on_device, aug is not None)
-    report = StageReporter(job, rank, total, "model-parallel", logs_loss=last)
-    clock = _Clock()
-    sent = 0
-
-    step, micro, samples, epoch = 0, 0, 0, 0
-    while step < total:
-        for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed):
-            # ---- forward: receive the previous stage's activations, run ours, pass on
-            if first or last:
-                x, y = data.batch(idx, aug, gen)
-            if not first:
-                x = torch.empty(shapes[rank - 1], device=device)
-                t = time.perf_counter()
-                recv(x, rank - 1, staging)  # sync point: blocks until stage rank-1 finished
-                clock.waited(t)
-                x.requires_grad_(True)
-            t = time.perf_counter()
-            straggler.start()
-            out = stage(x)
-            if last:
-                loss = loss_fn(out, y)
-                (loss / cfg.grad_accum).backward()
-            straggler.finish()
-            clock.computed(t)
-            if not last:
-                t = time.perf_counter()
-                send(out.detach(), rank + 1, staging)
-                sent += out.numel() * out.element_size()
-                # ---- backward: the next stage hands back d loss / d out
-                grad_out = torch.empty_like(out)
-                recv(grad_out, rank + 1, staging)  # sync point: waits for all later stages
-                clock.waited(t)
-                t = time.perf_counter()
-                straggler.start()
-                if out.requires_grad:  # a first stage without parameters has nothing to do
-                    out.backward(grad_out)
-                straggler.finish()
-                clock.computed(t)
-            if not first:
-                t = time.perf_counter()
-                send(x.grad, rank - 1, staging)
-                sent += x.grad.numel() * x.grad.element_size()
-                clock.waited(t)
-            micro += 1
-            samples += len(idx)
-            if micro % cfg.grad_accum:
-                continue  # accumulate in .grad; step on the last micro-batch
-            if params:  # a stage of parameter-free layers (flatten, relu) has no update
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-                updates, state = rule.update(grads, state, weights)
-                apply_updates(weights, updates)
-            for p in params:
-                p.grad = None
-            step += 1
-            if report.wants_train(step):
-                acc = (out.argmax(1) == y).float().mean().item()
-                report.train(step, epoch, loss.item(), acc, samples)
-            report.tick(step)
-            if wants_eval(cfg, step, epoch_done=False):
-                _evaluate(model, part, rank, world, report, step, epoch, samples)
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                _checkpoint(job, model, part, rank, world, step)
-            if step >= total:
-                break
-        epoch += 1
-        if wants_eval(cfg, step, epoch_done=True):
-            _evaluate(model, part, rank, world, report, step, epoch, samples)
-    report.close()
-
+    hooks = _LayerHooks(job, rank, world, place)
+    report = StageReporter(job, rank, hooks.total, "model-parallel", logs_loss=hooks.last)
+    batches = batch_stream(hooks.shard, cfg.batch_size, cfg.seed)
+    pos = Loop(cfg, report, hooks, batches, hooks.total).run()
+    model, part = hooks.full, hooks.part
     gather_model(model, part, list(range(world)), rank, dst=0)
     # every rank's traffic and clocks, summed / collected on rank 0
-    traffic = torch.tensor([float(sent)], dtype=torch.float64)
+    traffic = torch.tensor([float(hooks.sent)], dtype=torch.float64)
     dist.reduce(traffic, 0)
-    clocks = torch.tensor([clock.compute, clock.wait], dtype=torch.float64)
+    clocks = torch.tensor([hooks.clock.compute, hooks.clock.wait], dtype=torch.float64)
     all_clocks = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(all_clocks, clocks)
     if rank == 0:
         stats = ModelParallelStats(
-            bytes_sent=int(traffic.item()), bytes_per_sample=traffic.item() / max(samples, 1),
+            bytes_sent=int(traffic.item()),
+            bytes_per_sample=traffic.item() / max(pos.samples, 1),
             stages=world, partition=[",".join(n) for n in part.names],
             partition_source=part.source, stage_costs=list(part.costs),
             stage_compute_s=[round(c[0].item(), 4) for c in all_clocks],
             stage_wait_s=[round(c[1].item(), 4) for c in all_clocks])
-        write_result(job, model.state_dict(), train_samples=samples, steps=step, stats=stats)
+        write_result(job, model.state_dict(), train_samples=pos.samples, steps=pos.step,
+                     stats=stats)
 
 
 def _evaluate(model, part, rank, world, report, step, epoch, samples) -> None:

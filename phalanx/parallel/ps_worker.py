@@ -97,7 +97,6 @@ class PSWorker(Hooks):
         self.acc_rows: list[torch.Tensor] = []
         self.acc_row_grads: list[torch.Tensor] = []
         self.step_rows: list[torch.Tensor] = []  # this step's micro-batches' table rows
-        self._pulled = False
 
     # ---- talking to the shards ---------------------------------------------------------
 
@@ -175,7 +174,7 @@ class PSWorker(Hooks):
         per_epoch = steps_per_epoch(len(self.shard), cfg.batch_size)
         start = Position(self.step, skip // per_epoch, self.samples)
         pos = Loop(cfg, self.report, self, batches, self.total, start=start,
-                   shards=cfg.workers).run()
+                   shards=cfg.workers, straggler=self.kit.straggler).run()
         self.samples = pos.samples
 
     # ---- the loop's hooks --------------------------------------------------------------
@@ -183,12 +182,11 @@ class PSWorker(Hooks):
     def before_step(self, step: int) -> None:
         if step == self.kill_at:
             die(self.log.log, "worker", self.worker, f"step {step}", KILLED_WORKER_EXIT)
-        self._pulled = False  # the step's first micro-batch pulls
 
-    def forward_backward(self, idx: torch.Tensor, scale: float, last: bool) -> Micro:
+    def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self.data.batch(idx, self.kit.aug, self.kit.gen)
         rows = x.unique().cpu() if self.table is not None else None  # ids go to the shards
-        if not self._pulled and self.step % self.cfg.nfetch == 0:
+        if first and self.step % self.cfg.nfetch == 0:
             self.pull(rows, dense=True)  # BSP / SSP workers wait here
         elif rows is not None:
             self.pull(rows, dense=False)  # this batch's table rows are always fresh
@@ -196,16 +194,17 @@ class PSWorker(Hooks):
             self.step_rows.append(rows)
         if self.acc_versions is None:
             self.acc_versions = list(self.client.versions)  # staleness counts from here
-        if not self._pulled:
+        if first:
             self.pull_ahead()
-        self._pulled = True
-        # the straggler slows the compute only, never the pulls
-        self.kit.straggler.start()
+        return x, y
+
+    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
+                         last: bool) -> Micro:
+        x, y = batch
         out = self.model(x)
         loss = self.kit.loss_fn(out, y)
         (loss * scale if scale != 1.0 else loss).backward()
-        self.kit.straggler.finish()
-        return Micro(len(idx), loss, out, y)
+        return Micro(len(y), loss, out, y)
 
     def apply_update(self, step: int) -> dict:
         """Accumulate the step's gradient; push every ``--npush`` steps and at the last.

@@ -149,13 +149,16 @@ class ReplicaHooks(Hooks):
     def before_step(self, step: int) -> None:
         self.ckpt.maybe_kill(step)  # --kill-worker: about to start step + 1
 
-    def compute(self, idx: torch.Tensor, scale: float) -> Micro:
+    def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data.batch(idx, self.kit.aug, self.kit.gen)
+
+    def compute(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float) -> Micro:
         """Forward and backward of one micro-batch; ``.grad`` accumulates."""
-        x, y = self.data.batch(idx, self.kit.aug, self.kit.gen)
+        x, y = batch
         out = self.model(x)
         loss = self.kit.loss_fn(out, y)
         (loss * scale if scale != 1.0 else loss).backward()
-        return Micro(len(idx), loss, out, y)
+        return Micro(len(y), loss, out, y)
 
     def apply(self, grads: list[torch.Tensor]) -> None:
         """The rule's update on the replica's weights; the gradients are cleared."""

@@ -35,12 +35,16 @@ class _SingleHooks(Hooks):
         self.data = DeviceData(job.train, place.torch_device, place.data_on_device,
                                self.kit.aug is not None)
 
-    def forward_backward(self, idx: torch.Tensor, scale: float, last: bool) -> Micro:
-        x, y = self.data.batch(idx, self.kit.aug, self.kit.gen)
+    def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data.batch(idx, self.kit.aug, self.kit.gen)
+
+    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
+                         last: bool) -> Micro:
+        x, y = batch
         out = self.model(x)
         loss = self.kit.loss_fn(out, y)
         (loss * scale if scale != 1.0 else loss).backward()
-        return Micro(len(idx), loss, out, y)
+        return Micro(len(y), loss, out, y)
 
     def apply_update(self, step: int) -> dict:
         grads = [p.grad for p in self.params]

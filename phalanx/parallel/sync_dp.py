@@ -98,11 +98,12 @@ class SyncHooks(ReplicaHooks):
             # as DDP's broadcast_buffers: BN statistics follow rank 0 (comm is idle here)
             broadcast_from_rank0(self.buffers, self.counter, self.rank, self.world)
 
-    def forward_backward(self, idx: torch.Tensor, scale: float, last: bool) -> Micro:
+    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
+                         last: bool) -> Micro:
         # only the step's last micro-batch syncs its gradients (DDP's no_sync before it)
         self.reducer.begin(sync=last)
         self.sfb.begin(sync=last)  # before forward: its hooks are set up there
-        return self.compute(idx, scale)
+        return self.compute(batch, scale)
 
     def apply_update(self, step: int) -> dict:
         self.reducer.finish()  # sync point: waits for every bucket to be averaged
