@@ -22,15 +22,16 @@ from torch.nn import functional as F
 
 from phalanx.comm.allreduce import chunk_bounds
 from phalanx.comm.staging import gloo_carries
-from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError
 from phalanx.parallel.base import Job, detached, write_result
 from phalanx.parallel.device_data import DeviceData, train_bytes
+from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
 from phalanx.parallel.reporting import StageReporter
 from phalanx.parallel.stats import ColumnParallelStats
-from phalanx.parallel.worker import WorkerKit, wants_eval
+from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
-from phalanx.runtime.placement import DeviceSupport, setup_rank
+from phalanx.runtime.checkpoint import save_checkpoint
+from phalanx.runtime.placement import DeviceSupport, Placement, setup_rank
 
 
 def shard_bounds(features: int, world: int) -> list[tuple[int, int]]:
@@ -149,69 +150,91 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
 
 
+class _ColumnHooks(Hooks):
+    """Every worker computes on the same batches; its slice of the split layer and the
+    replicated layers get its own update (the replicated ones come out equal everywhere)."""
+
+    def __init__(self, job: Job, rank: int, world: int, place: Placement) -> None:
+        cfg = self.cfg = job.config
+        self.job, self.rank, self.world = job, rank, world
+        self.model = model = job.build_model()
+        model.train()
+        self.full = check_split_layer(model, cfg.split_layer, world)
+        self.split = ColumnParallelLinear(self.full, rank, world)
+        _set_submodule(model, cfg.split_layer, self.split)
+        model.to(place.torch_device)
+        self.full.to(place.torch_device)  # the whole layer is assembled there for evaluation
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.weights = detached(self.params)
+        self.shard = job.shard(0, 1)  # every worker computes on the same batches
+        self.total = job.planned_steps(len(self.shard))
+        self.rule = make_rule(cfg, self.total)
+        self.state = self.rule.init(self.weights)
+        self.kit = WorkerKit.of(cfg, 0, rank)  # data index 0: the same draws on every worker
+        self.data = DeviceData(job.train, place.torch_device, place.data_on_device,
+                               self.kit.aug is not None)
+        # per micro-batch: all-gather of this worker's output slice to the others, and a
+        # ring-style all-reduce of the layer's input gradient (2 (N-1)/N of it per worker)
+        lo, hi = self.split.bounds[rank]
+        self.per_sample = 4 * ((hi - lo) * (world - 1)
+                               + 2 * self.split.in_features * (world - 1) / world)
+        self.sent = 0.0
+
+    def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data.batch(idx, self.kit.aug, self.kit.gen)
+
+    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
+                         last: bool) -> Micro:
+        x, y = batch
+        out = self.model(x)
+        loss = self.kit.loss_fn(out, y)
+        (loss * scale if scale != 1.0 else loss).backward()
+        self.sent += self.per_sample * len(y)
+        return Micro(len(y), loss, out, y)
+
+    def apply_update(self, step: int) -> dict:
+        updates, self.state = self.rule.update([p.grad for p in self.params], self.state,
+                                               self.weights)
+        apply_updates(self.weights, updates)
+        for p in self.params:
+            p.grad = None
+        return {}
+
+    def whole(self) -> nn.Module:
+        """The model with the whole layer assembled (a collective: every worker)."""
+        return _assembled(self.model, self.split, self.full, self.cfg.split_layer)
+
+    def evaluate(self, report: StepReporter, step: int, epoch: int, samples: int) -> None:
+        whole = self.whole()
+        if self.rank == 0:
+            report.evaluate(whole, report.test, step, epoch, samples)
+
+    def checkpoint(self, pos: Position, final: bool) -> None:
+        every = self.cfg.checkpoint_every
+        if every and pos.step % every == 0:
+            whole = self.whole()
+            if self.rank == 0:  # the model only: each worker's rule state stays with it
+                save_checkpoint(self.job.run_dir / "checkpoint.pt", {"step": pos.step, "model": {
+                    k: v.detach().to("cpu", copy=True) for k, v in whole.state_dict().items()}})
+
+
 def process_main(rank: int, world: int, job: Job) -> None:
     cfg = job.config
     place = setup_rank(cfg, rank, world, DeviceSupport(), data_bytes=train_bytes(job))
-    model = job.build_model()
-    model.train()
-    full = check_split_layer(model, cfg.split_layer, world)
-    split = ColumnParallelLinear(full, rank, world)
-    _set_submodule(model, cfg.split_layer, split)
-    model.to(place.torch_device)
-    full.to(place.torch_device)  # the whole layer is assembled there for evaluation
-    params = [p for p in model.parameters() if p.requires_grad]
-    weights = detached(params)
-    shard = job.shard(0, 1)  # every worker computes on the same batches
-    total = job.planned_steps(len(shard))
-    rule = make_rule(cfg, total)
-    state = rule.init(weights)
-    kit = WorkerKit.of(cfg, 0, rank)  # data index 0: the same draws on every worker
-    aug, gen, loss_fn, straggler = kit.aug, kit.gen, kit.loss_fn, kit.straggler
-    data = DeviceData(job.train, place.torch_device, place.data_on_device, aug is not None)
-    report = StageReporter(job, rank, total, "split-layer", logs_loss=rank == 0)
-    # per step: all-gather of this worker's output slice to the others, and a ring-style
-    # all-reduce of the layer's input gradient (2 (N-1)/N of it per worker)
-    lo, hi = split.bounds[rank]
-    sent, step, micro, samples, epoch = 0.0, 0, 0, 0, 0
-    while step < total:
-        for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed):
-            x, y = data.batch(idx, aug, gen)
-            straggler.start()
-            out = model(x)
-            loss = loss_fn(out, y)
-            (loss / cfg.grad_accum).backward()
-            straggler.finish()
-            sent += 4 * len(idx) * ((hi - lo) * (world - 1)
-                                    + 2 * split.in_features * (world - 1) / world)
-            micro += 1
-            samples += len(idx)
-            if micro % cfg.grad_accum:
-                continue
-            updates, state = rule.update([p.grad for p in params], state, weights)
-            apply_updates(weights, updates)
-            for p in params:
-                p.grad = None
-            step += 1
-            if report.wants_train(step):
-                acc = (out.argmax(1) == y).float().mean().item()
-                report.train(step, epoch, loss.item(), acc, samples)
-            report.tick(step)
-            if wants_eval(cfg, step, epoch_done=False):
-                _evaluate(model, split, full, cfg.split_layer, rank, report, step, epoch, samples)
-            if step >= total:
-                break
-        epoch += 1
-        if wants_eval(cfg, step, epoch_done=True):
-            _evaluate(model, split, full, cfg.split_layer, rank, report, step, epoch, samples)
-    report.close()
-    final = _assembled(model, split, full, cfg.split_layer)
-    traffic = torch.tensor([sent], dtype=torch.float64)
+    hooks = _ColumnHooks(job, rank, world, place)
+    report = StageReporter(job, rank, hooks.total, "split-layer", logs_loss=rank == 0)
+    batches = batch_stream(hooks.shard, cfg.batch_size, cfg.seed)
+    pos = Loop(cfg, report, hooks, batches, hooks.total, straggler=hooks.kit.straggler).run()
+    final = hooks.whole()
+    traffic = torch.tensor([hooks.sent], dtype=torch.float64)
     dist.reduce(traffic, 0)
     if rank == 0:
         stats = ColumnParallelStats(
-            bytes_sent=int(traffic.item()), bytes_per_sample=traffic.item() / max(samples, 1),
-            split_layer=cfg.split_layer, split_bounds=[list(b) for b in split.bounds])
-        write_result(job, final.state_dict(), train_samples=samples, steps=step, stats=stats)
+            bytes_sent=int(traffic.item()),
+            bytes_per_sample=traffic.item() / max(pos.samples, 1),
+            split_layer=cfg.split_layer, split_bounds=[list(b) for b in hooks.split.bounds])
+        write_result(job, final.state_dict(), train_samples=pos.samples, steps=pos.step,
+                     stats=stats)
 
 
 def _assembled(model: nn.Module, split: ColumnParallelLinear, full: nn.Linear,
@@ -221,9 +244,3 @@ def _assembled(model: nn.Module, split: ColumnParallelLinear, full: nn.Linear,
     whole = copy.deepcopy(model)
     _set_submodule(whole, name, copy.deepcopy(full))
     return whole
-
-
-def _evaluate(model, split, full, name, rank, report, step, epoch, samples) -> None:
-    whole = _assembled(model, split, full, name)
-    if rank == 0:
-        report.evaluate(whole, report.test, step, epoch, samples)

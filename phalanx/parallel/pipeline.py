@@ -20,7 +20,6 @@ from torch import nn
 
 from phalanx.comm.staging import DeviceHop, gloo_carries
 from phalanx.config import RunConfig
-from phalanx.data import epoch_batches
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import (
@@ -31,6 +30,7 @@ from phalanx.parallel.base import (
     write_result,
 )
 from phalanx.parallel.instrument import StageMeter, metered_stage_class
+from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
 from phalanx.parallel.partition import agreed_partition, check_stages, stage_module
 from phalanx.parallel.reporting import StageReporter
 from phalanx.parallel.spec import StrategySpec
@@ -40,7 +40,7 @@ from phalanx.parallel.stages import (
     refuse_batchnorm_with_microbatches,
 )
 from phalanx.parallel.stats import PipelineStats
-from phalanx.parallel.worker import WorkerKit, wants_eval
+from phalanx.parallel.worker import LOG_EVERY, StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
@@ -108,111 +108,147 @@ def _groups(stages: int, replicas: int):
     return pipes, dps
 
 
+class _StageHooks(Hooks):
+    """Stage ``s`` of replica ``replica``: each step's batch goes through the GPipe / 1F1B
+    schedule (which runs the micro-batches' backward itself), the stage's gradients are
+    summed over the replicas, scaled to the mean and applied by the rule."""
+
+    def __init__(self, job: Job, rank: int, world: int, stages: int, replicas: int) -> None:
+        cfg = self.cfg = job.config
+        if world != stages * replicas:
+            raise ConfigError(f"{world} processes cannot hold {replicas} x {stages} stages")
+        check(job, stages, replicas)  # again here: under torchrun no driver checked first
+        self.job, self.rank, self.stages, self.replicas = job, rank, stages, replicas
+        self.replica, s = divmod(rank, stages)
+        self.s, self.first, self.last = s, s == 0, s == stages - 1
+        place = setup_rank(cfg, rank, world, DEVICE)
+        self.pipes, self.dps = _groups(stages, replicas)
+        self.model = model = job.build_model()
+        model.train()
+        mb = cfg.batch_size // cfg.microbatches
+        self.part = agreed_partition(model, stages, job.train.x[:mb])
+        self.shapes = boundary_shapes(model, self.part, job.train.input_shape, mb)
+        model.to(place.torch_device)  # after the partition and the shapes were worked out
+        submod = stage_module(model, self.part.names[s])
+        if place.is_cuda:
+            # the schedule sends host activations over gloo; the stage computes on its GPU
+            submod = DeviceHop(submod, place.torch_device)
+        self.kit = WorkerKit.of(cfg, self.replica, rank)  # draws per replica; slowness per rank
+        self.meter = StageMeter(submod, self.kit.straggler)
+        self.schedule = build_schedule(submod, self.meter, s, stages, self.shapes,
+                                       job.train.input_shape, cfg.pipeline_schedule,
+                                       cfg.microbatches, self.pipes[self.replica])
+        self.shard = job.shard(self.replica, replicas)
+        self.total = job.planned_steps(min(len(job.shard(r, replicas)) for r in range(replicas)))
+        self.params = [p for p in submod.parameters() if p.requires_grad]
+        self.weights = detached(self.params)
+        self.rule = make_rule(cfg, self.total)
+        self.state = self.rule.init(self.weights)
+        # bytes per micro-batch: activations forward (all but the last stage), their
+        # gradients backward (all but the first)
+        self.per_batch = cfg.microbatches * 4 * (
+            (0 if self.last else _numel(self.shapes[s]))
+            + (0 if self.first else _numel(self.shapes[s - 1])))
+        self.sent = 0.0
+        self.report: StepReporter | None = None
+        self.t_train = 0.0
+        self.scale = 1.0
+        self.losses: list[torch.Tensor] = []
+        self.out: torch.Tensor | None = None
+
+    def fetch(self, idx: torch.Tensor, first: bool):
+        x = None
+        if self.first:
+            x = self.job.train.x[idx]
+            if self.kit.aug is not None:
+                x = self.kit.aug(x, self.kit.gen)
+        return x, self.job.train.y[idx]
+
+    def forward_backward(self, batch, scale: float, last: bool) -> Micro:
+        x, y = batch
+        losses: list[torch.Tensor] = []
+        with self.meter.saving():
+            self.out = pipeline_step(self.schedule, self.s, self.stages, x, y, losses)
+        self.losses, self.y, self.scale = losses, y, scale
+        self.sent += self.per_batch
+        return Micro(len(y), None, self.out, y)
+
+    def apply_update(self, step: int) -> dict:
+        params, cfg = self.params, self.cfg
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        # the schedule summed its micro-batches' gradients: the mean over them and over
+        # the step's accumulated batches (the loop's loss scale)
+        scale = self.scale / cfg.microbatches
+        if self.replicas > 1 and params:
+            grads = self._sum_over_replicas(grads)
+            scale /= self.replicas
+        if params:
+            updates, self.state = self.rule.update([g * scale for g in grads], self.state,
+                                                   self.weights)
+            apply_updates(self.weights, updates)
+        for p in params:
+            p.grad = None
+        if step == 1:  # the first step connects peers and warms up: not measured
+            self.t_train, self.meter.compute_s = self.report.wall(), 0.0
+        if self.last and (step == 1 or step % LOG_EVERY == 0 or step == self.total):
+            return self._batch_loss()
+        return {}
+
+    def _sum_over_replicas(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        # sync point: this stage's gradients summed over its replicas, one buffer
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        host = flat.to("cpu") if gloo_carries(flat) else flat
+        dist.all_reduce(host, group=self.dps[self.s])
+        if host is not flat:
+            flat.copy_(host)
+        n = flat.numel()
+        self.sent += 2 * (self.replicas - 1) / self.replicas * 4 * n  # ring-equivalent
+        parts = torch.split(flat, [g.numel() for g in grads])
+        return [g.view_as(p) for g, p in zip(parts, self.params)]
+
+    def _batch_loss(self) -> dict:
+        """The whole (all replicas') batch's mean loss and accuracy: a collective of the
+        last stages."""
+        loss = torch.stack(self.losses).mean().detach()
+        acc = (self.out.argmax(1) == self.y).float().mean()
+        both = torch.stack([loss, acc])
+        if self.replicas > 1:
+            dist.all_reduce(both, group=self.dps[self.s])
+            both /= self.replicas
+        return {"loss": both[0].item(), "accuracy": both[1].item(),
+                "peak_live_microbatches": self.meter.peak_live}
+
+    def evaluate(self, report: StepReporter, step: int, epoch: int, samples: int) -> None:
+        if self.replica != 0:
+            return  # replicas hold the same weights: replica 0's stages are gathered
+        gather_model(self.model, self.part, list(range(self.stages)), self.rank, dst=0)
+        if self.rank == 0:
+            report.evaluate(self.model, report.test, step, epoch, samples)
+
+    def checkpoint(self, pos: Position, final: bool) -> None:
+        every = self.cfg.checkpoint_every
+        if every and pos.step % every == 0 and self.replica == 0:
+            gather_model(self.model, self.part, list(range(self.stages)), self.rank, dst=0)
+            if self.rank == 0:  # the model only: each stage's rule state stays with it
+                save_checkpoint(self.job.run_dir / "checkpoint.pt", {
+                    "step": pos.step, "model": {k: v.detach().to("cpu", copy=True)
+                                                for k, v in self.model.state_dict().items()}})
+
+
 def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) -> None:
     cfg = job.config
-    if world != stages * replicas:
-        raise ConfigError(f"{world} processes cannot hold {replicas} x {stages} stages")
-    check(job, stages, replicas)  # again here: under torchrun no driver checked first
-    replica, s = divmod(rank, stages)
-    first, last = s == 0, s == stages - 1
-    place = setup_rank(cfg, rank, world, DEVICE)
-    pipes, dps = _groups(stages, replicas)
-    model = job.build_model()
-    model.train()
-    x_all, y_all = job.train.x, job.train.y
-    mb = cfg.batch_size // cfg.microbatches
-    part = agreed_partition(model, stages, x_all[:mb])
-    shapes = boundary_shapes(model, part, job.train.input_shape, mb)
-    model.to(place.torch_device)  # after the partition and the shapes were worked out
-    submod = stage_module(model, part.names[s])
-    if place.is_cuda:
-        # the schedule sends host activations over gloo; the stage computes on its GPU
-        submod = DeviceHop(submod, place.torch_device)
-    kit = WorkerKit.of(cfg, replica, rank)  # draws per replica; slowness per rank
-    meter = StageMeter(submod, kit.straggler)
-    schedule = build_schedule(submod, meter, s, stages, shapes, job.train.input_shape,
-                              cfg.pipeline_schedule, cfg.microbatches, pipes[replica])
-    shard = job.shard(replica, replicas)
-    total = job.planned_steps(min(len(job.shard(r, replicas)) for r in range(replicas)))
-    params = [p for p in submod.parameters() if p.requires_grad]
-    weights = detached(params)
-    rule = make_rule(cfg, total)
-    state = rule.init(weights)
-    aug, gen = (kit.aug if first else None), kit.gen
+    hooks = _StageHooks(job, rank, world, stages, replicas)
     label = cfg.strategy if replicas > 1 else f"pipeline-{cfg.pipeline_schedule}"
-    report = StageReporter(job, rank, total, label, logs_loss=last and replica == 0)
-    # bytes per micro-batch: activations forward (all but the last stage), their
-    # gradients backward (all but the first)
-    per_batch = cfg.microbatches * 4 * (
-        (0 if last else _numel(shapes[s])) + (0 if first else _numel(shapes[s - 1])))
-    flat_params = sum(p.numel() for p in params)
-    sent, step, micro, samples, epoch = 0.0, 0, 0, 0, 0
-    t_train = report.wall()
-    while step < total:
-        for idx in epoch_batches(shard, cfg.batch_size, epoch, cfg.seed):
-            losses: list[torch.Tensor] = []
-            with meter.saving():
-                x = x_all[idx] if first else None
-                if aug is not None:
-                    x = aug(x, gen)
-                out = pipeline_step(schedule, s, stages, x, y_all[idx], losses)
-            sent += per_batch
-            micro += 1
-            samples += len(idx) * replicas
-            if micro % cfg.grad_accum:
-                continue
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            scale = 1.0 / (cfg.microbatches * cfg.grad_accum)
-            if replicas > 1 and params:
-                # sync point: this stage's gradients summed over its replicas, one buffer
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                host = flat.to("cpu") if gloo_carries(flat) else flat
-                dist.all_reduce(host, group=dps[s])
-                if host is not flat:
-                    flat.copy_(host)
-                sent += 2 * (replicas - 1) / replicas * 4 * flat_params  # ring-equivalent
-                grads = list(torch.split(flat, [g.numel() for g in grads]))
-                grads = [g.view_as(p) for g, p in zip(grads, params)]
-                scale /= replicas
-            if params:
-                updates, state = rule.update([g * scale for g in grads], state, weights)
-                apply_updates(weights, updates)
-            for p in params:
-                p.grad = None
-            step += 1
-            if step == 1:  # the first step connects peers and warms up: not measured
-                t_train, meter.compute_s = report.wall(), 0.0
-            if last and (step == 1 or step % 10 == 0 or step == total):
-                loss = torch.stack(losses).mean().detach()
-                acc = (out.argmax(1) == y_all[idx]).float().mean()
-                both = torch.stack([loss, acc])
-                if replicas > 1:  # the whole (all replicas') batch's mean loss
-                    dist.all_reduce(both, group=dps[s])
-                    both /= replicas
-                if report.wants_train(step):
-                    # this replica's own samples (events' convention: per rank)
-                    report.train(step, epoch, both[0].item(), both[1].item(),
-                                 samples // replicas,
-                                 peak_live_microbatches=meter.peak_live)
-            report.tick(step)
-            if wants_eval(cfg, step, epoch_done=False):
-                _evaluate(model, part, rank, stages, replica, report, step, epoch, samples)
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and replica == 0:
-                gather_model(model, part, list(range(stages)), rank, dst=0)
-                if rank == 0:  # the model only: each stage's rule state stays with it
-                    save_checkpoint(job.run_dir / "checkpoint.pt", {"step": step, "model": {
-                        k: v.detach().to("cpu", copy=True)
-                        for k, v in model.state_dict().items()}})
-            if step >= total:
-                break
-        epoch += 1
-        if wants_eval(cfg, step, epoch_done=True):
-            _evaluate(model, part, rank, stages, replica, report, step, epoch, samples)
-    train_s = report.wall() - t_train
-    report.close()
-    if replica == 0:
-        gather_model(model, part, list(range(stages)), rank, dst=0)
-    _finish(job, model, part, rank, world, sent, samples, step, meter, train_s)
+    report = hooks.report = StageReporter(job, rank, hooks.total, label,
+                                          logs_loss=hooks.last and hooks.replica == 0)
+    hooks.t_train = report.wall()
+    batches = batch_stream(hooks.shard, cfg.batch_size, cfg.seed)
+    pos = Loop(cfg, report, hooks, batches, hooks.total, shards=replicas).run()
+    train_s = report.wall() - hooks.t_train
+    if hooks.replica == 0:
+        gather_model(hooks.model, hooks.part, list(range(stages)), rank, dst=0)
+    _finish(job, hooks.model, hooks.part, rank, world, hooks.sent, pos.samples * replicas,
+            pos.step, hooks.meter, train_s)
 
 
 def build_schedule(submod: nn.Module, meter: StageMeter, s: int, stages: int,
@@ -250,14 +286,6 @@ def _numel(shape) -> int:
     for d in shape:
         n *= d
     return n
-
-
-def _evaluate(model, part, rank, stages, replica, report, step, epoch, samples) -> None:
-    if replica != 0:
-        return  # replicas hold the same weights: replica 0's stages are gathered
-    gather_model(model, part, list(range(stages)), rank, dst=0)
-    if rank == 0:
-        report.evaluate(model, report.test, step, epoch, samples)
 
 
 def _finish(job, model, part, rank, world, sent, samples, step, meter, train_s) -> None:
