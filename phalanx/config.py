@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from phalanx.errors import ConfigError
-from phalanx.limits import check_ranges, short
+from phalanx.limits import MAX_SEED, check_ranges, short
 
 LINE_SEARCHES = ("backtracking", "none")  # sandblaster L-BFGS
 RULES = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
@@ -29,11 +30,73 @@ DEFAULT_LR = {"sgd": 0.05, "momentum": 0.01, "nesterov": 0.01, "adagrad": 0.01,
 WORKER_LOSS = ("continue", "stop")
 
 
+SECTIONS = {  # a setting's section -> what it holds (``--help`` groups the flags by it)
+    "run": "the run as a whole",
+    "data": "the data set and its shards",
+    "model": "the model",
+    "optim": "the optimiser: rule, learning rate, schedule, batches",
+    "parallel": "strategy, workers and placement",
+    "faults": "injected faults and stragglers",
+    "comm": "communication and compression",
+    "ps": "parameter server (bsp, asp, ssp, softsync, downpour, dc-asgd)",
+    "average": "parameter averaging and DiLoCo",
+    "stages": "model parallel, pipeline and hybrid",
+    "hogwild": "Hogwild!",
+    "sandblaster": "Sandblaster L-BFGS",
+    "output": "the run folder, events and checkpoints",
+}
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take, and the sentence that says so when it does not.
+    Integers with both ends are ``lo..hi``; otherwise ``> lo``, ``>= lo``, ``in [lo, hi)``."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    text: str = ""
+
+    def holds(self, v: float) -> bool:
+        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+            return False
+        return self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
+
+    def says(self) -> str:
+        if self.text:
+            return self.text
+        if self.hi is None:
+            return f"must be {'>' if self.lo_open else '>='} {self.lo:g}"
+        if not (self.lo_open or self.hi_open) and isinstance(self.lo, int) and \
+                isinstance(self.hi, int):
+            return f"must be in {self.lo:g}..{self.hi:g}"
+        return (f"must be in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}"
+                f"{')' if self.hi_open else ']'}")
+
+
 def setting(default: Any = dataclasses.MISSING, help: str = "", *,
-            factory: Any = None, choices: tuple[str, ...] = ()) -> Any:
-    """A :class:`RunConfig` field with its help sentence and choices beside it: the one
-    place the flag's text is written (``phalanx.entry.flags`` reads it for ``--help``)."""
-    meta = {"help": help, "choices": choices}
+            factory: Any = None, choices: tuple[str, ...] = (), section: str = "run",
+            rule: Range | None = None, limit: tuple[float, float] | None = None,
+            needs: tuple[str, Callable[[Any], bool]] | None = None) -> Any:
+    """A :class:`RunConfig` field and everything about it, in one place:
+
+    - ``help`` and ``choices``: ``phalanx.entry.flags`` builds the flag's ``--help`` from
+      them (with the default);
+    - ``section``: which part of a run it configures (:data:`SECTIONS`);
+    - ``rule``: the values it may take (:meth:`RunConfig.validate` checks every field's);
+    - ``limit``: (low, high) beyond which a value is a typo, not a plan (seeds that fit
+      64-bit generators, counts that fit C types, sizes the machine can hold);
+      :func:`phalanx.limits.check_ranges` reads it;
+    - ``needs``: (what, is_read): it is read only beside another setting's value (``--gamma``
+      with ``--schedule step``); a non-default value without it is refused.
+
+    Which *strategies* read a setting is declared by their specs' ``options``, so a new
+    strategy stays one module (docs/architecture.md)."""
+    if section not in SECTIONS:
+        raise ValueError(f"setting: unknown section {section!r}")
+    meta = {"help": help, "choices": choices, "section": section, "rule": rule,
+            "limit": limit, "needs": needs}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -73,167 +136,234 @@ class RunConfig:
     """Everything one training run needs. Field names are the CLI flags (``_`` -> ``-``)."""
 
     # what to train
-    model: str = setting("lenet5", 'model to train')
+    model: str = setting("lenet5", 'model to train', section="model")
     data: str = setting(
         "fashion-mnist",
         "data set (fashion-mnist needs Debian's dataset-fashion-mnist; idx and cifar10 "
-        'need --data-dir)')
+        'need --data-dir)', section="data")
     data_dir: str | None = setting(
-        None, 'directory holding IDX (MNIST-format) or CIFAR-10 binary files')
-    train_limit: int = setting(0, 'train on only the first N training samples (0: all)')
-    test_limit: int = setting(0, 'evaluate on only the first N test samples (0: all)')
+        None, 'directory holding IDX (MNIST-format) or CIFAR-10 binary files',
+        section="data",
+        needs=("--data fashion-mnist, mnist, idx or cifar10",
+               lambda c: c.data in ("fashion-mnist", "mnist", "idx", "cifar10")))
+    train_limit: int = setting(0, 'train on only the first N training samples (0: all)',
+        section="data", rule=Range(0), limit=(0, 2**40))
+    test_limit: int = setting(0, 'evaluate on only the first N test samples (0: all)',
+        section="data", rule=Range(0), limit=(0, 2**40))
     non_iid: float = setting(
-        0.0, "how label-sorted the workers' shards are (0: iid, 1: each worker sees few labels)")
+        0.0, "how label-sorted the workers' shards are (0: iid, 1: each worker sees few labels)",
+        section="data", rule=Range(0.0, 1.0))
     augment: str = setting(
-        "", 'comma list of augmentations applied per batch: flip, translate, rotate, noise')
+        "", 'comma list of augmentations applied per batch: flip, translate, rotate, noise',
+        section="data")
 
     # optimisation
-    epochs: float = setting(1.0, 'passes over the training set (fractions allowed)')
+    epochs: float = setting(1.0, 'passes over the training set (fractions allowed)',
+        section="optim", rule=Range(0, lo_open=True), limit=(0, 1e6))
     max_steps: int = setting(
-        0, 'stop after this many optimizer steps per worker (0: --epochs decides)')
-    batch_size: int = setting(64, 'samples per batch per worker')
+        0, 'stop after this many optimizer steps per worker (0: --epochs decides)',
+        section="optim", rule=Range(0), limit=(0, 10**12))
+    batch_size: int = setting(64, 'samples per batch per worker',
+        section="optim", rule=Range(1), limit=(1, 2**31 - 1))
     lr: float | None = setting(
-        None, "learning rate (default: the rule's own, e.g. sgd 0.05, adam 0.001; L-BFGS 1)")
+        None, "learning rate (default: the rule's own, e.g. sgd 0.05, adam 0.001; L-BFGS 1)",
+        section="optim", rule=Range(0, lo_open=True, text="must be a finite number > 0"),
+        limit=(0, 1e6))
     rule: str = setting(
-        "sgd", 'update rule (optimizer), on the workers or on the parameter server', choices=RULES)
-    momentum: float = setting(0.9, 'momentum of --rule momentum / nesterov')
-    weight_decay: float = setting(0.0, 'L2 weight decay added to every gradient')
-    schedule: str = setting("constant", 'learning-rate schedule over the run', choices=SCHEDULES)
-    warmup_steps: int = setting(0, 'linear learning-rate warm-up over this many steps')
+        "sgd", 'update rule (optimizer), on the workers or on the parameter server', choices=RULES,
+        section="optim")
+    momentum: float = setting(0.9, 'momentum of --rule momentum / nesterov',
+        section="optim", rule=Range(0.0, 1.0, hi_open=True),
+        needs=("--rule momentum or nesterov", lambda c: c.rule in ("momentum", "nesterov")))
+    weight_decay: float = setting(0.0, 'L2 weight decay added to every gradient',
+        section="optim", rule=Range(0), limit=(0, 1e6))
+    schedule: str = setting("constant", 'learning-rate schedule over the run', choices=SCHEDULES,
+        section="optim")
+    warmup_steps: int = setting(0, 'linear learning-rate warm-up over this many steps',
+        section="optim", rule=Range(0), limit=(0, 10**12))
     step_size: int = setting(
-        1000, '--schedule step: multiply the lr by --gamma every this many steps')
-    gamma: float = setting(0.1, '--schedule step: the factor applied every --step-size steps')
-    grad_accum: int = setting(1, 'micro-batches accumulated per optimizer step')
+        1000, '--schedule step: multiply the lr by --gamma every this many steps',
+        section="optim", rule=Range(1), limit=(1, 10**12),
+        needs=("--schedule step", lambda c: c.schedule == "step"))
+    gamma: float = setting(0.1, '--schedule step: the factor applied every --step-size steps',
+        section="optim", rule=Range(0.0, 1.0, lo_open=True),
+        needs=("--schedule step", lambda c: c.schedule == "step"))
+    grad_accum: int = setting(1, 'micro-batches accumulated per optimizer step',
+        section="optim", rule=Range(1), limit=(1, 2**20))
 
     # strategy
     strategy: str = setting(
-        "single", 'how the workers synchronise (docs/architecture.md lists them)')
-    workers: int = setting(1, 'worker processes that compute (data-parallel ranks, stages, ...)')
+        "single", 'how the workers synchronise (docs/architecture.md lists them)',
+        section="parallel")
+    workers: int = setting(1, 'worker processes that compute (data-parallel ranks, stages, ...)',
+        section="parallel", rule=Range(1, 256))
     seed: int = setting(
-        0, "seed of the model's initial weights, the data order and every worker's generator")
+        0, "seed of the model's initial weights, the data order and every worker's generator",
+        section="run", limit=(0, MAX_SEED))
     device: str = setting(
-        "cpu", 'cpu, cuda or cuda:K (each rank takes a GPU of its own where it can)')
+        "cpu", 'cpu, cuda or cuda:K (each rank takes a GPU of its own where it can)',
+        section="parallel")
     threads: int = setting(
         0,
         "intra-op threads of the driver process (0: PyTorch's default; workers use "
-        '--worker-threads)')
+        '--worker-threads)', section="parallel", rule=Range(0, 1024))
     slow_workers: dict[int, float] = setting(
         factory=dict,
-        help="emulate stragglers: RANK:FACTOR pairs, e.g. 0:3.0,2:1.5 (rank 0 three times slower)")
+        help="emulate stragglers: RANK:FACTOR pairs, e.g. 0:3.0,2:1.5 (rank 0 three times slower)",
+        section="faults")
     # per-rank placement (phalanx.runtime.placement): collectives' backend, training set on
     # the GPU, intra-op threads of each worker process (0 = max(1, cores // processes))
     backend: str = setting(
         "auto",
         "collectives' backend: nccl where every rank owns a GPU, gloo otherwise (auto)",
-        choices=BACKENDS)
+        choices=BACKENDS, section="parallel")
     data_on_device: str = setting(
-        "auto", 'keep the training set on the GPU (auto: when it fits)', choices=DATA_ON_DEVICE)
+        "auto", 'keep the training set on the GPU (auto: when it fits)', choices=DATA_ON_DEVICE,
+        section="parallel")
     worker_threads: int = setting(
-        0, 'intra-op threads per worker process (0: cores / processes, at least 1)')
+        0, 'intra-op threads per worker process (0: cores / processes, at least 1)',
+        section="parallel", rule=Range(0, 1024))
 
     # parameter server family
-    servers: int = setting(1, "parameter-server shards (or Sandblaster's parameter shards)")
+    servers: int = setting(1, "parameter-server shards (or Sandblaster's parameter shards)",
+        section="ps", rule=Range(1, 64))
     staleness: int = setting(
-        3, 'SSP: how many clocks the fastest worker may run ahead of the slowest')
+        3, 'SSP: how many clocks the fastest worker may run ahead of the slowest',
+        section="ps", rule=Range(0), limit=(0, 10**9))
     softsync: int = setting(
-        1, 'soft-sync: pushes the server gathers before it applies them (1: ASP, N: like sync)')
-    nfetch: int = setting(1, 'Downpour: fetch fresh weights every this many steps')
-    npush: int = setting(1, 'Downpour: push the summed gradients every this many steps')
-    dc_lambda: float = setting(0.04, 'DC-ASGD: the delay-compensation strength lambda')
-    dc_adaptive: bool = setting(False, 'DC-ASGD-a: scale lambda by a moving average of g*g')
-    dc_momentum: float = setting(0.95, "DC-ASGD-a: the moving average's decay")
+        1, 'soft-sync: pushes the server gathers before it applies them (1: ASP, N: like sync)',
+        section="ps")
+    nfetch: int = setting(1, 'Downpour: fetch fresh weights every this many steps',
+        section="ps", rule=Range(1), limit=(1, 10**9))
+    npush: int = setting(1, 'Downpour: push the summed gradients every this many steps',
+        section="ps", rule=Range(1), limit=(1, 10**9))
+    dc_lambda: float = setting(0.04, 'DC-ASGD: the delay-compensation strength lambda',
+        section="ps", rule=Range(0), limit=(0, 1e6))
+    dc_adaptive: bool = setting(False, 'DC-ASGD-a: scale lambda by a moving average of g*g',
+        section="ps")
+    dc_momentum: float = setting(0.95, "DC-ASGD-a: the moving average's decay",
+        section="ps", rule=Range(0.0, 1.0, hi_open=True),
+        needs=("--dc-adaptive", lambda c: c.dc_adaptive))
     staleness_lr: bool = setting(
-        False, 'divide each applied step by its staleness (staleness-aware async SGD)')
+        False, 'divide each applied step by its staleness (staleness-aware async SGD)',
+        section="ps")
     ps_timeout: float = setting(
-        60.0, 'seconds a server or worker waits for a silent peer before it is lost')
+        60.0, 'seconds a server or worker waits for a silent peer before it is lost',
+        section="ps", rule=Range(0, lo_open=True), limit=(0.05, 1e6))
     heartbeat_s: float = setting(
-        1.0, "seconds between a worker's heartbeats (at most half of --ps-timeout)")
+        1.0, "seconds between a worker's heartbeats (at most half of --ps-timeout)",
+        section="ps", limit=(0.01, 1e6))
     on_worker_loss: str = setting(
         "continue",
-        'parameter server: drop a dead worker and go on, or stop the run', choices=WORKER_LOSS)
+        'parameter server: drop a dead worker and go on, or stop the run', choices=WORKER_LOSS,
+        section="ps")
     # fault injection (phalanx.runtime.faults): RANK@STEP, SHARD@UPDATE, push loss probability
-    kill_worker: str = setting("", 'fault injection: kill worker RANK at STEP (RANK@STEP)')
-    kill_server: str = setting("", 'fault injection: kill shard K after UPDATE updates (K@UPDATE)')
+    kill_worker: str = setting("", 'fault injection: kill worker RANK at STEP (RANK@STEP)',
+        section="faults")
+    kill_server: str = setting("", 'fault injection: kill shard K after UPDATE updates (K@UPDATE)',
+        section="faults")
     drop_messages: float = setting(
-        0.0, 'fault injection: probability that a push is lost on the way')
+        0.0, 'fault injection: probability that a push is lost on the way',
+        section="faults", rule=Range(0.0, 1.0, hi_open=True))
     # ASP / Downpour: ask for the next weights before this step's compute, so the pull's
     # round trip hides behind it (Downpour's asynchronous fetch; one push more staleness)
     pull_ahead: bool = setting(
         False,
         "ASP / Downpour: ask for the next weights before this step's compute (hides the "
-        'pull; one more push of staleness)')
+        'pull; one more push of staleness)', section="ps")
     # the consistency model (phalanx.ps.consistency.MODELS: bsp, asp, ssp, softsync);
     # "" = the one the parameter-server strategy is a preset of
     consistency: str = setting(
-        "", "parameter server: the consistency model (default: the strategy's)")
+        "", "parameter server: the consistency model (default: the strategy's)", section="ps")
     # Downpour (Dean et al. 2012, Algorithm 7.1): between fetches a worker applies each of
     # its gradients to its local weights (plain SGD at --lr); off = every step of a fetch
     # period is computed on the fetched (stale) weights
     downpour_local_steps: bool = setting(
         True,
         'Downpour: between fetches apply each gradient to the local weights (Dean et '
-        "al.'s client)")
+        "al.'s client)", section="ps")
 
     # synchronous data parallel / averaging
     allreduce: str = setting(
         "native",
         "sync: whose allreduce (native: the backend's; ring: ours; main: through rank 0)",
-        choices=ALLREDUCES)
+        choices=ALLREDUCES, section="comm")
     bucket_mb: float = setting(
-        25.0, 'sync: gradient bucket size in MB (buckets reduce while backward runs)')
+        25.0, 'sync: gradient bucket size in MB (buckets reduce while backward runs)',
+        section="comm", rule=Range(0, lo_open=True), limit=(0, 1e6))
     sfb: bool = setting(
-        False, "sync / average: send fully connected layers' gradients as sufficient factors")
-    period: int = setting(1, 'average: local steps between two averagings')
+        False, "sync / average: send fully connected layers' gradients as sufficient factors",
+        section="comm")
+    period: int = setting(1, 'average: local steps between two averagings',
+        section="average", rule=Range(1), limit=(1, 10**12))
     average_optimizer_state: bool = setting(
-        False, 'average: average the optimizer state too, not only the weights')
+        False, 'average: average the optimizer state too, not only the weights', section="average")
     # --compress none|fp16|bf16|int8|topk:R|randk:R|powersgd:RANK (phalanx.comm.compress)
     compress: str = setting(
         "none",
         'compression of gradients / deltas: none, fp16, bf16, int8, topk:RATIO, '
-        'randk:RATIO, powersgd:RANK[,start=N][,warm]')
+        'randk:RATIO, powersgd:RANK[,start=N][,warm]', section="comm")
     error_feedback: bool = setting(
-        True, 'keep what compression dropped and add it to the next message')
+        True, 'keep what compression dropped and add it to the next message',
+        section="comm", needs=("--compress", lambda c: c.compress != "none"))
     outer_rule: str = setting(
         "",
         "average: DiLoCo's outer optimizer on the averaged delta: sgd or nesterov (empty: "
-        'plain averaging)')
+        'plain averaging)', section="average")
     outer_lr: float = setting(
-        1.0, 'average --outer-rule: the outer learning rate (sgd 1 = plain averaging)')
-    outer_momentum: float = setting(0.9, 'average --outer-rule nesterov: the outer momentum')
+        1.0, 'average --outer-rule: the outer learning rate (sgd 1 = plain averaging)',
+        section="average", needs=("--outer-rule sgd or nesterov", lambda c: bool(c.outer_rule)))
+    outer_momentum: float = setting(0.9, 'average --outer-rule nesterov: the outer momentum',
+        section="average", needs=("--outer-rule nesterov", lambda c: c.outer_rule == "nesterov"))
 
     # model / pipeline / hybrid / hogwild
     stages: int = setting(
-        2, 'model-parallel / pipeline / hybrid: pipeline stages (processes per replica)')
-    microbatches: int = setting(4, 'pipeline / hybrid: micro-batches per batch')
+        2, 'model-parallel / pipeline / hybrid: pipeline stages (processes per replica)',
+        section="stages", rule=Range(1), limit=(1, 256))
+    microbatches: int = setting(4, 'pipeline / hybrid: micro-batches per batch',
+        section="stages", rule=Range(1), limit=(1, 2**16))
     pipeline_schedule: str = setting(
-        "gpipe", 'pipeline / hybrid: the schedule', choices=PIPELINE_SCHEDULES)
-    replicas: int = setting(1, 'hybrid: data-parallel replicas of the pipeline')
+        "gpipe", 'pipeline / hybrid: the schedule', choices=PIPELINE_SCHEDULES, section="stages")
+    replicas: int = setting(1, 'hybrid: data-parallel replicas of the pipeline',
+        section="stages", rule=Range(1), limit=(1, 256))
     split_layer: str = setting(
-        "", "model-parallel: split one Linear layer's columns over the workers (its name)")
-    lock: bool = setting(False, 'hogwild: guard every write with a lock (the locked baseline)')
+        "", "model-parallel: split one Linear layer's columns over the workers (its name)",
+        section="stages")
+    lock: bool = setting(False, 'hogwild: guard every write with a lock (the locked baseline)',
+        section="hogwild")
 
     # sandblaster L-BFGS (a coordinator, shards holding parameters + history, workers)
-    portions: int = setting(0, 'sandblaster: portions each batch is cut into (0: 8 x workers)')
-    history: int = setting(10, 'sandblaster: L-BFGS history size m (pairs kept on the shards)')
+    portions: int = setting(0, 'sandblaster: portions each batch is cut into (0: 8 x workers)',
+        section="sandblaster", limit=(0, 10**7))
+    history: int = setting(10, 'sandblaster: L-BFGS history size m (pairs kept on the shards)',
+        section="sandblaster", rule=Range(1, text="must be >= 1 (L-BFGS keeps at least one pair)"),
+        limit=(1, 10**4))
     line_search: str = setting(
         "backtracking",
-        'sandblaster: backtracking (Armijo) or none (fixed step --lr)', choices=LINE_SEARCHES)
+        'sandblaster: backtracking (Armijo) or none (fixed step --lr)', choices=LINE_SEARCHES,
+        section="sandblaster")
     static_portions: bool = setting(
-        False, 'sandblaster: one fixed portion per worker, no backup tasks')
+        False, 'sandblaster: one fixed portion per worker, no backup tasks', section="sandblaster")
 
     # output
     out: str = setting(
         "runs/latest",
-        'run folder: config.json, events.jsonl, summary.json, checkpoints, tensorboard/')
-    eval_every: int = setting(0, "evaluate on the test set every N steps (0: at each epoch's end)")
-    checkpoint_every: int = setting(0, 'write a checkpoint every N steps (0: only at the end)')
+        'run folder: config.json, events.jsonl, summary.json, checkpoints, tensorboard/',
+        section="output")
+    eval_every: int = setting(0, "evaluate on the test set every N steps (0: at each epoch's end)",
+        section="output", rule=Range(0), limit=(0, 10**12))
+    checkpoint_every: int = setting(0, 'write a checkpoint every N steps (0: only at the end)',
+        section="output", rule=Range(0), limit=(0, 10**12))
     resume: str = setting(
-        "", 'continue the crashed or preempted run in this folder from its checkpoints')
+        "", 'continue the crashed or preempted run in this folder from its checkpoints',
+        section="output")
     progress: bool = setting(
-        True, 'show a progress bar (a plain line every few seconds when not on a terminal)')
-    tensorboard: bool = setting(True, 'write TensorBoard scalars under OUT/tensorboard')
+        True, 'show a progress bar (a plain line every few seconds when not on a terminal)',
+        section="output")
+    tensorboard: bool = setting(True, 'write TensorBoard scalars under OUT/tensorboard',
+        section="output")
     overwrite: bool = setting(
-        False, 'clear the earlier run in --out first (only files a run writes)')
+        False, 'clear the earlier run in --out first (only files a run writes)', section="output")
 
     def validate(self) -> RunConfig:
         """Check every setting on its own (types, ranges, choices) and fill in the learning
@@ -247,61 +377,22 @@ class RunConfig:
                 raise ConfigError(f"--{name.replace('_', '-')}: {short(value)} {what}")
 
         need(bool(self.strategy), "strategy", "must name a strategy")
-        need(self.rule in RULES, "rule", f"is not one of {', '.join(RULES)}")
-        need(self.schedule in SCHEDULES, "schedule", f"is not one of {', '.join(SCHEDULES)}")
         parse_device(self.device)  # cpu, cuda or cuda:K (the machine is checked at run time)
-        need(self.backend in BACKENDS, "backend", f"is not one of {', '.join(BACKENDS)}")
-        need(self.data_on_device in DATA_ON_DEVICE, "data_on_device",
-             f"is not one of {', '.join(DATA_ON_DEVICE)}")
-        need(0 <= self.worker_threads <= 1024, "worker_threads", "must be in 0..1024")
-        need(self.allreduce in ALLREDUCES, "allreduce", f"is not one of {', '.join(ALLREDUCES)}")
-        need(
-            self.pipeline_schedule in PIPELINE_SCHEDULES,
-            "pipeline_schedule",
-            f"is not one of {', '.join(PIPELINE_SCHEDULES)}",
-        )
-        need(math.isfinite(self.epochs) and self.epochs > 0, "epochs", "must be > 0")
-        need(self.max_steps >= 0, "max_steps", "must be >= 0")
-        need(self.batch_size >= 1, "batch_size", "must be >= 1")
         if self.lr is None:  # the rule's start; a strategy's own default replaces it later
-            self.lr = DEFAULT_LR[self.rule]
+            self.lr = DEFAULT_LR.get(self.rule, DEFAULT_LR["sgd"])
             self.lr_defaulted = True  # not a field: never written, never a flag
-        need(math.isfinite(self.lr) and self.lr > 0, "lr", "must be a finite number > 0")
-        need(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
-        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
-        need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
-        need(self.step_size >= 1, "step_size", "must be >= 1")
-        need(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
-        need(self.grad_accum >= 1, "grad_accum", "must be >= 1")
-        need(1 <= self.workers <= 256, "workers", "must be in 1..256")
-        need(0 <= self.threads <= 1024, "threads", "must be in 0..1024")
-        need(1 <= self.servers <= 64, "servers", "must be in 1..64")
-        need(self.staleness >= 0, "staleness", "must be >= 0")
+        for f in dataclasses.fields(self):  # each field's own declaration (setting())
+            value, choices, rule = getattr(self, f.name), f.metadata.get("choices"), \
+                f.metadata.get("rule")
+            if choices:
+                need(value in choices, f.name, f"is not one of {', '.join(choices)}")
+            if rule is not None and isinstance(value, (int, float)) and \
+                    not isinstance(value, bool):
+                need(math.isfinite(value) and rule.holds(value), f.name, rule.says())
+        # the rules that tie two settings together
         need(1 <= self.softsync <= self.workers, "softsync", "must be in 1..--workers")
-        need(self.nfetch >= 1, "nfetch", "must be >= 1")
-        need(self.npush >= 1, "npush", "must be >= 1")
-        need(self.dc_lambda >= 0, "dc_lambda", "must be >= 0")
-        need(0 <= self.dc_momentum < 1, "dc_momentum", "must be in [0, 1)")
-        need(math.isfinite(self.ps_timeout) and self.ps_timeout > 0, "ps_timeout", "must be > 0")
-        need(self.bucket_mb > 0, "bucket_mb", "must be > 0")
-        need(self.period >= 1, "period", "must be >= 1")
-        need(self.stages >= 1, "stages", "must be >= 1")
-        need(self.microbatches >= 1, "microbatches", "must be >= 1")
-        need(self.replicas >= 1, "replicas", "must be >= 1")
-        need(self.train_limit >= 0, "train_limit", "must be >= 0")
-        need(self.test_limit >= 0, "test_limit", "must be >= 0")
-        need(0.0 <= self.non_iid <= 1.0, "non_iid", "must be in [0, 1]")
-        need(self.eval_every >= 0, "eval_every", "must be >= 0")
-        need(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0")
         need(math.isfinite(self.heartbeat_s) and 0 < self.heartbeat_s <= self.ps_timeout / 2,
              "heartbeat_s", "must be > 0 and at most half of --ps-timeout")
-        need(self.on_worker_loss in ("continue", "stop"), "on_worker_loss",
-             "is not one of continue, stop")
-        need(math.isfinite(self.drop_messages) and 0 <= self.drop_messages < 1,
-             "drop_messages", "must be in [0, 1)")
-        need(self.history >= 1, "history", "must be >= 1 (L-BFGS keeps at least one pair)")
-        need(self.line_search in LINE_SEARCHES, "line_search",
-             f"is not one of {', '.join(LINE_SEARCHES)}")
         need(self.portions == 0 or self.portions >= self.workers, "portions",
              f"must be 0 (8 x workers) or at least --workers ({self.workers})")
         check_ranges(self)  # every number: finite, fits its C type, not absurd

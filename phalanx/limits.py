@@ -17,41 +17,6 @@ from phalanx.errors import ConfigError
 MAX_SEED = 2**32 - 1  # seeds are multiplied (seed * 1_000_003 + epoch) into 64-bit generators
 MAX_SLOW_FACTOR = 1000.0
 
-# field -> (low, high), inclusive; checked after the field's own "must be > 0"-style rule
-INT_LIMITS: dict[str, tuple[int, int]] = {
-    "seed": (0, MAX_SEED),
-    "batch_size": (1, 2**31 - 1),
-    "max_steps": (0, 10**12),
-    "train_limit": (0, 2**40),
-    "test_limit": (0, 2**40),
-    "warmup_steps": (0, 10**12),
-    "step_size": (1, 10**12),
-    "grad_accum": (1, 2**20),
-    "staleness": (0, 10**9),
-    "nfetch": (1, 10**9),
-    "npush": (1, 10**9),
-    "period": (1, 10**12),
-    "stages": (1, 256),
-    "microbatches": (1, 2**16),
-    "replicas": (1, 256),
-    "eval_every": (0, 10**12),
-    "checkpoint_every": (0, 10**12),
-    "portions": (0, 10**7),
-    "history": (1, 10**4),
-}
-FLOAT_LIMITS: dict[str, float] = {  # upper bounds (anything larger is a typo, not a plan)
-    "epochs": 1e6,
-    "lr": 1e6,
-    "weight_decay": 1e6,
-    "dc_lambda": 1e6,
-    "ps_timeout": 1e6,
-    "heartbeat_s": 1e6,
-    "bucket_mb": 1e6,
-}
-
-# lower bounds that keep a process from spinning (a heartbeat every nanosecond)
-FLOAT_MINIMA: dict[str, float] = {"heartbeat_s": 0.01, "ps_timeout": 0.05}
-
 _repr = reprlib.Repr()
 _repr.maxstring = 60
 _repr.maxother = 60
@@ -90,23 +55,25 @@ def _flag(name: str) -> str:
 
 
 def check_ranges(cfg: Any) -> None:
-    """Every numeric field of a RunConfig is finite and within its bounds (one-line
-    ConfigError naming the flag otherwise)."""
+    """Every numeric field of a RunConfig is finite and within the ``limit`` its
+    declaration gives (one-line ConfigError naming the flag otherwise)."""
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
         if isinstance(v, bool) or v is None:
             continue
+        limit = f.metadata.get("limit")  # the field's own (config.setting(limit=...))
         if isinstance(v, float):
             if not math.isfinite(v):
                 raise ConfigError(f"{_flag(f.name)}: {v} must be a finite number")
-            high = FLOAT_LIMITS.get(f.name)
-            if high is not None and abs(v) > high:
+            if limit is None:
+                continue
+            low, high = limit
+            if abs(v) > high:
                 raise ConfigError(f"{_flag(f.name)}: {v:g} is out of range (at most {high:g})")
-            low = FLOAT_MINIMA.get(f.name)
-            if low is not None and v < low:
+            if low > 0 and v < low:  # a process that would spin (a heartbeat every ns)
                 raise ConfigError(f"{_flag(f.name)}: {v:g} is too small (at least {low:g})")
         elif isinstance(v, int):
-            low, high = INT_LIMITS.get(f.name, (-(2**63), 2**63 - 1))
+            low, high = limit or (-(2**63), 2**63 - 1)
             if not low <= v <= high:
                 raise ConfigError(f"{_flag(f.name)}: {short(v)} is out of range "
                                   f"({low}..{high})")

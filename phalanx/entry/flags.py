@@ -11,11 +11,11 @@ import argparse
 import dataclasses
 import sys
 
-from phalanx.config import RunConfig, load_config_file, parse_slow_workers
+from phalanx.config import SECTIONS, RunConfig, load_config_file, parse_slow_workers
 from phalanx.data import DATASETS
 from phalanx.errors import ConfigError
 from phalanx.models import MODELS as MODEL_NAMES
-from phalanx.parallel.registry import NAMES, check_config
+from phalanx.parallel.registry import NAMES, check_config, option_owners
 from phalanx.ps.consistency import MODELS
 
 
@@ -32,6 +32,9 @@ def flag_help(f: dataclasses.Field) -> str:
     choices = f.metadata.get("choices") or _registry_choices().get(f.name, ())
     if choices:
         text += f"; one of {', '.join(c for c in choices if c)}"
+    owners = option_owners().get(f.name)
+    if owners:  # the strategies whose specs read it: with any other it is refused
+        text += f" [--strategy {', '.join(owners)}]"
     default = f.default if f.default is not dataclasses.MISSING else None
     if isinstance(default, bool):
         text += f" (default: {'on' if default else 'off'})"
@@ -53,11 +56,12 @@ def add_run_config_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = 
     p.usage = p.usage or f"{p.prog} [--config FILE] [--SETTING VALUE ...]"
     p.add_argument("--config", metavar="FILE",
                    help="JSON or YAML file of settings (flags override it)")
-    group = p.add_argument_group("run settings (docs/architecture.md; phalanx.train takes "
-                                 "the same names as keywords)")
+    groups = {name: p.add_argument_group(f"{name} settings: {what}")
+              for name, what in SECTIONS.items()}
     for f in dataclasses.fields(RunConfig):
         if f.name in skip:
             continue
+        group = groups[f.metadata["section"]]
         flag = "--" + f.name.replace("_", "-")
         kind = f.type if isinstance(f.type, str) else f.type.__name__
         help_text = flag_help(f)

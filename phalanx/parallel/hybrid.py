@@ -50,5 +50,6 @@ SPEC = StrategySpec(
     "hybrid", "hybrid: --replicas data-parallel copies of a --stages pipeline", run,
     process_main, world_size, options=("microbatches", "pipeline_schedule", "replicas", "stages"),
     shards_by="replicas", compute_ranks=stage_ranks, device=DEVICE,
+    unused={"workers": "it runs --stages x --replicas processes"},
     default_rule=replicas_momentum,  # R x fewer steps per epoch: docs/model-parallel.md
     example={"stages": 2, "replicas": 2, "microbatches": 2})

@@ -163,6 +163,7 @@ SPEC = StrategySpec(
     "--outer-rule", run, process_main, world_size, check=check_config,
     check_resume=check_resume, can_restart=can_restart,
     supports=frozenset({"kill_worker", "compress", "powersgd", "outer_rule"}),
-    options=("period", "average_optimizer_state", "sfb", "outer_lr", "outer_momentum"),
+    options=("allreduce", "period", "average_optimizer_state", "sfb", "outer_lr",
+             "outer_momentum"),
     shards_by="workers", device=DEVICE,
     default_rule=workers_momentum)  # N x fewer steps per epoch: docs/data-parallel.md

@@ -223,5 +223,5 @@ def _checkpoint(job: Job, model, part, rank: int, world: int, step: int) -> None
 
 SPEC = StrategySpec(
     "model-parallel", "model parallel: layers (or one layer's columns, --split-layer) over "
-    "--workers ranks", run, process_main, world_size, options=("split_layer", "stages"),
+    "--workers ranks", run, process_main, world_size, options=("split_layer",),
     device=DEVICE)

@@ -320,4 +320,5 @@ SPEC = StrategySpec(
     "pipeline", "pipeline parallel: --stages stages, --microbatches per step (GPipe, 1F1B)",
     run, process_main, world_size, options=("microbatches", "pipeline_schedule", "stages"),
     compute_ranks=stage_ranks, device=DEVICE,
+    unused={"workers": "it runs one process per stage, --stages"},
     example={"stages": 2, "microbatches": 2})

@@ -45,7 +45,7 @@ from phalanx.parallel.base import (
     write_result,
 )
 from phalanx.parallel.device_data import train_bytes
-from phalanx.parallel.ps_worker import WORKER_STATS, steps_per_worker, worker_main
+from phalanx.parallel.ps_worker import WorkerStats, steps_per_worker, worker_main
 from phalanx.parallel.spec import StrategySpec, nothing, workers_momentum
 from phalanx.parallel.stats import ParameterServerStats, Traffic
 from phalanx.ps.checkpoint import read_shard, restore_shard, save_shard, shard_path
@@ -112,9 +112,6 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError(f"--pull-ahead: --strategy {cfg.strategy} waits for fresh weights"
                           + (f" (consistency {model.name})" if cfg.consistency else "")
                           + " (only asp and downpour can pull ahead)")
-    if cfg.grad_accum != 1:
-        raise ConfigError(f"--grad-accum: not supported by --strategy {cfg.strategy} "
-                          "(use --strategy downpour with --npush)")
 
 
 def check_resume(cfg: RunConfig) -> None:
@@ -265,44 +262,49 @@ def assemble(job: Job, part, results: list[ShardResult],
         if part.table is not None:
             for r in results:
                 params[part.table.param][r.shard :: part.shards] = r.rows
-        worker_stats = results[0].worker_stats
-        with_buffers = sorted(w for w, t in worker_stats.items() if len(t) > 1)
-        if with_buffers:
-            # buffers (BatchNorm statistics) are not served by the PS: take those of the
-            # first worker that finished (worker 0 unless it died)
-            flat, offset = worker_stats[with_buffers[0]][1], 0
-            for buf in model.buffers():
-                buf.copy_(flat[offset : offset + buf.numel()].view_as(buf).to(buf.dtype))
-                offset += buf.numel()
-    per_worker = {w: dict(zip(WORKER_STATS, t[0].tolist())) for w, t in worker_stats.items()}
-    # a dead worker sent no counters: its applied pushes are its clock x npush x batch
-    lost_samples = sum(c * cfg.npush * cfg.batch_size for c in lost_workers.values())
-    samples = int(sum(s["samples"] for s in per_worker.values()) + lost_samples)
-    steps = int(max((s["steps"] for s in per_worker.values()), default=0))
+        _restore_buffers(model, results[0].worker_stats)
+    per_worker = [WorkerStats.from_tensor(t[0]) for t in results[0].worker_stats.values()]
+    # a dead worker sent no counters: its applied pushes are its clock x npush steps
+    lost_samples = sum(c * cfg.npush * cfg.batch_size * cfg.grad_accum
+                       for c in lost_workers.values())
+    samples = int(sum(w.samples for w in per_worker) + lost_samples)
+    steps = int(max((w.steps for w in per_worker), default=0))
     hist = [0] * max(len(r.histogram) for r in results)
     for r in results:
         for s, c in enumerate(r.histogram):
             hist[s] += c
     applied = sum(hist)
-    bytes_sent = int(sum(r.stat("bytes_sent") for r in results)
-                     + sum(s["bytes_sent"] for s in per_worker.values()))
+
+    def shards(name: str) -> int:
+        return int(sum(r.stat(name) for r in results))
+
+    def workers(name: str) -> int:
+        return int(sum(getattr(w, name) for w in per_worker))
+
+    bytes_sent = shards("bytes_sent") + workers("bytes_sent")
     stats = ParameterServerStats(
         bytes_sent=bytes_sent, bytes_per_sample=Traffic.per_sample(bytes_sent, samples),
         consistency=consistency(cfg).name, servers=cfg.servers,
         staleness_mean=sum(s * c for s, c in enumerate(hist)) / applied if applied else 0.0,
         staleness_max=len(hist) - 1 if hist else 0, staleness_histogram=hist,
-        pushes_applied=int(sum(r.stat("pushes_applied") for r in results)),
-        pushes_rejected=int(sum(r.stat("pushes_rejected") for r in results)),
-        messages_rejected=int(sum(r.stat("messages_rejected") for r in results)),
-        server_updates=int(results[0].stat("updates")),
-        pushes_lost=int(sum(r.stat("pushes_lost") for r in results)),
-        pushes_dropped=int(sum(s.get("pushes_dropped", 0) for s in per_worker.values())),
-        duplicates=int(sum(r.stat("duplicates") for r in results)),
-        pushes_skipped=int(sum(s.get("pushes_skipped", 0) for s in per_worker.values())),
-        values_clipped=int(sum(s.get("values_clipped", 0) for s in per_worker.values())),
-        pull_resyncs=int(sum(r.stat("pull_resyncs") for r in results)),
-        workers_lost=sorted(lost_workers))
+        pushes_applied=shards("pushes_applied"), pushes_rejected=shards("pushes_rejected"),
+        messages_rejected=shards("messages_rejected"),
+        server_updates=int(results[0].stat("updates")), pushes_lost=shards("pushes_lost"),
+        pushes_dropped=workers("pushes_dropped"), duplicates=shards("duplicates"),
+        pushes_skipped=workers("pushes_skipped"), values_clipped=workers("values_clipped"),
+        pull_resyncs=shards("pull_resyncs"), workers_lost=sorted(lost_workers))
     return model, samples, steps, stats
+
+
+def _restore_buffers(model: nn.Module, worker_stats: dict) -> None:
+    """Buffers (BatchNorm statistics) are not served by the PS: take those of the first
+    worker that finished (worker 0 unless it died)."""
+    with_buffers = sorted(w for w, t in worker_stats.items() if len(t) > 1)
+    if with_buffers:
+        flat, offset = worker_stats[with_buffers[0]][1], 0
+        for buf in model.buffers():
+            buf.copy_(flat[offset : offset + buf.numel()].view_as(buf).to(buf.dtype))
+            offset += buf.numel()
 
 
 # ---- the strategies: one spec per preset -------------------------------------------------
@@ -318,7 +320,8 @@ _SUMMARY = {
 _OPTIONS = {"downpour": ("nfetch", "npush", "downpour_local_steps"),
             "dc-asgd": ("dc_lambda", "dc_adaptive", "dc_momentum")}
 # read by every parameter-server strategy (--pull-ahead: the spec's check says which)
-_SHARED_OPTIONS = ("servers", "ps_timeout", "heartbeat_s", "on_worker_loss", "pull_ahead")
+_SHARED_OPTIONS = ("servers", "ps_timeout", "heartbeat_s", "on_worker_loss", "pull_ahead",
+                   "staleness_lr")
 
 SPECS = tuple(
     StrategySpec(name, _SUMMARY[name], run, process_main, world_size, check_config,

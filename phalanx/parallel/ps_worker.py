@@ -16,6 +16,8 @@ injection: ``--kill-worker`` exits the process at a step, ``--drop-messages`` lo
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 
 from phalanx.comm.counters import nbytes
@@ -42,8 +44,32 @@ from phalanx.runtime.faults import (
 )
 from phalanx.runtime.placement import CPU, Placement
 
-WORKER_STATS = ("samples", "steps", "bytes_sent", "bytes_received", "pushes_dropped",
-                "pushes_skipped", "values_clipped")
+
+@dataclass
+class WorkerStats:
+    """What a worker tells the shards when it is done. On the wire it is a float64 tensor in
+    the order of the fields (every count is far below 2^53, exact in a double); the names
+    travel with the dataclass, never as a positional convention at the reader."""
+
+    samples: int = 0
+    steps: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    pushes_dropped: int = 0
+    pushes_skipped: int = 0
+    values_clipped: int = 0
+
+    def tensor(self) -> torch.Tensor:
+        return torch.tensor([float(getattr(self, f.name)) for f in fields(self)],
+                            dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> WorkerStats:
+        names = [f.name for f in fields(cls)]
+        if t.numel() != len(names):
+            raise ValueError(f"worker statistics: {t.numel()} values, expected {len(names)}")
+        return cls(**{n: int(v) for n, v in zip(names, t.tolist())})
+
 
 
 def steps_per_worker(job: Job) -> int:
@@ -247,16 +273,18 @@ class PSWorker(Hooks):
         # the first worker that finished provides them, worker 0 unless it died
         bufs = [b.detach().reshape(-1).double().cpu() for b in self.model.buffers()]
         extra = [torch.cat(bufs) if bufs else torch.zeros(0, dtype=torch.float64)]
-        stats = torch.zeros(len(WORKER_STATS), dtype=torch.float64)
         # count the DONE messages themselves in bytes_sent
-        done_bytes = self.part.shards * (HEADER_BYTES + nbytes(stats)) + nbytes(*extra)
-        dropped = self.dropper.dropped if self.dropper is not None else 0
+        done_bytes = (self.part.shards * (HEADER_BYTES + nbytes(WorkerStats().tensor()))
+                      + nbytes(*extra))
         comp = self.client.compression
-        screened = (comp.screened.skipped, comp.screened.values_clipped) if comp else (0, 0)
-        stats[:] = torch.tensor([self.samples, self.step, self.transport.counter.sent
-                                 + done_bytes, self.transport.counter.received, dropped,
-                                 *screened], dtype=torch.float64)
-        self.client.done(self.clock, stats, extra)
+        stats = WorkerStats(
+            samples=self.samples, steps=self.step,
+            bytes_sent=self.transport.counter.sent + done_bytes,
+            bytes_received=self.transport.counter.received,
+            pushes_dropped=self.dropper.dropped if self.dropper is not None else 0,
+            pushes_skipped=comp.screened.skipped if comp else 0,
+            values_clipped=comp.screened.values_clipped if comp else 0)
+        self.client.done(self.clock, stats.tensor(), extra)
 
 
 def worker_main(job: Job, transport: Transport, layout: Layout, worker: int,

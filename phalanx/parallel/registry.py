@@ -117,26 +117,18 @@ def check_config(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-# settings that mean something only beside another setting's value: (setting, whether it
-# is read, what it needs)
-NEEDS: tuple[tuple[str, Callable[[RunConfig], bool], str], ...] = (
-    ("data_dir", lambda c: c.data in ("fashion-mnist", "mnist", "idx", "cifar10"),
-     "--data fashion-mnist, mnist, idx or cifar10"),
-    ("momentum", lambda c: c.rule in ("momentum", "nesterov"), "--rule momentum or nesterov"),
-    ("gamma", lambda c: c.schedule == "step", "--schedule step"),
-    ("step_size", lambda c: c.schedule == "step", "--schedule step"),
-    ("outer_lr", lambda c: bool(c.outer_rule), "--outer-rule sgd or nesterov"),
-    ("outer_momentum", lambda c: c.outer_rule == "nesterov", "--outer-rule nesterov"),
-    ("dc_momentum", lambda c: c.dc_adaptive, "--dc-adaptive"),
-    ("error_feedback", lambda c: c.compress != "none", "--compress"),
-)
+def needs() -> tuple[tuple[str, Callable[[RunConfig], bool], str], ...]:
+    """(setting, whether it is read, what it needs) for the settings that mean something
+    only beside another setting's value (``needs=`` in their declaration)."""
+    return tuple((f.name, f.metadata["needs"][1], f.metadata["needs"][0])
+                 for f in dataclasses.fields(RunConfig) if f.metadata.get("needs"))
 
 
 def check_flags_apply(cfg: RunConfig) -> None:
     """Refuse a setting that the chosen strategy would ignore (``phalanx train``): a
     setting some strategies' specs list in ``options``, or one a consistency model reads,
     at a non-default value with a strategy that does not read it; or a setting that is
-    read only beside another one's value (``NEEDS``) without it."""
+    read only beside another one's value (its ``needs``) without it."""
     s = spec(cfg.strategy)
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     for name, strategies in option_owners().items():
@@ -149,9 +141,16 @@ def check_flags_apply(cfg: RunConfig) -> None:
             used = f"consistency {model}" if model else f"--strategy {cfg.strategy}"
             raise ConfigError(f"--{name.replace('_', '-')}: {used} does not use it (only "
                               f"consistency {', '.join(models)}); drop it")
-    for name, is_read, needs in NEEDS:
+    for name, is_read, needed in needs():
         if getattr(cfg, name) != defaults[name] and not is_read(cfg):
-            raise ConfigError(f"--{name.replace('_', '-')}: only read with {needs}; drop it")
+            raise ConfigError(f"--{name.replace('_', '-')}: only read with {needed}; drop it")
+    for name, why in s.unused.items():
+        if getattr(cfg, name) != defaults[name]:
+            raise ConfigError(f"--{name.replace('_', '-')}: --strategy {cfg.strategy} does not "
+                              f"use it ({why}); drop it")
+    if cfg.non_iid != defaults["non_iid"] and s.data_shards(cfg)[0] <= 1:
+        raise ConfigError(f"--non-iid: --strategy {cfg.strategy} trains on one stream of "
+                          "batches (no shards to skew); drop it")
     if s.fixed_workers and cfg.workers != s.fixed_workers:
         raise ConfigError(f"--workers: --strategy {cfg.strategy} trains with "
                           f"{s.fixed_workers} worker(s), got {cfg.workers} (choose a "

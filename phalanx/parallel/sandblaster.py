@@ -57,14 +57,6 @@ def world_size(cfg: RunConfig) -> int:
 
 def check_config(cfg: RunConfig) -> None:
     """What Sandblaster cannot honour is an error, not silently ignored."""
-    unsupported = {"grad_accum": cfg.grad_accum != 1, "augment": bool(cfg.augment),
-                   "checkpoint_every": cfg.checkpoint_every != 0, "resume": bool(cfg.resume),
-                   "nfetch": cfg.nfetch != 1, "npush": cfg.npush != 1}
-    for name, bad in unsupported.items():
-        if bad:
-            raise ConfigError(f"--{name.replace('_', '-')}: not supported by --strategy "
-                              "sandblaster (a deterministic full-batch objective, no "
-                              "checkpoints)")
     if not cfg.max_steps and math.ceil(cfg.epochs) < 2:
         raise ConfigError(f"--epochs {cfg.epochs:g}: sandblaster's first pass over the data "
                           "only evaluates the starting point, so L-BFGS would take 0 "
@@ -166,6 +158,11 @@ SPEC = StrategySpec(
     supports=frozenset({"kill_worker"}),
     options=("portions", "history", "line_search", "static_portions", "servers", "ps_timeout",
              "heartbeat_s"),
+    # L-BFGS on one deterministic full-batch objective: no update rule, schedule, batches,
+    # augmentation or shards; no checkpoints
+    unused={name: "a deterministic full-batch L-BFGS objective, no checkpoints" for name in (
+        "rule", "schedule", "weight_decay", "warmup_steps", "batch_size", "grad_accum",
+        "augment", "checkpoint_every", "resume")},
     default_lr=1.0,  # L-BFGS's natural step is 1 (--lr scales it)
     default_epochs=DEFAULT_PASSES,
     full_batch=True)

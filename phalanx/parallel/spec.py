@@ -102,6 +102,9 @@ class StrategySpec:
     # method's first pass only evaluates its starting point (None: --epochs as given)
     default_epochs: float | None = None
     fixed_workers: int = 0  # the strategy trains with exactly this many workers (0: any)
+    # settings every other strategy reads that this one does not: setting -> why (a
+    # non-default value is refused in one line with the reason)
+    unused: dict[str, str] = field(default_factory=dict)
     full_batch: bool = False  # a step is a pass over the whole training set (L-BFGS)
     local_only: str = ""  # why it cannot run under torchrun when process_main is None
     # the strategy is a preset of another's settings (a parameter-server consistency model,
@@ -116,7 +119,8 @@ class StrategySpec:
         if unknown:
             raise ValueError(f"strategy {self.name}: unknown features {sorted(unknown)}")
         fields = set(RunConfig.__dataclass_fields__)
-        for name in (*self.options, *((self.shards_by,) if self.shards_by else ())):
+        for name in (*self.options, *self.unused,
+                     *((self.shards_by,) if self.shards_by else ())):
             if name not in fields:
                 raise ValueError(f"strategy {self.name}: {name!r} is not a RunConfig field")
 

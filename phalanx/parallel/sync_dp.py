@@ -144,5 +144,5 @@ SPEC = StrategySpec(
     "main)", run, process_main, world_size,
     check_resume=check_resume, can_restart=can_restart,
     supports=frozenset({"kill_worker", "compress", "powersgd"}),
-    options=("bucket_mb", "sfb"), shards_by="workers", device=DEVICE,
+    options=("allreduce", "bucket_mb", "sfb"), shards_by="workers", device=DEVICE,
     default_rule=workers_momentum)  # N x fewer steps per epoch: docs/data-parallel.md
