@@ -15,16 +15,12 @@ from phalanx.errors import ConfigError
 from phalanx.limits import MAX_SEED, check_ranges, short
 
 LINE_SEARCHES = ("backtracking", "none")  # sandblaster L-BFGS
-RULES = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
 SCHEDULES = ("constant", "step", "cosine")
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "nccl", "gloo")  # collectives' backend (phalanx.runtime.placement)
 DATA_ON_DEVICE = ("auto", "yes", "no")
 ALLREDUCES = ("ring", "native", "main")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
-# learning rate used when --lr is not given: a sensible start for each rule
-DEFAULT_LR = {"sgd": 0.05, "momentum": 0.01, "nesterov": 0.01, "adagrad": 0.01,
-              "rmsprop": 0.001, "adam": 0.001}
 
 
 WORKER_LOSS = ("continue", "stop")
@@ -170,8 +166,8 @@ class RunConfig:
         section="optim", rule=Range(0, lo_open=True, text="must be a finite number > 0"),
         limit=(0, 1e6))
     rule: str = setting(
-        "sgd", 'update rule (optimizer), on the workers or on the parameter server', choices=RULES,
-        section="optim")
+        "sgd", 'update rule (optimizer), on the workers or on the parameter server',
+        section="optim")  # its names: phalanx.rules.RULES
     momentum: float = setting(0.9, 'momentum of --rule momentum / nesterov',
         section="optim", rule=Range(0.0, 1.0, hi_open=True),
         needs=("--rule momentum or nesterov", lambda c: c.rule in ("momentum", "nesterov")))
@@ -378,9 +374,6 @@ class RunConfig:
 
         need(bool(self.strategy), "strategy", "must name a strategy")
         parse_device(self.device)  # cpu, cuda or cuda:K (the machine is checked at run time)
-        if self.lr is None:  # the rule's start; a strategy's own default replaces it later
-            self.lr = DEFAULT_LR.get(self.rule, DEFAULT_LR["sgd"])
-            self.lr_defaulted = True  # not a field: never written, never a flag
         for f in dataclasses.fields(self):  # each field's own declaration (setting())
             value, choices, rule = getattr(self, f.name), f.metadata.get("choices"), \
                 f.metadata.get("rule")

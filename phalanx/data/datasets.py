@@ -7,18 +7,19 @@ DataLoader on 2 cores.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from phalanx.catalog import Catalog
 from phalanx.data.cifar import load_cifar_split
 from phalanx.data.idx import load_idx_split
-from phalanx.errors import DataError
+from phalanx.errors import ConfigError, DataError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-DATASETS = ("fashion-mnist", "mnist", "idx", "cifar10", "digits", "synthetic")
 
 
 @dataclass
@@ -87,6 +88,48 @@ def _digits(seed: int) -> tuple:
     return images[:cut], labels[:cut], images[cut:], labels[cut:]
 
 
+def _idx(name: str, data_dir: str | None, seed: int, train_limit: int, test_limit: int):
+    directory = data_dir or (FASHION_MNIST_DIR if name == "fashion-mnist" else None)
+    if directory is None:
+        raise DataError(f"--data {name}: needs --data-dir pointing at the IDX files")
+    if not Path(directory).is_dir():
+        hint = " (apt-get install dataset-fashion-mnist)" if name == "fashion-mnist" else ""
+        raise DataError(f"--data-dir {directory}: no such directory{hint}")
+    tx, ty = load_idx_split(directory, train=True, limit=train_limit)
+    vx, vy = load_idx_split(directory, train=False, limit=test_limit)
+    return tx, ty, vx, vy
+
+
+def _cifar(name: str, data_dir: str | None, seed: int, train_limit: int, test_limit: int):
+    if data_dir is None:
+        raise DataError("--data cifar10: needs --data-dir pointing at the binary batches")
+    tx, ty = load_cifar_split(data_dir, train=True)
+    vx, vy = load_cifar_split(data_dir, train=False)
+    return tx, ty, vx, vy
+
+
+@dataclass(frozen=True)
+class DataKind:
+    """A data set ``--data`` offers: its loader ((name, data_dir, seed, train_limit,
+    test_limit) -> train images, labels, test images, labels as numpy arrays) and its
+    training-set size (a study plans its evaluations without loading it)."""
+
+    load: Callable[[str, str | None, int, int, int], tuple]
+    train_size: int
+
+
+# every data set --data offers: adding one is its loader and one line here
+DATASETS: Catalog[DataKind] = Catalog("data set", "--data")
+DATASETS.add("fashion-mnist", DataKind(_idx, 60000), "Fashion-MNIST (Debian's files)")
+DATASETS.add("mnist", DataKind(_idx, 60000), "MNIST IDX files in --data-dir")
+DATASETS.add("idx", DataKind(_idx, 60000), "any IDX (MNIST-format) files in --data-dir")
+DATASETS.add("cifar10", DataKind(_cifar, 50000), "CIFAR-10 binary batches in --data-dir")
+DATASETS.add("digits", DataKind(lambda n, d, seed, a, b: _digits(seed), 1437),
+             "scikit-learn's 8x8 digits")
+DATASETS.add("synthetic", DataKind(lambda n, d, seed, a, b: _synthetic(seed), 4000),
+             "a seeded synthetic set (tests, smoke runs)")
+
+
 def load_data(
     name: str, data_dir: str | None = None, seed: int = 0, train_limit: int = 0,
     test_limit: int = 0,
@@ -94,27 +137,11 @@ def load_data(
     """(train, test) for a data set name; ``data_dir`` points at IDX / CIFAR files.
     ``train_limit`` / ``test_limit`` > 0: IDX files are read only that far (a header's claim
     is then never allocated in full)."""
-
-    if name in ("fashion-mnist", "mnist", "idx"):
-        directory = data_dir or (FASHION_MNIST_DIR if name == "fashion-mnist" else None)
-        if directory is None:
-            raise DataError(f"--data {name}: needs --data-dir pointing at the IDX files")
-        if not Path(directory).is_dir():
-            hint = " (apt-get install dataset-fashion-mnist)" if name == "fashion-mnist" else ""
-            raise DataError(f"--data-dir {directory}: no such directory{hint}")
-        tx, ty = load_idx_split(directory, train=True, limit=train_limit)
-        vx, vy = load_idx_split(directory, train=False, limit=test_limit)
-    elif name == "cifar10":
-        if data_dir is None:
-            raise DataError("--data cifar10: needs --data-dir pointing at the binary batches")
-        tx, ty = load_cifar_split(data_dir, train=True)
-        vx, vy = load_cifar_split(data_dir, train=False)
-    elif name == "digits":
-        tx, ty, vx, vy = _digits(seed)
-    elif name == "synthetic":
-        tx, ty, vx, vy = _synthetic(seed)
-    else:
-        raise DataError(f"--data: {name!r} is not one of {', '.join(DATASETS)}")
+    try:
+        kind = DATASETS.get(name)
+    except ConfigError as e:
+        raise DataError(str(e)) from None
+    tx, ty, vx, vy = kind.load(name, data_dir, seed, train_limit, test_limit)
     for split, labels in (("training", ty), ("test", vy)):
         if len(labels) == 0:
             raise DataError(f"--data {name}: the {split} split is empty")

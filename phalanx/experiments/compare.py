@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.config import RunConfig
+from phalanx.data import DATASETS
 from phalanx.errors import ConfigError
 from phalanx.experiments.runs import StrategyRun
 from phalanx.experiments.seeds import run_seeded, write_seeded_report
@@ -86,9 +87,7 @@ def plan_evals(cfg: RunConfig, points: int = 8) -> RunConfig:
 
 def base_train_size(cfg: RunConfig) -> int:
     """Training-set size without loading it (known sets), for planning evaluations."""
-    known = {"fashion-mnist": 60000, "mnist": 60000, "synthetic": 4000, "digits": 1437,
-             "cifar10": 50000}
-    size = known.get(cfg.data, 60000)
+    size = DATASETS.get(cfg.data).train_size  # an unknown name: one line, no guess
     return min(size, cfg.train_limit) if cfg.train_limit else size
 
 

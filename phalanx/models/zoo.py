@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from phalanx.catalog import Catalog
 from phalanx.errors import ConfigError
 
 
@@ -96,8 +97,13 @@ def resnet(input_shape: tuple[int, ...], num_classes: int, width: int = 16) -> n
     ]))
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "lenet5": lenet5, "resnet": resnet,
-                                               "logreg": logreg}
+# every model --model offers: adding one is its builder ((input_shape, num_classes) ->
+# nn.Module) and one line here
+MODELS: Catalog[Callable[..., nn.Module]] = Catalog("model", "--model")
+MODELS.add("mlp", mlp, "a two-hidden-layer perceptron")
+MODELS.add("lenet5", lenet5, "LeNet-5 (conv)")
+MODELS.add("resnet", resnet, "a small ResNet")
+MODELS.add("logreg", logreg, "logistic regression (a linear classifier)")
 
 
 def he_init(model: nn.Module) -> nn.Module:
@@ -122,9 +128,7 @@ def he_init(model: nn.Module) -> nn.Module:
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    if name not in MODELS:
-        raise ConfigError(f"--model: {name!r} is not one of {', '.join(MODELS)}")
-    return he_init(MODELS[name](tuple(input_shape), num_classes))
+    return he_init(MODELS.get(name)(tuple(input_shape), num_classes))
 
 
 def count_parameters(model: nn.Module) -> int:

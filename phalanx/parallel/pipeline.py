@@ -302,7 +302,7 @@ def _finish(job, model, part, rank, world, sent, samples, step, meter, train_s) 
     p, m = len(part.names), cfg.microbatches
     stats = PipelineStats(
         bytes_sent=int(traffic.item()), bytes_per_sample=traffic.item() / max(samples, 1),
-        stages=p, partition=[",".join(n) for n in part.names],
+        stages=p, replicas=world // p, partition=[",".join(n) for n in part.names],
         partition_source=part.source, stage_costs=list(part.costs),
         microbatches=m, pipeline_schedule=cfg.pipeline_schedule,
         stage_idle_fraction=[round(v, 4) for v in idle],

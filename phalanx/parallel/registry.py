@@ -13,7 +13,6 @@ from phalanx.comm.compress import check_compression
 from phalanx.config import RunConfig
 from phalanx.data import DATASETS
 from phalanx.errors import ConfigError
-from phalanx.limits import short
 from phalanx.models import MODELS as MODEL_NAMES
 from phalanx.parallel import (
     hogwild,
@@ -28,6 +27,7 @@ from phalanx.parallel import (
 )
 from phalanx.parallel.spec import FEATURES, StrategySpec
 from phalanx.ps.consistency import MODELS, model_class
+from phalanx.rules import RULES
 from phalanx.runtime.faults import check_fault_flags
 
 _SPECS: tuple[StrategySpec, ...] = (
@@ -81,6 +81,25 @@ def consistency_options() -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in owners.items()}
 
 
+def resolve_rule(cfg: RunConfig, s: StrategySpec) -> None:
+    """The update rule and learning rate the run trains with, decided here and only here.
+    ``--lr`` left out: the strategy's own default where it has one (L-BFGS's step 1; with
+    ``--rule`` left out too, the synchronous strategies' momentum scaled with the global
+    batch), else the rule's. ``cfg.lr_defaulted`` says the user chose no learning rate, so a
+    comparison may re-decide it for another strategy."""
+    rule = RULES.get(cfg.rule)  # a known rule (one line naming --rule otherwise)
+    if cfg.lr is None:
+        cfg.lr = rule.default_lr
+        cfg.lr_defaulted = True  # not a field: never written, never a flag
+    if not getattr(cfg, "lr_defaulted", False):
+        return  # the user's learning rate stands
+    if s.default_lr is not None:
+        cfg.lr = s.default_lr  # e.g. L-BFGS's natural step
+    own = s.default_rule(cfg) if cfg.rule == RULE_DEFAULT else None
+    if own is not None:  # the user named neither --rule nor --lr: the strategy's choice
+        cfg.rule, cfg.lr = own
+
+
 def check_config(cfg: RunConfig) -> RunConfig:
     """Every check of a run configuration: each setting on its own
     (:meth:`RunConfig.validate`), then against the strategy's spec — the ranks that
@@ -88,16 +107,9 @@ def check_config(cfg: RunConfig) -> RunConfig:
     honours, the consistency model, and the strategy's own ``check``. Returns ``cfg``."""
     s = spec(cfg.strategy)
     # names are checked before anything starts (a study would print its first run first)
-    if cfg.data not in DATASETS:
-        raise ConfigError(f"--data: {short(cfg.data)} is not one of {', '.join(DATASETS)}")
-    if cfg.model not in MODEL_NAMES:
-        raise ConfigError(f"--model: {short(cfg.model)} is not one of {', '.join(MODEL_NAMES)}")
-    if s.default_lr is not None and (cfg.lr is None or getattr(cfg, "lr_defaulted", False)):
-        cfg.lr = s.default_lr  # e.g. L-BFGS's natural step, unless the user chose one
-    own = s.default_rule(cfg) if cfg.lr is None and cfg.rule == RULE_DEFAULT else None
-    if own is not None:  # the user named neither --rule nor --lr: the strategy's choice
-        cfg.rule, cfg.lr = own
-        cfg.lr_defaulted = True  # not a field: never written, never a flag
+    DATASETS.get(cfg.data)  # one line naming --data and the catalog otherwise
+    MODEL_NAMES.get(cfg.model)
+    resolve_rule(cfg, s)
     if s.default_epochs is not None and cfg.epochs == EPOCHS_DEFAULT and not cfg.max_steps:
         cfg.epochs = s.default_epochs  # e.g. L-BFGS's passes: one would train nothing
     cfg.validate()

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from phalanx.config import DEFAULT_LR, RunConfig
+from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import Job, Outcome
+from phalanx.rules import RULES
 from phalanx.runtime.placement import DeviceSupport
 
 # what a strategy may declare in ``supports`` (anything else is a typo, refused at import)
@@ -53,7 +54,7 @@ def momentum_for(replicas: int, cfg: RunConfig) -> tuple[str, float] | None:
     momentum rule reached 0.750-0.768 (docs/data-parallel.md)."""
     if replicas <= 1:
         return None
-    return "momentum", round(DEFAULT_LR["sgd"] * (1.0 - cfg.momentum) * replicas, 12)
+    return "momentum", round(RULES.get("sgd").default_lr * (1.0 - cfg.momentum) * replicas, 12)
 
 
 def workers_momentum(cfg: RunConfig) -> tuple[str, float] | None:
@@ -93,8 +94,8 @@ class StrategySpec:
     compute_ranks: Callable[[RunConfig], tuple[int, str]] = workers_compute
     device: DeviceSupport = field(default_factory=lambda: DeviceSupport(
         cuda=False, nccl=False, reason="it has no CUDA path yet"))
-    default_lr: float | None = None  # None: the update rule's default (config.DEFAULT_LR)
-    # (rule, lr) when the user names neither --rule nor --lr (None: sgd at DEFAULT_LR):
+    default_lr: float | None = None  # None: the update rule's default (rules.RULES)
+    # (rule, lr) when the user names neither --rule nor --lr (None: sgd at its default):
     # e.g. the synchronous strategies' momentum scaled with the global batch
     # (:func:`momentum_for`); docs/data-parallel.md gives each default and why
     default_rule: Callable[[RunConfig], tuple[str, float] | None] = nothing

@@ -92,6 +92,7 @@ class ModelParallelStats(StageStats):
 
 @dataclass
 class PipelineStats(StageStats):
+    replicas: int = 1  # hybrid: data-parallel copies of the pipeline
     microbatches: int = 1
     pipeline_schedule: str = "gpipe"
     stage_idle_fraction: list[float] = field(default_factory=list)

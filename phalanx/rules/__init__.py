@@ -8,7 +8,11 @@ prepended on a parameter server.
 
 from __future__ import annotations
 
-from phalanx.errors import ConfigError
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.catalog import Catalog
 from phalanx.rules.base import (
     ChainState,
     EmptyState,
@@ -40,6 +44,7 @@ __all__ = [
     "scale", "scale_by_adagrad", "scale_by_adam", "scale_by_rms", "scale_by_schedule",
     "staleness_scaled", "step_decay_schedule", "trace", "warmup",
     "sgd", "momentum", "adagrad", "rmsprop", "adam", "make_schedule", "make_rule", "RULES",
+    "RuleKind",
 ]
 
 
@@ -75,35 +80,44 @@ def adam(lr: float | Schedule, weight_decay: float = 0.0, b1: float = 0.9, b2: f
     return _tail(_as_schedule(lr), weight_decay, scale_by_adam(b1, b2, eps))
 
 
-RULES = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
+@dataclass(frozen=True)
+class RuleKind:
+    """An update rule a user picks with ``--rule``: how a run configuration builds it (on
+    the learning-rate schedule) and the learning rate it starts from when ``--lr`` is not
+    given."""
+
+    build: Callable[[Any, Schedule], UpdateRule]
+    default_lr: float
+
+
+# every rule --rule offers: adding one is its builder and one line here
+RULES: Catalog[RuleKind] = Catalog("update rule", "--rule")
+RULES.add("sgd", RuleKind(lambda c, lr: sgd(lr, c.weight_decay), 0.05), "plain SGD")
+RULES.add("momentum", RuleKind(lambda c, lr: momentum(lr, c.momentum, c.weight_decay), 0.01),
+          "heavy-ball momentum (--momentum)")
+RULES.add("nesterov", RuleKind(lambda c, lr: momentum(lr, c.momentum, c.weight_decay,
+                                                      nesterov=True), 0.01),
+          "Nesterov momentum (--momentum)")
+RULES.add("adagrad", RuleKind(lambda c, lr: adagrad(lr, c.weight_decay), 0.01), "AdaGrad")
+RULES.add("rmsprop", RuleKind(lambda c, lr: rmsprop(lr, c.weight_decay), 0.001), "RMSProp")
+RULES.add("adam", RuleKind(lambda c, lr: adam(lr, c.weight_decay), 0.001), "Adam")
 
 
 def make_schedule(cfg, total_steps: int) -> Schedule:
-    """The learning-rate schedule a :class:`~phalanx.config.RunConfig` asks for."""
+    """The learning-rate schedule a :class:`~phalanx.config.RunConfig` asks for (``--lr``
+    left out: the rule's own start)."""
+    lr = cfg.lr if cfg.lr is not None else RULES.get(cfg.rule).default_lr
     if cfg.schedule == "step":
-        base = step_decay_schedule(cfg.lr, cfg.step_size, cfg.gamma)
+        base = step_decay_schedule(lr, cfg.step_size, cfg.gamma)
     elif cfg.schedule == "cosine":
-        base = cosine_schedule(cfg.lr, total_steps)
+        base = cosine_schedule(lr, total_steps)
     else:
-        base = constant_schedule(cfg.lr)
+        base = constant_schedule(lr)
     return warmup(base, cfg.warmup_steps)
 
 
 def make_rule(cfg, total_steps: int = 0, *, prefix: tuple[UpdateRule, ...] = ()) -> UpdateRule:
     """The update rule of a run configuration; ``prefix`` rules (DC-ASGD, staleness
     scaling) run on the raw gradient before the optimizer."""
-    lr = make_schedule(cfg, total_steps)
-    wd = cfg.weight_decay
-    if cfg.rule == "sgd":
-        rule = sgd(lr, wd)
-    elif cfg.rule in ("momentum", "nesterov"):
-        rule = momentum(lr, cfg.momentum, wd, nesterov=cfg.rule == "nesterov")
-    elif cfg.rule == "adagrad":
-        rule = adagrad(lr, wd)
-    elif cfg.rule == "rmsprop":
-        rule = rmsprop(lr, wd)
-    elif cfg.rule == "adam":
-        rule = adam(lr, wd)
-    else:
-        raise ConfigError(f"--rule: {cfg.rule!r} is not one of {', '.join(RULES)}")
+    rule = RULES.get(cfg.rule).build(cfg, make_schedule(cfg, total_steps))
     return chain(*prefix, rule) if prefix else rule

@@ -189,7 +189,7 @@ def test_cosine_and_warmup_schedules():
     assert [w(i) for i in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("rule", ["sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam"])
+@pytest.mark.parametrize("rule", R.RULES.names())
 def test_make_rule_builds_every_named_rule(rule):
     cfg = RunConfig(rule=rule, schedule="cosine", warmup_steps=2, weight_decay=1e-4).validate()
     r = R.make_rule(cfg, total_steps=10, prefix=(R.staleness_scaled(),))

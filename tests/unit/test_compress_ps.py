@@ -17,6 +17,7 @@ from phalanx.comm.wire import HEADER_BYTES, Header, Kind
 from phalanx.config import RunConfig
 from phalanx.entry.api import make_job
 from phalanx.parallel.ps import make_shard
+from phalanx.parallel.registry import check_config
 from phalanx.ps.client import PSClient
 from phalanx.ps.partition import flat_dense, partition, trainable
 from phalanx.ps.server import Layout
@@ -25,9 +26,9 @@ SERVERS = 2
 
 
 def _setup(tmp_path: Path, compress: str):
-    cfg = RunConfig(model="mlp", data="synthetic", strategy="asp", workers=1,
+    cfg = check_config(RunConfig(model="mlp", data="synthetic", strategy="asp", workers=1,
                     servers=SERVERS, compress=compress, progress=False, tensorboard=False,
-                    out=str(tmp_path)).validate()
+                    out=str(tmp_path)))
     job = make_job(cfg)
     model = job.build_model()
     part = partition(model, SERVERS)

@@ -14,7 +14,7 @@ ROOT = Path(phalanx.__file__).parent
 
 # bottom up; a module may import from its own layer or any layer below it
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("floor", ("phalanx.errors", "phalanx.limits")),
+    ("floor", ("phalanx.errors", "phalanx.limits", "phalanx.catalog")),
     ("config", ("phalanx.config",)),
     ("metrics", ("phalanx.metrics",)),
     ("data, models, rules", ("phalanx.data", "phalanx.models", "phalanx.rules")),
