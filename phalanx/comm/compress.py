@@ -40,16 +40,15 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from phalanx.catalog import Catalog
 from phalanx.errors import ConfigError
 
-NAMES = ("none", "fp16", "bf16", "int8", "topk", "randk", "powersgd")
-# the PS wire carries these codecs (flags bits 3..5); powersgd needs two allreduce rounds
-WIRE_CODECS = ("none", "fp16", "bf16", "int8", "topk", "randk")
 CODEC_SHIFT = 3
 CODEC_MASK = 0b111 << CODEC_SHIFT
 
@@ -82,42 +81,50 @@ class CompressSpec:
 
 
 def parse_compress(text: str) -> CompressSpec:
-    """``none | fp16 | bf16 | int8 | topk:RATIO | randk:RATIO | powersgd:RANK[,start=N][,warm]``;
-    raises :class:`ConfigError` naming ``--compress``."""
+    """``none | fp16 | bf16 | int8 | topk:RATIO | randk:RATIO | powersgd:RANK[,start=N][,warm]``
+    (the codecs in :data:`CODECS`); raises :class:`ConfigError` naming ``--compress``."""
     name, _, arg = text.strip().partition(":")
-    if name not in NAMES:
-        raise ConfigError(f"--compress: {text!r} is not one of none, fp16, bf16, int8, "
-                          "topk:RATIO, randk:RATIO, powersgd:RANK")
-    if name in ("topk", "randk"):
-        try:
-            ratio = float(arg)
-        except ValueError:
-            raise ConfigError(f"--compress: {text!r} needs a ratio, e.g. {name}:0.01") from None
-        if not (math.isfinite(ratio) and 0 < ratio <= 1):
-            raise ConfigError(f"--compress: {text!r}: the ratio must be in (0, 1]")
-        return CompressSpec(name, ratio=ratio)
-    if name == "powersgd":
-        rank_s, *opts = arg.split(",")
-        try:
-            rank = int(rank_s)
-        except ValueError:
-            raise ConfigError(f"--compress: {text!r} needs a rank, e.g. powersgd:2") from None
-        if rank < 1:
-            raise ConfigError(f"--compress: {text!r}: the rank must be >= 1")
-        start, warm = 0, False
-        for opt in opts:
-            key, _, value = opt.partition("=")
-            if key == "warm" and not value:
-                warm = True
-            elif key == "start" and value.isdigit():
-                start = int(value)
-            else:
-                raise ConfigError(f"--compress: {text!r}: unknown powersgd option {opt!r} "
-                                  "(start=N or warm)")
-        return CompressSpec(name, rank=rank, start=start, warm=warm)
+    if name not in CODECS:
+        raise ConfigError(f"--compress: {text!r} is not one of "
+                          f"{', '.join(CODECS.help(n) or n for n in CODECS)}")
+    return CODECS.get(name).parse(name, arg, text)
+
+
+def _plain(name: str, arg: str, text: str) -> CompressSpec:
     if arg:
         raise ConfigError(f"--compress: {text!r}: {name} takes no argument")
     return CompressSpec(name)
+
+
+def _ratio(name: str, arg: str, text: str) -> CompressSpec:
+    try:
+        ratio = float(arg)
+    except ValueError:
+        raise ConfigError(f"--compress: {text!r} needs a ratio, e.g. {name}:0.01") from None
+    if not (math.isfinite(ratio) and 0 < ratio <= 1):
+        raise ConfigError(f"--compress: {text!r}: the ratio must be in (0, 1]")
+    return CompressSpec(name, ratio=ratio)
+
+
+def _powersgd(name: str, arg: str, text: str) -> CompressSpec:
+    rank_s, *opts = arg.split(",")
+    try:
+        rank = int(rank_s)
+    except ValueError:
+        raise ConfigError(f"--compress: {text!r} needs a rank, e.g. powersgd:2") from None
+    if rank < 1:
+        raise ConfigError(f"--compress: {text!r}: the rank must be >= 1")
+    start, warm = 0, False
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        if key == "warm" and not value:
+            warm = True
+        elif key == "start" and value.isdigit():
+            start = int(value)
+        else:
+            raise ConfigError(f"--compress: {text!r}: unknown powersgd option {opt!r} "
+                              "(start=N or warm)")
+    return CompressSpec(name, rank=rank, start=start, warm=warm)
 
 
 def kept(ratio: float, numel: int) -> int:
@@ -264,25 +271,48 @@ class RandK:
         return out
 
 
+@dataclass(frozen=True)
+class CodecKind:
+    """A codec ``--compress`` offers: how its flag value parses, the one-message codec it
+    makes (None: it needs an allreduce group, e.g. PowerSGD), and its code on the
+    parameter-server wire (header flag bits 3..5; 0: not carried there)."""
+
+    parse: Callable[[str, str, str], CompressSpec]
+    make: Callable[[CompressSpec], Codec] | None
+    wire: int = 0
+
+
+# every codec --compress offers: adding one is its class and one line here (the help text
+# is the flag's spelling); wire codes are the message format: never renumber one
+CODECS: Catalog[CodecKind] = Catalog("codec", "--compress")
+CODECS.add("none", CodecKind(_plain, lambda s: Identity()))
+CODECS.add("fp16", CodecKind(_plain, lambda s: HalfPrecision(torch.float16), wire=1))
+CODECS.add("bf16", CodecKind(_plain, lambda s: HalfPrecision(torch.bfloat16), wire=2))
+CODECS.add("int8", CodecKind(_plain, lambda s: Int8(), wire=3))
+CODECS.add("topk", CodecKind(_ratio, lambda s: TopK(s.ratio), wire=4), "topk:RATIO")
+CODECS.add("randk", CodecKind(_ratio, lambda s: RandK(s.ratio), wire=5), "randk:RATIO")
+CODECS.add("powersgd", CodecKind(_powersgd, None), "powersgd:RANK")
+NAMES = CODECS.names()
+# the PS wire's codecs by code (index 0: uncompressed); 3 bits, codes 1..7, no gaps
+_BY_WIRE = {CODECS.get(n).wire: n for n in CODECS if CODECS.get(n).wire}
+WIRE_CODECS = ("none", *(_BY_WIRE[c] for c in sorted(_BY_WIRE)))
+assert sorted(_BY_WIRE) == list(range(1, len(WIRE_CODECS))) and len(WIRE_CODECS) <= 8, \
+    "wire codes are 1..7 without gaps"
+
+
 def make_codec(spec: CompressSpec) -> Codec:
-    if spec.name == "none":
-        return Identity()
-    if spec.name in ("fp16", "bf16"):
-        return HalfPrecision(torch.float16 if spec.name == "fp16" else torch.bfloat16)
-    if spec.name == "int8":
-        return Int8()
-    if spec.name == "topk":
-        return TopK(spec.ratio)
-    if spec.name == "randk":
-        return RandK(spec.ratio)
-    raise ConfigError(f"--compress: {spec} has no single-message codec (it needs an allreduce)")
+    make = CODECS.get(spec.name).make
+    if make is None:
+        raise ConfigError(f"--compress: {spec} has no single-message codec (it needs an "
+                          "allreduce)")
+    return make(spec)
 
 
 # ---- the parameter-server wire: which codec a message uses -------------------------------
 
 def codec_flags(spec: CompressSpec) -> int:
     """Header flag bits naming the codec of a compressed payload (0: uncompressed)."""
-    return WIRE_CODECS.index(spec.name) << CODEC_SHIFT
+    return CODECS.get(spec.name).wire << CODEC_SHIFT
 
 
 def decode_payload(flags: int, tensor: torch.Tensor, numel: int) -> torch.Tensor:
