@@ -16,7 +16,6 @@ from phalanx.limits import MAX_SEED, check_ranges, short
 
 LINE_SEARCHES = ("backtracking", "none")  # sandblaster L-BFGS
 SCHEDULES = ("constant", "step", "cosine")
-DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "nccl", "gloo")  # collectives' backend (phalanx.runtime.placement)
 DATA_ON_DEVICE = ("auto", "yes", "no")
 ALLREDUCES = ("ring", "native", "main")

@@ -22,13 +22,6 @@ class ByteCounter:
         self.received += int(nbytes)
         self.messages_received += 1
 
-    def reset(self) -> None:
-        self.sent = self.received = self.messages_sent = self.messages_received = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {"bytes_sent": self.sent, "bytes_received": self.received,
-                "messages_sent": self.messages_sent, "messages_received": self.messages_received}
-
 
 def nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)

@@ -97,7 +97,7 @@ def _main(rank: int, world: int, cfg: RunConfig, t0: float, attempt: int) -> Non
 
 def _run_attempt(fn, args: tuple, attempt: int, timeout_s: float = DEFAULT_TIMEOUT_S,
                  binding: netif.Binding | None = None) -> None:
-    """``run_under_torchrun`` for attempt ``attempt`` of the group: ``fn(rank, world,
+    """One rank of attempt ``attempt`` of the group: ``fn(rank, world,
     *args, agreed_attempt)``. The group meets in a fresh store of its own (see
     :mod:`phalanx.runtime.groupstore`: torchrun's agent store keeps a dead attempt's keys).
 

@@ -113,25 +113,6 @@ class Straggler:
             time.sleep((self.factor - 1.0) * (time.perf_counter() - self._t))
 
 
-class GradAccumulator:
-    """Sums the gradients of ``steps`` micro-batches; :meth:`add` returns their mean on the
-    last micro-batch of a step and ``None`` before it (the optimizer waits)."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-        self._sum: list[torch.Tensor] | None = None
-        self._count = 0
-
-    def add(self, grads) -> list[torch.Tensor] | None:
-        self._sum = list(grads) if self._sum is None else [
-            a + b for a, b in zip(self._sum, grads)]
-        self._count += 1
-        if self._count < self.steps:
-            return None
-        total, self._sum, self._count = self._sum, None, 0
-        return total if self.steps == 1 else [g / self.steps for g in total]
-
-
 def detached(params: list[torch.Tensor]) -> list[torch.Tensor]:
     return [p.detach() for p in params]
 

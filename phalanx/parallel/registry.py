@@ -122,7 +122,7 @@ def check_config(cfg: RunConfig) -> RunConfig:
     check_compression(cfg, by_feature)
     if cfg.consistency:
         model_class(cfg.consistency)  # a known model
-        if "consistency" not in s.preset:
+        if not s.is_parameter_server:
             raise s.refuse("consistency", "only the parameter-server strategies have a "
                            "consistency model")
     s.check(cfg)

@@ -109,7 +109,7 @@ class StrategySpec:
     full_batch: bool = False  # a step is a pass over the whole training set (L-BFGS)
     local_only: str = ""  # why it cannot run under torchrun when process_main is None
     # the strategy is a preset of another's settings (a parameter-server consistency model,
-    # server rule, ...): name -> value, applied by :func:`registry.apply_preset`
+    # server rule, ...): name -> value, read by the parameter-server strategy itself
     preset: dict[str, object] = field(default_factory=dict)
     # settings of a small run besides --workers 2 (the conformance suite runs every
     # strategy with them; docs/architecture.md)
@@ -124,6 +124,12 @@ class StrategySpec:
                      *((self.shards_by,) if self.shards_by else ())):
             if name not in fields:
                 raise ValueError(f"strategy {self.name}: {name!r} is not a RunConfig field")
+
+    @property
+    def is_parameter_server(self) -> bool:
+        """A preset of the parameter server: it has a consistency model (``--consistency``
+        and the models' own settings apply)."""
+        return "consistency" in self.preset
 
     @property
     def can_resume(self) -> bool:

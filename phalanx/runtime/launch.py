@@ -3,7 +3,7 @@
 The parent owns the rendezvous (a ``TCPStore`` on 127.0.0.1 with a port the OS picks, so
 no two runs race for a port); every child joins a gloo process group through it, sets
 one intra-op thread (two cores are shared by all workers) and runs ``fn(rank, world, *args)``.
-Under ``torchrun`` the same ``fn`` runs via :func:`run_under_torchrun` instead.
+Under ``torchrun`` the same ``fn`` runs from :mod:`phalanx.entry.torchrun` instead.
 """
 
 from __future__ import annotations
@@ -132,14 +132,3 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
     finally:
         shutil.rmtree(error_dir, ignore_errors=True)
         del store
-
-
-def run_under_torchrun(fn: Callable[..., Any], args: tuple = (), *, backend: str = "gloo",
-                       timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """Entry for ``torchrun``: rank and world come from its environment."""
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    try:
-        fn(dist.get_rank(), dist.get_world_size(), *args)
-    finally:
-        dist.destroy_process_group()
