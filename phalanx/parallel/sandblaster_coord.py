@@ -336,13 +336,9 @@ class Coordinator:
             meter = self.record(n, meter, loss, dots, t)
             if n % eval_every == 0:
                 self.test_eval(n)
-            if (dots.max_abs_g <= TOL_GRAD or max_d * t <= TOL_CHANGE
-                    or abs(loss - losses[-2]) < TOL_CHANGE):
-                self.stop_reason = "gradient or step below tolerance"
-                break
-            if stalled(losses):
-                self.stop_reason = (f"converged: loss fell by less than {STALL_TOL:g} "
-                                    f"(relative) in {STALL_WINDOW} iterations")
+            reason = _converged(dots, max_d * t, losses)
+            if reason:
+                self.stop_reason = reason
                 break
         if n and self.last_test_eval != n:
             self.test_eval(n)
@@ -401,3 +397,15 @@ class Coordinator:
 
 def worker_totals(stats: dict[int, list[float]]) -> dict[int, dict[str, float]]:
     return {w: dict(zip(WORKER_STATS, v)) for w, v in stats.items()}
+
+
+def _converged(dots, step: float, losses: list[float]) -> str:
+    """Why L-BFGS stops after this iteration ("" to go on): the gradient, the step or the
+    change in loss below tolerance, or the loss stalled."""
+    if dots.max_abs_g <= TOL_GRAD or step <= TOL_CHANGE or abs(losses[-1] - losses[-2]) < \
+            TOL_CHANGE:
+        return "gradient or step below tolerance"
+    if stalled(losses):
+        return (f"converged: loss fell by less than {STALL_TOL:g} (relative) in "
+                f"{STALL_WINDOW} iterations")
+    return ""

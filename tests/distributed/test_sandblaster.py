@@ -48,7 +48,7 @@ def config(tmp: Path, **options) -> RunConfig:
               "workers": 2, "servers": 2, "max_steps": 5, "history": 3, "progress": False,
               "tensorboard": False, "out": str(tmp / "run"), "ps_timeout": 30.0}
     values.update(options)
-    return RunConfig.from_mapping(values).validate()
+    return check_config(RunConfig.from_mapping(values))
 
 
 def lbfgs_records(out: Path) -> list[dict]:
