@@ -296,8 +296,8 @@ class RunConfig:
     # --compress none|fp16|bf16|int8|topk:R|randk:R|powersgd:RANK (phalanx.comm.compress)
     compress: str = setting(
         "none",
-        'compression of gradients / deltas: none, fp16, bf16, int8, topk:RATIO, '
-        'randk:RATIO, powersgd:RANK[,start=N][,warm]', section="comm")
+        'compression of gradients / deltas (powersgd:RANK takes ,start=N and ,warm)',
+        section="comm")  # its names: phalanx.comm.compress.CODECS
     error_feedback: bool = setting(
         True, 'keep what compression dropped and add it to the next message',
         section="comm", needs=("--compress", lambda c: c.compress != "none"))

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import sys
 
+from phalanx.comm.compress import CODECS
 from phalanx.config import SECTIONS, RunConfig, load_config_file, parse_slow_workers
 from phalanx.data import DATASETS
 from phalanx.errors import ConfigError
@@ -24,7 +25,7 @@ from phalanx.rules import RULES
 # each field's metadata)
 def _registry_choices() -> dict[str, tuple[str, ...]]:
     return {"model": tuple(MODEL_NAMES), "data": DATASETS.names(), "strategy": NAMES,
-            "rule": RULES.names(),
+            "rule": RULES.names(), "compress": tuple(CODECS.help(n) or n for n in CODECS),
             "consistency": tuple(MODELS)}
 
 
