@@ -21,9 +21,9 @@ DEVICE = DeviceSupport(nccl=False)  # one process: no collectives
 class _SingleHooks(Hooks):
     """Forward, backward, the rule's update: nothing to exchange."""
 
-    def __init__(self, job: Job, place: Placement) -> None:
+    def __init__(self, job: Job, place: Placement, log: EventLog) -> None:
         cfg = job.config
-        self.job, self.model = job, job.build_model().to(place.torch_device)
+        self.job, self.log, self.model = job, log, job.build_model().to(place.torch_device)
         self.model.train()
         self.test = job.test
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -60,11 +60,12 @@ class _SingleHooks(Hooks):
             "model": {k: v.cpu() for k, v in self.model.state_dict().items()},
             "rule_state": [t.cpu() for t in state_tensors(self.state)],
         })
+        self.log.log("checkpoint", step=pos.step, epoch=pos.epoch)
 
 
 def run(job: Job, log: EventLog) -> Outcome:
     cfg = job.config
-    hooks = _SingleHooks(job, plan_for(cfg, 0, 1, DEVICE, data_bytes=train_bytes(job)))
+    hooks = _SingleHooks(job, plan_for(cfg, 0, 1, DEVICE, data_bytes=train_bytes(job)), log)
     report = StepReporter(cfg, log, hooks.total, "single", shows_progress=True, evaluates=True)
     batches = batch_stream(job.shard(0, 1), cfg.batch_size, cfg.seed)
     pos = Loop(cfg, report, hooks, batches, hooks.total, straggler=hooks.kit.straggler).run()

@@ -39,7 +39,7 @@ TABLE = Path(__file__).with_name("settings_accepted.json")
 # a value other than the default for every setting, valid on its own
 SAMPLE = {
     "model": "logreg", "data": "digits", "data_dir": "/tmp", "train_limit": 384,
-    "test_limit": 50, "non_iid": 0.5, "augment": "flip", "epochs": 2.0, "max_steps": 3,
+    "test_limit": 50, "non_iid": 0.5, "augment": "flip", "epochs": 0.1, "max_steps": 3,
     "batch_size": 32, "lr": 0.02, "rule": "adam", "momentum": 0.5, "weight_decay": 0.01,
     "schedule": "cosine", "warmup_steps": 2, "step_size": 2, "gamma": 0.5, "grad_accum": 2,
     "workers": 3, "seed": 1, "device": "cuda", "threads": 1, "slow_workers": {0: 2.0},
