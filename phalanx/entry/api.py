@@ -133,7 +133,7 @@ def _run(cfg: RunConfig, job: Job, strategy: StrategySpec, out: Path, events_pat
         if cfg.progress:
             say(f"{cfg.strategy}: starting {_processes(strategy, cfg)}...")
         with StartupLines(events_path, cfg.strategy, enabled=cfg.progress):
-            outcome = strategy.run(job, log)
+            outcome = strategy.run_job(job, log)
         summary = finish_run(job, outcome, time.perf_counter() - t0, log)
     events = read_events(events_path)
     history = [e for e in events if e.get("kind") in HISTORY_KINDS]

@@ -77,6 +77,7 @@ def _main(rank: int, world: int, cfg: RunConfig, t0: float, attempt: int) -> Non
         sys.stderr.write(f"phalanx: torchrun restart {attempt}: "
                          + ("resuming from the checkpoint in " + cfg.out if cfg.resume
                             else "no checkpoint yet, starting over") + "\n")
+    strategy.check_job(job)  # no driver checked it under torchrun
     strategy.process_main(rank, world, job)
     try:
         dist.barrier()  # sync point: every rank's part of the result is on disk

@@ -262,7 +262,8 @@ def injected_kills(events: Path, offset: int) -> list[dict[str, Any]]:
     return out
 
 
-def spawn_workers(job, process_main, world: int, backend: str = "gloo") -> None:
+def spawn_workers(job, process_main, world: int, backend: str = "gloo",
+                  rank_name: str = "worker") -> None:
     """``spawn`` the workers; a run stopped by ``--kill-worker`` ends with one line naming
     the killed worker (its peers' connection errors are consequences, not the cause) and
     how to continue it."""
@@ -270,7 +271,8 @@ def spawn_workers(job, process_main, world: int, backend: str = "gloo") -> None:
     offset = events.stat().st_size if events.is_file() else 0
     t0 = time.time()
     try:
-        spawn(process_main, world, (job,), backend=backend, name=lambda rank: f"worker {rank}")
+        spawn(process_main, world, (job,), backend=backend,
+              name=lambda rank: f"{rank_name} {rank}")
     except WorkerFailed:
         kills = injected_kills(events, offset)
         if not kills:

@@ -197,7 +197,8 @@ def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.T
 
 
 SPEC = StrategySpec(
-    "hogwild", "Hogwild!: worker processes update one shared model without locks (--lock)",
-    run, world_size=world_size, options=("lock",), shards_by="workers", device=DEVICE,
+    name="hogwild",
+    summary="Hogwild!: worker processes update one shared model without locks (--lock)",
+    run=run, world_size=world_size, options=("lock",), shards_by="workers", device=DEVICE,
     local_only="single-host only (its worker processes share one model in shared memory); "
                "run it with phalanx train")

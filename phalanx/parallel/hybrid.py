@@ -10,26 +10,18 @@ single-process training on the R replicas' batches concatenated.
 from __future__ import annotations
 
 from phalanx.config import RunConfig
-from phalanx.metrics import EventLog
-from phalanx.parallel.base import Job, Outcome, read_result
+from phalanx.parallel.base import Job
 from phalanx.parallel.pipeline import DEVICE, check, train_pipeline
 from phalanx.parallel.spec import StrategySpec, momentum_for
-from phalanx.runtime.launch import spawn
-from phalanx.runtime.placement import spawn_backend
-from phalanx.runtime.supervise import PIPELINING, preload
+from phalanx.runtime.supervise import PIPELINING
 
 
 def world_size(cfg: RunConfig) -> int:
     return cfg.stages * cfg.replicas
 
 
-def run(job: Job, log: EventLog) -> Outcome:
-    cfg = job.config
-    check(job, cfg.stages, cfg.replicas)
-    preload(PIPELINING)  # the ranks' schedules: imported once, in the fork server
-    spawn(process_main, world_size(cfg), (job,),
-          backend=spawn_backend(cfg, world_size(cfg), DEVICE))
-    return read_result(job)
+def check_job(job: Job) -> None:
+    check(job, job.config.stages, job.config.replicas)
 
 
 def process_main(rank: int, world: int, job: Job) -> None:
@@ -47,9 +39,11 @@ def replicas_momentum(cfg: RunConfig) -> tuple[str, float] | None:
 
 
 SPEC = StrategySpec(
-    "hybrid", "hybrid: --replicas data-parallel copies of a --stages pipeline", run,
-    process_main, world_size, options=("microbatches", "pipeline_schedule", "replicas", "stages"),
+    name="hybrid", summary="hybrid: --replicas data-parallel copies of a --stages pipeline",
+    process_main=process_main, world_size=world_size, check_job=check_job,
+    options=("microbatches", "pipeline_schedule", "replicas", "stages"),
     shards_by="replicas", compute_ranks=stage_ranks, device=DEVICE,
     unused={"workers": "it runs --stages x --replicas processes"},
     default_rule=replicas_momentum,  # R x fewer steps per epoch: docs/model-parallel.md
+    preload=(PIPELINING,), rank_name="rank",
     example={"stages": 2, "replicas": 2, "microbatches": 2})

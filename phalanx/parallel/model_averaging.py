@@ -25,14 +25,12 @@ from phalanx.comm.allreduce import AllReduce
 from phalanx.comm.exchange import group_screened
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
-from phalanx.metrics import EventLog
-from phalanx.parallel.base import Job, Outcome, read_result, write_result
+from phalanx.parallel.base import Job, write_result
 from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.dp_checkpoint import (
     check_checkpointing,
     check_resume,
     has_checkpoint,
-    spawn_workers,
 )
 from phalanx.parallel.loop import Micro
 from phalanx.parallel.outer_step import OuterSync
@@ -46,24 +44,14 @@ from phalanx.parallel.replicas import (
 from phalanx.parallel.spec import StrategySpec, workers_momentum
 from phalanx.parallel.stats import AveragingStats
 from phalanx.rules import state_tensors
-from phalanx.runtime.placement import setup_rank, spawn_backend
+from phalanx.runtime.placement import setup_rank
 
-__all__ = ["average_", "can_restart", "check_resume", "process_main", "run", "train_worker",
+__all__ = ["average_", "can_restart", "check_resume", "process_main", "train_worker",
            "world_size"]
 
 
 def world_size(cfg: RunConfig) -> int:
     return cfg.workers
-
-
-def run(job: Job, log: EventLog) -> Outcome:
-    check_shards(job, world_size(job.config))
-    check_config(job.config)
-    if job.config.resume:
-        check_resume(job.config)
-    spawn_workers(job, process_main, world_size(job.config),
-                  backend=spawn_backend(job.config, world_size(job.config), DEVICE))
-    return read_result(job)
 
 
 def check_config(cfg: RunConfig) -> None:
@@ -79,7 +67,6 @@ def can_restart(cfg: RunConfig) -> bool:
 
 def process_main(rank: int, world: int, job: Job) -> None:
     """One worker; runs inside an initialised process group (spawn or torchrun)."""
-    check_config(job.config)  # again here: under torchrun no driver checked first
     place = setup_rank(job.config, rank, world, DEVICE, data_bytes=train_bytes(job))
     with open_log(job, rank) as log:
         train_worker(WorkerContext(job, rank, world, log, time.perf_counter(), place))
@@ -158,10 +145,14 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     return hooks.model
 
 
+def check_job(job: Job) -> None:
+    check_shards(job, world_size(job.config))
+
+
 SPEC = StrategySpec(
-    "average", "parameter averaging (local SGD) every --period steps; DiLoCo with "
-    "--outer-rule", run, process_main, world_size, check=check_config,
-    check_resume=check_resume, can_restart=can_restart,
+    name="average", summary="parameter averaging (local SGD) every --period steps; DiLoCo "
+    "with --outer-rule", process_main=process_main, world_size=world_size, check=check_config,
+    check_job=check_job, check_resume=check_resume, can_restart=can_restart,
     supports=frozenset({"kill_worker", "compress", "powersgd", "outer_rule"}),
     options=("allreduce", "period", "average_optimizer_state", "sfb", "outer_lr",
              "outer_momentum"),

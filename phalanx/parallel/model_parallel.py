@@ -20,12 +20,9 @@ import torch.distributed as dist
 from phalanx.comm.staging import recv, send
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
-from phalanx.metrics import EventLog
 from phalanx.parallel.base import (
     Job,
-    Outcome,
     detached,
-    read_result,
     write_result,
 )
 from phalanx.parallel.column_parallel import check_split_layer
@@ -40,8 +37,7 @@ from phalanx.parallel.stats import ModelParallelStats
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
-from phalanx.runtime.launch import spawn
-from phalanx.runtime.placement import DeviceSupport, Placement, setup_rank, spawn_backend
+from phalanx.runtime.placement import DeviceSupport, Placement, setup_rank
 
 DEVICE = DeviceSupport()  # activations between neighbouring ranks: NCCL-able
 
@@ -50,15 +46,12 @@ def world_size(cfg: RunConfig) -> int:
     return cfg.workers
 
 
-def run(job: Job, log: EventLog) -> Outcome:
+def check_job(job: Job) -> None:
     cfg = job.config
     if cfg.split_layer:
         check_split_layer(job.build_model(), cfg.split_layer, cfg.workers)
     else:
         check_stages(job.build_model(), cfg.workers, "--workers")
-    spawn(process_main, world_size(cfg), (job,),
-          backend=spawn_backend(cfg, world_size(cfg), DEVICE))
-    return read_result(job)
 
 
 def process_main(rank: int, world: int, job: Job) -> None:
@@ -90,7 +83,6 @@ class _LayerHooks(Hooks):
         self.job, self.rank, self.world = job, rank, world
         self.staging, self.device = place.host_staging, place.torch_device
         model = self.full = job.build_model()
-        check_stages(model, world, "--workers")  # again here: under torchrun no driver checked
         model.train()
         self.shard = job.shard(0, 1)  # one stream of batches: every stage walks the same order
         self.total = job.planned_steps(len(self.shard))
@@ -222,6 +214,6 @@ def _checkpoint(job: Job, model, part, rank: int, world: int, step: int) -> None
 
 
 SPEC = StrategySpec(
-    "model-parallel", "model parallel: layers (or one layer's columns, --split-layer) over "
-    "--workers ranks", run, process_main, world_size, options=("split_layer",),
-    device=DEVICE)
+    name="model-parallel", summary="model parallel: layers (or one layer's columns, "
+    "--split-layer) over --workers ranks", process_main=process_main, world_size=world_size,
+    check_job=check_job, options=("split_layer",), device=DEVICE)

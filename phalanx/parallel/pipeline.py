@@ -21,12 +21,9 @@ from torch import nn
 from phalanx.comm.staging import DeviceHop, gloo_carries
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
-from phalanx.metrics import EventLog
 from phalanx.parallel.base import (
     Job,
-    Outcome,
     detached,
-    read_result,
     write_result,
 )
 from phalanx.parallel.instrument import StageMeter, metered_stage_class
@@ -43,9 +40,8 @@ from phalanx.parallel.stats import PipelineStats
 from phalanx.parallel.worker import LOG_EVERY, StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.checkpoint import save_checkpoint
-from phalanx.runtime.launch import spawn
-from phalanx.runtime.placement import DeviceSupport, setup_rank, spawn_backend
-from phalanx.runtime.supervise import PIPELINING, preload
+from phalanx.runtime.placement import DeviceSupport, setup_rank
+from phalanx.runtime.supervise import PIPELINING
 
 
 def schedule_class(name: str) -> type:
@@ -85,13 +81,8 @@ def check(job: Job, stages: int, replicas: int = 1) -> None:
         raise ConfigError(f"--batch-size: {cfg.batch_size} exceeds a replica's {shard} samples")
 
 
-def run(job: Job, log: EventLog) -> Outcome:
+def check_job(job: Job) -> None:
     check(job, job.config.stages)
-    preload(PIPELINING)  # the ranks' schedules: imported once, in the fork server
-    spawn(process_main, world_size(job.config), (job,),
-          backend=spawn_backend(job.config, world_size(job.config), DEVICE),
-          name=lambda rank: f"stage {rank}")
-    return read_result(job)
 
 
 def process_main(rank: int, world: int, job: Job) -> None:
@@ -117,7 +108,6 @@ class _StageHooks(Hooks):
         cfg = self.cfg = job.config
         if world != stages * replicas:
             raise ConfigError(f"{world} processes cannot hold {replicas} x {stages} stages")
-        check(job, stages, replicas)  # again here: under torchrun no driver checked first
         self.job, self.rank, self.stages, self.replicas = job, rank, stages, replicas
         self.replica, s = divmod(rank, stages)
         self.s, self.first, self.last = s, s == 0, s == stages - 1
@@ -317,8 +307,10 @@ def stage_ranks(cfg: RunConfig) -> tuple[int, str]:
 
 
 SPEC = StrategySpec(
-    "pipeline", "pipeline parallel: --stages stages, --microbatches per step (GPipe, 1F1B)",
-    run, process_main, world_size, options=("microbatches", "pipeline_schedule", "stages"),
-    compute_ranks=stage_ranks, device=DEVICE,
-    unused={"workers": "it runs one process per stage, --stages"},
+    name="pipeline", summary="pipeline parallel: --stages stages, --microbatches per step "
+    "(GPipe, 1F1B)", process_main=process_main, world_size=world_size, check_job=check_job,
+    options=("microbatches", "pipeline_schedule", "stages"), compute_ranks=stage_ranks,
+    device=DEVICE, unused={"workers": "it runs one process per stage, --stages"},
+    # the ranks' schedules: imported once, in the fork server
+    preload=(PIPELINING,), rank_name="stage",
     example={"stages": 2, "microbatches": 2})

@@ -324,7 +324,8 @@ _SHARED_OPTIONS = ("servers", "ps_timeout", "heartbeat_s", "on_worker_loss", "pu
                    "staleness_lr")
 
 SPECS = tuple(
-    StrategySpec(name, _SUMMARY[name], run, process_main, world_size, check_config,
+    StrategySpec(name=name, summary=_SUMMARY[name], run=run, process_main=process_main,
+                 world_size=world_size, check=check_config,
                  check_resume=check_resume, can_restart=can_restart,
                  supports=frozenset({"kill_worker", "kill_server", "drop_messages",
                                      "compress"}),

@@ -79,8 +79,6 @@ def check_model(job: Job) -> None:
 
 
 def run(job: Job, log: EventLog) -> Outcome:
-    check_config(job.config)
-    check_model(job)
     first_worker = 1 + job.config.servers  # rank 0 coordinates, ranks 1..S are shards
 
     def name(rank: int) -> str:
@@ -98,8 +96,6 @@ def run(job: Job, log: EventLog) -> Outcome:
 
 def process_main(rank: int, world: int, job: Job) -> None:
     cfg = job.config
-    check_config(cfg)
-    check_model(job)  # again here: under torchrun, run() is not called
     layout = SandblasterLayout(cfg.servers, cfg.workers)
     if world != layout.world:
         raise PhalanxError(f"{world} processes, but sandblaster with --servers {cfg.servers} "
@@ -153,8 +149,9 @@ def coordinator_main(job: Job, transport: GlooTransport, layout: SandblasterLayo
 
 
 SPEC = StrategySpec(
-    "sandblaster", "Sandblaster L-BFGS: a coordinator hands batch portions to workers; "
-    "shards hold parameters and history", run, process_main, world_size, check_config,
+    name="sandblaster", summary="Sandblaster L-BFGS: a coordinator hands batch portions to "
+    "workers; shards hold parameters and history", run=run, process_main=process_main,
+    world_size=world_size, check=check_config, check_job=check_model,
     supports=frozenset({"kill_worker"}),
     options=("portions", "history", "line_search", "static_portions", "servers", "ps_timeout",
              "heartbeat_s"),

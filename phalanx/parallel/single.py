@@ -79,7 +79,7 @@ def check(cfg) -> None:
 
 
 SPEC = StrategySpec(
-    "single", "one worker: the baseline every strategy is compared against", run,
-    check=check, device=DEVICE, fixed_workers=1,
+    name="single", summary="one worker: the baseline every strategy is compared against",
+    run=run, check=check, device=DEVICE, fixed_workers=1,
     unused={"worker_threads": "it trains in the driver process: --threads sets its threads",
             "backend": "one process has no collectives"})

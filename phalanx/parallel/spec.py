@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
-from phalanx.parallel.base import Job, Outcome
+from phalanx.parallel.base import Job, Outcome, read_result
+from phalanx.parallel.dp_checkpoint import spawn_workers
 from phalanx.rules import RULES
-from phalanx.runtime.placement import DeviceSupport
+from phalanx.runtime.placement import DeviceSupport, spawn_backend
+from phalanx.runtime.supervise import preload
 
 # what a strategy may declare in ``supports`` (anything else is a typo, refused at import)
 FEATURES = frozenset({
@@ -61,7 +63,7 @@ def workers_momentum(cfg: RunConfig) -> tuple[str, float] | None:
     return momentum_for(cfg.workers, cfg)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StrategySpec:
     """Everything the rest of phalanx knows about one strategy.
 
@@ -77,8 +79,16 @@ class StrategySpec:
 
     name: str
     summary: str  # one line: the CLI's help and the docs' table
-    run: Callable[[Job, EventLog], Outcome]
+    # trains in the driver; None: the default, :func:`spawned` (check_job, spawn
+    # world_size ranks of process_main, read rank 0's result)
+    run: Callable[[Job, EventLog], Outcome] | None = None
     process_main: Callable[[int, int, Job], None] | None = None
+    # checks that need the data or the model (a shard smaller than a batch, a model the
+    # stages cannot split): in the driver before any rank starts, and on every rank under
+    # torchrun, where no driver ran them
+    check_job: Callable[[Job], None] = nothing
+    preload: tuple[str, ...] = ()  # modules the fork server imports for the ranks
+    rank_name: str = "worker"  # how a failed rank is named ("stage 1")
     world_size: Callable[[RunConfig], int] = one_process
     check: Callable[[RunConfig], None] = nothing
     check_resume: Callable[[RunConfig], None] | None = None
@@ -125,6 +135,11 @@ class StrategySpec:
             if name not in fields:
                 raise ValueError(f"strategy {self.name}: {name!r} is not a RunConfig field")
 
+    def run_job(self, job: Job, log: EventLog) -> Outcome:
+        """Train: the job's own checks, then the strategy's ``run`` or :func:`spawned`."""
+        self.check_job(job)  # fail here, in one line, not in N children
+        return self.run(job, log) if self.run is not None else spawned(self, job)
+
     @property
     def is_parameter_server(self) -> bool:
         """A preset of the parameter server: it has a consistency model (``--consistency``
@@ -143,3 +158,20 @@ class StrategySpec:
 
     def refuse(self, flag: str, why: str) -> ConfigError:
         return ConfigError(f"--{flag.replace('_', '-')}: {why} (--strategy {self.name})")
+
+
+def spawned(s: StrategySpec, job: Job) -> Outcome:
+    """The common ``run``: ``--resume``'s checkpoints, then
+    ``world_size`` ranks of ``process_main`` forked from the preloaded fork server, and
+    rank 0's result. A run stopped by an injected ``--kill-worker`` ends in one line saying
+    how to continue it."""
+    cfg = job.config
+    if cfg.resume and s.check_resume is not None:
+        s.check_resume(cfg)
+    if s.process_main is None:
+        raise ValueError(f"strategy {s.name}: no run and no process_main")
+    preload(*s.preload)
+    world = s.world_size(cfg)
+    spawn_workers(job, s.process_main, world, backend=spawn_backend(cfg, world, s.device),
+                  rank_name=s.rank_name)
+    return read_result(job)

@@ -22,11 +22,10 @@ from phalanx.comm.bucketing import CommThread, GradReducer
 from phalanx.comm.exchange import Compression, group_screened
 from phalanx.comm.sfb import SufficientFactors
 from phalanx.config import RunConfig
-from phalanx.metrics import EventLog
-from phalanx.parallel.base import Job, Outcome, read_result, write_result
+from phalanx.parallel.base import Job, write_result
 from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.dp_checkpoint import check_resume as _check_resume
-from phalanx.parallel.dp_checkpoint import has_checkpoint, spawn_workers
+from phalanx.parallel.dp_checkpoint import has_checkpoint
 from phalanx.parallel.loop import Micro
 from phalanx.parallel.replicas import (
     DEVICE,
@@ -38,20 +37,11 @@ from phalanx.parallel.replicas import (
 )
 from phalanx.parallel.spec import StrategySpec, workers_momentum
 from phalanx.parallel.stats import SyncStats
-from phalanx.runtime.placement import setup_rank, spawn_backend
+from phalanx.runtime.placement import setup_rank
 
 
 def world_size(cfg: RunConfig) -> int:
     return cfg.workers
-
-
-def run(job: Job, log: EventLog) -> Outcome:
-    check_shards(job, world_size(job.config))  # fail here, in one line, not in N children
-    if job.config.resume:
-        check_resume(job.config)
-    spawn_workers(job, process_main, world_size(job.config),
-                  backend=spawn_backend(job.config, world_size(job.config), DEVICE))
-    return read_result(job)
 
 
 def check_resume(cfg: RunConfig) -> None:
@@ -139,10 +129,14 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     return hooks.model
 
 
+def check_job(job: Job) -> None:
+    check_shards(job, world_size(job.config))
+
+
 SPEC = StrategySpec(
-    "sync", "synchronous data parallel: gradients allreduced bucket by bucket (ring, native, "
-    "main)", run, process_main, world_size,
-    check_resume=check_resume, can_restart=can_restart,
+    name="sync", summary="synchronous data parallel: gradients allreduced bucket by bucket "
+    "(ring, native, main)", process_main=process_main, world_size=world_size,
+    check_job=check_job, check_resume=check_resume, can_restart=can_restart,
     supports=frozenset({"kill_worker", "compress", "powersgd"}),
     options=("allreduce", "bucket_mb", "sfb"), shards_by="workers", device=DEVICE,
     default_rule=workers_momentum)  # N x fewer steps per epoch: docs/data-parallel.md
