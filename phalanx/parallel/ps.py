@@ -320,8 +320,7 @@ _SUMMARY = {
 _OPTIONS = {"downpour": ("nfetch", "npush", "downpour_local_steps"),
             "dc-asgd": ("dc_lambda", "dc_adaptive", "dc_momentum")}
 # read by every parameter-server strategy (--pull-ahead: the spec's check says which)
-_SHARED_OPTIONS = ("servers", "ps_timeout", "heartbeat_s", "on_worker_loss", "pull_ahead",
-                   "staleness_lr")
+_SHARED_OPTIONS = ("servers", "ps_timeout", "heartbeat_s", "on_worker_loss", "pull_ahead")
 
 SPECS = tuple(
     StrategySpec(name=name, summary=_SUMMARY[name], run=run, process_main=process_main,

@@ -83,6 +83,8 @@ class Asynchronous(Consistency):
     """ASP: no waiting; every push is applied the moment it arrives."""
 
     name = "asp"
+    # pushes arrive stale: --staleness-lr divides each by its staleness (BSP's are never)
+    options = ("staleness_lr",)
     pulls_ahead = True
 
     def admits(self, clock: int, slowest: int) -> bool:
@@ -96,7 +98,7 @@ class StaleSynchronous(Consistency):
     """SSP(s): pushes apply at once, but a worker at clock c waits until the slowest worker
     is at clock >= c - s. s = 0 is a barrier; s = infinity is ASP."""
 
-    options = ("staleness",)
+    options = ("staleness", "staleness_lr")
 
     def __init__(self, bound: int) -> None:
         if bound < 0:
@@ -121,7 +123,7 @@ class SoftSynchronous(Consistency):
     (Zhang et al. 2016 write n-softsync with c = floor(N / n) gradients per update; our n
     is their c: n = 1 is ASP, n = N is the sync-like end.)"""
 
-    options = ("softsync",)
+    options = ("softsync", "staleness_lr")
 
     def __init__(self, n: int) -> None:
         if n < 1:
