@@ -4,12 +4,13 @@ and CLI overrides (in that order)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from phalanx.errors import ConfigError
 from phalanx.limits import MAX_SEED, check_ranges, short
@@ -114,15 +115,28 @@ def parse_slow_workers(text: str) -> dict[int, float]:
     return out
 
 
-def parse_device(device: str) -> tuple[str, int | None]:
+class Device(NamedTuple):
+    """``--device`` parsed: ``kind`` cpu or cuda, ``index`` K of ``cuda:K`` (None: each
+    rank takes a GPU of its own)."""
+
+    kind: str
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return self.kind if self.index is None else f"{self.kind}:{self.index}"
+
+
+def parse_device(device: str | Device) -> Device:
     """``"cpu"`` -> (cpu, None); ``"cuda"`` -> (cuda, None); ``"cuda:K"`` -> (cuda, K)."""
+    if isinstance(device, Device):
+        return device
     kind, sep, index = device.partition(":")
     if kind == "cpu" and not sep:
-        return "cpu", None
+        return Device("cpu")
     if kind == "cuda" and not sep:
-        return "cuda", None
+        return Device("cuda")
     if kind == "cuda" and index.isdigit():
-        return "cuda", int(index)
+        return Device("cuda", int(index))
     raise ConfigError(f"--device: {device!r} is not one of cpu, cuda, cuda:K")
 
 
@@ -360,6 +374,11 @@ class RunConfig:
     overwrite: bool = setting(
         False, 'clear the earlier run in --out first (only files a run writes)', section="output")
 
+    @functools.cached_property
+    def target(self) -> Device:
+        """``--device``, parsed once (checked by :meth:`validate`)."""
+        return parse_device(self.device)
+
     def validate(self) -> RunConfig:
         """Check every setting on its own (types, ranges, choices) and fill in the learning
         rate the rule starts from. What a setting means for the chosen strategy is checked
@@ -372,7 +391,8 @@ class RunConfig:
                 raise ConfigError(f"--{name.replace('_', '-')}: {short(value)} {what}")
 
         need(bool(self.strategy), "strategy", "must name a strategy")
-        parse_device(self.device)  # cpu, cuda or cuda:K (the machine is checked at run time)
+        self.__dict__.pop("target", None)  # the device may have been set since
+        _ = self.target  # cpu, cuda or cuda:K (the machine is checked at run time)
         for f in dataclasses.fields(self):  # each field's own declaration (setting())
             value, choices, rule = getattr(self, f.name), f.metadata.get("choices"), \
                 f.metadata.get("rule")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from phalanx.config import BACKENDS, DATA_ON_DEVICE, parse_device
+from phalanx.config import BACKENDS, DATA_ON_DEVICE, Device, parse_device
 from phalanx.errors import ConfigError
 
 NCCL_WITH_HOST = "cpu:gloo,cuda:nccl"  # device-specific backends of one group
@@ -79,7 +79,7 @@ class Placement:
 CPU = Placement("cpu", "gloo", False, False, 1, False)  # a rank set up by no one (tests)
 
 
-def check_device(device: str, device_count: int) -> None:
+def check_device(device: str | Device, device_count: int) -> None:
     """``--device`` names a device this machine has (one line otherwise)."""
     kind, index = parse_device(device)
     if kind == "cpu":
@@ -91,7 +91,7 @@ def check_device(device: str, device_count: int) -> None:
                           f"device(s), cuda:0..cuda:{device_count - 1}")
 
 
-def plan(device: str, backend: str = "auto", worker_threads: int = 0,
+def plan(device: str | Device, backend: str = "auto", worker_threads: int = 0,
          data_on_device: str = "auto", *, compute_rank: int = 0, compute_ranks: int = 1,
          processes: int = 1, device_count: int = 0, cores: int = 1,
          strategy_support: DeviceSupport = DeviceSupport(), on_cpu: bool = False,
@@ -180,19 +180,19 @@ def plan_for(cfg, rank: int, world: int, support: DeviceSupport, *,
              data_bytes: int = 0) -> Placement:
     """:func:`plan` for rank ``rank`` of ``world`` under ``cfg`` on this machine."""
     local_rank, local_world = local_position(rank, world)
-    n_gpu = device_count() if cfg.device != "cpu" else 0
+    n_gpu = device_count() if cfg.target.kind != "cpu" else 0
     ranks = compute_ranks if compute_ranks is not None else local_world
     compute_rank = compute_rank if compute_rank is not None else local_rank
     fits = True
     if n_gpu and data_bytes and not on_cpu:
-        kind, index = parse_device(cfg.device)
+        kind, index = cfg.target
         gpu = index if index is not None else compute_rank % n_gpu
         if support.one_device:
             gpu = index or 0
         total = torch.cuda.get_device_properties(gpu).total_memory
         share = ranks if index is not None else -(-ranks // n_gpu)
         fits = data_fits(data_bytes, total, share)
-    return plan(cfg.device, cfg.backend, cfg.worker_threads, cfg.data_on_device,
+    return plan(cfg.target, cfg.backend, cfg.worker_threads, cfg.data_on_device,
                 compute_rank=compute_rank, compute_ranks=ranks, processes=local_world,
                 device_count=n_gpu,
                 cores=cores(), strategy_support=support, on_cpu=on_cpu,
@@ -219,7 +219,7 @@ def setup_rank(cfg, rank: int, world: int, support: DeviceSupport, **kwargs) -> 
 def check_run(cfg, world: int, support: DeviceSupport) -> str:
     """In the driver, before any process starts: the flags can be served on this machine
     (one line otherwise). Returns the backend the process group is opened with."""
-    kind, _ = parse_device(cfg.device)
+    kind, _ = cfg.target
     if kind == "cuda" and not support.cuda:
         raise ConfigError(f"--device {cfg.device}: --strategy {cfg.strategy} cannot run on "
                           f"CUDA: {support.reason}")
