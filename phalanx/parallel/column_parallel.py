@@ -25,12 +25,12 @@ from phalanx.comm.staging import gloo_carries
 from phalanx.errors import ConfigError
 from phalanx.parallel.base import Job, detached, write_result
 from phalanx.parallel.device_data import DeviceData, train_bytes
+from phalanx.parallel.dp_checkpoint import save_snapshot
 from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
 from phalanx.parallel.reporting import StageReporter
 from phalanx.parallel.stats import ColumnParallelStats
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
-from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.placement import DeviceSupport, Placement, setup_rank
 
 
@@ -214,8 +214,7 @@ class _ColumnHooks(Hooks):
         if every and pos.step % every == 0:
             whole = self.whole()
             if self.rank == 0:  # the model only: each worker's rule state stays with it
-                save_checkpoint(self.job.run_dir / "checkpoint.pt", {"step": pos.step, "model": {
-                    k: v.detach().to("cpu", copy=True) for k, v in whole.state_dict().items()}})
+                save_snapshot(self.job, whole.state_dict(), pos)
 
 
 def process_main(rank: int, world: int, job: Job) -> None:

@@ -67,6 +67,28 @@ def fingerprint(cfg: RunConfig) -> str:
     return json.dumps(values, sort_keys=True)
 
 
+def snapshot(cfg: RunConfig, model_state: dict[str, torch.Tensor], pos: Position,
+             rule_state: list[torch.Tensor] | tuple = (), ranks: list | tuple = (),
+             workers: int = 1) -> dict[str, Any]:
+    """The one checkpoint format every strategy writes to ``checkpoint.pt``. A strategy
+    that resumes (sync, average) fills ``ranks`` (each rank's own state) and its rule
+    state; one that keeps snapshots only (single, Hogwild!, the stages) leaves ``ranks``
+    empty, which ``--resume`` refuses."""
+    return {"format": FORMAT, "strategy": cfg.strategy, "workers": workers,
+            "fingerprint": fingerprint(cfg), "step": pos.step, "epoch": pos.epoch,
+            "samples": pos.samples, "rounds": pos.rounds, "wall_s": float(pos.wall_s),
+            "model": {k: v.detach().to("cpu", copy=True) for k, v in model_state.items()},
+            "rule_state": [t.detach().to("cpu", copy=True) for t in rule_state],
+            "ranks": list(ranks)}
+
+
+def save_snapshot(job, model_state: dict[str, torch.Tensor], pos: Position,
+                  rule_state: list[torch.Tensor] | tuple = ()) -> None:
+    """A snapshot checkpoint (no per-rank state) in the one format."""
+    save_checkpoint(checkpoint_path(job.run_dir), snapshot(job.config, model_state, pos,
+                                                            rule_state))
+
+
 def check_checkpointing(cfg: RunConfig, period: int) -> None:
     """Replicas that are equal only every ``period`` steps (right after an averaging
     round) are checkpointed there."""
@@ -197,15 +219,8 @@ class Checkpointer:
                 dist.gather(t, out if self.rank == 0 else None, dst=0)
             ranks = [[out[r] for out in gathered] for r in range(self.world)]
         if self.rank == 0:
-            save_checkpoint(self.path, {
-                "format": FORMAT, "strategy": self.cfg.strategy, "workers": self.world,
-                "fingerprint": fingerprint(self.cfg), "step": pos.step, "epoch": pos.epoch,
-                "samples": pos.samples, "rounds": pos.rounds, "wall_s": float(pos.wall_s),
-                "model": {k: v.detach().to("cpu", copy=True)
-                          for k, v in model.state_dict().items()},
-                "rule_state": [t.detach().to("cpu", copy=True) for t in state_tensors(state)],
-                "ranks": ranks,
-            })
+            save_checkpoint(self.path, snapshot(self.cfg, model.state_dict(), pos,
+                                                state_tensors(state), ranks, self.world))
             self.log.log("checkpoint", step=pos.step, epoch=pos.epoch)
         if self.world > 1:
             # sync point: after it every rank knows checkpoint ``step`` is on disk, so a

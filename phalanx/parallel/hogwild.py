@@ -31,12 +31,12 @@ from phalanx.parallel.base import (
     write_result,
 )
 from phalanx.parallel.device_data import DeviceData, train_bytes
+from phalanx.parallel.dp_checkpoint import save_snapshot
 from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stats import HogwildStats
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule, state_tensors
-from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.launch import spawn
 from phalanx.runtime.placement import (
     DeviceSupport,
@@ -170,10 +170,7 @@ class _HogwildHooks(Hooks):
         every = self.cfg.checkpoint_every
         if self.rank == 0 and every and pos.step % every == 0:
             # a lock-free snapshot of the shared model (rank 0's own rule state)
-            save_checkpoint(self.job.run_dir / "checkpoint.pt", {
-                "step": pos.step, "model": {k: v.detach().to("cpu", copy=True)
-                                            for k, v in self.model.state_dict().items()},
-                "rule_state": state_tensors(self.state)})
+            save_snapshot(self.job, self.model.state_dict(), pos, state_tensors(self.state))
 
 
 def _worker(rank: int, world: int, job: Job, model: nn.Module, counters: torch.Tensor,

@@ -28,6 +28,7 @@ from phalanx.parallel.base import (
 from phalanx.parallel.column_parallel import check_split_layer
 from phalanx.parallel.column_parallel import process_main as split_main
 from phalanx.parallel.device_data import DeviceData, train_bytes
+from phalanx.parallel.dp_checkpoint import save_snapshot
 from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
 from phalanx.parallel.partition import agreed_partition, check_stages, stage_module
 from phalanx.parallel.reporting import StageReporter
@@ -36,7 +37,6 @@ from phalanx.parallel.stages import boundary_shapes, gather_model
 from phalanx.parallel.stats import ModelParallelStats
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
-from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.placement import DeviceSupport, Placement, setup_rank
 
 DEVICE = DeviceSupport()  # activations between neighbouring ranks: NCCL-able
@@ -169,7 +169,7 @@ class _LayerHooks(Hooks):
     def checkpoint(self, pos: Position, final: bool) -> None:
         every = self.cfg.checkpoint_every
         if every and pos.step % every == 0:  # a collective: every stage gathers
-            _checkpoint(self.job, self.full, self.part, self.rank, self.world, pos.step)
+            _checkpoint(self.job, self.full, self.part, self.rank, self.world, pos)
 
 
 def _layer_parallel(rank: int, world: int, job: Job) -> None:
@@ -205,12 +205,10 @@ def _evaluate(model, part, rank, world, report, step, epoch, samples) -> None:
         report.evaluate(model, report.test, step, epoch, samples)
 
 
-def _checkpoint(job: Job, model, part, rank: int, world: int, step: int) -> None:
+def _checkpoint(job: Job, model, part, rank: int, world: int, pos: Position) -> None:
     gather_model(model, part, list(range(world)), rank, dst=0)
-    if rank == 0:
-        # the model only: each stage's rule state stays with its stage
-        save_checkpoint(job.run_dir / "checkpoint.pt", {"step": step, "model": {
-            k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}})
+    if rank == 0:  # the model only: each stage's rule state stays with its stage
+        save_snapshot(job, model.state_dict(), pos)
 
 
 SPEC = StrategySpec(

@@ -26,6 +26,7 @@ from phalanx.parallel.base import (
     detached,
     write_result,
 )
+from phalanx.parallel.dp_checkpoint import save_snapshot
 from phalanx.parallel.instrument import StageMeter, metered_stage_class
 from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
 from phalanx.parallel.partition import agreed_partition, check_stages, stage_module
@@ -39,7 +40,6 @@ from phalanx.parallel.stages import (
 from phalanx.parallel.stats import PipelineStats
 from phalanx.parallel.worker import LOG_EVERY, StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
-from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.placement import DeviceSupport, setup_rank
 from phalanx.runtime.supervise import PIPELINING
 
@@ -220,9 +220,7 @@ class _StageHooks(Hooks):
         if every and pos.step % every == 0 and self.replica == 0:
             gather_model(self.model, self.part, list(range(self.stages)), self.rank, dst=0)
             if self.rank == 0:  # the model only: each stage's rule state stays with it
-                save_checkpoint(self.job.run_dir / "checkpoint.pt", {
-                    "step": pos.step, "model": {k: v.detach().to("cpu", copy=True)
-                                                for k, v in self.model.state_dict().items()}})
+                save_snapshot(self.job, self.model.state_dict(), pos)
 
 
 def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) -> None:

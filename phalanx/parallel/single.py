@@ -8,11 +8,11 @@ from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import Job, Outcome, detached
 from phalanx.parallel.device_data import DeviceData, train_bytes
+from phalanx.parallel.dp_checkpoint import save_snapshot
 from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule, state_tensors
-from phalanx.runtime.checkpoint import save_checkpoint
 from phalanx.runtime.placement import DeviceSupport, Placement, plan_for
 
 DEVICE = DeviceSupport(nccl=False)  # one process: no collectives
@@ -55,11 +55,7 @@ class _SingleHooks(Hooks):
         return {}
 
     def checkpoint(self, pos: Position, final: bool) -> None:
-        save_checkpoint(self.job.run_dir / "checkpoint.pt", {
-            "step": pos.step,
-            "model": {k: v.cpu() for k, v in self.model.state_dict().items()},
-            "rule_state": [t.cpu() for t in state_tensors(self.state)],
-        })
+        save_snapshot(self.job, self.model.state_dict(), pos, state_tensors(self.state))
         self.log.log("checkpoint", step=pos.step, epoch=pos.epoch)
 
 

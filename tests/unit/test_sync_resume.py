@@ -4,6 +4,7 @@ refusal of a checkpoint that does not belong to the run."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from pathlib import Path
@@ -114,14 +115,14 @@ def test_a_checkpoint_of_another_run_is_refused(group, tmp_path: Path) -> None:
     _train(job)
     cfg = job.config
     read_checkpoint(cfg)  # its own run: accepted
-    other = RunConfig(**{**cfg.__dict__, "lr": 0.1}).validate()
+    other = dataclasses.replace(cfg, lr=0.1).validate()
     with pytest.raises(CheckpointError, match="--lr differs"):
         read_checkpoint(other)
-    other = RunConfig(**{**cfg.__dict__, "workers": 2}).validate()
+    other = dataclasses.replace(cfg, workers=2).validate()
     with pytest.raises(CheckpointError, match="--workers 1, not --strategy sync --workers 2"):
         read_checkpoint(other)
     # settings that do not change the trajectory may differ
-    read_checkpoint(RunConfig(**{**cfg.__dict__, "checkpoint_every": 3, "progress": True}))
+    read_checkpoint(dataclasses.replace(cfg, checkpoint_every=3, progress=True))
 
     path = checkpoint_path(cfg.out)
     blob = bytearray(path.read_bytes())
