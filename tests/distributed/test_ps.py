@@ -25,6 +25,7 @@ from phalanx.config import RunConfig
 from phalanx.entry.api import make_job
 from phalanx.parallel import ps
 from phalanx.parallel.base import Job, read_result
+from phalanx.parallel.ps_worker import WorkerStats
 from phalanx.ps.client import PSClient
 from phalanx.ps.partition import partition
 from phalanx.ps.server import Layout
@@ -117,7 +118,7 @@ def _rogue(rank: int, world: int, job: Job) -> None:
     client.pull(3, flat)
     assert torch.equal(flat, before), "a rejected push changed the model"
     client.push(3, torch.ones(part.dense_numel))
-    client.done(4, torch.tensor([0.0, 4, transport.counter.sent, 0], dtype=torch.float64))
+    client.done(4, WorkerStats(steps=4, bytes_sent=transport.counter.sent).tensor())
 
 
 def test_bad_pushes_are_rejected_and_counted_over_gloo(tmp_path):
