@@ -83,6 +83,7 @@ def sfb_table(data, tmp: str, world: int) -> dict[str, dict[str, float]]:
         for sfb in (False, True):
             cfg = RunConfig(model="mlp", data="synthetic", strategy="sync", workers=world,
                             batch_size=batch, max_steps=SFB_STEPS, epochs=1000.0, sfb=sfb,
+                            lr=0.05,
                             allreduce="ring", progress=False, tensorboard=False, test_limit=100,
                             out=f"{tmp}/sfb{world}_{batch}_{int(sfb)}").validate()
             jobs.append(make_job(cfg, "mlp", data))
@@ -122,7 +123,7 @@ def main() -> None:
                 for name in runs:
                     cfg = RunConfig(model="mlp", data="synthetic", strategy="sync",
                                     workers=world, batch_size=32, max_steps=steps,
-                                    epochs=1000.0,
+                                    epochs=1000.0, lr=0.05,
                                     allreduce="native" if name == "ddp" else name,
                                     progress=False, tensorboard=False, test_limit=100,
                                     out=f"{tmp}/{name}{world}_{r}").validate()
