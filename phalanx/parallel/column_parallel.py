@@ -26,7 +26,7 @@ from phalanx.errors import ConfigError
 from phalanx.parallel.base import Job, detached, write_result
 from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.dp_checkpoint import save_snapshot
-from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
+from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
 from phalanx.parallel.reporting import StageReporter
 from phalanx.parallel.stats import ColumnParallelStats
 from phalanx.parallel.worker import StepReporter, WorkerKit
@@ -183,14 +183,9 @@ class _ColumnHooks(Hooks):
     def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data.batch(idx, self.kit.aug, self.kit.gen)
 
-    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
-                         last: bool) -> Micro:
-        x, y = batch
-        out = self.model(x)
-        loss = self.kit.loss_fn(out, y)
-        (loss * scale if scale != 1.0 else loss).backward()
-        self.sent += self.per_sample * len(y)
-        return Micro(len(y), loss, out, y)
+    def forward_backward(self, batch: Batch, scale: float, last: bool) -> Micro:
+        self.sent += self.per_sample * len(batch[1])
+        return backward(self.model, self.kit.loss_fn, batch, scale)
 
     def apply_update(self, step: int) -> dict:
         updates, self.state = self.rule.update([p.grad for p in self.params], self.state,

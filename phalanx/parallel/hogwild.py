@@ -32,7 +32,7 @@ from phalanx.parallel.base import (
 )
 from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.dp_checkpoint import save_snapshot
-from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
+from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stats import HogwildStats
 from phalanx.parallel.worker import StepReporter, WorkerKit
@@ -133,14 +133,9 @@ class _HogwildHooks(Hooks):
                 torch._foreach_copy_(self.local_w, self.shared_w)
         return self.data.batch(idx, self.kit.aug, self.kit.gen)
 
-    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
-                         last: bool) -> Micro:
-        x, y = batch
-        out = self.local(x)
-        loss = self.kit.loss_fn(out, y)
-        (loss * scale if scale != 1.0 else loss).backward()
-        self.samples += len(y)
-        return Micro(len(y), loss, out, y)
+    def forward_backward(self, batch: Batch, scale: float, last: bool) -> Micro:
+        self.samples += len(batch[1])
+        return backward(self.local, self.kit.loss_fn, batch, scale)
 
     def apply_update(self, step: int) -> dict:
         grads = [p.grad for p in self.params]

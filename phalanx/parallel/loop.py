@@ -182,6 +182,20 @@ class Loop:
             self.hooks.evaluate(self.report, self.pos.step, epoch, self.pos.samples * self.shards)
 
 
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def backward(model: nn.Module, loss_fn: nn.Module, batch: Batch, scale: float) -> Micro:
+    """The usual ``forward_backward``: forward, loss, and backward on the loss times
+    ``scale`` (skipped at exactly 1, so a run without accumulation is bit for bit the
+    plain loop's)."""
+    x, y = batch
+    out = model(x)
+    loss = loss_fn(out, y)
+    (loss * scale if scale != 1.0 else loss).backward()
+    return Micro(len(y), loss, out, y)
+
+
 def batch_stream(shard: torch.Tensor, batch_size: int, seed: int, *, per_epoch: int = 0,
                  skip: int = 0) -> Iterator[tuple[int, torch.Tensor]]:
     """(epoch, indices) of a rank's micro-batches, forever, after the first ``skip`` (taken

@@ -29,7 +29,7 @@ from phalanx.data import steps_per_epoch
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import Job
 from phalanx.parallel.device_data import DeviceData
-from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
+from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.ps.client import Heartbeat, PSClient
 from phalanx.ps.partition import flat_dense, partition, trainable, unflatten_into
@@ -224,13 +224,8 @@ class PSWorker(Hooks):
             self.pull_ahead()
         return x, y
 
-    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
-                         last: bool) -> Micro:
-        x, y = batch
-        out = self.model(x)
-        loss = self.kit.loss_fn(out, y)
-        (loss * scale if scale != 1.0 else loss).backward()
-        return Micro(len(y), loss, out, y)
+    def forward_backward(self, batch: Batch, scale: float, last: bool) -> Micro:
+        return backward(self.model, self.kit.loss_fn, batch, scale)
 
     def apply_update(self, step: int) -> dict:
         """Accumulate the step's gradient; push every ``--npush`` steps and at the last.

@@ -21,7 +21,7 @@ from phalanx.metrics import EventLog
 from phalanx.parallel.base import Job, detached
 from phalanx.parallel.device_data import DeviceData
 from phalanx.parallel.dp_checkpoint import Checkpointer
-from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
+from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
 from phalanx.runtime.placement import CPU, DeviceSupport, Placement
@@ -152,13 +152,9 @@ class ReplicaHooks(Hooks):
     def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data.batch(idx, self.kit.aug, self.kit.gen)
 
-    def compute(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float) -> Micro:
+    def compute(self, batch: Batch, scale: float) -> Micro:
         """Forward and backward of one micro-batch; ``.grad`` accumulates."""
-        x, y = batch
-        out = self.model(x)
-        loss = self.kit.loss_fn(out, y)
-        (loss * scale if scale != 1.0 else loss).backward()
-        return Micro(len(y), loss, out, y)
+        return backward(self.model, self.kit.loss_fn, batch, scale)
 
     def apply(self, grads: list[torch.Tensor]) -> None:
         """The rule's update on the replica's weights; the gradients are cleared."""

@@ -9,7 +9,7 @@ from phalanx.metrics import EventLog
 from phalanx.parallel.base import Job, Outcome, detached
 from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.dp_checkpoint import save_snapshot
-from phalanx.parallel.loop import Hooks, Loop, Micro, Position, batch_stream
+from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule, state_tensors
@@ -38,13 +38,8 @@ class _SingleHooks(Hooks):
     def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data.batch(idx, self.kit.aug, self.kit.gen)
 
-    def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
-                         last: bool) -> Micro:
-        x, y = batch
-        out = self.model(x)
-        loss = self.kit.loss_fn(out, y)
-        (loss * scale if scale != 1.0 else loss).backward()
-        return Micro(len(y), loss, out, y)
+    def forward_backward(self, batch: Batch, scale: float, last: bool) -> Micro:
+        return backward(self.model, self.kit.loss_fn, batch, scale)
 
     def apply_update(self, step: int) -> dict:
         grads = [p.grad for p in self.params]
