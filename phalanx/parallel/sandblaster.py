@@ -157,9 +157,11 @@ SPEC = StrategySpec(
              "heartbeat_s"),
     # L-BFGS on one deterministic full-batch objective: no update rule, schedule, batches,
     # augmentation or shards; no checkpoints
-    unused={name: "a deterministic full-batch L-BFGS objective, no checkpoints" for name in (
-        "rule", "schedule", "weight_decay", "warmup_steps", "batch_size", "grad_accum",
-        "augment", "checkpoint_every", "resume")},
+    unused={**{name: "L-BFGS takes its own steps on the full-batch objective (--lr scales "
+                     "them)" for name in ("rule", "schedule", "weight_decay", "warmup_steps")},
+            **{name: "its objective is the whole, unaugmented training set"
+               for name in ("batch_size", "grad_accum", "augment")},
+            **{name: "it writes no checkpoints" for name in ("checkpoint_every", "resume")}},
     default_lr=1.0,  # L-BFGS's natural step is 1 (--lr scales it)
     default_epochs=DEFAULT_PASSES,
     full_batch=True)
