@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from phalanx.catalog import Catalog
 from phalanx.cluster.jobs import JobState
 from phalanx.errors import ConfigError
 
@@ -176,25 +177,35 @@ class RoundRobin:
             jobs, key=lambda j: (j.last_start, j.spec.submit, j.spec.id)))
 
 
-ORDERINGS = {"fifo": FIFO, "sjf": ShortestJobFirst, "las": LeastAttainedService,
-             "tiresias": Tiresias, "rr": RoundRobin}
+def _tiresias(slot_s: float, thresholds: tuple[float, ...] | None,
+              starvation: float | None) -> OrderingPolicy:
+    d = Tiresias()
+    return Tiresias(thresholds=d.thresholds if thresholds is None else thresholds,
+                    starvation=d.starvation if starvation is None else starvation,
+                    round_s=slot_s)
+
+
+# every ordering --policy offers: adding one is its class and one line here; an entry makes
+# the policy from (the round length, Tiresias's thresholds, its starvation limit)
+OrderingFactory = Callable[[float, "tuple[float, ...] | None", "float | None"], OrderingPolicy]
+ORDERINGS: Catalog[OrderingFactory] = Catalog("ordering policy", "--policy")
+ORDERINGS.add("fifo", lambda slot_s, thresholds, starvation: FIFO(), "first come, first served")
+ORDERINGS.add("sjf", lambda slot_s, thresholds, starvation: ShortestJobFirst(),
+              "shortest job first (reads each job's length)")
+ORDERINGS.add("las", lambda slot_s, thresholds, starvation: LeastAttainedService(
+    round_s=slot_s), "least attained service")
+ORDERINGS.add("tiresias", _tiresias, "Tiresias: discretised LAS with a starvation limit")
+ORDERINGS.add("rr", lambda slot_s, thresholds, starvation: RoundRobin(round_s=slot_s),
+              "round robin")
 
 
 def make_ordering(name: str, slot_s: float = DEFAULT_SLOT_S,
                   thresholds: tuple[float, ...] | None = None,
                   starvation: float | None = None) -> OrderingPolicy:
     """``thresholds`` / ``starvation`` set Tiresias's queues (None: its defaults)."""
-    cls = ORDERINGS.get(name)
-    if cls is None:
+    if name not in ORDERINGS:
         raise ConfigError(f"--policy {name}: unknown (choose from {', '.join(ORDERINGS)})")
-    if cls in (FIFO, ShortestJobFirst):
-        return cls()
-    if cls is Tiresias:
-        d = Tiresias()
-        return Tiresias(thresholds=d.thresholds if thresholds is None else thresholds,
-                        starvation=d.starvation if starvation is None else starvation,
-                        round_s=slot_s)
-    return cls(round_s=slot_s)
+    return ORDERINGS.get(name)(slot_s, thresholds, starvation)
 
 
 class ResortEveryEvent:
