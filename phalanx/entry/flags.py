@@ -82,6 +82,14 @@ def add_run_config_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = 
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The run configuration the flags and ``--config`` file give, checked (defaults such
+    as the learning rate resolved for its strategy)."""
+    return check_config(given_config(args))  # each setting, then against the strategy's spec
+
+
+def given_config(args: argparse.Namespace) -> RunConfig:
+    """The run configuration as the user wrote it, unchecked: ``lr`` None means they chose
+    none (``phalanx compare`` then lets each strategy choose its own)."""
     given = getattr(args, "config", None)
     values = load_config_file(given) if given is not None else {}  # "" is a path: refused
     source = f"--config {given}" if given is not None else "flags"
@@ -93,7 +101,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         if f.name == "slow_workers":
             value = parse_slow_workers(value)
         setattr(cfg, f.name, value)
-    return check_config(cfg)  # each setting, then against the strategy's spec
+    return cfg
 
 
 # Caps a smoke run puts on every run a command starts, without editing the command: the

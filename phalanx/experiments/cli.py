@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
 
-from phalanx.entry.flags import add_run_config_flags, config_from_args
+from phalanx.entry.flags import add_run_config_flags, given_config
 from phalanx.entry.paths import check_out
 from phalanx.errors import ConfigError
 from phalanx.experiments import EXPERIMENTS, run_experiment
 from phalanx.experiments.compare import compare, parse_strategies
 from phalanx.experiments.seeds import pairwise_verdicts, parse_seeds, seeded_table
+from phalanx.parallel.registry import check_config
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -21,7 +23,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         args.workers = 4
     if args.out is None:
         args.out = "runs/compare"
-    base = config_from_args(args)
+    base = given_config(args)  # as written: each strategy resolves its own defaults
+    check_config(dataclasses.replace(base))  # but every flag is checked now, in one line
     if not 0 < args.target_accuracy <= 1:
         raise ConfigError(f"--target-accuracy: {args.target_accuracy} must be in (0, 1]")
     check_out(base.out)  # before any run: a file, /proc or a read-only folder is one line

@@ -68,10 +68,9 @@ def strategy_config(base: RunConfig, strategy: str, out: Path,
 
 
 def uses_default_rule(cfg: RunConfig) -> bool:
-    """Did the user leave both --rule and --lr to the defaults (as checked for ``cfg``'s
-    strategy)?"""
-    return bool(getattr(cfg, "lr_defaulted", False)) and (
-        cfg.rule == RULE_DEFAULT or spec(cfg.strategy).default_rule(cfg) is not None)
+    """Did the user leave both --rule and --lr to the defaults (``cfg`` as written, not
+    checked)?"""
+    return cfg.lr is None and cfg.rule == RULE_DEFAULT
 
 
 def plan_evals(cfg: RunConfig, points: int = 8) -> RunConfig:
@@ -98,13 +97,16 @@ def compare(base: RunConfig, strategies: Sequence[str], out: Path, *, target: fl
     :class:`~phalanx.experiments.seeds.SeededRuns` and the report's path."""
     out.mkdir(parents=True, exist_ok=True)
     seeds = list(seeds) if seeds else [base.seed]
-    own = uses_default_rule(base)  # before replace(): the marker is not a field
+    own = uses_default_rule(base)
     runs = run_seeded(lambda seed, folder: [
         (s, strategy_config(dataclasses.replace(base, seed=seed), s, folder / s, own_rule=own))
         for s in strategies], out, seeds, reuse=reuse)
     desc = (f"Model `{base.model}` on `{base.data}`, {base.epochs:g} epoch(s), batch "
-            f"{base.batch_size} per worker, rule `{base.rule}` (lr {base.lr}), "
-            f"{base.workers} workers for the multi-worker strategies, one intra-op thread per "
+            f"{base.batch_size} per worker, "
+            + (f"rule `{base.rule}` (lr {base.lr}), " if base.lr is not None else
+               f"rule `{base.rule}` at its default lr, " if not own else
+               "each strategy's default rule and learning rate (docs/defaults.md), ")
+            + f"{base.workers} workers for the multi-worker strategies, one intra-op thread per "
             "process"
             + (f", slow workers {base.slow_workers}" if base.slow_workers else "") + ".")
     report = write_seeded_report(runs, out, title="Strategy comparison", target=target,

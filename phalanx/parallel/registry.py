@@ -82,22 +82,19 @@ def consistency_options() -> dict[str, tuple[str, ...]]:
 
 
 def resolve_rule(cfg: RunConfig, s: StrategySpec) -> None:
-    """The update rule and learning rate the run trains with, decided here and only here.
-    ``--lr`` left out: the strategy's own default where it has one (L-BFGS's step 1; with
+    """The update rule and learning rate the run trains with, decided here and only here
+    (``lr`` None: the user chose none). The strategy's own default where it has one: with
     ``--rule`` left out too, the synchronous strategies' momentum scaled with the global
-    batch), else the rule's. ``cfg.lr_defaulted`` says the user chose no learning rate, so a
-    comparison may re-decide it for another strategy."""
+    batch; L-BFGS's step 1. Else the rule's own start. A learning rate already set (the
+    user's, or this check's on an earlier call) stands."""
     rule = RULES.get(cfg.rule)  # a known rule (one line naming --rule otherwise)
-    if cfg.lr is None:
-        cfg.lr = rule.default_lr
-        cfg.lr_defaulted = True  # not a field: never written, never a flag
-    if not getattr(cfg, "lr_defaulted", False):
-        return  # the user's learning rate stands
-    if s.default_lr is not None:
-        cfg.lr = s.default_lr  # e.g. L-BFGS's natural step
+    if cfg.lr is not None:
+        return
     own = s.default_rule(cfg) if cfg.rule == RULE_DEFAULT else None
     if own is not None:  # the user named neither --rule nor --lr: the strategy's choice
         cfg.rule, cfg.lr = own
+    else:
+        cfg.lr = s.default_lr if s.default_lr is not None else rule.default_lr
 
 
 def check_config(cfg: RunConfig) -> RunConfig:

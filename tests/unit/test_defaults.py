@@ -48,12 +48,13 @@ def test_a_rule_or_lr_the_user_gives_is_kept():
 
 
 def test_compare_gives_each_strategy_its_own_unless_told(tmp_path: Path):
-    base = checked(strategy="single", workers=4)  # what `phalanx compare` builds
+    # what `phalanx compare` builds: the settings as written (lr None: not chosen)
+    base = RunConfig.from_mapping({"strategy": "single", "workers": 4})
     own = {s: strategy_config(base, s, tmp_path / s) for s in ("sync", "asp", "sandblaster")}
     assert (own["sync"].rule, own["sync"].lr) == ("momentum", pytest.approx(0.02))
     assert (own["asp"].rule, own["asp"].lr) == ("sgd", 0.05)
     assert own["sandblaster"].lr == 1.0 and own["sandblaster"].epochs == 100
-    told = checked(strategy="single", workers=4, lr=0.03)
+    told = RunConfig.from_mapping({"strategy": "single", "workers": 4, "lr": 0.03})
     assert strategy_config(told, "sync", tmp_path / "t").lr == 0.03
 
 
