@@ -92,13 +92,6 @@ class PerfModel:
     def is_step_based(self, spec: JobSpec) -> bool:
         return spec.batch_size > 0 and spec.model in self.pollux
 
-    def ideal_rate(self, spec: JobSpec, topology: Topology) -> float:
-        """Rate on the ideal placement, uncontended, on the reference device."""
-        if self.is_step_based(spec):
-            counts = ideal_shape(spec.gpus, topology)[0]
-            return 1.0 / self.pollux[spec.model].step_time(counts, spec.batch_size)
-        return 1.0
-
     def isolated_rate(self, spec: JobSpec, shape: Shape, topology: Topology) -> float:
         """Rate without neighbours: locality x device x cpu."""
         prof = self.profile(spec.model)
