@@ -12,7 +12,7 @@ from phalanx.metrics.throughput import latest_attempt, measure
 
 def test_sync_steady_rate_agrees_with_its_train_events(tmp_path):
     r = phalanx.train("mlp", "synthetic", strategy="sync", workers=2, batch_size=16,
-                      max_steps=80, progress=False, tensorboard=False, eval_every=10**6,
+                      max_steps=200, progress=False, tensorboard=False, eval_every=10**6,
                       out=str(tmp_path))
     s = r.summary
     by_rank: dict[int, list[dict]] = {}
