@@ -59,6 +59,7 @@ from phalanx.parallel.sync_dp import (
 )
 from phalanx.parallel.worker import WorkerKit
 from phalanx.rules import apply_updates, make_rule, state_tensors
+from phalanx.runtime import preempt
 from phalanx.runtime.placement import setup_rank, spawn_backend
 
 __all__ = ["average_", "can_restart", "check_resume", "process_main", "run", "train_worker",
@@ -186,9 +187,13 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
         report.step(step, epoch, loss, out, y, samples, bytes_sent=counter.sent,
                     rounds=rounds)
         report.maybe_eval(model, job.test, step, epoch, samples * world, epoch_ended=False)
-        if ckpt.due(step, final=step == total):  # a multiple of --period: just averaged
+        # a scheduler's SIGTERM (runtime/preempt), asked right after an averaging round
+        stop = step < total and step % cfg.period == 0 and preempt.agreed()
+        if stop or ckpt.due(step, final=step == total):  # a multiple of --period: averaged
             ckpt.save(model, state, Position(step, epoch, samples, rounds, report.wall()),
                       kit.gen, counter)
+        if stop:
+            raise preempt.Preempted(step)
         if step >= total:
             break
     report.close()

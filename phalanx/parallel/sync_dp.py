@@ -51,6 +51,7 @@ from phalanx.parallel.spec import StrategySpec, workers_momentum
 from phalanx.parallel.stats import SyncStats
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
+from phalanx.runtime import preempt
 from phalanx.runtime.placement import (
     CPU,
     DeviceSupport,
@@ -271,9 +272,12 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             report.step(step, epoch, loss, out, y, samples, bytes_sent=counter.sent)
             report.maybe_eval(model, job.test, step, epoch, samples * world,
                               epoch_ended=False)
-            if ckpt.due(step, final=step == total):
+            stop = step < total and preempt.agreed()  # a scheduler's SIGTERM: runtime/preempt
+            if stop or ckpt.due(step, final=step == total):
                 ckpt.save(model, state, Position(step, epoch, samples, 0, report.wall()),
                           kit.gen, counter)
+            if stop:
+                raise preempt.Preempted(step)
             if step >= total:
                 break
     finally:
