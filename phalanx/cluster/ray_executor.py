@@ -52,6 +52,7 @@ LABELS = ("phalanx.zone", "phalanx.rack", "phalanx.server")
 NODE_LABEL = "phalanx.server"
 OBJECT_STORE = 80 * 2**20            # Ray's minimum is 75 MiB; ranks pass no objects
 START_TIMEOUT_S = 120.0
+LOCAL_ENV = ("RAY_USAGE_STATS_ENABLED", "RAY_TMPDIR", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
 
 
 def import_ray() -> ModuleType:
@@ -81,11 +82,17 @@ def ray_cluster(topology: Topology, address: str = "") -> Iterator[str]:
     if address:
         yield address
         return
+    tmp = tempfile.mkdtemp(prefix="phalanx-ray-")
+    saved = {k: os.environ.get(k) for k in LOCAL_ENV}
+    # Nothing leaves this machine. Every file Ray writes (sessions, sockets, the address
+    # file it would put in /tmp/ray) goes to our folder, removed below. Ray resolves a
+    # 127.0.0.1 cluster address to this host's network address unless it believes it runs
+    # a one-machine (Windows / macOS style) cluster: read when ray is imported, so set first
+    os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=tmp,
+                      RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     import_ray()
     from ray.cluster_utils import Cluster  # noqa: PLC0415 - the optional extra
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")   # nothing leaves this machine
-    tmp = tempfile.mkdtemp(prefix="phalanx-ray-")
     cluster = None
     try:
         def args(server: int) -> dict[str, Any]:
@@ -94,8 +101,7 @@ def ray_cluster(topology: Topology, address: str = "") -> Iterator[str]:
                         resources=node_resources(topology, server),
                         labels=node_labels(topology, server))
 
-        cluster = Cluster(initialize_head=True,
-                          head_node_args={**args(0), "_temp_dir": tmp})
+        cluster = Cluster(initialize_head=True, head_node_args=args(0))
         for s in range(1, len(topology.servers)):
             cluster.add_node(**args(s))
         yield cluster.address
@@ -106,6 +112,11 @@ def ray_cluster(topology: Topology, address: str = "") -> Iterator[str]:
         if cluster is not None:
             cluster.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class RankActor:
