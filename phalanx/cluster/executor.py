@@ -7,7 +7,7 @@ log (:mod:`phalanx.cluster.observe`), which every backend writes to the run fold
 
 A gang is launched in one of two ways (:class:`Gang`):
 
-* **ranks** (``per_rank``): one process per rank, ``python -m phalanx.entry.torchrun ...``
+* **ranks** (``per_rank``): one process per rank, ``python -m phalanx.entry.scheduled ...``
   with ``RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT`` and ``CUDA_VISIBLE_DEVICES`` set by
   us from the devices the scheduler assigned: what ``torchrun`` would start, without its
   agent (the scheduler is the agent). Strategies whose world is one rank per device (sync,
@@ -99,16 +99,27 @@ def local_world(gang: Gang, master_addr: str) -> int:
 
 
 class RankProcess:
-    """One rank's process in its own process group (so a stop reaches what it started)."""
+    """One rank's process in its own process group (so a stop reaches what it started).
+
+    ``hold_term``: the process starts with SIGTERM blocked (a signal mask survives fork and
+    exec), so a stop that comes while the interpreter starts stays pending until
+    ``phalanx.entry.scheduled`` has armed its stop flag and unblocks it: every stop of a
+    rank is then answered with a checkpoint, however early it comes."""
 
     def __init__(self, python: str, argv: tuple[str, ...], env: Mapping[str, str],
-                 log: Path) -> None:
+                 log: Path, hold_term: bool = False) -> None:
         full = dict(os.environ)
         full.update(env)
-        with open(log, "ab") as out:
-            self.popen = subprocess.Popen([python, *argv], stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=full,
-                                          start_new_session=True)
+        # this thread's mask is what the child inherits; other threads keep theirs
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM} if hold_term else set())
+        try:
+            with open(log, "ab") as out:
+                self.popen = subprocess.Popen([python, *argv], stdout=out,
+                                              stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, env=full,
+                                              start_new_session=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         self.pid = self.popen.pid
         self.kill_at = float("inf")
 
@@ -188,7 +199,7 @@ class LocalExecutor:
             for slot in slots:
                 procs.append(RankProcess(self.python, gang.argv,
                                          rank_env(gang, slot, master, slot.node, lw,
-                                                  slot.devices), gang.log))
+                                                  slot.devices), gang.log, gang.per_rank))
         except OSError:
             for p in procs:
                 p.kill()

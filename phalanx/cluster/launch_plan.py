@@ -82,7 +82,7 @@ def build_gang(job: LiveJob, plan: JobPlan, topology: Topology, devices: tuple[i
     checkpoint with the settings of its ``config.json``)."""
     name = job.spec.name
     run_dir = out / "jobs" / name
-    module = ("-m", "phalanx.entry.torchrun") if plan.per_rank else ("-m", "phalanx.cli",
+    module = ("-m", "phalanx.entry.scheduled") if plan.per_rank else ("-m", "phalanx.cli",
                                                                      "train")
     if resume:
         argv = (*module, "--resume", str(run_dir), "--no-progress")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import shutil
 import tempfile
@@ -80,6 +81,9 @@ def ray_cluster(topology: Topology, address: str = "") -> Iterator[str]:
     with one Ray node per server of ``topology``, all on 127.0.0.1, no dashboard, its
     temp folder removed afterwards."""
     if address:
+        if address.split(":")[0] in ("127.0.0.1", "localhost"):
+            # a one-machine cluster: keep Ray from resolving loopback to a network address
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         yield address
         return
     tmp = tempfile.mkdtemp(prefix="phalanx-ray-")
@@ -136,9 +140,10 @@ class RankActor:
     def free_port(self, addr: str) -> int:
         return free_port(addr)
 
-    def start(self, argv: tuple[str, ...], env: dict[str, str], log: str, cwd: str) -> int:
+    def start(self, argv: tuple[str, ...], env: dict[str, str], log: str, cwd: str,
+              hold_term: bool) -> int:
         os.chdir(cwd)   # the scheduler's folder: relative paths in a job's settings hold
-        self.proc = RankProcess(self.python, tuple(argv), env, Path(log))
+        self.proc = RankProcess(self.python, tuple(argv), env, Path(log), hold_term)
         return self.proc.pid
 
     def wait(self) -> int:
@@ -174,7 +179,7 @@ class RayExecutor:
         self.ray = ray = import_ray()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     namespace="phalanx")
+                     namespace="phalanx", logging_level=logging.WARNING)
         have = ray.cluster_resources()
         missing = [DEVICE.format(d) for d in range(topology.num_devices)
                    if have.get(DEVICE.format(d), 0) < 1]
@@ -211,7 +216,7 @@ class RayExecutor:
             lw = local_world(gang, master[0])
             cwd = os.getcwd()
             ray.get([a.start.remote(gang.argv, rank_env(gang, s, master, node, lw, s.local),
-                                    str(gang.log), cwd)
+                                    str(gang.log), cwd, gang.per_rank)
                      for a, s, (node, _) in zip(actors, slots, nodes)],
                     timeout=START_TIMEOUT_S)
         except Exception as e:   # noqa: BLE001 - any Ray failure: nothing may stay behind

@@ -41,7 +41,7 @@ from phalanx.metrics import EventLog
 from phalanx.parallel.base import read_result
 from phalanx.parallel.registry import spec
 from phalanx.parallel.spec import StrategySpec
-from phalanx.runtime import groupstore, netif, nodes, preempt, rank_record
+from phalanx.runtime import groupstore, netif, nodes, preempt
 from phalanx.runtime.launch import DEFAULT_TIMEOUT_S
 
 
@@ -144,21 +144,6 @@ def build_parser() -> _Parser:
     return parser
 
 
-def _scheduled(world: int) -> None:
-    """A rank started by ``phalanx schedule`` (its launcher sets ``PHALANX_RANK_RECORD``):
-    record where it runs (:mod:`rank_record`) and checkpoint-and-exit on SIGTERM
-    (:mod:`preempt`)."""
-    env = os.environ
-    path = env.get("PHALANX_RANK_RECORD", "")
-    if not path:
-        return
-    rank_record.append(path, rank_record.of_this_process(
-        int(env.get("PHALANX_START", "0")), int(env.get("RANK", "0")), world,
-        env.get("PHALANX_NODE", ""), env.get("CUDA_VISIBLE_DEVICES", "")))
-    if env.get("PHALANX_PREEMPTIBLE") == "1":
-        preempt.arm()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -169,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not (args.timeout > 0):
             raise PhalanxError(f"--timeout {args.timeout:g}: must be > 0")
-        _scheduled(world)
         cfg = config_from_args(args)
         binding = netif.choose(os.environ.get("MASTER_ADDR", "127.0.0.1"),
                                multi_host=world > local_world, iface=args.iface,
