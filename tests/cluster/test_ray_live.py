@@ -25,6 +25,7 @@ ray = pytest.importorskip("ray")
 from phalanx.cluster.clusters import resolve_cluster  # noqa: E402
 from phalanx.cluster.ray_executor import ray_cluster  # noqa: E402
 from phalanx.runtime import rank_record  # noqa: E402
+from phalanx.runtime.checkpoint import load_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGY = """name: three-nodes
@@ -172,14 +173,18 @@ def test_tiresias_preempts_and_resumes_on_other_nodes(cluster, tmp_path):
     assert len(names) == 3 and len(set(topology.server_rack)) == 2
     assert int(rows["A"]["preemptions"]) >= 1
 
-    # the preempted sync job ends with the parameters of an uninterrupted run
+    # the preempted sync job ends with the parameters of an uninterrupted run of it (the
+    # same torchrun-style ranks, here on local slots)
+    ref_jobs = tmp_path / "ref.yaml"
+    ref_jobs.write_text("jobs:\n" + next(ln for ln in JOBS.splitlines() if "name: A" in ln)
+                        + "\n")
     ref = tmp_path / "ref"
-    subprocess.run([sys.executable, "-m", "phalanx.cli", "train", "--config",
-                    str(out / "configs" / "A.json"), "--workers", "2", "--threads", "1",
-                    "--no-progress", "--out", str(ref)], check=True, env=_env(),
-                   capture_output=True, timeout=120)
-    got = torch.load(out / "jobs" / "A" / "checkpoint.pt", weights_only=True)["model"]
-    want = torch.load(ref / "checkpoint.pt", weights_only=True)["model"]
+    subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(ref_jobs),
+                    "--cluster", "uniform:1,1,1,2", "--out", str(ref)], check=True,
+                   env=_env(), capture_output=True, timeout=120)
+    ref = ref / "jobs" / "A"
+    got = load_checkpoint(out / "jobs" / "A" / "checkpoint.pt")["model"]
+    want = load_checkpoint(ref / "checkpoint.pt")["model"]
     assert got.keys() == want.keys()
     for k in got:
         assert torch.equal(got[k], want[k]), k
