@@ -32,6 +32,7 @@ from phalanx.config import RunConfig
 from phalanx.data import epoch_batches, steps_per_epoch
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
+from phalanx.metrics.noise import JobProbe
 from phalanx.parallel.base import (
     Job,
     Outcome,
@@ -230,6 +231,8 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     # ran on the fresh model, so this rank loaded them itself
     ctx.t0 -= pos.wall_s
     report = ctx.reporter(total, f"sync x{world}")
+    # step times and gradient noise for a scheduler (metrics/noise.py); rank 0 measures
+    probe = JobProbe(params, cfg.batch_size, cfg.grad_accum * world, world, ctx.log, rank == 0)
 
     step, samples, last_epoch = pos.step, pos.samples, pos.epoch
     micro = step * cfg.grad_accum
@@ -249,6 +252,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             x, y = data.batch(idx, kit.aug, kit.gen)
             micro += 1
             last_micro = micro % cfg.grad_accum == 0
+            probe.arm(step + 1, last_micro)
             reducer.begin(sync=last_micro)
             sfb.begin(sync=last_micro)  # before forward: its hooks are set up there
             kit.straggler.start()
@@ -269,6 +273,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             for p in params:
                 p.grad = None
             step += 1
+            probe.step(step, reducer.stats.wait_s)
             report.step(step, epoch, loss, out, y, samples, bytes_sent=counter.sent)
             report.maybe_eval(model, job.test, step, epoch, samples * world,
                               epoch_ended=False)
@@ -281,6 +286,7 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
             if step >= total:
                 break
     finally:
+        probe.close()
         comm.close()
         reducer.remove()
         sfb.remove()
