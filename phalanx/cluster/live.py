@@ -115,6 +115,7 @@ class LiveCluster:
         self.benched: set[int] = set()      # not kept by the last round: wait for the next
         self.stops: list[StopRecord] = []
         self.decisions: list[float] = []    # seconds each round / fill pass took
+        self.round_s = ordering.round_s if ordering.preemptive else None
         self.now = 0.0
 
     # ------------------------------------------------------------------ execution
@@ -127,7 +128,8 @@ class LiveCluster:
         resume = st.preemptions > 0 and resumable(job, run_dir)
         if st.preemptions > 0 and not resume:
             shutil.rmtree(run_dir, ignore_errors=True)   # stopped before it began: anew
-        gang = build_gang(job, plan, self.topology, p.devices, len(st.placements), out, resume)
+        gang = build_gang(job, plan, self.topology, p.devices, len(st.placements), out, resume,
+                          workers=st.spec.gpus)
         try:
             self.executor.start(gang)
         except OSError as e:
@@ -183,8 +185,7 @@ class LiveCluster:
                 # back to the queue; the next start resumes from what is on disk
                 st.preemptions += 1
                 st.waiting_since = self.now
-                self.core.enqueue(st)
-                self.benched.add(jid)
+                self._requeue(st, rc)
                 continue
             self.core.done(st.spec)
             st.end = self.now
@@ -194,6 +195,11 @@ class LiveCluster:
             elif rc != 0:
                 st.failure = f"exit {rc}: {last_error_line(run.gang.log)}"
         return ended
+
+    def _requeue(self, st: JobState, rc: int) -> None:
+        """A job stopped on request goes back to the queue (and waits for a round)."""
+        self.core.enqueue(st)
+        self.benched.add(st.spec.id)
 
     # ------------------------------------------------------------------ decisions
     def _round(self) -> None:
@@ -215,7 +221,7 @@ class LiveCluster:
         self.benched = {j for j in self.core.waiting if j not in keep}
 
     def _fill(self) -> None:
-        if not self.ordering.preemptive:
+        if not self.round_s:
             self.core.fill(self.now, self._start)
             return
         if not self.runs:
@@ -235,7 +241,7 @@ class LiveCluster:
         self._by_id = {j.spec.id: j for j in self.jobs}
         res = SimResult([], [], capacity=self.core.cluster.capacity)
         pending = sorted(self.jobs, key=lambda j: (j.spec.submit, j.spec.id))
-        round_s = self.ordering.round_s if self.ordering.preemptive else None
+        round_s = self.round_s
         next_round = round_s if round_s else float("inf")
         t0 = time.monotonic()
         wall0 = time.perf_counter()

@@ -18,6 +18,7 @@ from phalanx.cluster.clusters import resolve_cluster
 from phalanx.cluster.executor import Executor, LocalExecutor
 from phalanx.cluster.joblist import check_fits, check_settings, load_job_list
 from phalanx.cluster.live import LiveCluster, LiveConfig
+from phalanx.cluster.live_elastic import ElasticLiveCluster
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
 from phalanx.cluster.ray_executor import RayExecutor, ray_cluster
 from phalanx.cluster.report import summarise, write_jobs_csv, write_plots, write_summary
@@ -41,7 +42,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ray-address", default="",
                    help="with --engine ray: an existing cluster's address (HOST:PORT); "
                         "without it a local Ray cluster is built from --cluster")
-    p.add_argument("--policy", default="fifo", help=f"ordering: {', '.join(ORDERINGS)}")
+    p.add_argument("--policy", default="fifo",
+                   help=f"ordering: {', '.join(ORDERINGS)}; or goodput (elastic: the learned "
+                        "goodput policy resizes sync / average jobs every --interval)")
+    p.add_argument("--interval", type=float, default=60.0,
+                   help="goodput: seconds between allocations (default 60)")
+    p.add_argument("--restart-cost", type=float, default=30.0,
+                   help="goodput: seconds a resize is assumed to cost (default 30)")
+    p.add_argument("--goodput-horizon", type=float, default=1800.0,
+                   help="goodput: a resize must pay its restart back within this many "
+                        "seconds (default 1800)")
     p.add_argument("--placement", default="pack", help=f"placement: {', '.join(PLACEMENTS)}")
     p.add_argument("--slot", type=float, default=60.0,
                    help="seconds between rounds of a time-sliced policy (las, tiresias, rr; "
@@ -74,13 +84,16 @@ def _thresholds(text: str) -> tuple[float, ...] | None:
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    if args.policy not in ORDERINGS:
+    if args.policy not in (*ORDERINGS, "goodput"):
         raise ConfigError(f"--policy {args.policy}: unknown (choose from "
-                          f"{', '.join(ORDERINGS)})")
+                          f"{', '.join(ORDERINGS)}, goodput)")
     if args.ray_address and args.engine != "ray":
         raise ConfigError("--ray-address: only with --engine ray")
-    ordering = make_ordering(args.policy, args.slot, _thresholds(args.tiresias_thresholds),
-                             args.starvation)
+    if not 0 <= args.restart_cost < float("inf"):
+        raise ConfigError(f"--restart-cost must be a finite number >= 0, got {args.restart_cost}")
+    elastic = args.policy == "goodput"
+    ordering = make_ordering("fifo" if elastic else args.policy, args.slot,
+                             _thresholds(args.tiresias_thresholds), args.starvation)
     placement = make_placement(args.placement, args.threshold, args.hysteresis)
     config = LiveConfig(Path(args.out).absolute(), poll_s=args.poll, job_timeout_s=args.job_timeout,
                         grace_s=args.grace)
@@ -100,7 +113,16 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
             executor = RayExecutor(topology, address, config.python)
         else:
             executor = LocalExecutor(config.python)
-        live = LiveCluster(topology, jobs, ordering, placement, config, executor=executor)
+        if elastic:
+            live = ElasticLiveCluster(topology, jobs, placement, config, args.interval,
+                                      args.restart_cost, args.goodput_horizon, executor)
+            for job in live.jobs:
+                why = live.why_fixed[job.spec.id]
+                if why:
+                    print(f"  {job.spec.name}: runs at its {job.spec.gpus} GPU(s), not "
+                          f"resized: {why}")
+        else:
+            live = LiveCluster(topology, jobs, ordering, placement, config, executor=executor)
         print(f"scheduling {len(jobs)} job(s) from {args.jobs} on {topology.num_devices} "
               f"device(s), engine {args.engine} ({args.policy}, {placement.name})", flush=True)
         res = live.run()
