@@ -115,6 +115,8 @@ class LiveCluster:
         self.benched: set[int] = set()      # not kept by the last round: wait for the next
         self.stops: list[StopRecord] = []
         self.decisions: list[float] = []    # seconds each round / fill pass took
+        self.start_s: list[tuple[str, float]] = []   # seconds each executor.start took
+        self.round_times: list[float] = []  # seconds each round (the policy's decision) took
         self.round_s = ordering.round_s if ordering.preemptive else None
         self.now = 0.0
 
@@ -130,6 +132,7 @@ class LiveCluster:
             shutil.rmtree(run_dir, ignore_errors=True)   # stopped before it began: anew
         gang = build_gang(job, plan, self.topology, p.devices, len(st.placements), out, resume,
                           workers=st.spec.gpus)
+        t = time.perf_counter()
         try:
             self.executor.start(gang)
         except OSError as e:
@@ -138,6 +141,8 @@ class LiveCluster:
             st.failure = f"cannot start ({e.strerror or e})"
             self.core.done(st.spec)
             return
+        # the engine's own cost of a start (the ranks' Python start-up runs after it)
+        self.start_s.append((job.spec.name, time.perf_counter() - t))
         st.running = True
         if st.start < 0:
             st.start = self.now
@@ -263,6 +268,7 @@ class LiveCluster:
                 t = time.perf_counter()
                 if self.now >= next_round:
                     self._round()
+                    self.round_times.append(time.perf_counter() - t)
                     next_round = self.now + round_s
                 self._fill()
                 self.decisions.append(time.perf_counter() - t)
