@@ -66,7 +66,7 @@ SYNC = "{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: 
 
 
 def job_list(quick: bool) -> str:
-    steps = (1200, 2500, 1500, 300) if quick else (2000, 4000, 3000, 600)
+    steps = (2000, 3000, 2000, 300) if quick else (3000, 5000, 4000, 600)
     return (f"jobs:\n"
             f"  - {{name: A, arrival: 0, gpus: 2, config: {SYNC}, max_steps: {steps[0]}}}}}\n"
             f"  - {{name: C, arrival: 0, gpus: 1, config: {SYNC}, max_steps: {steps[1]}}}}}\n"
@@ -90,7 +90,10 @@ def run_live(topology: Topology, jobs: list[LiveJob], out: Path, executor, slot:
 def overhead(live: LiveCluster) -> dict:
     stops = [s.exited - s.asked for s in live.stops]
     starts = [t for _, t in live.start_s]
-    med = (lambda xs: round(statistics.median(xs), 4) if xs else None)
+
+    def med(xs: list[float]) -> float | None:
+        return round(statistics.median(xs), 4) if xs else None
+
     return {"decision_ms": med([1e3 * t for t in live.round_times]),
             "decision_ms_max": round(1e3 * max(live.round_times, default=0.0), 3),
             "rounds": len(live.round_times), "preemptions": len(stops),
@@ -117,7 +120,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--calibrate", action="store_true",
                     help="also run each job alone and the simulator (several minutes)")
-    ap.add_argument("--slot", type=float, default=6.0)
+    ap.add_argument("--slot", type=float, default=5.0)
     a = ap.parse_args()
     results: dict = {"load_1min_before": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory() as tmp:
