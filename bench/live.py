@@ -47,6 +47,7 @@ from phalanx.cluster.profiles import ModelProfile
 from phalanx.cluster.ray_executor import RayExecutor, ray_cluster
 from phalanx.cluster.simulator import SimConfig, Simulator
 from phalanx.cluster.topology import Topology
+from phalanx.runtime import rank_record
 
 TOPOLOGY = """name: three-nodes
 device_types:
@@ -100,6 +101,17 @@ def overhead(live: LiveCluster) -> dict:
             "stop_s": med(stops), "start_overhead_s": med(starts), "starts": len(starts)}
 
 
+def first_steps_after(out: Path, name: str) -> float:
+    """A job's start-up: from its rank 0's process start (its rank record) to its first
+    logged steps (the first ``train`` event, at step 10)."""
+    rec = next(r for r in rank_record.read(out / "ranks" / f"{name}.jsonl") if r.rank == 0)
+    for line in (out / "jobs" / name / "events.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e.get("kind") == "train" and e.get("rank") == 0:
+            return e["unix"] - rec.unix
+    raise RuntimeError(f"{name}: no train event")
+
+
 def simulate(topology: Topology, jobs: list[LiveJob], alone: dict[str, float],
              restart_s: float, slot: float) -> dict[str, float]:
     specs = [j.spec.__class__(**{**j.spec.__dict__, "work": alone[j.spec.name],
@@ -146,9 +158,7 @@ def main() -> None:
                                LocalExecutor(), 1e6)
                 st = one.result.jobs[0]
                 alone[j.spec.name] = st.end - st.start
-                summary = json.loads((tmp_p / f"alone-{j.spec.name}" / "jobs" / j.spec.name
-                                      / "summary.json").read_text())
-                startup.append(summary["startup_s"])
+                startup.append(first_steps_after(tmp_p / f"alone-{j.spec.name}", j.spec.name))
             # what a resume costs live: the stop, the engine's start, the ranks' start-up
             restart = (results["ray"]["stop_s"] or 0.0) + results["ray"]["start_overhead_s"] \
                 + statistics.median(startup)

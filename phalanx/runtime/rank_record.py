@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ class RankRecord:
     devices: str          # CUDA_VISIBLE_DEVICES as the rank saw it
     pid: int
     host: str
+    unix: float = 0.0     # when the rank's process got here (its start-up begins)
 
 
 def append(path: str | Path, rec: RankRecord) -> None:
@@ -40,7 +42,8 @@ def append(path: str | Path, rec: RankRecord) -> None:
 
 
 def of_this_process(start: int, rank: int, world: int, node: str, devices: str) -> RankRecord:
-    return RankRecord(start, rank, world, node, devices, os.getpid(), socket.gethostname())
+    return RankRecord(start, rank, world, node, devices, os.getpid(), socket.gethostname(),
+                      round(time.time(), 4))
 
 
 def read(path: str | Path) -> list[RankRecord]:
