@@ -4,9 +4,10 @@ device the scheduler gave it, that starts the rank's process itself.
 * **Placement is ours.** Every node declares one custom resource per device it holds,
   ``phx_dev_<global device id>`` = 1 (a local cluster is built that way from the
   topology; a real cluster's nodes are started with ``ray start --resources``, see
-  docs/cluster.md). A gang reserves one bundle per rank holding exactly its devices'
-  resources, all or nothing (a placement group), so Ray can put a bundle on one node only:
-  the one the scheduler chose. Ray does not decide anything.
+  docs/cluster.md). Each device gets a placement group of one bundle holding exactly its
+  resource, so Ray can put it on one node only: the device's; the device's actor lives in
+  it and runs every rank the scheduler puts on that device. Ray decides nothing; the gang
+  is all-or-nothing in our allocator.
 * **Devices are ours.** The rank's process gets ``CUDA_VISIBLE_DEVICES`` from the devices
   we assigned, numbered on their node; the actor asks Ray for no GPU (Ray would renumber
   them and set its own ``CUDA_VISIBLE_DEVICES``).
@@ -32,6 +33,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -155,8 +157,10 @@ class RankActor:
                 return rc
             time.sleep(0.05)
 
-    def stop(self, grace_s: float) -> None:
-        if self.proc is not None:
+    def stop(self, grace_s: float, pid: int) -> None:
+        """Stop rank ``pid`` (a late stop for an earlier rank of this device is ignored:
+        calls to a threaded actor may run out of order)."""
+        if self.proc is not None and self.proc.pid == pid:
             self.proc.stop(grace_s)   # ``wait``'s polling sends SIGKILL after the grace
 
     def kill(self) -> None:
@@ -165,13 +169,26 @@ class RankActor:
 
 
 class _RayGang:
-    def __init__(self, actors: list[Any], waits: list[Any], pg: Any) -> None:
-        self.actors, self.waits, self.pg = actors, waits, pg
+    def __init__(self, actors: list[Any], pids: list[int], waits: list[Any]) -> None:
+        self.actors, self.pids, self.waits = actors, pids, waits
         self.codes: list[int | None] = [None] * len(actors)
 
 
+@dataclass
+class _Device:
+    """A device's actor, in a one-bundle placement group that holds the device's resource
+    (so on the device's node), kept for every later rank on that device."""
+
+    actor: Any
+    group: Any
+    node: str = ""
+    ip: str = ""
+
+
 class RayExecutor:
-    """Gangs as Ray actors on the nodes the scheduler chose."""
+    """Gangs as Ray actors on the nodes the scheduler chose: one actor per device, created
+    the first time a rank runs there and kept (a restart on the same devices then costs two
+    calls, not new worker processes)."""
 
     name = "ray"
 
@@ -190,39 +207,55 @@ class RayExecutor:
                 "); start each node with ray start --resources (docs/cluster.md)")
         self.python = python
         self.actor = ray.remote(RankActor)
+        self.devices: dict[int, _Device] = {}
         self.gangs: dict[str, _RayGang] = {}
 
-    def start(self, gang: Gang) -> None:
-        ray = self.ray
+    def _pinned(self, devices: list[int]) -> list[_Device]:
+        """The actors of ``devices``, created (all at once) where missing."""
         from ray.util.placement_group import placement_group  # noqa: PLC0415
         from ray.util.scheduling_strategies import (  # noqa: PLC0415
             PlacementGroupSchedulingStrategy,
         )
 
-        slots = gang.ranks if gang.per_rank else gang.ranks[:1]
-        bundles = [{DEVICE.format(d): 1.0 for d in s.devices} for s in slots]
-        pg = placement_group(bundles, strategy="PACK")
-        actors: list[Any] = []
-        try:
-            ray.get(pg.ready(), timeout=START_TIMEOUT_S)
-            actors = [self.actor.options(
+        ray = self.ray
+        new = [d for d in dict.fromkeys(devices) if d not in self.devices]
+        for d in new:
+            group = placement_group([{DEVICE.format(d): 1.0}])
+            actor = self.actor.options(
                 num_cpus=0, num_gpus=0, max_concurrency=4,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    pg, placement_group_bundle_index=i)).remote(self.python)
-                for i in range(len(slots))]
-            nodes = ray.get([a.node.remote() for a in actors], timeout=START_TIMEOUT_S)
-            ip0 = nodes[0][1]
-            master = (ip0, ray.get(actors[0].free_port.remote(ip0)))
+                    group, placement_group_bundle_index=0)).remote(self.python)
+            self.devices[d] = _Device(actor, group)
+        try:
+            where = ray.get([self.devices[d].actor.node.remote() for d in new],
+                            timeout=START_TIMEOUT_S)
+        except Exception:
+            for d in new:
+                self._drop(d)
+            raise
+        for d, (node, ip) in zip(new, where):
+            self.devices[d].node, self.devices[d].ip = node, ip
+        return [self.devices[d] for d in devices]
+
+    def start(self, gang: Gang) -> None:
+        ray = self.ray
+        slots = gang.ranks if gang.per_rank else gang.ranks[:1]
+        actors: list[Any] = []
+        try:
+            pinned = self._pinned([s.devices[0] for s in slots])
+            actors = [p.actor for p in pinned]
+            ip0 = pinned[0].ip
+            master = (ip0, ray.get(actors[0].free_port.remote(ip0), timeout=START_TIMEOUT_S))
             lw = local_world(gang, master[0])
             cwd = os.getcwd()
-            ray.get([a.start.remote(gang.argv, rank_env(gang, s, master, node, lw, s.local),
-                                    str(gang.log), cwd, gang.per_rank)
-                     for a, s, (node, _) in zip(actors, slots, nodes)],
-                    timeout=START_TIMEOUT_S)
+            pids = ray.get([p.actor.start.remote(gang.argv, rank_env(gang, s, master, p.node,
+                                                                     lw, s.local),
+                                                 str(gang.log), cwd, gang.per_rank)
+                            for p, s in zip(pinned, slots)], timeout=START_TIMEOUT_S)
         except Exception as e:   # noqa: BLE001 - any Ray failure: nothing may stay behind
-            self._release(actors, pg)
+            self._kill_ranks(actors)
             raise OSError(f"ray: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
-        self.gangs[gang.job] = _RayGang(actors, [a.wait.remote() for a in actors], pg)
+        self.gangs[gang.job] = _RayGang(actors, pids, [a.wait.remote() for a in actors])
 
     def poll(self, job: str) -> int | None:
         g = self.gangs[job]
@@ -231,35 +264,36 @@ class RayExecutor:
         for w in ready:
             g.codes[g.waits.index(w)] = self.ray.get(w)
         if failed_rank(g.codes):
-            for a, c in zip(g.actors, g.codes):
+            for a, pid, c in zip(g.actors, g.pids, g.codes):
                 if c is None:
-                    a.stop.remote(2.0)
+                    a.stop.remote(2.0, pid)
         rc = gang_exit(g.codes)
         if rc is not None:
             del self.gangs[job]
-            self._release(g.actors, g.pg)
         return rc
 
     def stop(self, job: str, grace_s: float) -> None:
         g = self.gangs.get(job)
         if g is not None:
-            for a in g.actors:
-                a.stop.remote(grace_s)
+            for a, pid in zip(g.actors, g.pids):
+                a.stop.remote(grace_s, pid)
 
-    def _release(self, actors: list[Any], pg: Any) -> None:
-        ray = self.ray
+    def _kill_ranks(self, actors: list[Any]) -> None:
+        """Our processes first: Ray can leave an actor's children behind."""
+        with contextlib.suppress(Exception):
+            self.ray.get([a.kill.remote() for a in actors], timeout=30)
+
+    def _drop(self, device: int) -> None:
         from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
 
+        dev = self.devices.pop(device)
         with contextlib.suppress(Exception):
-            # our processes first: Ray may leave an actor's children behind
-            ray.get([a.kill.remote() for a in actors], timeout=30)
-        for a in actors:
-            with contextlib.suppress(Exception):
-                ray.kill(a)
+            self.ray.kill(dev.actor)
         with contextlib.suppress(Exception):
-            remove_placement_group(pg)
+            remove_placement_group(dev.group)
 
     def close(self) -> None:
-        for job in list(self.gangs):
-            g = self.gangs.pop(job)
-            self._release(g.actors, g.pg)
+        self._kill_ranks([d.actor for d in self.devices.values()])
+        self.gangs.clear()
+        for d in list(self.devices):
+            self._drop(d)
