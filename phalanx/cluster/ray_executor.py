@@ -30,6 +30,7 @@ import importlib
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -168,6 +169,17 @@ class RankActor:
             self.proc.kill()
 
 
+def kill_rank_here(pid: int) -> None:
+    """SIGKILL the process group of rank ``pid`` if it is a phalanx rank on this host."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if b"phalanx.entry.scheduled" in cmd:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 class _RayGang:
     def __init__(self, actors: list[Any], pids: list[int], waits: list[Any]) -> None:
         self.actors, self.pids, self.waits = actors, pids, waits
@@ -293,6 +305,11 @@ class RayExecutor:
             remove_placement_group(dev.group)
 
     def close(self) -> None:
+        # a Ctrl-C from a terminal also reaches a local cluster's raylets: if they died
+        # first, their actors cannot stop our ranks; on this host, stop them ourselves
+        for g in self.gangs.values():
+            for pid in g.pids:
+                kill_rank_here(pid)
         self._kill_ranks([d.actor for d in self.devices.values()])
         self.gangs.clear()
         for d in list(self.devices):

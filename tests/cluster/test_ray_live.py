@@ -196,17 +196,20 @@ def test_tiresias_preempts_and_resumes_on_other_nodes(cluster, tmp_path):
 
 
 def test_sigint_mid_run_leaves_no_process(tmp_path):
-    """The CLI builds its own Ray cluster; Ctrl-C while jobs run stops the ranks, the actors
-    and the cluster, removes Ray's temp folder and exits 130."""
+    """The CLI builds its own Ray cluster; Ctrl-C (SIGINT to its process group) while jobs
+    run stops the ranks, the actors and the cluster, removes Ray's temp folder, exits 130."""
     topo = tmp_path / "three.yaml"
     topo.write_text(TOPOLOGY)
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(JOBS)
     out = tmp_path / "out"
     before = set(Path(p).name for p in Path("/tmp").glob("phalanx-ray-*"))
+    # its own process group, so that the SIGINT reaches what a terminal's Ctrl-C reaches:
+    # the command and the Ray processes it started
     p = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
                           str(jobs), "--cluster", str(topo), *SCHEDULE, "--out", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                         start_new_session=True)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and len(rank_record.read(out / "ranks" / "A.jsonl")) < 2:
@@ -214,7 +217,7 @@ def test_sigint_mid_run_leaves_no_process(tmp_path):
         assert len(rank_record.read(out / "ranks" / "A.jsonl")) == 2, "no rank started"
         ours = [p for p in Path("/tmp").glob("phalanx-ray-*") if p.name not in before]
         assert ours and _pids_with(str(out))
-        p.send_signal(signal.SIGINT)
+        os.killpg(p.pid, signal.SIGINT)
         _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
