@@ -118,12 +118,34 @@ def ray_cluster(topology: Topology, address: str = "") -> Iterator[str]:
             ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
+        # Ray's workers leave a moment after their raylet and may make the folder again
+        # on the way out: remove it once no process of this cluster is left
+        wait_gone(f"RAY_TMPDIR={tmp}".encode())
         shutil.rmtree(tmp, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def wait_gone(marker: bytes, timeout_s: float = 15.0) -> None:
+    """Wait until no other process has ``marker`` in its environment (Linux /proc)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = False
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                if marker in (proc / "environ").read_bytes():
+                    alive = True
+                    break
+            except OSError:
+                continue
+        if not alive:
+            return
+        time.sleep(0.1)
 
 
 class RankActor:
