@@ -29,6 +29,7 @@ the devices the resizable jobs were not given; the CLI prints why each is not re
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Sequence
 
 from phalanx.cluster.executor import Executor
@@ -37,7 +38,7 @@ from phalanx.cluster.jobs import JobState
 from phalanx.cluster.launch_plan import resumable
 from phalanx.cluster.learned import AppFacts, JobKnowledge
 from phalanx.cluster.live import LiveCluster, LiveConfig
-from phalanx.cluster.observe import EventTail, JobObserver, Observation
+from phalanx.cluster.observe import WINDOWS, EventTail, JobObserver, Observation
 from phalanx.cluster.policies import FIFO, PlacementPolicy
 from phalanx.cluster.policies.goodput import JobView
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
@@ -81,6 +82,8 @@ class ElasticLiveCluster(LiveCluster):
         self.target: dict[int, int] = {}
         self.predicted: dict[int, tuple[tuple[int, int, int], float]] = {}
         self.resizes: list[tuple[str, float, int, int]] = []   # (job, time, from, to)
+        # per job: predicted / measured - 1 of every window after its set-up was fitted
+        self.held_out: dict[int, list[float]] = {}
 
     def _why_fixed(self, job: LiveJob) -> str:
         plan = self.plans[job.spec.id]
@@ -101,7 +104,15 @@ class ElasticLiveCluster(LiveCluster):
             if obs is None:
                 continue
             nodes = len({s.server for s in run.gang.ranks})
-            for o in obs.read(nodes):
+            ready, fresh = obs.read(nodes)
+            k = self.policy.learner.knowledge(jid, run.state.spec.name)
+            for w in fresh:
+                # a window measured after the model was fitted to its set-up: the fit's
+                # prediction, held out in time, against what was measured
+                g, n, b = w.key
+                if w.index >= WINDOWS and k.params is not None and (n, g, float(b)) in k.profile:
+                    self.held_out.setdefault(jid, []).append(k.predict(g, n, b) / w.step_s - 1)
+            for o in ready:
                 self._learn(run.state, obs, o)
 
     def _learn(self, st: JobState, obs: JobObserver, o: Observation) -> None:
@@ -123,7 +134,17 @@ class ElasticLiveCluster(LiveCluster):
 
     def _reap(self) -> int:
         self._observe()   # a job that ends now: what it measured last still counts
-        return super()._reap()
+        ended = super()._reap()
+        for jid, errs in list(self.held_out.items()):
+            st = self.states[jid]
+            if st.end >= 0 and errs:
+                abs_errs = sorted(abs(e) for e in errs)
+                self._note(st, f"phalanx: scheduler: {st.spec.name}: the fitted model against "
+                               f"{len(errs)} later windows of set-ups it was fitted to: "
+                               f"median |error| {statistics.median(abs_errs):.0%}, "
+                               f"max {abs_errs[-1]:.0%}")
+                del self.held_out[jid]
+        return ended
 
     # ------------------------------------------------------------------ decisions
     def _round(self) -> None:

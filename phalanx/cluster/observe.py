@@ -54,6 +54,13 @@ class Observation:
     windows: int
 
 
+@dataclass(frozen=True)
+class Window:
+    key: tuple[int, int, int]   # (GPUs, nodes, per-GPU batch)
+    index: int                  # 0 for the set-up's first window
+    step_s: float
+
+
 @dataclass
 class JobObserver:
     """One job's measurements, per set-up, and its latest gradient statistics."""
@@ -63,10 +70,10 @@ class JobObserver:
     g2: float = math.nan
     s: float = math.nan
 
-    def read(self, nodes: int) -> list[Observation]:
+    def read(self, nodes: int) -> tuple[list[Observation], list[Window]]:
         """Take in new events (the job runs on ``nodes`` nodes now); return the set-ups
-        that just reached :data:`WINDOWS` windows."""
-        ready = []
+        that just reached :data:`WINDOWS` windows, and every new window."""
+        ready, fresh = [], []
         for e in self.tail.new():
             kind = e.get("kind")
             if kind == "noise":
@@ -75,9 +82,10 @@ class JobObserver:
                 key = (int(e["workers"]), nodes, int(e["batch"]))
                 w = self.windows.setdefault(key, [])
                 w.append((float(e["step_s"]), float(e["sync_s"])))
+                fresh.append(Window(key, len(w) - 1, float(e["step_s"])))
                 if len(w) == WINDOWS:
                     ready.append(self.summary(key))
-        return ready
+        return ready, fresh
 
     def summary(self, key: tuple[int, int, int]) -> Observation:
         w = self.windows[key]
