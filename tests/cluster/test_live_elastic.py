@@ -46,7 +46,7 @@ def test_goodput_resizes_a_live_job_from_its_own_measurements(tmp_path):
     # the fitted model is printed after each new set-up (with its prediction there)...
     fits = re.findall(r"step-time model fitted to \[(.*?)\]: (alpha_c=\S+ .*? gamma=\S+); "
                       r"at .*? predicts (\S+) s/step, measured (\S+) ", log)
-    assert len(fits) >= 3 and fits[-1][0].count("GPU") == 3, log
+    assert len(fits) >= 2 and fits[-1][0].count("GPU") >= 2, log
     # ...and predicts the windows measured after it was fitted to their set-up (held out
     # in time) within 25% (median; one fit of 7 parameters to 2 set-ups can miss one of
     # them by more, which the log shows)
