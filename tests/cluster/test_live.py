@@ -3,8 +3,11 @@ local slots with the simulator's policy objects; plus its input checks (in one p
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from phalanx.cluster.live import LiveCluster, LiveConfig
 from phalanx.cluster.policies import Pack, make_ordering
 from phalanx.cluster.topology import uniform
 from phalanx.errors import ConfigError, DataError
+from phalanx.runtime import rank_record
 from phalanx.runtime.preempt import PREEMPTED_EXIT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,3 +180,30 @@ def test_rounds_never_stop_a_job_that_cannot_resume(tmp_path):
     # starts after a stop: a fresh start again (nothing on disk to resume here)
     assert len([s for s in ex.started if s[0] in "pq"]) == sum(
         by[n].preemptions + 1 for n in "pq")
+
+
+def test_ctrl_c_mid_run_leaves_no_rank(tmp_path):
+    """Local engine: SIGINT to the command's process group while a sync job's ranks run ->
+    exit 130, and no process of the run is left (ranks run in their own sessions: the
+    scheduler must stop them)."""
+    jobs = tmp_path / "j.yaml"
+    jobs.write_text("jobs: [{name: s, arrival: 0, gpus: 2, config: {model: mlp, data: "
+                    "synthetic, epochs: 100, strategy: sync, tensorboard: false}}]\n")
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
+                          "--cluster", "uniform:1,1,1,2", "--out", str(out)], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(rank_record.read(out / "ranks" / "s.jsonl")) < 2:
+            time.sleep(0.1)
+        pids = [r.pid for r in rank_record.read(out / "ranks" / "s.jsonl")]
+        assert len(pids) == 2 and all(Path(f"/proc/{q}").exists() for q in pids)
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "interrupted" in err, err
+    assert not any(Path(f"/proc/{q}").exists() for q in pids)
