@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -59,12 +61,21 @@ START_TIMEOUT_S = 120.0
 LOCAL_ENV = ("RAY_USAGE_STATS_ENABLED", "RAY_TMPDIR", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
 
 
+NO_RAY = "--engine ray needs Ray: install the 'ray' extra (pip install -e '.[ray]')"
+
+
 def import_ray() -> ModuleType:
     try:
         return importlib.import_module("ray")
     except ImportError:
-        raise ConfigError("--engine ray needs Ray: install the 'ray' extra "
-                          "(pip install -e '.[ray]')") from None
+        raise ConfigError(NO_RAY) from None
+
+
+def have_ray() -> bool:
+    """Is Ray installed (without importing it: its settings are read at import)."""
+    if "ray" in sys.modules:
+        return sys.modules["ray"] is not None
+    return importlib.util.find_spec("ray") is not None
 
 
 def node_resources(topology: Topology, server: int) -> dict[str, float]:
@@ -89,6 +100,8 @@ def ray_cluster(topology: Topology, address: str = "") -> Iterator[str]:
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         yield address
         return
+    if not have_ray():
+        raise ConfigError(NO_RAY)
     tmp = tempfile.mkdtemp(prefix="phalanx-ray-")
     saved = {k: os.environ.get(k) for k in LOCAL_ENV}
     # Nothing leaves this machine. Every file Ray writes (sessions, sockets, the address
@@ -113,8 +126,8 @@ def ray_cluster(topology: Topology, address: str = "") -> Iterator[str]:
             cluster.add_node(**args(s))
         yield cluster.address
     finally:
-        ray = import_ray()
-        if ray.is_initialized():
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
             ray.shutdown()
         if cluster is not None:
             cluster.shutdown()

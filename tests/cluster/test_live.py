@@ -114,12 +114,14 @@ def test_schedule_bad_flags_are_one_line(tmp_path, capsys, monkeypatch):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert text in err and err.count("\n") == 1, (args, err)
-    # without the optional extra, --engine ray names it
+    # without the optional extra, --engine ray names it (and leaves no temp folder)
     monkeypatch.setitem(sys.modules, "ray", None)
+    before = set(Path("/tmp").glob("phalanx-ray-*"))
     assert main(["schedule", "--jobs", str(jobs), "--out", str(tmp_path / "o"),
                  "--engine", "ray"]) == 2
     err = capsys.readouterr().err
     assert "install the 'ray' extra" in err and err.count("\n") == 1
+    assert set(Path("/tmp").glob("phalanx-ray-*")) == before
 
 
 class FakeExecutor:
