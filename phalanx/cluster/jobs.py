@@ -26,6 +26,8 @@ class JobSpec:
     cpu_per_gpu: int = 4
     vc: str = ""
     batch_size: int = 0
+    # live mode: '' = the job may be stopped and resumed; else why not (the round keeps it)
+    not_preemptible: str = ""
 
 
 @dataclass

@@ -1,40 +1,42 @@
-"""Live mode: the scheduler runs real ``phalanx train`` processes on local slots.
+"""Live mode: the scheduler runs real training jobs through an executor (local slots or a
+Ray cluster) with the simulator's policies.
 
-Each device of the topology is a local *slot* (``uniform:1,1,2,2`` = 4 slots on 2
-"servers"). The queue, admission and the fill pass are the simulator's
-(``SchedulerCore``), with the same ordering and placement objects on the same
-``ClusterState``; only the clock and execution differ: time is the wall clock since start,
-a placed job becomes a subprocess
+The queue, admission and the fill pass are the simulator's (``SchedulerCore``), with the
+same ordering and placement objects on the same ``ClusterState``; only the clock (wall time
+since start) and execution differ. A placed job becomes a gang (:mod:`launch_plan`) that
+the executor (:mod:`executor`) starts on exactly the devices the placement chose.
 
-    python -m phalanx.cli train --config OUT/configs/NAME.json --out OUT/jobs/NAME
-        --workers GANG --threads 1 --no-progress
+Time-sliced orderings (``las``, ``tiresias``, ``rr``) run a *round* every ``round_s``
+seconds, as in the simulator: order every active job, keep the first that fit (a running
+job that cannot be preempted is always kept), stop the other running ones. A stop is
+SIGTERM to every rank: ranks checkpoint at one step and exit (:mod:`phalanx.runtime.preempt`);
+the job's devices are free once its ranks are gone, it re-enters the queue and a later
+start resumes it from its checkpoint on whatever placement the policy then gives. Until the
+next round, jobs the round did not keep wait (no job stopped by a round restarts at once).
 
-with ``CUDA_VISIBLE_DEVICES`` set to its slot ids (so on a GPU host a slot is a GPU), and
-its devices are freed when the process exits. Outputs are the simulator's ``summary.json``
-and ``jobs.csv`` (real start/end times, seconds after start) plus each job's own run folder
-and log (``OUT/logs/NAME.log``).
-
-Preemptive (time-sliced) orderings are refused: stopping a training process and resuming
-it elsewhere would need checkpoint/restore plumbing the strategies do not share yet.
+Outputs are the simulator's ``summary.json`` and ``jobs.csv`` (real times, seconds after
+start; every placement; preemptible or why not) plus each job's run folder
+(``OUT/jobs/NAME``), log (``OUT/logs/NAME.log``) and rank records (``OUT/ranks/NAME.jsonl``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
-import subprocess
+import shutil
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from phalanx.cluster.allocator import Placement
+from phalanx.cluster.executor import Executor, Gang, LocalExecutor
 from phalanx.cluster.joblist import LiveJob
 from phalanx.cluster.jobs import JobState
+from phalanx.cluster.launch_plan import JobPlan, build_gang, plan_of, resumable
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
-from phalanx.cluster.scheduler import SchedulerCore
+from phalanx.cluster.scheduler import SchedulerCore, keep_in_order
 from phalanx.cluster.simulator import SimResult
 from phalanx.cluster.topology import Topology
 from phalanx.errors import ConfigError
@@ -44,7 +46,8 @@ from phalanx.errors import ConfigError
 class LiveConfig:
     out: Path
     poll_s: float = 0.05            # how often exits and arrivals are checked
-    job_timeout_s: float = 0.0      # kill a job running longer than this (0 = never)
+    job_timeout_s: float = 0.0      # stop a job running longer than this (0 = never)
+    grace_s: float = 30.0           # SIGTERM -> SIGKILL: time to write a checkpoint
     python: str = sys.executable
 
     def __post_init__(self) -> None:
@@ -53,16 +56,32 @@ class LiveConfig:
         if not 0 <= self.job_timeout_s < float("inf"):
             raise ConfigError(f"--job-timeout must be a finite number >= 0, "
                               f"got {self.job_timeout_s}")
+        if not 0 < self.grace_s <= 3600:
+            raise ConfigError(f"--grace must be in (0, 3600] seconds, got {self.grace_s}")
 
 
-class _Proc:
-    __slots__ = ("log", "popen", "state")
+@dataclass
+class _Run:
+    """One start of a job."""
 
-    def __init__(self, state: JobState, popen: subprocess.Popen, log: IO[bytes]) -> None:
-        self.state, self.popen, self.log = state, popen, log
+    state: JobState
+    gang: Gang
+    since: float
+    stop: str = ""                  # why we stopped it: '' running, 'preempt', 'timeout'
+    asked: float = 0.0              # when
 
 
-def _last_error_line(path: Path) -> str:
+@dataclass(frozen=True)
+class StopRecord:
+    """A preemption as the loop saw it (what bench/live.py times)."""
+
+    job: str
+    asked: float                    # seconds after start: SIGTERM sent
+    exited: float                   # every rank gone, devices free
+    code: int
+
+
+def last_error_line(path: Path) -> str:
     """The line that says why a run failed: its ``phalanx: error:`` line, else the last."""
     try:
         lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines()
@@ -76,86 +95,159 @@ def _last_error_line(path: Path) -> str:
 
 
 class LiveCluster:
-    """Runs a job list on local slots; ``run()`` returns the simulator's ``SimResult``."""
+    """Runs a job list through an executor; ``run()`` returns the simulator's
+    ``SimResult``."""
 
     def __init__(self, topology: Topology, jobs: Sequence[LiveJob], ordering: OrderingPolicy,
                  placement: PlacementPolicy, config: LiveConfig,
-                 admission: AdmissionPolicy | None = None) -> None:
-        if ordering.preemptive:
-            raise ConfigError(f"--policy {ordering.name}: time-sliced (preemptive) policies "
-                              f"are not supported in live mode (running training processes "
-                              f"are not checkpointed and moved); use fifo or sjf")
-        self.topology, self.jobs, self.config = topology, list(jobs), config
+                 admission: AdmissionPolicy | None = None,
+                 executor: Executor | None = None) -> None:
+        self.topology, self.config = topology, config
+        self.plans: dict[int, JobPlan] = {j.spec.id: plan_of(j) for j in jobs}
+        self.jobs = [dataclasses.replace(j, spec=dataclasses.replace(
+            j.spec, not_preemptible=self.plans[j.spec.id].why_not)) for j in jobs]
+        self.ordering = ordering
+        self.executor: Executor = executor if executor is not None else LocalExecutor(
+            config.python)
         self.core = SchedulerCore(topology, ordering, placement, admission)
-        self.running: dict[int, _Proc] = {}
+        self.runs: dict[int, _Run] = {}
         self.states: dict[int, JobState] = {}
+        self.benched: set[int] = set()      # not kept by the last round: wait for the next
+        self.stops: list[StopRecord] = []
+        self.decisions: list[float] = []    # seconds each round / fill pass took
+        self.start_s: list[tuple[str, float]] = []   # seconds each executor.start took
+        self.round_times: list[float] = []  # seconds each round (the policy's decision) took
+        self.round_s = ordering.round_s if ordering.preemptive else None
         self.now = 0.0
 
     # ------------------------------------------------------------------ execution
-    def _command(self, job: LiveJob) -> tuple[list[str], Path]:
-        out = self.config.out
-        cfg_path = out / "configs" / f"{job.spec.name}.json"
-        cfg_path.write_text(json.dumps(job.config, indent=2) + "\n")
-        return ([self.config.python, "-m", "phalanx.cli", "train", "--config", str(cfg_path),
-                 "--out", str(out / "jobs" / job.spec.name), "--workers", str(job.spec.gpus),
-                 "--threads", "1", "--no-progress"], out / "logs" / f"{job.spec.name}.log")
-
     def _start(self, st: JobState, p: Placement) -> None:
         self.core.allocate(st, p)
         job = self._by_id[st.spec.id]
-        cmd, log_path = self._command(job)
-        env = dict(os.environ)
-        # the child imports the same phalanx as this process, whatever its cwd
-        root = str(Path(__file__).resolve().parents[2])  # the folder that holds phalanx/
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in p.devices)
-        log = log_path.open("wb")
+        plan = self.plans[st.spec.id]
+        out = self.config.out
+        run_dir = out / "jobs" / job.spec.name
+        resume = st.preemptions > 0 and resumable(job, run_dir)
+        if st.preemptions > 0 and not resume:
+            shutil.rmtree(run_dir, ignore_errors=True)   # stopped before it began: anew
+        gang = build_gang(job, plan, self.topology, p.devices, len(st.placements), out, resume,
+                          workers=st.spec.gpus)
+        t = time.perf_counter()
         try:
-            popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL)
+            self.executor.start(gang)
         except OSError as e:
-            log.close()
             self.core.release(st)
-            st.start = st.end = self.now
-            st.failure = f"cannot start ({e.strerror})"
+            st.end = self.now
+            st.failure = f"cannot start ({e.strerror or e})"
             self.core.done(st.spec)
             return
+        # the engine's own cost of a start (the ranks' Python start-up runs after it)
+        self.start_s.append((job.spec.name, time.perf_counter() - t))
         st.running = True
-        st.start = st.last_start = self.now
+        if st.start < 0:
+            st.start = self.now
+        st.last_start = st.last_update = self.now
         st.placements.append((self.now, p.devices))
-        self.running[st.spec.id] = _Proc(st, popen, log)
+        self.runs[st.spec.id] = _Run(st, gang, self.now)
 
-    def _reap(self) -> None:
+    def _account(self) -> None:
+        """Executed time and attained GPU-seconds of running jobs, up to now (LAS and
+        Tiresias order by them)."""
+        for run in self.runs.values():
+            st = run.state
+            dt = self.now - st.last_update
+            if dt > 0:
+                st.executed += dt
+                st.attained += dt * st.spec.gpus
+                st.last_update = self.now
+
+    def _stop(self, run: _Run, why: str) -> None:
+        if run.stop:
+            return
+        run.stop = why
+        run.asked = self.now
+        self.executor.stop(run.gang.job, self.config.grace_s)
+
+    def _reap(self) -> int:
         limit = self.config.job_timeout_s
-        for jid, proc in list(self.running.items()):
-            st = proc.state
-            rc = proc.popen.poll()
-            if rc is None and limit and self.now - st.start > limit:
-                proc.popen.kill()
-                rc = proc.popen.wait()
-                st.failure = f"timed out after {limit:g} s"
+        ended = 0
+        for jid, run in list(self.runs.items()):
+            st = run.state
+            if limit and not run.stop and self.now - st.start > limit:
+                self._stop(run, "timeout")
+            rc = self.executor.poll(run.gang.job)
             if rc is None:
                 continue
-            proc.log.close()
-            del self.running[jid]
+            ended += 1
+            self._account()
+            del self.runs[jid]
             self.core.release(st)
-            self.core.done(st.spec)
             st.running = False
+            if run.stop:
+                self.stops.append(StopRecord(st.spec.name, run.asked, self.now, rc))
+            if run.stop == "preempt" and rc != 0:
+                # stopped on request (a checkpoint written, or killed before one was due):
+                # back to the queue; the next start resumes from what is on disk
+                st.preemptions += 1
+                st.waiting_since = self.now
+                self._requeue(st, rc)
+                continue
+            self.core.done(st.spec)
             st.end = self.now
-            st.executed = st.end - st.start
             st.remaining = 0.0
-            if rc != 0 and not st.failure:
-                log = self.config.out / "logs" / f"{st.spec.name}.log"
-                st.failure = f"exit {rc}: {_last_error_line(log)}"
+            if run.stop == "timeout":
+                st.failure = f"timed out after {limit:g} s"
+            elif rc != 0:
+                st.failure = f"exit {rc}: {last_error_line(run.gang.log)}"
+        return ended
+
+    def _requeue(self, st: JobState, rc: int) -> None:
+        """A job stopped on request goes back to the queue (and waits for a round)."""
+        self.core.enqueue(st)
+        self.benched.add(st.spec.id)
+
+    # ------------------------------------------------------------------ decisions
+    def _round(self) -> None:
+        """Keep the first jobs of the order that fit (non-preemptible running jobs first),
+        stop the other running ones."""
+        self._account()
+        live = [r for r in self.runs.values() if not r.stop]
+        active = tuple(r.state for r in live) + tuple(self.core.waiting.values())
+        if not active:
+            return
+        order = self.ordering.order(active, self.now)
+        pinned = {r.state.spec.id for r in live if r.state.spec.not_preemptible}
+        first = [j for j in order if j in pinned] + [j for j in order if j not in pinned]
+        keep = keep_in_order(first, lambda jid: self.states[jid].spec.gpus,
+                             self.core.cluster.capacity)
+        for r in live:
+            if r.state.spec.id not in keep:
+                self._stop(r, "preempt")
+        self.benched = {j for j in self.core.waiting if j not in keep}
+
+    def _fill(self) -> None:
+        if not self.round_s:
+            self.core.fill(self.now, self._start)
+            return
+        if not self.runs:
+            self.benched.clear()    # nothing runs: no reason to wait for the next round
+        waiting = [st for jid, st in self.core.waiting.items() if jid not in self.benched]
+        if waiting:
+            self.core.try_start(self.ordering.order(waiting, self.now), self._start)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> SimResult:
         out = self.config.out
-        for sub in ("configs", "jobs", "logs"):
+        for sub in ("configs", "jobs", "logs", "ranks"):
             (out / sub).mkdir(parents=True, exist_ok=True)
+        for job in self.jobs:
+            path = out / "configs" / f"{job.spec.name}.json"
+            path.write_text(json.dumps(job.config, indent=2) + "\n")
         self._by_id = {j.spec.id: j for j in self.jobs}
         res = SimResult([], [], capacity=self.core.cluster.capacity)
         pending = sorted(self.jobs, key=lambda j: (j.spec.submit, j.spec.id))
+        round_s = self.round_s
+        next_round = round_s if round_s else float("inf")
         t0 = time.monotonic()
         wall0 = time.perf_counter()
         last = (-1, -1)
@@ -172,28 +264,29 @@ class LiveCluster:
                         res.oversize += arrival.oversize
                     else:
                         self.states[spec.id] = arrival.state
-                n_running = len(self.running)
-                self._reap()
-                res.events += n_running - len(self.running)
-                self.core.fill(self.now, self._start)
+                res.events += self._reap()
+                t = time.perf_counter()
+                if self.now >= next_round:
+                    self._round()
+                    self.round_times.append(time.perf_counter() - t)
+                    next_round = self.now + round_s
+                self._fill()
+                self.decisions.append(time.perf_counter() - t)
                 if (c.busy, len(self.core.waiting)) != last:
                     last = (c.busy, len(self.core.waiting))
                     res.times.append(self.now)
                     res.busy.append(c.busy)
                     res.queue.append(len(self.core.waiting))
                     res.frag.append(c.fragmentation)
-                if not self.running and not pending:
+                if not self.runs and not pending:
                     break   # done (anything still waiting could not start on an idle cluster)
                 wait = self.config.poll_s
-                if pending and not self.running:
+                if pending and not self.runs:
                     wait = max(0.0, min(wait, pending[0].spec.submit - self.now))
                 time.sleep(wait)
         finally:
             # interrupted (Ctrl-C) or failed: never leave training processes behind
-            for proc in self.running.values():
-                proc.popen.kill()
-                proc.popen.wait()
-                proc.log.close()
+            self.executor.close()
         res.jobs = [self.states[j.spec.id] for j in self.jobs if j.spec.id in self.states]
         res.fragmentation_blocked = self.core.fragmentation_blocked
         res.wall_s = time.perf_counter() - wall0

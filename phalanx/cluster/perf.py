@@ -50,10 +50,15 @@ class PerfOptions:
     cpu: bool = True
     k_switch: float = 0.3
     k_server: float = 0.1
+    # every device's job shares this many CPU cores machine-wide (a one-machine test
+    # cluster whose devices are slots): n busy devices run at min(1, cores / n); 0 = off
+    shared_cores: int = 0
 
     def __post_init__(self) -> None:
         if self.k_switch < 0 or self.k_server < 0:
             raise ConfigError("perf model: interference weights must be >= 0")
+        if self.shared_cores < 0:
+            raise ConfigError("perf model: shared_cores must be >= 0")
 
 
 def ideal_shape(gpus: int, topology: Topology) -> tuple[tuple[int, ...], int, int, int]:

@@ -80,7 +80,8 @@ def write_jobs_csv(res: SimResult, path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["id", "name", "vc", "model", "gpus", "submit", "start", "end", "jct",
-                    "queue_delay", "executed", "preemptions", "status", "placements"])
+                    "queue_delay", "executed", "preemptions", "status", "placements",
+                    "preemptible"])
         for j in res.jobs:
             s = j.spec
             jct = j.end - s.submit if j.end >= 0 else ""
@@ -89,10 +90,11 @@ def write_jobs_csv(res: SimResult, path: Path) -> None:
             w.writerow([s.id, s.name, s.vc, s.model, s.gpus, f"{s.submit:.1f}",
                         f"{j.start:.1f}", f"{j.end:.1f}", jct if jct == "" else f"{jct:.1f}",
                         delay if delay == "" else f"{delay:.1f}", f"{j.executed:.1f}",
-                        j.preemptions, _status(j), places])
+                        j.preemptions, _status(j), places,
+                        f"no: {s.not_preemptible}" if s.not_preemptible else "yes"])
         for s, reason in res.rejected:
             w.writerow([s.id, s.name, s.vc, s.model, s.gpus, f"{s.submit:.1f}", "", "", "", "",
-                        "", 0, f"rejected: {reason}", ""])
+                        "", 0, f"rejected: {reason}", "", ""])
 
 
 def write_summary(summary: Summary, path: Path) -> None:

@@ -1,19 +1,26 @@
-"""``phalanx schedule``: live mode — run a job list of real training runs on local slots
-with the simulator's policies.
+"""``phalanx schedule``: live mode — run a job list of real training runs with the
+simulator's policies, on local slots or on a Ray cluster.
 
     phalanx schedule --jobs jobs.yaml --cluster uniform:1,1,2,2 --policy fifo \\
         --placement pack --out runs/schedule
+    phalanx schedule --jobs jobs.yaml --cluster uniform:1,2,2,2 --policy tiresias \\
+        --slot 20 --tiresias-thresholds 30 --engine ray          # a local 4-node Ray cluster
+    phalanx schedule ... --engine ray --ray-address HEAD:6379    # an existing Ray cluster
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 from phalanx.cluster.clusters import resolve_cluster
+from phalanx.cluster.executor import Executor, LocalExecutor
 from phalanx.cluster.joblist import check_fits, check_settings, load_job_list
 from phalanx.cluster.live import LiveCluster, LiveConfig
+from phalanx.cluster.live_elastic import ElasticLiveCluster
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
+from phalanx.cluster.ray_executor import RayExecutor, ray_cluster
 from phalanx.cluster.report import summarise, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.run import default_data_dir
 from phalanx.errors import ConfigError
@@ -21,46 +28,104 @@ from phalanx.errors import ConfigError
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("schedule", help="live mode: run a job list of phalanx training runs "
-                                        "on local slots with a scheduling policy")
+                                        "on local slots or a Ray cluster with a scheduling "
+                                        "policy")
     p.add_argument("--jobs", required=True,
                    help="job list (.yaml or .csv): name, arrival (s), gpus (gang size = "
                         "workers), training settings")
     p.add_argument("--cluster", default="uniform:1,1,1,2",
-                   help="slots as a topology: uniform:Z,R,S,G (each device is one local slot) "
-                        "or a YAML configuration set (default uniform:1,1,1,2 = 2 slots)")
+                   help="the devices as a topology: uniform:Z,R,S,G or a YAML configuration "
+                        "set (default uniform:1,1,1,2 = 2 devices on one server)")
+    p.add_argument("--engine", default="local", choices=("local", "ray"),
+                   help="local: every device is a slot on this machine; ray: one Ray node "
+                        "per server (default local)")
+    p.add_argument("--ray-address", default="",
+                   help="with --engine ray: an existing cluster's address (HOST:PORT); "
+                        "without it a local Ray cluster is built from --cluster")
     p.add_argument("--policy", default="fifo",
-                   help="ordering: fifo or sjf (time-sliced policies need preemption, "
-                        "which live mode does not do)")
+                   help=f"ordering: {', '.join(ORDERINGS)}; or goodput (elastic: the learned "
+                        "goodput policy resizes sync / average jobs every --interval)")
+    p.add_argument("--interval", type=float, default=60.0,
+                   help="goodput: seconds between allocations (default 60)")
+    p.add_argument("--restart-cost", type=float, default=30.0,
+                   help="goodput: seconds a resize is assumed to cost (default 30)")
+    p.add_argument("--goodput-horizon", type=float, default=1800.0,
+                   help="goodput: a resize must pay its restart back within this many "
+                        "seconds (default 1800)")
     p.add_argument("--placement", default="pack", help=f"placement: {', '.join(PLACEMENTS)}")
+    p.add_argument("--slot", type=float, default=60.0,
+                   help="seconds between rounds of a time-sliced policy (las, tiresias, rr; "
+                        "default 60)")
+    p.add_argument("--tiresias-thresholds", default="",
+                   help="Tiresias queue thresholds in GPU-seconds, comma list "
+                        "(default 3600,36000)")
+    p.add_argument("--starvation", type=float, default=None,
+                   help="Tiresias starvation factor, 0 = no promotion (default 4)")
+    p.add_argument("--grace", type=float, default=30.0,
+                   help="seconds a stopped job has to checkpoint before SIGKILL (default 30)")
     p.add_argument("--threshold", type=float, default=0.5, help="load-adaptive threshold")
     p.add_argument("--hysteresis", type=float, default=None, help="load-adaptive hysteresis")
     p.add_argument("--job-timeout", type=float, default=0.0,
-                   help="kill a job that runs longer than this many seconds (0 = never)")
+                   help="stop a job that runs longer than this many seconds (0 = never)")
     p.add_argument("--poll", type=float, default=0.05,
                    help="seconds between checks for exits and arrivals (default 0.05)")
     p.add_argument("--out", default="runs/schedule", help="output folder")
     p.set_defaults(func=_cmd_schedule)
 
 
+def _thresholds(text: str) -> tuple[float, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--tiresias-thresholds {text!r}: not a comma list of numbers"
+                          ) from None
+
+
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    if args.policy not in ORDERINGS:
-        raise ConfigError(f"--policy {args.policy}: unknown (choose from fifo, sjf)")
-    ordering = make_ordering(args.policy)
+    if args.policy not in (*ORDERINGS, "goodput"):
+        raise ConfigError(f"--policy {args.policy}: unknown (choose from "
+                          f"{', '.join(ORDERINGS)}, goodput)")
+    if args.ray_address and args.engine != "ray":
+        raise ConfigError("--ray-address: only with --engine ray")
+    if not 0 <= args.restart_cost < float("inf"):
+        raise ConfigError(f"--restart-cost must be a finite number >= 0, got {args.restart_cost}")
+    elastic = args.policy == "goodput"
+    ordering = make_ordering("fifo" if elastic else args.policy, args.slot,
+                             _thresholds(args.tiresias_thresholds), args.starvation)
     placement = make_placement(args.placement, args.threshold, args.hysteresis)
-    config = LiveConfig(Path(args.out), poll_s=args.poll, job_timeout_s=args.job_timeout)
+    config = LiveConfig(Path(args.out).absolute(), poll_s=args.poll, job_timeout_s=args.job_timeout,
+                        grace_s=args.grace)
     topology = resolve_cluster(args.cluster, default_data_dir())
     jobs = load_job_list(args.jobs)
     check_settings(jobs, args.jobs)
     check_fits(jobs, topology, args.jobs)
-    live = LiveCluster(topology, jobs, ordering, placement, config)
     out = config.out
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError:
         raise ConfigError(f"--out {out}: cannot create a folder there") from None
-    print(f"scheduling {len(jobs)} job(s) from {args.jobs} on {topology.num_devices} slot(s) "
-          f"({args.policy}, {placement.name})", flush=True)
-    res = live.run()
+    with contextlib.ExitStack() as stack:
+        executor: Executor
+        if args.engine == "ray":
+            address = stack.enter_context(ray_cluster(topology, args.ray_address))
+            executor = RayExecutor(topology, address, config.python)
+        else:
+            executor = LocalExecutor(config.python)
+        if elastic:
+            live = ElasticLiveCluster(topology, jobs, placement, config, args.interval,
+                                      args.restart_cost, args.goodput_horizon, executor)
+            for job in live.jobs:
+                why = live.why_fixed[job.spec.id]
+                if why:
+                    print(f"  {job.spec.name}: runs at its {job.spec.gpus} GPU(s), not "
+                          f"resized: {why}")
+        else:
+            live = LiveCluster(topology, jobs, ordering, placement, config, executor=executor)
+        print(f"scheduling {len(jobs)} job(s) from {args.jobs} on {topology.num_devices} "
+              f"device(s), engine {args.engine} ({args.policy}, {placement.name})", flush=True)
+        res = live.run()
     summary = summarise(res, args.policy, placement.name, topology.name, str(args.jobs))
     write_summary(summary, out / "summary.json")
     write_jobs_csv(res, out / "jobs.csv")
@@ -69,9 +134,9 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         status = f"failed ({st.failure})" if st.failure else (
             "finished" if st.end >= 0 else "never started")
         print(f"  {st.spec.name:20s} gpus {st.spec.gpus}  start {st.start:7.2f} s  "
-              f"end {st.end:7.2f} s  {status}")
+              f"end {st.end:7.2f} s  preempted {st.preemptions}  {status}")
     for spec, reason in res.rejected:
         print(f"  {spec.name:20s} rejected: {reason}")
     print(f"{summary.finished} finished, {summary.failed} failed, {summary.rejected} rejected; "
-          f"wrote {out}/ (summary.json, jobs.csv, jobs/, logs/)")
+          f"wrote {out}/ (summary.json, jobs.csv, jobs/, logs/, ranks/)")
     return 0

@@ -10,6 +10,7 @@ job stops. Neither caller re-implements queueing or placement.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -98,6 +99,12 @@ class SchedulerCore:
         self.cluster.queued_gpus -= g
         if not self._gangs[g]:
             del self._gangs[g]
+
+    def regang(self, st: JobState, gpus: int) -> None:
+        """A waiting job's gang size changes (an elastic policy resized it)."""
+        self._dequeue(st)
+        st.spec = dataclasses.replace(st.spec, gpus=gpus)
+        self.enqueue(st)
 
     def done(self, spec: JobSpec) -> None:
         """A job left for good (finished or failed): its VC quota is free again."""

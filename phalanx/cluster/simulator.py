@@ -153,13 +153,18 @@ class Simulator:
         rate = info.iso_rate
         if self._interference:
             rate *= self.perf.interference_factor(st.spec, self._crowding(info))
+        cores = self.perf.options.shared_cores
+        if cores and self.cluster.busy > cores:
+            rate *= cores / self.cluster.busy     # slots on one machine's shared cores
         st.rate = rate
         st.version += 1
         begin = max(self.now, st.progress_from)
         self._push(begin + max(st.remaining, 0.0) / rate, _COMPLETE, st.spec.id, st.version)
 
     def _touch_neighbours(self, servers: list[int], skip: int) -> None:
-        if not self._interference:
+        if self.perf.options.shared_cores:
+            servers = list(range(len(self.topology.servers)))   # every job shares the cores
+        elif not self._interference:
             return
         seen = set()
         for s in servers:

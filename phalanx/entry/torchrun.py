@@ -41,7 +41,7 @@ from phalanx.metrics import EventLog
 from phalanx.parallel.base import read_result
 from phalanx.parallel.registry import spec
 from phalanx.parallel.spec import StrategySpec
-from phalanx.runtime import groupstore, netif, nodes
+from phalanx.runtime import groupstore, netif, nodes, preempt
 from phalanx.runtime.launch import DEFAULT_TIMEOUT_S
 
 
@@ -160,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
                                multi_host=world > local_world, iface=args.iface,
                                env_iface=os.environ.get("GLOO_SOCKET_IFNAME", ""))
         _run_attempt(_main, (cfg, time.perf_counter()), attempt, args.timeout, binding)
+    except preempt.Preempted as e:  # checkpoint on disk: the scheduler resumes it later
+        sys.stderr.write(f"phalanx: {e}\n")
+        sys.stderr.flush()
+        os._exit(preempt.PREEMPTED_EXIT)
     except PhalanxError as e:
         sys.stderr.write(f"phalanx: error: {e}\n")
         sys.stderr.flush()

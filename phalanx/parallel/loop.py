@@ -8,7 +8,9 @@ The split follows torchtitan's ``train`` / ``train_step`` / ``forward_backward_s
   emulated straggler (on :meth:`Hooks.forward_backward`, never on :meth:`Hooks.fetch`'s
   data, pulls or locks), the ``train`` events with their divergence check, the
   evaluations (every ``--eval-every`` steps, or at each epoch's end), the checkpoints
-  (every ``--checkpoint-every`` steps, and the final one where the strategy keeps one).
+  (every ``--checkpoint-every`` steps, and the final one where the strategy keeps one), and
+  the preemption point (a scheduler's SIGTERM: checkpoint, then
+  :class:`~phalanx.runtime.preempt.Preempted`, where :meth:`Hooks.can_stop_after` allows).
 - **Gradient accumulation is written once**: ``--grad-accum`` micro-batches make a step;
   each one's backward runs on its loss times :attr:`Loop.loss_scale` (``1/grad_accum``,
   exactly 1 without accumulation) so ``.grad`` sums to the mean of the micro-batches'
@@ -39,6 +41,7 @@ from phalanx.data import Dataset, epoch_batches, steps_per_epoch
 from phalanx.parallel.base import Straggler
 from phalanx.parallel.divergence import check_loss
 from phalanx.parallel.worker import StepReporter, batch_accuracy, wants_eval
+from phalanx.runtime import preempt
 
 
 @dataclass
@@ -102,6 +105,11 @@ class Hooks:
     def checkpoint(self, pos: Position, final: bool) -> None:
         """Every ``--checkpoint-every`` steps and at the last (``final``)."""
 
+    def can_stop_after(self, step: int) -> bool:
+        """May a scheduler's SIGTERM stop the run after ``step`` (its checkpoint then holds
+        everything to resume)? Default: never (the strategy cannot resume)."""
+        return False
+
 
 class Loop:
     """Runs ``hooks`` over ``batches`` ((epoch, indices) micro-batches) until ``total``
@@ -147,9 +155,13 @@ class Loop:
                 self._evaluate(pos.epoch, epoch_ended=False)
             every = self.cfg.checkpoint_every
             final = pos.step == self.total
-            if final or (every and pos.step % every == 0):
+            # a scheduler's SIGTERM (runtime/preempt): every rank agrees on this step
+            stop = not final and hooks.can_stop_after(pos.step) and preempt.agreed()
+            if final or stop or (every and pos.step % every == 0):
                 pos.wall_s = report.wall()
                 hooks.checkpoint(pos, final)
+            if stop:
+                raise preempt.Preempted(pos.step)
             if final:
                 break
         self._evaluate(pos.epoch + 1, epoch_ended=True)

@@ -106,6 +106,9 @@ class AverageHooks(ReplicaHooks):
                          last: bool) -> Micro:
         return self.compute(batch, scale)
 
+    def can_stop_after(self, step: int) -> bool:
+        return step % self.cfg.period == 0  # replicas are equal right after a round
+
     def apply_update(self, step: int) -> dict:
         self.apply([p.grad for p in self.params])
         if step % self.cfg.period == 0 or step == self.total:

@@ -166,6 +166,9 @@ class ReplicaHooks(Hooks):
     def checkpoint(self, pos: Position, final: bool) -> None:
         self.ckpt.save(self.model, self.state, pos, self.kit.gen, self.counter)
 
+    def can_stop_after(self, step: int) -> bool:
+        return True  # its checkpoint resumes the same trajectory (dp_checkpoint)
+
     def train(self) -> Position:
         """The loop over this worker's shard, from where a checkpoint left off."""
         cfg, ctx = self.cfg, self.ctx

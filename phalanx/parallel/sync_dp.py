@@ -22,6 +22,7 @@ from phalanx.comm.bucketing import CommThread, GradReducer
 from phalanx.comm.exchange import Compression, group_screened
 from phalanx.comm.sfb import SufficientFactors
 from phalanx.config import RunConfig
+from phalanx.metrics.noise import JobProbe
 from phalanx.parallel.base import Job, write_result
 from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.dp_checkpoint import check_resume as _check_resume
@@ -81,9 +82,14 @@ class SyncHooks(ReplicaHooks):
                                    self.allreduce, world, int(cfg.bucket_mb * 2**20),
                                    self.comm,
                                    self.compression if self.compression.active else None)
+        # step times and gradient noise for a scheduler (metrics/noise.py); rank 0 measures
+        self.probe = JobProbe(self.params, cfg.batch_size, cfg.grad_accum * world, world,
+                              ctx.log, self.rank == 0)
+        self.next_step = 1
 
     def before_step(self, step: int) -> None:
         super().before_step(step)
+        self.next_step = step + 1
         if self.buffers:
             # as DDP's broadcast_buffers: BN statistics follow rank 0 (comm is idle here)
             broadcast_from_rank0(self.buffers, self.counter, self.rank, self.world)
@@ -91,6 +97,7 @@ class SyncHooks(ReplicaHooks):
     def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
                          last: bool) -> Micro:
         # only the step's last micro-batch syncs its gradients (DDP's no_sync before it)
+        self.probe.arm(self.next_step, last)
         self.reducer.begin(sync=last)
         self.sfb.begin(sync=last)  # before forward: its hooks are set up there
         return self.compute(batch, scale)
@@ -98,10 +105,12 @@ class SyncHooks(ReplicaHooks):
     def apply_update(self, step: int) -> dict:
         self.reducer.finish()  # sync point: waits for every bucket to be averaged
         self.sfb.finish()
+        self.probe.step(step, self.reducer.stats.wait_s)  # .grad: the averaged gradient
         self.apply([p.grad for p in self.params])
         return {"bytes_sent": self.counter.sent}
 
     def close(self) -> None:
+        self.probe.close()
         self.comm.close()
         self.reducer.remove()
         self.sfb.remove()

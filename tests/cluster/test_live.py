@@ -3,8 +3,11 @@ local slots with the simulator's policy objects; plus its input checks (in one p
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,8 @@ from phalanx.cluster.live import LiveCluster, LiveConfig
 from phalanx.cluster.policies import Pack, make_ordering
 from phalanx.cluster.topology import uniform
 from phalanx.errors import ConfigError, DataError
+from phalanx.runtime import rank_record
+from phalanx.runtime.preempt import PREEMPTED_EXIT
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "{model: mlp, data: synthetic, max_steps: 20, strategy: single, tensorboard: false}"
@@ -95,18 +100,112 @@ def test_job_list_errors(tmp_path):
     assert jobs[1].config == {"model": "mlp"} and jobs[0].config == {"max_steps": "5"}
 
 
-def test_live_refuses_preemptive_policies_and_bad_flags(tmp_path, capsys):
+def test_schedule_bad_flags_are_one_line(tmp_path, capsys, monkeypatch):
     jobs = tmp_path / "j.yaml"
     jobs.write_text("jobs: [{name: a, arrival: 0, gpus: 1}]\n")
-    with pytest.raises(ConfigError, match="time-sliced"):
-        LiveCluster(uniform(servers=1, devices=2), load_job_list(jobs),
-                    make_ordering("tiresias"), Pack(), LiveConfig(tmp_path))
-    for args, text in ((["--policy", "las"], "not supported in live mode"),
-                       (["--policy", "lottery"], "unknown"),
+    for args, text in ((["--policy", "lottery"], "unknown"),
                        (["--placement", "random"], "--placement random"),
                        (["--poll", "0"], "--poll must be"),
+                       (["--grace", "0"], "--grace must be"),
+                       (["--tiresias-thresholds", "x"], "not a comma list"),
+                       (["--ray-address", "127.0.0.1:1"], "only with --engine ray"),
                        (["--jobs", str(tmp_path / "none.yaml")], "cannot read")):
         argv = ["schedule", "--jobs", str(jobs), "--out", str(tmp_path / "o"), *args]
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert text in err and err.count("\n") == 1, (args, err)
+    # without the optional extra, --engine ray names it (and leaves no temp folder)
+    monkeypatch.setitem(sys.modules, "ray", None)
+    before = set(Path("/tmp").glob("phalanx-ray-*"))
+    assert main(["schedule", "--jobs", str(jobs), "--out", str(tmp_path / "o"),
+                 "--engine", "ray"]) == 2
+    err = capsys.readouterr().err
+    assert "install the 'ray' extra" in err and err.count("\n") == 1
+    assert set(Path("/tmp").glob("phalanx-ray-*")) == before
+
+
+class FakeExecutor:
+    """Jobs 'run' for ``polls`` polls; a stop ends them as preempted at the next poll."""
+
+    name = "fake"
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.left, self.stopped, self.started = polls, {}, [], []
+
+    def start(self, gang):
+        self.started.append((gang.job, gang.start, gang.argv))
+        self.left[gang.job] = self.polls
+
+    def poll(self, job):
+        if self.left[job] == "stopped":
+            del self.left[job]
+            return PREEMPTED_EXIT
+        self.left[job] -= 1
+        if self.left[job] <= 0:
+            del self.left[job]
+            return 0
+        return None
+
+    def stop(self, job, grace_s):
+        self.stopped.append(job)
+        self.left[job] = "stopped"
+
+    def close(self):
+        self.left.clear()
+
+
+def test_rounds_never_stop_a_job_that_cannot_resume(tmp_path):
+    """Tiresias rounds every poll on 2 slots: the model-parallel job (no resume) keeps its
+    slot; the two sync jobs take turns on the other, each resume runs with --resume."""
+    sync = "{model: mlp, data: synthetic, strategy: sync}"
+    jobs = tmp_path / "j.yaml"
+    jobs.write_text(f"""jobs:
+  - {{name: pin, arrival: 0, gpus: 1, config: {{model: mlp, data: synthetic,
+      strategy: model-parallel}}}}
+  - {{name: p, arrival: 0, gpus: 1, config: {sync}}}
+  - {{name: q, arrival: 0, gpus: 1, config: {sync}}}
+""")
+    ex = FakeExecutor(polls=40)
+    live = LiveCluster(uniform(servers=1, devices=2), load_job_list(jobs),
+                       make_ordering("tiresias", 0.02, (0.001,), 0.0), Pack(),
+                       LiveConfig(tmp_path / "out", poll_s=0.005), executor=ex)
+    res = live.run()
+    by = {st.spec.name: st for st in res.jobs}
+    assert all(st.end >= 0 and not st.failure for st in by.values())
+    assert by["pin"].preemptions == 0 and "pin" not in ex.stopped
+    assert by["pin"].spec.not_preemptible == "--strategy model-parallel cannot resume"
+    assert by["p"].preemptions + by["q"].preemptions >= 2
+    # the slot the pinned job holds is never given to anyone else while it runs
+    pin_dev = by["pin"].placements[0][1]
+    for n in "pq":
+        assert all(d != pin_dev for _, d in by[n].placements if _ < by["pin"].end)
+    # starts after a stop: a fresh start again (nothing on disk to resume here)
+    assert len([s for s in ex.started if s[0] in "pq"]) == sum(
+        by[n].preemptions + 1 for n in "pq")
+
+
+def test_ctrl_c_mid_run_leaves_no_rank(tmp_path):
+    """Local engine: SIGINT to the command's process group while a sync job's ranks run ->
+    exit 130, and no process of the run is left (ranks run in their own sessions: the
+    scheduler must stop them)."""
+    jobs = tmp_path / "j.yaml"
+    jobs.write_text("jobs: [{name: s, arrival: 0, gpus: 2, config: {model: mlp, data: "
+                    "synthetic, epochs: 100, strategy: sync, tensorboard: false}}]\n")
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
+                          "--cluster", "uniform:1,1,1,2", "--out", str(out)], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(rank_record.read(out / "ranks" / "s.jsonl")) < 2:
+            time.sleep(0.1)
+        pids = [r.pid for r in rank_record.read(out / "ranks" / "s.jsonl")]
+        assert len(pids) == 2 and all(Path(f"/proc/{q}").exists() for q in pids)
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "interrupted" in err, err
+    assert not any(Path(f"/proc/{q}").exists() for q in pids)

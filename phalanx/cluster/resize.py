@@ -1,0 +1,83 @@
+"""Elastic resize: rewrite a stopped sync / average run so that it resumes with another
+worker count and per-worker batch.
+
+A sync or average checkpoint (:mod:`phalanx.parallel.dp_checkpoint`) holds one model, the
+update rule's state, the position in the data and every rank's RNG streams. For another
+worker count W' and batch b':
+
+* the model and the shared rule state carry over as they are (``average``: each new rank
+  takes rank 0's own rule state; right after an averaging round the replicas are equal);
+* the position is kept *in epochs*: the same epoch, the same fraction of it consumed, in
+  the new shards' micro-batches (steps are micro-batches of the new size, so the step
+  count is converted, never copied);
+* ranks 0..min(W, W')-1 keep their RNG streams and byte counts; new ranks start the
+  streams a fresh run would give them (``seed + 1 + rank``);
+* ``config.json`` gets the new ``workers`` and ``batch_size``, the checkpoint the
+  fingerprint of the new settings, so ``--resume`` accepts it and checks it as always.
+
+The learning rate follows the new settings as for a fresh run of them (the sync default
+scales with the global batch). The continued trajectory is not the one an unresized run
+would take: that is what resizing is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from phalanx.config import RunConfig
+from phalanx.data import steps_per_epoch
+from phalanx.entry.api import make_job
+from phalanx.errors import ConfigError
+from phalanx.parallel.dp_checkpoint import FORMAT, checkpoint_path, fingerprint, read_checkpoint
+from phalanx.parallel.registry import check_config
+from phalanx.runtime.checkpoint import save_checkpoint
+
+
+def run_config(run_dir: Path) -> RunConfig:
+    values = json.loads((run_dir / "config.json").read_text())
+    return RunConfig.from_mapping(values, source=f"{run_dir}/config.json")
+
+
+def resize_run(run_dir: Path, workers: int, batch_size: int) -> tuple[int, int]:
+    """Rewrite ``run_dir`` (config.json and checkpoint.pt) for ``workers`` x
+    ``batch_size``; returns (old step, new step). Raises ``ConfigError`` with the reason
+    when the run cannot be resized."""
+    old = run_config(run_dir)
+    old.out = old.resume = str(run_dir)
+    payload = read_checkpoint(old, checkpoint_path(run_dir))
+    if payload.get("format") != FORMAT:
+        raise ConfigError(f"{run_dir}: not a sync / average checkpoint: cannot resize")
+    new = dataclasses.replace(old, workers=workers, batch_size=batch_size, resume="")
+    check_config(new)
+    n = len(make_job(new).train)
+    ga = old.grad_accum
+    per_old = steps_per_epoch(n // old.workers, old.batch_size)
+    per_new = steps_per_epoch(n // workers, batch_size)
+    if per_new < ga:
+        raise ConfigError(f"{run_dir}: batch {batch_size} x {workers} workers leaves a shard "
+                          f"of fewer than {ga} micro-batches")
+    # the same epoch and the same fraction of it, in the new micro-batches
+    micro = payload["step"] * ga
+    epoch, done = divmod(micro, per_old)
+    step = (epoch * per_new + round(done / per_old * per_new)) // ga
+    ranks = payload["ranks"]
+    fresh = []
+    for r in range(workers):
+        if r < len(ranks):
+            fresh.append(ranks[r])
+            continue
+        aug = torch.Generator().manual_seed(new.seed + 1 + r).get_state()
+        fresh.append([aug, ranks[0][1].clone(), torch.tensor(0, dtype=torch.int64),
+                      *[t.clone() for t in ranks[0][3:]]])
+    samples = payload["samples"] * old.workers // workers
+    save_checkpoint(checkpoint_path(run_dir), {
+        **payload, "workers": workers, "fingerprint": fingerprint(new), "step": step,
+        "epoch": int(epoch), "samples": int(samples), "ranks": fresh})
+    values = json.loads((run_dir / "config.json").read_text())
+    values.update(workers=workers, batch_size=batch_size)
+    (run_dir / "config.json").write_text(json.dumps(values, indent=2) + "\n")
+    return payload["step"], step
