@@ -46,8 +46,10 @@ SYNC = "{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: 
 # Tiresias, 6 s rounds, one threshold at 10 GPU-s, first-fit placement (lowest free
 # devices). t=0: A (2 GPUs) on nodes a,b; C on c. t=1: B waits. Round 1 (t=6): A has 12
 # GPU-s (queue 1), B and C are in queue 0: A is preempted, B takes a. t=7: Z, which cannot
-# be preempted (model-parallel cannot resume), takes b for ~15 s: while it runs, A can
-# only come back on a and c. D, a second 2-node gang, arrives later. On a loaded machine
+# be preempted (model-parallel cannot resume), takes b for longer than B and C run (its
+# steps take ~0.5 ms: 1000 of them, slowed 30x as a straggler, hold b for ~15 s): so A,
+# whenever it comes back, can only come back on a and c. D, a second 2-node gang, arrives
+# later. On a loaded machine
 # start-up times shift the rounds, so the test asks for what must hold in any order: some
 # job resumed on other nodes, and every rank where the scheduler put it.
 JOBS = f"""jobs:
@@ -55,7 +57,8 @@ JOBS = f"""jobs:
   - {{name: C, arrival: 0, gpus: 1, config: {SYNC}, max_steps: 5000}}}}
   - {{name: B, arrival: 1, gpus: 1, config: {SYNC}, max_steps: 3000}}}}
   - {{name: Z, arrival: 7, gpus: 1, config: {{model: mlp, data: synthetic, epochs: 100,
-      strategy: model-parallel, tensorboard: false, max_steps: 200}}}}
+      strategy: model-parallel, tensorboard: false, max_steps: 1000,
+      slow_workers: '0:30'}}}}
   - {{name: D, arrival: 20, gpus: 2, config: {SYNC}, max_steps: 300}}}}
 """
 SCHEDULE = ["--policy", "tiresias", "--slot", "6", "--tiresias-thresholds", "10",
