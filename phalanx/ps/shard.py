@@ -32,7 +32,7 @@ from phalanx.comm.ps_payload import PullDeltas, decode_push
 from phalanx.comm.wire import Header, Kind
 from phalanx.ps.consistency import Consistency
 from phalanx.ps.partition import Partition
-from phalanx.rules import UpdateRule, apply_updates
+from phalanx.rules import UpdateRule, apply_updates, update_owned
 
 WANT_DENSE = 1  # PULL flag: send the dense slice (else only the requested rows)
 HAS_ROWS = 2  # PULL / PUSH flag: the payload carries sparse row ids (+ row gradients)
@@ -130,7 +130,9 @@ class ShardState:
     # ---- messages ----------------------------------------------------------------------
 
     def handle(self, worker: int, header: Header, tensors: list[torch.Tensor]) -> list[Outgoing]:
-        """Process one message from ``worker``; return the replies it releases."""
+        """Process one message from ``worker``; return the replies it releases. The shard
+        takes the message's tensors over (a transport allocated them for this message):
+        a pushed gradient may be overwritten by its update."""
         if not 0 <= worker < self.workers or worker not in self.active:
             self.reject_message("message from an unknown or finished worker")
             return []
@@ -287,13 +289,14 @@ class ShardState:
         staleness = [self.version - p.version for p in valid]
         # a batch (BSP, SoftSync) is scaled by its mean staleness, as in Zhang et al. 2016
         stale = math.ceil(sum(staleness) / n)
-        # (the received gradient is ours alone and rules are functional: no copy needed)
+        # the received gradient (or the batch's new mean) is ours alone and read no more:
+        # the rule may turn it into the update in place (no 4 MB allocation per push)
         grad = valid[0].dense if n == 1 else torch.stack([p.dense for p in valid]).mean(0)
         backup = None
         if self.keep_backups:
             backup = [torch.stack([self.backups.get(p.worker, self.dense) for p in valid]).mean(0)]
-        updates, self.dense_state = self.rule.update([grad], self.dense_state, [self.dense],
-                                                     staleness=stale, backup=backup)
+        updates, self.dense_state = update_owned(self.rule, [grad], self.dense_state,
+                                                 [self.dense], staleness=stale, backup=backup)
         apply_updates([self.dense], updates)
         if self.rows is not None:
             self._apply_rows(valid, stale)
