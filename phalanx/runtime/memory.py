@@ -17,7 +17,6 @@ peak memory is unchanged: it only gives memory back to the kernel later.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -28,10 +27,9 @@ TRIM_THRESHOLD = 512 << 20  # free memory kept at the heap's top before it is gi
 def keep_freed_memory() -> bool:
     """Fix this process's allocator thresholds (see the module). False where the C
     library has no ``mallopt`` (not glibc): nothing changes there."""
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        # the process's own symbols (find_library would start a subprocess to look)
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError, TypeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
