@@ -5,12 +5,16 @@ Rules, in order, each time a process ends:
 * exit 0: done;
 * killed by a signal (``kill -9``, the OOM killer, a segfault) and ``survivable(rank)``,
   after its process group formed: the run goes on without it, with one line saying so.
-  Before the group formed its peers wait for it in the rendezvous, so that death ends the
-  run at once (within the 1 s poll), in one line naming the process and the signal. The
-  parameter-server strategies mark their workers survivable: the servers notice the
+  The parameter-server strategies mark their workers survivable: the servers notice the
   silence through heartbeats and drop the worker after ``--ps-timeout``
   (``--on-worker-loss`` decides what then), exactly as they do for an injected
   ``--kill-worker`` (which kills with SIGKILL too);
+* the same death *before* the group formed: its peers wait for it in the rendezvous.
+  ``stand_in(rank)`` may start a process that takes its place there and leaves at once,
+  so the group forms and the servers lose that worker as above (one line says so).
+  Without a stand-in (or when none can take the place: the dead rank had already told
+  its peers where to connect) the run ends at once (within the 1 s poll), in one line
+  naming the process and the signal;
 * anything else ends the run: the other processes are stopped (SIGTERM, then SIGKILL) and
   :class:`~phalanx.runtime.launch.WorkerFailed` names the process by its role
   (``worker 1``) with the first error any process recorded (the cause; its peers fail
@@ -128,13 +132,14 @@ def _ranked(inherit: None, target: Callable[..., Any], args: tuple) -> None:
     target(*args)
 
 
-def start(target: Callable[..., Any], world: int, args: Callable[[int], tuple]) -> list:
+def start(target: Callable[..., Any], world: int, args: Callable[[int], tuple],
+          ranks: range | None = None) -> list:
     """``world`` processes running ``target(*args(rank))``, forked from the pre-loaded
-    fork server (:func:`process_context`)."""
+    fork server (:func:`process_context`); ``ranks``: only these (a stand-in)."""
     ctx = process_context()
     procs = []
     try:
-        for rank in range(world):
+        for rank in ranks if ranks is not None else range(world):
             p = ctx.Process(target=_ranked, args=(Inherit(), target, args(rank)),
                             name=f"phalanx-rank{rank}")
             p.start()
@@ -173,11 +178,36 @@ def _joined(error_dir: str, rank: int) -> bool:
     return Path(error_dir, UP_FILE.format(rank=rank)).exists()
 
 
+def _survived(rank: int, code: int, error_dir: str, survivable: Callable[[int], bool] | None,
+              stand_in: Callable[[int], Any] | None, name: str) -> Any:
+    """A process that ended with ``code``: False if that ends the run; True if the run goes
+    on without it; a stand-in process (to watch in its place) if one took its place in the
+    group's rendezvous."""
+    if code >= 0 or survivable is None or not survivable(rank):
+        return False
+    if _joined(error_dir, rank):
+        said = "the run goes on without it"
+        proxy = True
+    else:
+        proxy = stand_in(rank) if stand_in is not None else None
+        if proxy is None:
+            return False  # its peers wait for it in the rendezvous: the run cannot go on
+        said = ("before its process group formed; a stand-in took its place there and the "
+                "run goes on without it")
+    sys.stderr.write(f"phalanx: {name} {describe_exit(code)}; {said}\n")
+    sys.stderr.flush()
+    return proxy
+
+
 def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any],
               fail: Callable[[str], BaseException],
               survivable: Callable[[int], bool] | None = None,
-              name: Callable[[int], str] = default_name) -> None:
-    """Wait for every process; raise ``fail(message)`` at the first fatal end."""
+              name: Callable[[int], str] = default_name,
+              stand_in: Callable[[int], Any] | None = None) -> None:
+    """Wait for every process; raise ``fail(message)`` at the first fatal end.
+    ``stand_in(rank)``: a started process in a dead survivable rank's place in the
+    rendezvous, or None (see the module)."""
+    procs = list(procs)
     waiting = dict(enumerate(procs))
     orphaned_since: float | None = None
     try:
@@ -200,13 +230,11 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
                 del waiting[rank]
                 if code == 0:
                     continue
-                if (code < 0 and survivable is not None and survivable(rank)
-                        and _joined(error_dir, rank)):
-                    sys.stderr.write(f"phalanx: {name(rank)} {describe_exit(code)}; the run "
-                                     "goes on without it\n")
-                    sys.stderr.flush()
-                    continue
-                fatal.append((rank, code))
+                survived = _survived(rank, code, error_dir, survivable, stand_in, name(rank))
+                if survived is not True and survived is not False:  # a stand-in: watch it
+                    waiting[rank] = procs[rank] = survived
+                if survived is False:
+                    fatal.append((rank, code))
             if not fatal:
                 continue
             first = first_failure(error_dir)
