@@ -31,6 +31,7 @@ from phalanx.runtime.supervise import (
     STOPPING,
     UP_FILE,
     default_name,
+    mark,
     start,
     supervise,
 )
@@ -59,6 +60,7 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
     torch.set_num_threads(1)
     try:
         _join(rank, world, port, timeout_s, backend)
+        mark("joined")
         Path(error_dir, UP_FILE.format(rank=rank)).touch()  # the supervisor reads it
         try:
             fn(rank, world, *args)

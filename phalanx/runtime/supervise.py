@@ -65,6 +65,7 @@ PRELOAD = ["torch", "torch.distributed", "numpy", "phalanx.runtime.launch",
            "phalanx.parallel.registry"]
 _CONTEXT: list = []
 PIPELINING = "torch.distributed.pipelining"
+PRELOADED = "phalanx.runtime.preloaded"  # imported last: when the preloading ended
 # "spawn" (a fresh interpreter per rank, as before issue 24) only for bench/startup.py's
 # before/after comparison
 START_METHOD = "forkserver"
@@ -76,7 +77,22 @@ def preload(*modules: str) -> None:
     run's first rank starts; once the server is up it changes nothing."""
     PRELOAD.extend(m for m in modules if m not in PRELOAD)
     if _CONTEXT and START_METHOD == "forkserver":
-        _CONTEXT[0].set_forkserver_preload(PRELOAD)  # for a server started after this
+        _CONTEXT[0].set_forkserver_preload(_preload_list())  # for a server started later
+
+
+def _preload_list() -> list[str]:
+    """:data:`PRELOAD`, the driver's main module, then :data:`PRELOADED`.
+
+    multiprocessing runs the driver's main module again in every rank it starts (as
+    ``__mp_main__``, so that its functions unpickle): the ``phalanx`` command's script and
+    ``python -m phalanx.cli`` import ``phalanx.cli``, which imports every sub-command
+    (cluster, experiments): 0.5 s of CPU per rank, measured. Imported once in the fork
+    server, each rank finds them loaded. ``"__main__"`` covers a script (multiprocessing
+    imports its path), the module name ``python -m NAME``."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    named = [spec.name] if spec is not None and spec.name not in PRELOAD else []
+    return [*PRELOAD, "__main__", *named, PRELOADED]
 
 
 def process_context():
@@ -87,7 +103,7 @@ def process_context():
     if not _CONTEXT:
         ctx = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
-            ctx.set_forkserver_preload(PRELOAD)
+            ctx.set_forkserver_preload(_preload_list())
         _CONTEXT.append(ctx)
     return _CONTEXT[0]
 
@@ -112,8 +128,30 @@ def _dup(fd: int):
     return reduction.DupFd(fd)
 
 
+# When this process (a rank) reached each start-up point, in unix seconds: ``preloaded``
+# (its fork server had imported PRELOAD), ``forked`` (its first code ran), ``imported``
+# (its target and arguments unpickled, i.e. imported), ``joined`` (its process group
+# formed; runtime/launch.py). Empty in a driver or a rank someone else started. The
+# rank's ``ready`` event carries them (metrics/throughput.py).
+_MARKS: dict[str, float] = {}
+
+
+def mark(point: str) -> None:
+    """Note that this rank reached start-up ``point`` now."""
+    _MARKS[point] = time.time()
+
+
+def launch_marks() -> dict[str, float]:
+    """This rank's start-up points (``forked_unix``, ...) for its ``ready`` event."""
+    return {f"{k}_unix": v for k, v in _MARKS.items()}
+
+
 def _inherited(env: dict, cwd: str, *streams) -> None:
     """Unpickled first thing in the rank: take the driver's streams, environment, folder."""
+    mark("forked")
+    server = sys.modules.get(PRELOADED)  # a fork of the fork server: when it had preloaded
+    if server is not None:
+        _MARKS["preloaded"] = server.AT
     sys.stdout.flush()
     sys.stderr.flush()
     for fd, stream in zip((1, 2), streams):
@@ -129,6 +167,7 @@ def _inherited(env: dict, cwd: str, *streams) -> None:
 def _ranked(inherit: None, target: Callable[..., Any], args: tuple) -> None:
     """A rank's first code: the driver's state is in place (unpickling ``Inherit`` applied
     it), then the rank's own work."""
+    mark("imported")  # unpickling the target and its arguments imported what they need
     target(*args)
 
 
