@@ -87,8 +87,9 @@ def serve(state: ShardState, transport: Transport, layout: Layout, timeout_s: fl
     keep_freed_memory()  # receive buffers reused, not page-faulted in anew (runtime/memory)
     loop = _ServeLoop(state, transport, layout, timeout_s, now, heartbeats, on_worker_loss,
                       after_update)
-    while state.active:
-        loop.step()
+    with state.overlapped():  # a push's update runs while the next message is received
+        while state.active:
+            loop.step()
 
 
 class _ServeLoop:
