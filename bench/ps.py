@@ -9,13 +9,15 @@
    over workers), so process start-up is not counted for either side.
 
 This machine has 2 shared cores: ASP with N workers plus a server is N + 1 processes on
-them, so the N > 1 ratios measure contention as much as the protocol. Medians of repeats.
+them, so the N > 1 ratios measure contention as much as the protocol. Medians of repeats;
+the 1-minute load average before and after is in the results (a busy machine says so).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -125,7 +127,10 @@ def main() -> None:
     ap.add_argument("--data", default="synthetic")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    pushes, steps, repeats = (30, 40, 1) if args.quick else (150, 200, 3)
+    # quick: 2 x 100 pushes (~0.2 s a run; 30 took ~0.1 s, within the noise of a shared
+    # machine) and 3 alternated repeats, still under a minute
+    pushes, steps, repeats = (100, 40, 3) if args.quick else (150, 200, 5)
+    load_before = os.getloadavg()[0]
     shard, raw, local = [], [], []
     for _ in range(repeats):
         raw.append(pushes_per_s(pushes, raw=True))
@@ -148,7 +153,9 @@ def main() -> None:
     ratios["asp1_pull_ahead_over_single"] = med["asp1_pull_ahead"] / med["single"]
     _common.emit(
         "ps",
-        {"params": PARAMS, "pushers": PUSHERS, "pushes": pushes, "steps": steps,
+        {"load_1min_before": round(load_before, 2),
+         "load_1min_after": round(os.getloadavg()[0], 2),
+         "params": PARAMS, "pushers": PUSHERS, "pushes": pushes, "steps": steps,
          "model": args.model, "data": args.data, "cores": torch.get_num_threads(),
          "shard_pushes_per_s": m_shard, "raw_transport_msgs_per_s": m_raw,
          "shard_state_only_pushes_per_s": _common.median(local),
