@@ -24,7 +24,6 @@ import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +34,8 @@ from phalanx.comm.ps_payload import PullDeltas, decode_push
 from phalanx.comm.wire import Header, Kind
 from phalanx.ps.consistency import Consistency
 from phalanx.ps.partition import Partition
+from phalanx.ps.row_state import gather_rows, scatter_rows
+from phalanx.ps.updater import Updater
 from phalanx.rules import UpdateRule, apply_updates, update_owned
 
 WANT_DENSE = 1  # PULL flag: send the dense slice (else only the requested rows)
@@ -44,9 +45,6 @@ RESUME = 4  # PULL flag: a restarted worker asks where it stands (the reply's cl
 SKIPPED = 64  # PUSH flag: the worker's gradient held NaN or inf and was not sent (no payload)
 CHECKED = 128  # PULL flag: the last payload is the CRC-32 of the worker's copy (int64[1])
 MAX_GAP = 1024  # more pushes lost in a row than this: the message is rejected as bogus
-# a dense slice this large is updated on a thread of its own under :meth:`overlapped`
-# (~60 us of arithmetic, against a hand-over of ~30 us); a smaller one in line
-OVERLAP_MIN = 1 << 17
 
 
 @dataclass
@@ -116,33 +114,21 @@ class ShardState:
         self.lost_workers: dict[int, int] = {}  # dead worker -> its clock when dropped
         self._log = log
         self.pulls = pulls  # --compress: pulls answered with compressed deltas
-        self._updater: ThreadPoolExecutor | None = None  # set while overlapped()
-        self._pending: Future | None = None  # the dense update still running there
+        self.updater = Updater(f"shard{shard}-update")  # the dense update's thread
 
-    # ---- overlapping the update with the next receive -------------------------------
+    # ---- overlapping the update with the next receive (phalanx.ps.updater) ----------
 
     @contextlib.contextmanager
     def overlapped(self) -> Iterator[None]:
-        """While inside, the dense slice's update (the rule and ``p += u``) runs on a
-        thread of its own, so the server loop receives the next message meanwhile (torch
-        releases the GIL in its kernels). Measured on a 1M-parameter shard: the update is
-        ~0.3 ms beside a ~1 ms receive. Everything that reads the weights or the rule's
-        state waits for it first (:meth:`settle`), so every value is the same, bit for
-        bit, as in line."""
-        with ThreadPoolExecutor(1, thread_name_prefix=f"shard{self.shard}-update") as pool:
-            self._updater = pool
-            try:
-                yield
-            finally:
-                self._updater = None
-                self.settle()
+        """While inside, a large slice's update runs on a thread of its own, so the server
+        loop receives the next message meanwhile; every value stays the in-line one."""
+        with self.updater.overlapped():
+            yield
 
     def settle(self) -> None:
-        """Wait for the update in flight (if any): after this the weights and the rule's
-        state hold every applied push. Its error, if it failed, is raised here."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
+        """Wait for the update in flight: after this the weights and the rule's state
+        hold every applied push."""
+        self.updater.settle()
 
     # ---- what the server loop needs to know ------------------------------------------
 
@@ -329,11 +315,8 @@ class ShardState:
         backup = None
         if self.keep_backups:
             backup = [torch.stack([self.backups.get(p.worker, self.dense) for p in valid]).mean(0)]
-        update = functools.partial(self._update_dense, grad, stale, backup)
-        if self._updater is not None and self.dense.numel() >= OVERLAP_MIN:
-            self._pending = self._updater.submit(update)
-        else:
-            update()
+        self.updater.run(functools.partial(self._update_dense, grad, stale, backup),
+                         self.dense.numel())
         if self.rows is not None:
             self._apply_rows(valid, stale)
         for p, s in zip(valid, staleness):
@@ -365,12 +348,12 @@ class ShardState:
         n_local = self.rows.shape[0]
         # lazy sparse update: only the touched rows (and their optimizer state) move
         params = self.rows[local]
-        state = _gather(self.rows_state, local, n_local)
+        state = gather_rows(self.rows_state, local, n_local)
         backup = [params] if self.keep_backups else None
         updates, state = self.rule.update([grad], state, [params], staleness=stale,
                                           backup=backup)
         self.rows[local] = params + updates[0]
-        self.rows_state = _scatter(self.rows_state, state, local, n_local)
+        self.rows_state = scatter_rows(self.rows_state, state, local, n_local)
 
     def _release(self) -> list[Outgoing]:
         """Answer every parked pull the consistency model now admits."""
@@ -424,26 +407,3 @@ class ShardState:
                         shard=self.shard, flags=flags)
         return Outgoing(w, header, tensors)
 
-
-def _gather(state: Any, idx: torch.Tensor, n: int) -> Any:
-    """The rows ``idx`` of every per-row tensor in a rule state (scalars pass through)."""
-    if isinstance(state, torch.Tensor):
-        return state[idx] if state.dim() >= 1 and state.shape[0] == n else state
-    if isinstance(state, tuple) and hasattr(state, "_fields"):
-        return type(state)(*[_gather(s, idx, n) for s in state])
-    if isinstance(state, (tuple, list)):
-        return type(state)(_gather(s, idx, n) for s in state)
-    return state
-
-
-def _scatter(full: Any, part: Any, idx: torch.Tensor, n: int) -> Any:
-    if isinstance(full, torch.Tensor):
-        if full.dim() >= 1 and full.shape[0] == n:
-            full[idx] = part  # in place: the state is the shard's own
-            return full
-        return part
-    if isinstance(full, tuple) and hasattr(full, "_fields"):
-        return type(full)(*[_scatter(f, p, idx, n) for f, p in zip(full, part)])
-    if isinstance(full, (tuple, list)):
-        return type(full)(_scatter(f, p, idx, n) for f, p in zip(full, part))
-    return part

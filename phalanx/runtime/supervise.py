@@ -238,6 +238,29 @@ def _survived(rank: int, code: int, error_dir: str, survivable: Callable[[int], 
     return proxy
 
 
+def _cause(fatal: list[tuple[int, int]], first: Any, error_dir: str,
+           name: Callable[[int], str]) -> str:
+    """What ended the run, in one line, from the fatal ends and the first error recorded."""
+    # a death by a signal came from outside (kill, OOM, segfault): it is the cause,
+    # and its peers' errors ("connection reset by peer") are its consequences
+    # (SIGABRT excepted: a C++ library aborts a process whose peer died first)
+    killed = [(rank, code) for rank, code in fatal if code < 0 and -code != signal.SIGABRT]
+    if killed:
+        rank, code = killed[0]
+        # its peers wait for it in the group's rendezvous: the run cannot go on
+        return (f"{name(rank)} {describe_exit(code)}"
+                + ("" if _joined(error_dir, rank) else " before its process group formed"))
+    # likewise a process that exited without recording an error (an injected fault,
+    # os._exit) caused the errors its peers recorded after it
+    silent = [(rank, code) for rank, code in fatal
+              if code > 0 and not Path(error_dir, ERROR_FILE.format(rank=rank)).exists()]
+    if silent:
+        return f"{name(silent[0][0])} {describe_exit(silent[0][1])}"
+    if first is not None:
+        return f"{name(first[0])} failed: {first[1]}"
+    return f"{name(fatal[0][0])} {describe_exit(fatal[0][1])}"
+
+
 def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any],
               fail: Callable[[str], BaseException],
               survivable: Callable[[int], bool] | None = None,
@@ -278,26 +301,7 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
                 continue
             first = first_failure(error_dir)
             stop(procs, error_dir)
-            # a death by a signal came from outside (kill, OOM, segfault): it is the cause,
-            # and its peers' errors ("connection reset by peer") are its consequences
-            # (SIGABRT excepted: a C++ library aborts a process whose peer died first)
-            killed = [(rank, code) for rank, code in fatal
-                      if code < 0 and -code != signal.SIGABRT]
-            if killed:
-                rank, code = killed[0]
-                # its peers wait for it in the group's rendezvous: the run cannot go on
-                raise fail(f"{name(rank)} {describe_exit(code)}"
-                           + ("" if _joined(error_dir, rank) else
-                              " before its process group formed"))
-            # likewise a process that exited without recording an error (an injected fault,
-            # os._exit) caused the errors its peers recorded after it
-            silent = [(rank, code) for rank, code in fatal
-                      if code > 0 and not Path(error_dir, ERROR_FILE.format(rank=rank)).exists()]
-            if silent:
-                raise fail(f"{name(silent[0][0])} {describe_exit(silent[0][1])}")
-            if first is not None:
-                raise fail(f"{name(first[0])} failed: {first[1]}")
-            raise fail(f"{name(fatal[0][0])} {describe_exit(fatal[0][1])}")
+            raise fail(_cause(fatal, first, error_dir, name))
     except BaseException:
         stop(procs, error_dir)  # an interrupt of the driver, or the failure above
         raise

@@ -394,7 +394,7 @@ def test_updates_overlapped_on_their_thread_equal_the_inline_ones_bit_for_bit(mo
     """serve() runs a large slice's update on a thread of its own while it receives the
     next message (ShardState.overlapped): every reply, the weights and the rule's state
     must be what the shard computes in line, and the update must really run there."""
-    from phalanx.ps.shard import OVERLAP_MIN
+    from phalanx.ps.updater import OVERLAP_MIN
     from phalanx.rules import momentum, state_tensors
 
     n = OVERLAP_MIN + 5
@@ -413,7 +413,7 @@ def test_updates_overlapped_on_their_thread_equal_the_inline_ones_bit_for_bit(mo
                 # the shard owns what it received: each push gets its own copy
                 replies += push(s, w, grad.clone(), version=s.version)
                 if overlap and model is Asynchronous:
-                    assert s._pending is not None  # the update is on its thread
+                    assert s.updater.pending is not None  # the update is on its thread
         return s, [r.tensors[0] for r in replies]
 
     inline, inline_replies = run(False)
