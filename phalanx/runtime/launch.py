@@ -153,12 +153,15 @@ def _first_failure(error_dir: str) -> tuple[int, str] | None:
 
 def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str = "gloo",
           timeout_s: float = DEFAULT_TIMEOUT_S, survivable: Callable[[int], bool] | None = None,
-          name: Callable[[int], str] = default_name) -> None:
+          name: Callable[[int], str] = default_name, stand_ins: bool = True) -> None:
     """Run ``fn(rank, world, *args)`` in ``world`` fresh processes joined in one group.
 
     ``fn`` and ``args`` must be picklable; tensors inside ``args`` travel through shared
     memory, not copies. ``survivable(rank)``: that process may die by a signal without
     ending the run; ``name(rank)`` names it in messages (see :mod:`phalanx.runtime.supervise`).
+    ``stand_ins``: a survivable process that dies before its group formed gets a stand-in
+    in the rendezvous (the run goes on without it); False: that death ends the run at once
+    (a run that would stop at the loss anyway need not wait to find out).
     """
     # Bind the rendezvous to loopback ourselves: given only a host name, TCPStore listens on
     # every interface (seen with ss -ltnp). Port 0: the OS picks a free one, no races.
@@ -174,7 +177,7 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
         procs = start(_child, world, lambda rank: (rank, fn, world, port, timeout_s,
                                                    backend, error_dir, args, os.getpid()))
         stand_in = functools.partial(_start_stand_in, store, world, timeout_s, backend,
-                                     error_dir)
+                                     error_dir) if stand_ins else None
         supervise(procs, error_dir, first_failure=_first_failure, fail=WorkerFailed,
                   survivable=survivable, name=name, stand_in=stand_in)
     finally:

@@ -20,10 +20,13 @@ RUN = ["--data", "synthetic", "--model", "mlp", "--batch-size", "32", "--max-ste
        "--no-progress", "--no-tensorboard"]
 
 
-@pytest.mark.parametrize("strategy,world", [("sync", 2), ("asp", 3)])
+@pytest.mark.parametrize("strategy,world", [("sync", 2), ("asp", 3), ("asp-stop", 3)])
 def test_a_worker_killed_during_start_up(tmp_path, strategy, world):
+    # asp-stop: ASP with --on-worker-loss stop does not survive the loss: it ends at once
+    stop = ["--on-worker-loss", "stop"] if strategy == "asp-stop" else []
+    strategy = strategy.removesuffix("-stop")
     p = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "train", "--strategy", strategy,
-                          "--workers", "2", "--ps-timeout", "3", "--heartbeat-s", "0.5",
+                          "--workers", "2", "--ps-timeout", "3", "--heartbeat-s", "0.5", *stop,
                           *RUN, "--out", str(tmp_path / "run")] if strategy == "asp" else
                          [sys.executable, "-m", "phalanx.cli", "train", "--strategy", strategy,
                           "--workers", "2", *RUN, "--out", str(tmp_path / "run")],
@@ -41,7 +44,7 @@ def test_a_worker_killed_during_start_up(tmp_path, strategy, world):
     err = first + rest
     lines = err.splitlines()
     name = f"worker {world - 1}" if strategy == "sync" else "worker 1"
-    if strategy == "sync":  # the run ended: at once, in one line
+    if strategy == "sync" or stop:  # the run ended: at once, in one line
         assert p.returncode == 2, err
         assert said < 2.0 and ended < 10.0, (said, ended, err)
         assert len(lines) == 1 and lines[0].startswith(f"phalanx: error: {name} was killed "
