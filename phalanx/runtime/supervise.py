@@ -81,25 +81,41 @@ def preload(*modules: str) -> None:
 
 
 def _preload_list() -> list[str]:
-    """:data:`PRELOAD`, the driver's main module, then :data:`PRELOADED`.
+    """:data:`PRELOAD`, what the driver's main module imports, then :data:`PRELOADED`.
 
     multiprocessing runs the driver's main module again in every rank it starts (as
-    ``__mp_main__``, so that its functions unpickle): the ``phalanx`` command's script and
-    ``python -m phalanx.cli`` import ``phalanx.cli``, which imports every sub-command
-    (cluster, experiments): 0.5 s of CPU per rank, measured. Imported once in the fork
-    server, each rank finds them loaded. ``"__main__"`` covers a script (multiprocessing
-    imports its path), the module name ``python -m NAME``."""
+    ``__mp_main__``, so that its functions unpickle): ``python -m phalanx.cli`` imports
+    ``phalanx.cli``'s imports (every sub-command: cluster, experiments) in each rank, 0.5 s
+    of CPU per rank, measured. The fork server imports them once, and each rank finds them
+    loaded. The main module itself stays out (run again on top of an imported copy,
+    runpy warns). ``"__main__"`` covers a script: multiprocessing imports its path in the
+    server, and then no rank runs it again."""
+    return [*PRELOAD, "__main__", *_main_imports(), PRELOADED]
+
+
+def _main_imports() -> list[str]:
+    """The modules the driver's main module (``python -m NAME``) took its names from."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    named = [spec.name] if spec is not None and spec.name not in PRELOAD else []
-    return [*PRELOAD, "__main__", *named, PRELOADED]
+    if spec is None or spec.name.endswith("__main__"):
+        return []  # a script, -c, or a package's __main__ (which no rank runs again)
+    names = set()
+    for key, value in vars(main).items():
+        if key.startswith("__"):
+            continue  # __spec__, __loader__, __builtins__: the module's own machinery
+        name = value.__name__ if isinstance(value, type(sys)) else getattr(value, "__module__",
+                                                                            None)
+        if isinstance(name, str) and name in sys.modules and name != spec.name:
+            names.add(name)
+    return sorted(names - set(PRELOAD))
 
 
 def process_context():
     """The start method of every rank: a fork server that has imported :data:`PRELOAD`
-    (started on first use, one per driver process, gone with it). A rank is a fork of it,
-    never a fresh interpreter: no per-rank ``import torch``. The fork server has started no
-    thread and touched no GPU, so forking it is safe (unlike forking the driver)."""
+    and what the driver's main module imports (started on first use, one per driver
+    process, gone with it). A rank is a fork of it, never a fresh interpreter: no per-rank
+    ``import torch``. The fork server has started no thread and touched no GPU, so forking
+    it is safe (unlike forking the driver)."""
     if not _CONTEXT:
         ctx = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
@@ -225,15 +241,15 @@ def _survived(rank: int, code: int, error_dir: str, survivable: Callable[[int], 
     if code >= 0 or survivable is None or not survivable(rank):
         return False
     if _joined(error_dir, rank):
-        said = "the run goes on without it"
+        said = "; the run goes on without it"
         proxy = True
     else:
         proxy = stand_in(rank) if stand_in is not None else None
         if proxy is None:
             return False  # its peers wait for it in the rendezvous: the run cannot go on
-        said = ("before its process group formed; a stand-in took its place there and the "
+        said = (" before its process group formed; a stand-in took its place there and the "
                 "run goes on without it")
-    sys.stderr.write(f"phalanx: {name} {describe_exit(code)}; {said}\n")
+    sys.stderr.write(f"phalanx: {name} {describe_exit(code)}{said}\n")
     sys.stderr.flush()
     return proxy
 
