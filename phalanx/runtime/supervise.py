@@ -84,30 +84,31 @@ def _preload_list() -> list[str]:
     """:data:`PRELOAD`, what the driver's main module imports, then :data:`PRELOADED`.
 
     multiprocessing runs the driver's main module again in every rank it starts (as
-    ``__mp_main__``, so that its functions unpickle): ``python -m phalanx.cli`` imports
-    ``phalanx.cli``'s imports (every sub-command: cluster, experiments) in each rank, 0.5 s
-    of CPU per rank, measured. The fork server imports them once, and each rank finds them
-    loaded. The main module itself stays out (run again on top of an imported copy,
-    runpy warns). ``"__main__"`` covers a script: multiprocessing imports its path in the
-    server, and then no rank runs it again."""
-    return [*PRELOAD, "__main__", *_main_imports(), PRELOADED]
+    ``__mp_main__``, so that its functions unpickle): the ``phalanx`` command's script and
+    ``python -m phalanx.cli`` import ``phalanx.cli`` and its imports (every sub-command:
+    cluster, experiments) in each rank, 0.5 s of CPU per rank, measured. The fork server
+    imports them once and each rank finds them loaded. (multiprocessing's own ``"__main__"``
+    preload does nothing here: the server is never told the main path.)"""
+    return [*PRELOAD, *_main_imports(), PRELOADED]
 
 
 def _main_imports() -> list[str]:
-    """The modules the driver's main module (``python -m NAME``) took its names from."""
+    """The modules the driver's main module took its names from. A module run with
+    ``python -m NAME`` stays out itself: run again on top of an imported copy, runpy warns
+    in every rank."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    if spec is None or spec.name.endswith("__main__"):
-        return []  # a script, -c, or a package's __main__ (which no rank runs again)
+    if main is None or (spec is not None and spec.name.endswith("__main__")):
+        return []  # a package's __main__ is never run again in a rank
     names = set()
     for key, value in vars(main).items():
         if key.startswith("__"):
             continue  # __spec__, __loader__, __builtins__: the module's own machinery
         name = value.__name__ if isinstance(value, type(sys)) else getattr(value, "__module__",
                                                                             None)
-        if isinstance(name, str) and name in sys.modules and name != spec.name:
+        if isinstance(name, str) and name in sys.modules:
             names.add(name)
-    return sorted(names - set(PRELOAD))
+    return sorted(names - set(PRELOAD) - {spec.name if spec is not None else "__main__"})
 
 
 def process_context():
