@@ -46,8 +46,9 @@ def first_step_s(method: str, case: str, out: Path) -> float:
     if r.returncode != 0:
         raise SystemExit(f"startup bench: {method} {' '.join(args)} failed: {r.stderr[-500:]}")
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-    phases = json.loads((out / "summary.json").read_text())["startup"]
-    PHASES.setdefault(f"{case}_{method}", []).append(phases)
+    phases = json.loads((out / "summary.json").read_text()).get("startup")
+    if phases is not None:  # (a build from before issue 24 has none)
+        PHASES.setdefault(f"{case}_{method}", []).append(phases)
     return min(e["unix"] for e in events if e["kind"] == "train") - t0
 
 
