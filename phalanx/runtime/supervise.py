@@ -115,8 +115,9 @@ def process_context():
     """The start method of every rank: a fork server that has imported :data:`PRELOAD`
     and what the driver's main module imports (started on first use, one per driver
     process, gone with it). A rank is a fork of it, never a fresh interpreter: no per-rank
-    ``import torch``. The fork server has started no thread and touched no GPU, so forking
-    it is safe (unlike forking the driver)."""
+    ``import torch``. The fork server has started no thread of its own and touched no GPU,
+    so forking it is safe (unlike forking the driver); the idle BLAS thread pools that
+    numpy and scipy start on import are fork-aware (pthread_atfork)."""
     if not _CONTEXT:
         ctx = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
