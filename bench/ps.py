@@ -2,20 +2,25 @@
 
 1. pushes/s one shard absorbs for a 1M-parameter model (2 pushing processes, ASP, SGD
    applied on the server) against the same messages sent over the raw transport and
-   discarded (the ceiling) -> ratio ``shard_over_raw_transport``.
+   discarded (the ceiling) -> ratio ``shard_over_raw_transport``. The receiving rank's
+   time per message is split into the transport's receive and the rest of its loop
+   (``per_message_ms``), and the shard's own work per push without a transport is timed
+   in CPU seconds (``shard_state_only_pushes_per_s``).
 2. samples/s of ASP with N = 1, 2, 4 workers (1 shard) against the single-worker loop
    (``phalanx.parallel.single``) on the same model and data -> ratios ``asp{N}_over_single``.
    Throughput is read from the runs' own "train" events (samples / wall seconds, summed
    over workers), so process start-up is not counted for either side.
 
 This machine has 2 shared cores: ASP with N workers plus a server is N + 1 processes on
-them, so the N > 1 ratios measure contention as much as the protocol. Medians of repeats.
+them, so the N > 1 ratios measure contention as much as the protocol. Medians of repeats;
+the 1-minute load average before and after is in the results (a busy machine says so).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -39,12 +44,26 @@ PARAMS = 1_000_000
 PUSHERS = 2
 
 
+class _TimedRecv(GlooTransport):
+    """The receiving rank's transport, timing its receives: what the rest of the loop
+    costs per message is the loop's wall time less this (the phases of the profile)."""
+
+    recv_s = 0.0
+
+    def recv(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return super().recv(*args, **kwargs)
+        finally:
+            self.recv_s += time.perf_counter() - t0
+
+
 def _push_bench(rank: int, world: int, pushes: int, raw: bool, out: str) -> None:
     layout = Layout(1, PUSHERS)
     part = Partition(1, (0,), ((PARAMS,),), (0, PARAMS))
-    transport = GlooTransport(rank, world)
+    transport = (_TimedRecv if rank == 0 else GlooTransport)(rank, world)
     if rank == 0:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         if raw:  # the ceiling: receive every message and drop it
             for _ in range(pushes * PUSHERS):
                 transport.recv()
@@ -54,7 +73,13 @@ def _push_bench(rank: int, world: int, pushes: int, raw: bool, out: str) -> None
                                PUSHERS)
             serve(state, transport, layout, timeout_s=120)
             count = state.stats.pushes_applied
-        Path(out).write_text(json.dumps({"pushes_per_s": count / (time.perf_counter() - t0)}))
+        wall = time.perf_counter() - t0
+        # per message, in ms: in the transport's receive (waiting included), the rest of the
+        # loop on the receiving thread, and the process's CPU (every thread: gloo's too)
+        Path(out).write_text(json.dumps({
+            "pushes_per_s": count / wall, "recv_ms": 1e3 * transport.recv_s / count,
+            "rest_ms": 1e3 * (wall - transport.recv_s) / count,
+            "cpu_ms": 1e3 * (time.process_time() - cpu0) / count}))
         return
     worker = rank - 1
     grad = torch.randn(PARAMS) * 1e-3
@@ -69,11 +94,11 @@ def _push_bench(rank: int, world: int, pushes: int, raw: bool, out: str) -> None
     client.done(pushes, torch.zeros(4, dtype=torch.float64))
 
 
-def pushes_per_s(pushes: int, raw: bool) -> float:
+def pushes_per_s(pushes: int, raw: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "r.json")
         spawn(_push_bench, 1 + PUSHERS, (pushes, raw, out))
-        return json.loads(Path(out).read_text())["pushes_per_s"]
+        return json.loads(Path(out).read_text())
 
 
 def state_pushes_per_s(pushes: int) -> float:
@@ -82,10 +107,20 @@ def state_pushes_per_s(pushes: int) -> float:
     part = Partition(1, (0,), ((PARAMS,),), (0, PARAMS))
     state = ShardState(0, part, torch.zeros(PARAMS), None, sgd(0.01), Asynchronous(), 1)
     grad = torch.randn(PARAMS) * 1e-3
-    t0 = time.perf_counter()
+    received = torch.empty(PARAMS)
+    spent = 0.0
     for c in range(pushes):
-        state.handle(0, Header(Kind.PUSH, worker=0, clock=c, version=state.version), [grad])
-    return pushes / (time.perf_counter() - t0)
+        # the shard takes a message's tensors over (it may update in the gradient): each
+        # push gets its own copy, as a transport's receive buffer, outside the clock. CPU
+        # time: on a shared machine it moves less with the load than the wall clock
+        received.copy_(grad)
+        t0 = time.process_time()
+        state.handle(0, Header(Kind.PUSH, worker=0, clock=c, seq=c, version=state.version),
+                     [received])
+        spent += time.process_time() - t0
+    if state.stats.pushes_applied != pushes:
+        raise RuntimeError(f"state-only bench applied {state.stats.pushes_applied} of {pushes}")
+    return pushes / spent
 
 
 def throughput(run_dir: Path) -> float:
@@ -116,11 +151,17 @@ def main() -> None:
     ap.add_argument("--data", default="synthetic")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    pushes, steps, repeats = (30, 40, 1) if args.quick else (150, 200, 3)
+    # quick: 2 x 100 pushes (~0.2 s a run; 30 took ~0.1 s, within the noise of a shared
+    # machine) and 3 alternated repeats, still under a minute
+    pushes, steps, repeats = (100, 40, 3) if args.quick else (150, 200, 5)
+    load_before = os.getloadavg()[0]
     shard, raw, local = [], [], []
-    for _ in range(repeats):
-        raw.append(pushes_per_s(pushes, raw=True))
-        shard.append(pushes_per_s(pushes, raw=False))
+    phases: dict[str, list[dict[str, float]]] = {"raw": [], "shard": []}
+    for _ in range(repeats):  # alternated: the same load for both
+        for kind, rates in (("raw", raw), ("shard", shard)):
+            r = pushes_per_s(pushes, raw=kind == "raw")
+            rates.append(r.pop("pushes_per_s"))
+            phases[kind].append(r)
         local.append(state_pushes_per_s(pushes))
     rates: dict[str, list[float]] = {"single": [], "asp1_pull_ahead": []}
     for n in (1, 2, 4):
@@ -139,10 +180,16 @@ def main() -> None:
     ratios["asp1_pull_ahead_over_single"] = med["asp1_pull_ahead"] / med["single"]
     _common.emit(
         "ps",
-        {"params": PARAMS, "pushers": PUSHERS, "pushes": pushes, "steps": steps,
+        {"load_1min_before": round(load_before, 2),
+         "load_1min_after": round(os.getloadavg()[0], 2),
+         "params": PARAMS, "pushers": PUSHERS, "pushes": pushes, "steps": steps,
          "model": args.model, "data": args.data, "cores": torch.get_num_threads(),
          "shard_pushes_per_s": m_shard, "raw_transport_msgs_per_s": m_raw,
          "shard_state_only_pushes_per_s": _common.median(local),
+         # the receiving rank's loop per message (medians, ms): in the transport's receive,
+         # the rest of the loop, CPU of the whole process
+         "per_message_ms": {kind: {k: round(_common.median([p[k] for p in runs]), 3)
+                                   for k in runs[0]} for kind, runs in phases.items()},
          "samples_per_s": med, "all": {"shard": shard, "raw": raw, **rates}},
         ratios,
         # one shard should absorb 80% of what the bare transport carries (issue 11); ASP with

@@ -27,14 +27,18 @@ CASES = {
     "asp4": ["--strategy", "asp", "--workers", "4", "--servers", "1"],
     "pipeline2": ["--strategy", "pipeline", "--stages", "2"],
 }
+PHASES: dict[str, list[dict]] = {}  # each run's summary "startup" phases
 COMMON = ["--model", "mlp", "--data", "synthetic", "--max-steps", "2", "--no-progress",
           "--no-tensorboard", "--overwrite"]
-# the command, with the rank start method chosen before anything starts
-LAUNCH = ("import sys; import phalanx.runtime.supervise as s; s.START_METHOD = sys.argv[1]; "
-          "from phalanx.cli import main; sys.exit(main(sys.argv[2:]))")
+# the command as ``python -m phalanx.cli`` runs it (phalanx.cli is the main module, which
+# multiprocessing runs again in every rank), with the rank start method chosen first
+LAUNCH = ("import runpy, sys; import phalanx.runtime.supervise as s; s.START_METHOD = "
+          "sys.argv[1]; sys.argv = ['phalanx', *sys.argv[2:]]; "
+          "runpy.run_module('phalanx.cli', run_name='__main__', alter_sys=True)")
 
 
-def first_step_s(method: str, args: list[str], out: Path) -> float:
+def first_step_s(method: str, case: str, out: Path) -> float:
+    args = CASES[case]
     t0 = time.time()
     r = subprocess.run([sys.executable, "-c", LAUNCH, method, "train", *args, *COMMON,
                         "--out", str(out)], capture_output=True, text=True, cwd=_common.ROOT,
@@ -42,6 +46,9 @@ def first_step_s(method: str, args: list[str], out: Path) -> float:
     if r.returncode != 0:
         raise SystemExit(f"startup bench: {method} {' '.join(args)} failed: {r.stderr[-500:]}")
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    phases = json.loads((out / "summary.json").read_text()).get("startup")
+    if phases is not None:  # (a build from before issue 24 has none)
+        PHASES.setdefault(f"{case}_{method}", []).append(phases)
     return min(e["unix"] for e in events if e["kind"] == "train") - t0
 
 
@@ -63,14 +70,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(reps):
             times["import_torch"].append(import_torch_s())
-            for case, args in CASES.items():
+            for case in CASES:
                 for method in ("forkserver", "spawn"):  # alternated: same load for both
-                    t = first_step_s(method, args, Path(tmp) / f"{case}-{method}")
+                    t = first_step_s(method, case, Path(tmp) / f"{case}-{method}")
                     times.setdefault(f"{case}_{method}", []).append(t)
                     print(f"{case:10s} {method:10s} first step after {t:5.2f} s", flush=True)
     med = {k: round(_common.median(v), 3) for k, v in times.items()}
+    # the summary's start-up phases (medians; the driver's own start-up, before its
+    # "start" event, is the rest of the time to the first step)
+    phases = {case: {k: round(_common.median([p[k] for p in runs if p.get(k) is not None]), 3)
+                     for k in runs[0] if any(p.get(k) is not None for p in runs)}
+              for case, runs in PHASES.items()}
     results.update(first_step_s=med, load_1min_after=round(os.getloadavg()[0], 2),
-                   repeats=reps)
+                   repeats=reps, startup_phases_s=phases)
     torch_s = med["import_torch"]
     ratios = {f"{case}_over_import_torch": round(med[f"{case}_forkserver"] / torch_s, 2)
               for case in CASES}

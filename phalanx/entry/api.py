@@ -103,7 +103,9 @@ def train(model: str | Callable[[], nn.Module] | None = None,
     check_run(cfg, strategy.world_size(cfg), strategy.device)
     if cfg.progress:
         say(f"{cfg.strategy}: loading {cfg.data if not isinstance(data, tuple) else 'data'}...")
+    loading = time.perf_counter()
     job = make_job(cfg, model, data if isinstance(data, tuple) else None)
+    data_s = time.perf_counter() - loading  # the start-up's data phase (summary's startup)
     check_job_data(job)  # no strategy may loop over empty epochs (phalanx.entry.preflight)
     # empty, cleared by --overwrite, or resumed: never two runs mixed in one folder
     lock = hold_run_dir(job.run_dir)  # one run writes in a folder at a time (closed below)
@@ -118,18 +120,18 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         # over the cores (measured: 2 threads on a busy 2-core box ran 15x slower than 1)
         torch.set_num_threads(cfg.threads)
     try:
-        return _run(cfg, job, strategy, out, events_path, tb_dir)
+        return _run(cfg, job, strategy, out, events_path, tb_dir, data_s)
     finally:
         torch.set_num_threads(threads_before)
         lock.close()
 
 
 def _run(cfg: RunConfig, job: Job, strategy: StrategySpec, out: Path, events_path: Path,
-         tb_dir: Path | None) -> RunResult:
+         tb_dir: Path | None, data_s: float) -> RunResult:
     t0 = time.perf_counter()
     with EventLog(events_path, rank=-1, role="driver", tensorboard_dir=tb_dir) as log:
         log.log("start", strategy=cfg.strategy, workers=cfg.workers, model=cfg.model,
-                data=cfg.data, parameters=count_parameters(job.model_fn()))
+                data=cfg.data, parameters=count_parameters(job.model_fn()), data_s=data_s)
         if cfg.progress:
             say(f"{cfg.strategy}: starting {_processes(strategy, cfg)}...")
         with StartupLines(events_path, cfg.strategy, enabled=cfg.progress):
@@ -180,6 +182,7 @@ def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
         # steady state: from every rank ready to the last step (phalanx.metrics.throughput)
         "samples_per_s": rate.samples_per_s,
         "startup_s": rate.startup_s,
+        "startup": rate.startup,  # its phases (phalanx.metrics.throughput)
         "train_s": rate.train_s,
         **extra,
         **outcome.stats_dict(),

@@ -140,6 +140,7 @@ def run(job: Job, log: EventLog) -> Outcome:
           timeout_s=max(120.0, 2 * job.config.ps_timeout),
           survivable=lambda rank: rank >= servers,
           name=lambda rank: f"server {rank}" if rank < servers else f"worker {rank - servers}",
+          stand_ins=job.config.on_worker_loss == "continue",  # else a loss ends it at once
           backend=spawn_backend(job.config, world_size(job.config), DEVICE))
     return read_result(job)
 

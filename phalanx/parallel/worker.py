@@ -23,6 +23,7 @@ from phalanx.data import Dataset
 from phalanx.metrics import EventLog, Progress
 from phalanx.metrics.progress import say
 from phalanx.parallel.base import Straggler, augmenter, evaluate
+from phalanx.runtime.supervise import launch_marks
 
 LOG_EVERY = 10  # optimizer steps between "train" events (plus the last step)
 
@@ -78,7 +79,7 @@ class StepReporter:
         self.progress = Progress(total, label, enabled=cfg.progress and shows_progress)
         self.t0 = time.perf_counter() if t0 is None else t0
         # this rank is set up (process, data, groups): its training starts now
-        log.log("ready", label=label)
+        log.log("ready", label=label, **launch_marks())  # + its start-up points
 
     def wall(self) -> float:
         return time.perf_counter() - self.t0

@@ -34,6 +34,7 @@ def shard_path(run_dir: str | Path, shard: int) -> Path:
 def save_shard(state: ShardState, path: Path, *, servers: int, strategy: str) -> None:
     if state.buffer:
         raise RuntimeError("a shard is checkpointed only with an empty buffer")
+    state.settle()  # an update still running on the shard's update thread is in it
     rows = state.rows if state.rows is not None else torch.zeros(0)
     save_checkpoint(path, {
         "format": FORMAT,

@@ -29,7 +29,8 @@ from phalanx.comm.counters import ByteCounter, nbytes
 from phalanx.comm.transport import PeerLost, Transport, TransportTimeout
 from phalanx.comm.wire import HEADER_BYTES, Header, Kind, WireError
 from phalanx.errors import PhalanxError
-from phalanx.ps.shard import ShardState, ShardStats
+from phalanx.ps.shard import Outgoing, ShardState, ShardStats
+from phalanx.runtime.memory import keep_freed_memory
 
 
 @dataclass(frozen=True)
@@ -83,84 +84,111 @@ def serve(state: ShardState, transport: Transport, layout: Layout, timeout_s: fl
 
     ``after_update(state)`` runs whenever the shard's version moved (checkpoints, fault
     injection)."""
-    last_heard = {w: now() for w in range(layout.workers)}
-    version = state.version
-    shard = state.shard
+    keep_freed_memory()  # receive buffers reused, not page-faulted in anew (runtime/memory)
+    loop = _ServeLoop(state, transport, layout, timeout_s, now, heartbeats, on_worker_loss,
+                      after_update)
+    with state.overlapped():  # a push's update runs while the next message is received
+        while state.active:
+            loop.step()
 
-    def lose(workers: list[int], why: str) -> None:
-        if on_worker_loss != "continue":
-            raise PhalanxError(f"parameter server shard {shard}: worker(s) {workers} {why}; "
-                               "presumed dead") from None
+
+class _ServeLoop:
+    """:func:`serve`'s state between messages: when each worker was last heard of, the
+    version last seen, and how many losses gloo would not attribute."""
+
+    def __init__(self, state: ShardState, transport: Transport, layout: Layout,
+                 timeout_s: float, now: Callable[[], float], heartbeats: bool,
+                 on_worker_loss: str, after_update: Callable[[ShardState], None] | None
+                 ) -> None:
+        self.state, self.transport, self.layout = state, transport, layout
+        self.timeout_s, self.now, self.heartbeats = timeout_s, now, heartbeats
+        self.on_worker_loss, self.after_update = on_worker_loss, after_update
+        self.last_heard = {w: now() for w in range(layout.workers)}
+        self.version = state.version
+        self.unnamed_losses = 0
+
+    def step(self) -> None:
+        """Receive one message and handle it (or the failure to receive one)."""
+        state = self.state
+        try:
+            msg = self.transport.recv(timeout_s=self.timeout_s)
+        except TransportTimeout:
+            self.timed_out()
+            return
+        except WireError as e:
+            state.reject_message(f"bad header: {e}")
+            return
+        except PeerLost as e:
+            self.lost_worker(e)
+            return
+        w = self.layout.worker_of(msg.src)
+        if w is None:
+            state.reject_message("message from a non-worker rank")
+            return
+        if msg.header.worker != w:
+            state.reject_message("header names another worker than its sender")
+            return
+        t = self.now()
+        self.last_heard[w] = t
+        self.deliver(state.handle(w, msg.header, msg.tensors))
+        dead = sorted(a for a in self.watched() if t - self.last_heard[a] > self.timeout_s)
+        if dead:
+            self.lose(dead, f"silent for more than {self.timeout_s:g} s")
+
+    def watched(self) -> set[int]:
+        """Workers whose silence means death (without heartbeats, one whose pull we hold
+        back is silent by our doing)."""
+        state = self.state
+        return state.active if self.heartbeats else state.active - state.waiting
+
+    def timed_out(self) -> None:
+        silent = sorted(self.watched())
+        if not self.heartbeats:
+            self.on_worker_loss = "stop"  # a held-back worker might still be alive
+        # the timed-out receive stays posted: nothing more can be received on this
+        # channel, so this ends the loop either way (FINALs use the control channel)
+        self.lose(silent, f"sent nothing for {self.timeout_s:g} s (no message at all)")
+
+    def lose(self, workers: list[int], why: str) -> None:
+        state = self.state
+        if self.on_worker_loss != "continue":
+            raise PhalanxError(f"parameter server shard {state.shard}: worker(s) {workers} "
+                               f"{why}; presumed dead") from None
         for w in workers:
             if w not in state.active:  # already dropped (a lost host breaks several pairs)
                 continue
             state.log_worker_lost(w, why)
-            deliver(state.drop_worker(w))
+            self.deliver(state.drop_worker(w))
 
-    def deliver(outs) -> None:
-        nonlocal version
-        t = now()
+    def deliver(self, outs: list[Outgoing]) -> None:
+        t = self.now()
         for out in outs:
             try:
-                transport.send(layout.worker_rank(out.worker), out.header, out.tensors)
+                self.transport.send(self.layout.worker_rank(out.worker), out.header,
+                                    out.tensors)
             except PeerLost as e:
-                lost_worker(e)
-            last_heard[out.worker] = t  # its silence while we held it back was our doing
-        if state.version != version:
-            version = state.version
-            if after_update is not None:
-                after_update(state)
+                self.lost_worker(e)
+            self.last_heard[out.worker] = t  # its silence while we held it back was our doing
+        if self.state.version != self.version:
+            self.version = self.state.version
+            if self.after_update is not None:
+                self.after_update(self.state)
 
-    def lost_worker(e: PeerLost) -> None:
-        nonlocal unnamed_losses
-        w = layout.worker_of(e.rank) if e.rank is not None else None
-        if heartbeats and e.rank is None:
+    def lost_worker(self, e: PeerLost) -> None:
+        w = self.layout.worker_of(e.rank) if e.rank is not None else None
+        if self.heartbeats and e.rank is None:
             # a receive from any source failed because some peer's connection broke; gloo
             # does not say whose. The other pairs keep working (measured), and the dead
             # worker is the one whose heartbeats stop: it is named (and dropped, or the
             # run stopped) when its silence passes timeout_s. Bounded: a broken group
             # must not spin
-            unnamed_losses += 1
-            if unnamed_losses <= layout.workers:
+            self.unnamed_losses += 1
+            if self.unnamed_losses <= self.layout.workers:
                 return
         if w is None:
-            raise PhalanxError(f"parameter server shard {shard}: a peer process failed "
-                               f"or exited ({e})") from None
-        lose([w], "lost its connection")
-
-    unnamed_losses = 0
-
-    while state.active:
-        try:
-            msg = transport.recv(timeout_s=timeout_s)
-        except TransportTimeout:
-            silent = sorted(state.active if heartbeats else state.active - state.waiting)
-            if not heartbeats:
-                on_worker_loss = "stop"  # a held-back worker might still be alive
-            # the timed-out receive stays posted: nothing more can be received on this
-            # channel, so this ends the loop either way (FINALs use the control channel)
-            lose(silent, f"sent nothing for {timeout_s:g} s (no message at all)")
-            continue
-        except WireError as e:
-            state.reject_message(f"bad header: {e}")
-            continue
-        except PeerLost as e:
-            lost_worker(e)
-            continue
-        w = layout.worker_of(msg.src)
-        if w is None:
-            state.reject_message("message from a non-worker rank")
-            continue
-        if msg.header.worker != w:
-            state.reject_message("header names another worker than its sender")
-            continue
-        t = now()
-        last_heard[w] = t
-        deliver(state.handle(w, msg.header, msg.tensors))
-        watched = state.active if heartbeats else state.active - state.waiting
-        dead = sorted(a for a in watched if t - last_heard[a] > timeout_s)
-        if dead:
-            lose(dead, f"silent for more than {timeout_s:g} s")
+            raise PhalanxError(f"parameter server shard {self.state.shard}: a peer process "
+                               f"failed or exited ({e})") from None
+        self.lose([w], "lost its connection")
 
 
 def _counters(stats: ShardStats, counter: ByteCounter, extra_sent: int = 0) -> list[float]:

@@ -19,9 +19,11 @@ then count the live workers only.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +34,9 @@ from phalanx.comm.ps_payload import PullDeltas, decode_push
 from phalanx.comm.wire import Header, Kind
 from phalanx.ps.consistency import Consistency
 from phalanx.ps.partition import Partition
-from phalanx.rules import UpdateRule, apply_updates
+from phalanx.ps.row_state import gather_rows, scatter_rows
+from phalanx.ps.updater import Updater
+from phalanx.rules import UpdateRule, apply_updates, update_owned
 
 WANT_DENSE = 1  # PULL flag: send the dense slice (else only the requested rows)
 HAS_ROWS = 2  # PULL / PUSH flag: the payload carries sparse row ids (+ row gradients)
@@ -110,6 +114,21 @@ class ShardState:
         self.lost_workers: dict[int, int] = {}  # dead worker -> its clock when dropped
         self._log = log
         self.pulls = pulls  # --compress: pulls answered with compressed deltas
+        self.updater = Updater(f"shard{shard}-update")  # the dense update's thread
+
+    # ---- overlapping the update with the next receive (phalanx.ps.updater) ----------
+
+    @contextlib.contextmanager
+    def overlapped(self) -> Iterator[None]:
+        """While inside, a large slice's update runs on a thread of its own, so the server
+        loop receives the next message meanwhile; every value stays the in-line one."""
+        with self.updater.overlapped():
+            yield
+
+    def settle(self) -> None:
+        """Wait for the update in flight: after this the weights and the rule's state
+        hold every applied push."""
+        self.updater.settle()
 
     # ---- what the server loop needs to know ------------------------------------------
 
@@ -130,7 +149,9 @@ class ShardState:
     # ---- messages ----------------------------------------------------------------------
 
     def handle(self, worker: int, header: Header, tensors: list[torch.Tensor]) -> list[Outgoing]:
-        """Process one message from ``worker``; return the replies it releases."""
+        """Process one message from ``worker``; return the replies it releases. The shard
+        takes the message's tensors over (a transport allocated them for this message):
+        a pushed gradient may be overwritten by its update."""
         if not 0 <= worker < self.workers or worker not in self.active:
             self.reject_message("message from an unknown or finished worker")
             return []
@@ -287,14 +308,15 @@ class ShardState:
         staleness = [self.version - p.version for p in valid]
         # a batch (BSP, SoftSync) is scaled by its mean staleness, as in Zhang et al. 2016
         stale = math.ceil(sum(staleness) / n)
-        # (the received gradient is ours alone and rules are functional: no copy needed)
+        self.settle()  # the previous update is in the weights and the rule's state
+        # the received gradient (or the batch's new mean) is ours alone and read no more:
+        # the rule may turn it into the update in place (no 4 MB allocation per push)
         grad = valid[0].dense if n == 1 else torch.stack([p.dense for p in valid]).mean(0)
         backup = None
         if self.keep_backups:
             backup = [torch.stack([self.backups.get(p.worker, self.dense) for p in valid]).mean(0)]
-        updates, self.dense_state = self.rule.update([grad], self.dense_state, [self.dense],
-                                                     staleness=stale, backup=backup)
-        apply_updates([self.dense], updates)
+        self.updater.run(functools.partial(self._update_dense, grad, stale, backup),
+                         self.dense.numel())
         if self.rows is not None:
             self._apply_rows(valid, stale)
         for p, s in zip(valid, staleness):
@@ -305,6 +327,12 @@ class ShardState:
         self.stats.pushes_applied += n
         self.stats.updates += 1
         self.version += 1
+
+    def _update_dense(self, grad: torch.Tensor, stale: int,
+                      backup: list[torch.Tensor] | None) -> None:
+        updates, self.dense_state = update_owned(self.rule, [grad], self.dense_state,
+                                                 [self.dense], staleness=stale, backup=backup)
+        apply_updates([self.dense], updates)
 
     def _apply_rows(self, valid: list[Pending], stale: int) -> None:
         with_rows = [p for p in valid if p.ids is not None and p.ids.numel()]
@@ -320,12 +348,12 @@ class ShardState:
         n_local = self.rows.shape[0]
         # lazy sparse update: only the touched rows (and their optimizer state) move
         params = self.rows[local]
-        state = _gather(self.rows_state, local, n_local)
+        state = gather_rows(self.rows_state, local, n_local)
         backup = [params] if self.keep_backups else None
         updates, state = self.rule.update([grad], state, [params], staleness=stale,
                                           backup=backup)
         self.rows[local] = params + updates[0]
-        self.rows_state = _scatter(self.rows_state, state, local, n_local)
+        self.rows_state = scatter_rows(self.rows_state, state, local, n_local)
 
     def _release(self) -> list[Outgoing]:
         """Answer every parked pull the consistency model now admits."""
@@ -359,6 +387,7 @@ class ShardState:
         # place; a torn read would mix two versions. The same copy is DC-ASGD's backup
         # (both only read it)
         want = bool(flags & WANT_DENSE)
+        self.settle()  # the reply holds every push applied so far
         snapshot = self.dense.clone() if want or self.keep_backups else None
         dense = snapshot if want else self.dense[:0]
         if flags & CODEC_MASK:  # a compressed delta asked for: say in the reply if it is one
@@ -378,26 +407,3 @@ class ShardState:
                         shard=self.shard, flags=flags)
         return Outgoing(w, header, tensors)
 
-
-def _gather(state: Any, idx: torch.Tensor, n: int) -> Any:
-    """The rows ``idx`` of every per-row tensor in a rule state (scalars pass through)."""
-    if isinstance(state, torch.Tensor):
-        return state[idx] if state.dim() >= 1 and state.shape[0] == n else state
-    if isinstance(state, tuple) and hasattr(state, "_fields"):
-        return type(state)(*[_gather(s, idx, n) for s in state])
-    if isinstance(state, (tuple, list)):
-        return type(state)(_gather(s, idx, n) for s in state)
-    return state
-
-
-def _scatter(full: Any, part: Any, idx: torch.Tensor, n: int) -> Any:
-    if isinstance(full, torch.Tensor):
-        if full.dim() >= 1 and full.shape[0] == n:
-            full[idx] = part  # in place: the state is the shard's own
-            return full
-        return part
-    if isinstance(full, tuple) and hasattr(full, "_fields"):
-        return type(full)(*[_scatter(f, p, idx, n) for f, p in zip(full, part)])
-    if isinstance(full, (tuple, list)):
-        return type(full)(_scatter(f, p, idx, n) for f, p in zip(full, part))
-    return part

@@ -20,6 +20,7 @@ from phalanx.rules.base import (
     apply_updates,
     chain,
     state_tensors,
+    update_owned,
 )
 from phalanx.rules.transforms import (
     Schedule,
@@ -40,6 +41,7 @@ from phalanx.rules.transforms import (
 
 __all__ = [
     "ChainState", "EmptyState", "UpdateRule", "apply_updates", "chain", "state_tensors",
+    "update_owned",
     "Schedule", "add_decayed_weights", "constant_schedule", "cosine_schedule", "dc_asgd",
     "scale", "scale_by_adagrad", "scale_by_adam", "scale_by_rms", "scale_by_schedule",
     "staleness_scaled", "step_decay_schedule", "trace", "warmup",

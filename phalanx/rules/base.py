@@ -25,10 +25,18 @@ Tensors = list[torch.Tensor]
 
 class UpdateRule(NamedTuple):
     """``init(params) -> state``;
-    ``update(grads, state, params=None, *, staleness=0, backup=None) -> (updates, state)``."""
+    ``update(grads, state, params=None, *, staleness=0, backup=None) -> (updates, state)``.
+
+    ``update_`` (optional, same signature): the same arithmetic, bit for bit, done in the
+    caller's ``grads`` (and the state's own tensors) instead of new tensors. A caller that
+    owns its gradients (a parameter-server shard owns what it received) uses it to skip
+    an allocation per step: on a 1M-parameter shard a fresh 4 MB tensor per push cost
+    ~600 page faults, more than the arithmetic. Its updates never alias its state.
+    """
 
     init: Callable[[Sequence[torch.Tensor]], Any]
     update: Callable[..., tuple[Tensors, Any]]
+    update_: Callable[..., tuple[Tensors, Any]] | None = None
 
 
 class EmptyState(NamedTuple):
@@ -53,13 +61,32 @@ def chain(*rules: UpdateRule) -> UpdateRule:
             new_states.append(s)
         return updates, ChainState(tuple(new_states))
 
-    return UpdateRule(init, update)
+    def update_(grads, state: ChainState, params=None, *, staleness: int = 0, backup=None):
+        new_states = []
+        updates = list(grads)
+        for rule, s in zip(rules, state.inner):
+            updates, s = rule.update_(updates, s, params, staleness=staleness, backup=backup)
+            new_states.append(s)
+        return updates, ChainState(tuple(new_states))
+
+    # in place only when every link is: a functional link's output may alias its state
+    # (a momentum trace), which the next link must not overwrite
+    return UpdateRule(init, update, update_ if all(r.update_ for r in rules) else None)
 
 
 def apply_updates(params: Sequence[torch.Tensor], updates: Sequence[torch.Tensor]) -> None:
     """``p += u`` in place, without autograd tracking."""
     with torch.no_grad():
         torch._foreach_add_(list(params), list(updates))
+
+
+def update_owned(rule: UpdateRule, grads: Sequence[torch.Tensor], state: Any,
+                 params: Sequence[torch.Tensor] | None = None, *, staleness: int = 0,
+                 backup: Sequence[torch.Tensor] | None = None) -> tuple[Tensors, Any]:
+    """``rule``'s update of gradients the caller owns and will not read again: in place
+    when the rule can (same values, bit for bit), else the functional update."""
+    fn = rule.update_ or rule.update
+    return fn(grads, state, params, staleness=staleness, backup=backup)
 
 
 def state_tensors(state: Any) -> list[torch.Tensor]:

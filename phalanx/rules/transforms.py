@@ -46,6 +46,13 @@ def _mul(tensors: Tensors, factor: float) -> Tensors:
     return list(torch._foreach_mul(list(tensors), factor)) if len(tensors) else []
 
 
+def _mul_(tensors: Tensors, factor: float) -> Tensors:
+    """:func:`_mul` into ``tensors`` themselves (the same products)."""
+    if len(tensors):
+        torch._foreach_mul_(list(tensors), factor)
+    return list(tensors)
+
+
 def _add(a: Tensors, b: Tensors) -> Tensors:
     """``[x + y for x, y in zip(a, b)]`` in one foreach call."""
     return list(torch._foreach_add(list(a), list(b))) if len(a) else []
@@ -60,7 +67,10 @@ def scale(step_size: float) -> UpdateRule:
     def update(updates, state, params=None, *, staleness=0, backup=None):
         return _mul(updates, step_size), state
 
-    return UpdateRule(init, update)
+    def update_(updates, state, params=None, *, staleness=0, backup=None):
+        return _mul_(updates, step_size), state
+
+    return UpdateRule(init, update, update_)
 
 
 def scale_by_schedule(schedule: Schedule, sign: float = -1.0) -> UpdateRule:
@@ -73,7 +83,11 @@ def scale_by_schedule(schedule: Schedule, sign: float = -1.0) -> UpdateRule:
         lr = sign * schedule(int(state.count))
         return _mul(updates, lr), CountState(state.count + 1)
 
-    return UpdateRule(init, update)
+    def update_(updates, state, params=None, *, staleness=0, backup=None):
+        lr = sign * schedule(int(state.count))
+        return _mul_(updates, lr), CountState(state.count + 1)
+
+    return UpdateRule(init, update, update_)
 
 
 def add_decayed_weights(weight_decay: float) -> UpdateRule:
@@ -105,7 +119,17 @@ def trace(decay: float, nesterov: bool = False) -> UpdateRule:
         out = [u + decay * b for u, b in zip(updates, new)] if nesterov else new
         return out, TraceState(new)
 
-    return UpdateRule(init, update)
+    def update_(updates, state, params=None, *, staleness=0, backup=None):
+        # the buffers are the state's own: b *= decay; b += u (the same two roundings);
+        # the update is a copy of b, written into u, so it never aliases the state
+        if len(updates):
+            torch._foreach_mul_(list(state.trace), decay)
+            torch._foreach_add_(list(state.trace), list(updates))
+            torch._foreach_copy_(list(updates), list(state.trace))
+        return list(updates), TraceState(list(state.trace))
+
+    # nesterov's extra term needs a product of its own: it stays functional
+    return UpdateRule(init, update, None if nesterov else update_)
 
 
 def scale_by_adagrad(eps: float = 1e-10, initial: float = 0.0) -> UpdateRule:
@@ -159,7 +183,12 @@ def staleness_scaled() -> UpdateRule:
         factor = 1.0 / max(int(staleness), 1)
         return [factor * u for u in updates], state
 
-    return UpdateRule(init, update)
+    def update_(updates, state, params=None, *, staleness=0, backup=None):
+        if staleness is None:
+            raise ValueError("staleness_scaled needs staleness=")
+        return _mul_(updates, 1.0 / max(int(staleness), 1)), state
+
+    return UpdateRule(init, update, update_)
 
 
 class DcState(NamedTuple):

@@ -9,6 +9,7 @@ Under ``torchrun`` the same ``fn`` runs from :mod:`phalanx.entry.torchrun` inste
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import shutil
 import socket
@@ -30,6 +31,7 @@ from phalanx.runtime.supervise import (
     STOPPING,
     UP_FILE,
     default_name,
+    mark,
     start,
     supervise,
 )
@@ -56,13 +58,9 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
     if parent_pid:
         child_setup(parent_pid)  # die with the driver; SIGINT is the driver's to handle
     torch.set_num_threads(1)
-    # one host: gloo binds loopback, not what the host name resolves to (netif.py)
-    os.environ["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME") or "lo"
     try:
-        store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
-                              timeout=datetime.timedelta(seconds=timeout_s))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        _join(rank, world, port, timeout_s, backend)
+        mark("joined")
         Path(error_dir, UP_FILE.format(rank=rank)).touch()  # the supervisor reads it
         try:
             fn(rank, world, *args)
@@ -91,6 +89,54 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
     os._exit(0)
 
 
+def _join(rank: int, world: int, port: int, timeout_s: float, backend: str) -> None:
+    """Join the run's process group as ``rank`` (the rendezvous: every rank must)."""
+    # one host: gloo binds loopback, not what the host name resolves to (netif.py)
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME") or "lo"
+    store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _stand_in(rank: int, world: int, port: int, timeout_s: float, backend: str,
+              error_dir: str, parent_pid: int) -> None:
+    """In a dead rank's place: join the group so its peers' rendezvous completes, then
+    leave at once. Its peers see that rank's connections close, as after a death once
+    the group formed (a parameter server drops the silent worker)."""
+    child_setup(parent_pid)
+    try:
+        _join(rank, world, port, timeout_s, backend)
+        dist.destroy_process_group()
+    except BaseException as e:
+        _record_failure(error_dir, rank, e)
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)  # no interpreter teardown (see _child)
+
+
+def _published(store: dist.TCPStore, rank: int, world: int) -> bool:
+    """Whether ``rank`` told a peer where to connect: gloo's rendezvous keys are
+    ``PREFIX/RANK``. A peer reads another's key only after writing its own, so the dead
+    rank's key matters only beside another rank's under the same prefix; then a stand-in
+    (a new address under the same key) would come too late for that peer."""
+    by_prefix: dict[str, set[str]] = {}
+    for key in store.list_keys():
+        prefix, _, last = key.rpartition("/")
+        by_prefix.setdefault(prefix, set()).add(last)
+    ranks = {str(r) for r in range(world)}
+    return any(str(rank) in lasts and len(lasts & ranks) > 1 for lasts in by_prefix.values())
+
+
+def _start_stand_in(store: dist.TCPStore, world: int, timeout_s: float, backend: str,
+                    error_dir: str, rank: int) -> Any:
+    """A :func:`_stand_in` process for dead ``rank``, or None when it would come too late."""
+    if _published(store, rank, world):
+        return None
+    args = (rank, world, store.port, timeout_s, backend, error_dir, os.getpid())
+    return start(_stand_in, world, lambda r: args, ranks=range(rank, rank + 1))[0]
+
+
 def _first_failure(error_dir: str) -> tuple[int, str] | None:
     found = []
     for path in Path(error_dir).glob("rank*.err"):
@@ -107,12 +153,15 @@ def _first_failure(error_dir: str) -> tuple[int, str] | None:
 
 def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str = "gloo",
           timeout_s: float = DEFAULT_TIMEOUT_S, survivable: Callable[[int], bool] | None = None,
-          name: Callable[[int], str] = default_name) -> None:
+          name: Callable[[int], str] = default_name, stand_ins: bool = True) -> None:
     """Run ``fn(rank, world, *args)`` in ``world`` fresh processes joined in one group.
 
     ``fn`` and ``args`` must be picklable; tensors inside ``args`` travel through shared
     memory, not copies. ``survivable(rank)``: that process may die by a signal without
     ending the run; ``name(rank)`` names it in messages (see :mod:`phalanx.runtime.supervise`).
+    ``stand_ins``: a survivable process that dies before its group formed gets a stand-in
+    in the rendezvous (the run goes on without it); False: that death ends the run at once
+    (a run that would stop at the loss anyway need not wait to find out).
     """
     # Bind the rendezvous to loopback ourselves: given only a host name, TCPStore listens on
     # every interface (seen with ss -ltnp). Port 0: the OS picks a free one, no races.
@@ -127,8 +176,10 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
     try:
         procs = start(_child, world, lambda rank: (rank, fn, world, port, timeout_s,
                                                    backend, error_dir, args, os.getpid()))
+        stand_in = functools.partial(_start_stand_in, store, world, timeout_s, backend,
+                                     error_dir) if stand_ins else None
         supervise(procs, error_dir, first_failure=_first_failure, fail=WorkerFailed,
-                  survivable=survivable, name=name)
+                  survivable=survivable, name=name, stand_in=stand_in)
     finally:
         shutil.rmtree(error_dir, ignore_errors=True)
         del store

@@ -5,12 +5,16 @@ Rules, in order, each time a process ends:
 * exit 0: done;
 * killed by a signal (``kill -9``, the OOM killer, a segfault) and ``survivable(rank)``,
   after its process group formed: the run goes on without it, with one line saying so.
-  Before the group formed its peers wait for it in the rendezvous, so that death ends the
-  run at once (within the 1 s poll), in one line naming the process and the signal. The
-  parameter-server strategies mark their workers survivable: the servers notice the
+  The parameter-server strategies mark their workers survivable: the servers notice the
   silence through heartbeats and drop the worker after ``--ps-timeout``
   (``--on-worker-loss`` decides what then), exactly as they do for an injected
   ``--kill-worker`` (which kills with SIGKILL too);
+* the same death *before* the group formed: its peers wait for it in the rendezvous.
+  ``stand_in(rank)`` may start a process that takes its place there and leaves at once,
+  so the group forms and the servers lose that worker as above (one line says so).
+  Without a stand-in (or when none can take the place: the dead rank had already told
+  its peers where to connect) the run ends at once (within the 1 s poll), in one line
+  naming the process and the signal;
 * anything else ends the run: the other processes are stopped (SIGTERM, then SIGKILL) and
   :class:`~phalanx.runtime.launch.WorkerFailed` names the process by its role
   (``worker 1``) with the first error any process recorded (the cause; its peers fail
@@ -61,6 +65,7 @@ PRELOAD = ["torch", "torch.distributed", "numpy", "phalanx.runtime.launch",
            "phalanx.parallel.registry"]
 _CONTEXT: list = []
 PIPELINING = "torch.distributed.pipelining"
+PRELOADED = "phalanx.runtime.preloaded"  # imported last: when the preloading ended
 # "spawn" (a fresh interpreter per rank, as before issue 24) only for bench/startup.py's
 # before/after comparison
 START_METHOD = "forkserver"
@@ -72,18 +77,51 @@ def preload(*modules: str) -> None:
     run's first rank starts; once the server is up it changes nothing."""
     PRELOAD.extend(m for m in modules if m not in PRELOAD)
     if _CONTEXT and START_METHOD == "forkserver":
-        _CONTEXT[0].set_forkserver_preload(PRELOAD)  # for a server started after this
+        _CONTEXT[0].set_forkserver_preload(_preload_list())  # for a server started later
+
+
+def _preload_list() -> list[str]:
+    """:data:`PRELOAD`, what the driver's main module imports, then :data:`PRELOADED`.
+
+    multiprocessing runs the driver's main module again in every rank it starts (as
+    ``__mp_main__``, so that its functions unpickle): the ``phalanx`` command's script and
+    ``python -m phalanx.cli`` import ``phalanx.cli`` and its imports (every sub-command:
+    cluster, experiments) in each rank, 0.5 s of CPU per rank, measured. The fork server
+    imports them once and each rank finds them loaded. (multiprocessing's own ``"__main__"``
+    preload does nothing here: the server is never told the main path.)"""
+    return [*PRELOAD, *_main_imports(), PRELOADED]
+
+
+def _main_imports() -> list[str]:
+    """The modules the driver's main module took its names from. A module run with
+    ``python -m NAME`` stays out itself: run again on top of an imported copy, runpy warns
+    in every rank."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if main is None or (spec is not None and spec.name.endswith("__main__")):
+        return []  # a package's __main__ is never run again in a rank
+    names = set()
+    for key, value in vars(main).items():
+        if key.startswith("__"):
+            continue  # __spec__, __loader__, __builtins__: the module's own machinery
+        name = value.__name__ if isinstance(value, type(sys)) else getattr(value, "__module__",
+                                                                            None)
+        if isinstance(name, str) and name in sys.modules:
+            names.add(name)
+    return sorted(names - set(PRELOAD) - {spec.name if spec is not None else "__main__"})
 
 
 def process_context():
     """The start method of every rank: a fork server that has imported :data:`PRELOAD`
-    (started on first use, one per driver process, gone with it). A rank is a fork of it,
-    never a fresh interpreter: no per-rank ``import torch``. The fork server has started no
-    thread and touched no GPU, so forking it is safe (unlike forking the driver)."""
+    and what the driver's main module imports (started on first use, one per driver
+    process, gone with it). A rank is a fork of it, never a fresh interpreter: no per-rank
+    ``import torch``. The fork server has started no thread of its own and touched no GPU,
+    so forking it is safe (unlike forking the driver); the idle BLAS thread pools that
+    numpy and scipy start on import are fork-aware (pthread_atfork)."""
     if not _CONTEXT:
         ctx = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
-            ctx.set_forkserver_preload(PRELOAD)
+            ctx.set_forkserver_preload(_preload_list())
         _CONTEXT.append(ctx)
     return _CONTEXT[0]
 
@@ -108,8 +146,30 @@ def _dup(fd: int):
     return reduction.DupFd(fd)
 
 
+# When this process (a rank) reached each start-up point, in unix seconds: ``preloaded``
+# (its fork server had imported PRELOAD), ``forked`` (its first code ran), ``imported``
+# (its target and arguments unpickled, i.e. imported), ``joined`` (its process group
+# formed; runtime/launch.py). Empty in a driver or a rank someone else started. The
+# rank's ``ready`` event carries them (metrics/throughput.py).
+_MARKS: dict[str, float] = {}
+
+
+def mark(point: str) -> None:
+    """Note that this rank reached start-up ``point`` now."""
+    _MARKS[point] = time.time()
+
+
+def launch_marks() -> dict[str, float]:
+    """This rank's start-up points (``forked_unix``, ...) for its ``ready`` event."""
+    return {f"{k}_unix": v for k, v in _MARKS.items()}
+
+
 def _inherited(env: dict, cwd: str, *streams) -> None:
     """Unpickled first thing in the rank: take the driver's streams, environment, folder."""
+    mark("forked")
+    server = sys.modules.get(PRELOADED)  # a fork of the fork server: when it had preloaded
+    if server is not None:
+        _MARKS["preloaded"] = server.AT
     sys.stdout.flush()
     sys.stderr.flush()
     for fd, stream in zip((1, 2), streams):
@@ -125,16 +185,18 @@ def _inherited(env: dict, cwd: str, *streams) -> None:
 def _ranked(inherit: None, target: Callable[..., Any], args: tuple) -> None:
     """A rank's first code: the driver's state is in place (unpickling ``Inherit`` applied
     it), then the rank's own work."""
+    mark("imported")  # unpickling the target and its arguments imported what they need
     target(*args)
 
 
-def start(target: Callable[..., Any], world: int, args: Callable[[int], tuple]) -> list:
+def start(target: Callable[..., Any], world: int, args: Callable[[int], tuple],
+          ranks: range | None = None) -> list:
     """``world`` processes running ``target(*args(rank))``, forked from the pre-loaded
-    fork server (:func:`process_context`)."""
+    fork server (:func:`process_context`); ``ranks``: only these (a stand-in)."""
     ctx = process_context()
     procs = []
     try:
-        for rank in range(world):
+        for rank in ranks if ranks is not None else range(world):
             p = ctx.Process(target=_ranked, args=(Inherit(), target, args(rank)),
                             name=f"phalanx-rank{rank}")
             p.start()
@@ -173,11 +235,59 @@ def _joined(error_dir: str, rank: int) -> bool:
     return Path(error_dir, UP_FILE.format(rank=rank)).exists()
 
 
+def _survived(rank: int, code: int, error_dir: str, survivable: Callable[[int], bool] | None,
+              stand_in: Callable[[int], Any] | None, name: str) -> Any:
+    """A process that ended with ``code``: False if that ends the run; True if the run goes
+    on without it; a stand-in process (to watch in its place) if one took its place in the
+    group's rendezvous."""
+    if code >= 0 or survivable is None or not survivable(rank):
+        return False
+    if _joined(error_dir, rank):
+        said = "; the run goes on without it"
+        proxy = True
+    else:
+        proxy = stand_in(rank) if stand_in is not None else None
+        if proxy is None:
+            return False  # its peers wait for it in the rendezvous: the run cannot go on
+        said = (" before its process group formed; a stand-in took its place there and the "
+                "run goes on without it")
+    sys.stderr.write(f"phalanx: {name} {describe_exit(code)}{said}\n")
+    sys.stderr.flush()
+    return proxy
+
+
+def _cause(fatal: list[tuple[int, int]], first: Any, error_dir: str,
+           name: Callable[[int], str]) -> str:
+    """What ended the run, in one line, from the fatal ends and the first error recorded."""
+    # a death by a signal came from outside (kill, OOM, segfault): it is the cause,
+    # and its peers' errors ("connection reset by peer") are its consequences
+    # (SIGABRT excepted: a C++ library aborts a process whose peer died first)
+    killed = [(rank, code) for rank, code in fatal if code < 0 and -code != signal.SIGABRT]
+    if killed:
+        rank, code = killed[0]
+        # its peers wait for it in the group's rendezvous: the run cannot go on
+        return (f"{name(rank)} {describe_exit(code)}"
+                + ("" if _joined(error_dir, rank) else " before its process group formed"))
+    # likewise a process that exited without recording an error (an injected fault,
+    # os._exit) caused the errors its peers recorded after it
+    silent = [(rank, code) for rank, code in fatal
+              if code > 0 and not Path(error_dir, ERROR_FILE.format(rank=rank)).exists()]
+    if silent:
+        return f"{name(silent[0][0])} {describe_exit(silent[0][1])}"
+    if first is not None:
+        return f"{name(first[0])} failed: {first[1]}"
+    return f"{name(fatal[0][0])} {describe_exit(fatal[0][1])}"
+
+
 def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any],
               fail: Callable[[str], BaseException],
               survivable: Callable[[int], bool] | None = None,
-              name: Callable[[int], str] = default_name) -> None:
-    """Wait for every process; raise ``fail(message)`` at the first fatal end."""
+              name: Callable[[int], str] = default_name,
+              stand_in: Callable[[int], Any] | None = None) -> None:
+    """Wait for every process; raise ``fail(message)`` at the first fatal end.
+    ``stand_in(rank)``: a started process in a dead survivable rank's place in the
+    rendezvous, or None (see the module)."""
+    procs = list(procs)
     waiting = dict(enumerate(procs))
     orphaned_since: float | None = None
     try:
@@ -200,37 +310,16 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
                 del waiting[rank]
                 if code == 0:
                     continue
-                if (code < 0 and survivable is not None and survivable(rank)
-                        and _joined(error_dir, rank)):
-                    sys.stderr.write(f"phalanx: {name(rank)} {describe_exit(code)}; the run "
-                                     "goes on without it\n")
-                    sys.stderr.flush()
-                    continue
-                fatal.append((rank, code))
+                survived = _survived(rank, code, error_dir, survivable, stand_in, name(rank))
+                if survived is not True and survived is not False:  # a stand-in: watch it
+                    waiting[rank] = procs[rank] = survived
+                if survived is False:
+                    fatal.append((rank, code))
             if not fatal:
                 continue
             first = first_failure(error_dir)
             stop(procs, error_dir)
-            # a death by a signal came from outside (kill, OOM, segfault): it is the cause,
-            # and its peers' errors ("connection reset by peer") are its consequences
-            # (SIGABRT excepted: a C++ library aborts a process whose peer died first)
-            killed = [(rank, code) for rank, code in fatal
-                      if code < 0 and -code != signal.SIGABRT]
-            if killed:
-                rank, code = killed[0]
-                # its peers wait for it in the group's rendezvous: the run cannot go on
-                raise fail(f"{name(rank)} {describe_exit(code)}"
-                           + ("" if _joined(error_dir, rank) else
-                              " before its process group formed"))
-            # likewise a process that exited without recording an error (an injected fault,
-            # os._exit) caused the errors its peers recorded after it
-            silent = [(rank, code) for rank, code in fatal
-                      if code > 0 and not Path(error_dir, ERROR_FILE.format(rank=rank)).exists()]
-            if silent:
-                raise fail(f"{name(silent[0][0])} {describe_exit(silent[0][1])}")
-            if first is not None:
-                raise fail(f"{name(first[0])} failed: {first[1]}")
-            raise fail(f"{name(fatal[0][0])} {describe_exit(fatal[0][1])}")
+            raise fail(_cause(fatal, first, error_dir, name))
     except BaseException:
         stop(procs, error_dir)  # an interrupt of the driver, or the failure above
         raise

@@ -60,6 +60,33 @@ def test_shapes_and_purity(name):
             assert torch.equal(a, b)
 
 
+# rules that must have an in-place path (the parameter server's hot path uses it)
+IN_PLACE = {"sgd", "momentum", "step_decay", "cosine_warmup", "staleness_scaled_sgd"}
+
+
+@pytest.mark.parametrize("name", sorted(RULE_FACTORIES))
+def test_in_place_update_equals_the_functional_one_bit_for_bit(name):
+    rule = RULE_FACTORIES[name]()
+    assert (rule.update_ is not None) == (name in IN_PLACE)
+    params = _params(torch.float32)
+    g = torch.Generator().manual_seed(1)
+    ref_state, own_state = rule.init(params), rule.init(params)
+    for step in range(5):  # several steps: a state updated in place must stay right
+        grads = [torch.randn(p.shape, generator=g) for p in params]
+        extras = {**_extras(name, params), "staleness": step}
+        ref, ref_state = rule.update([t.clone() for t in grads], ref_state, params, **extras)
+        mine = [t.clone() for t in grads]
+        out, own_state = R.update_owned(rule, mine, own_state, params, **extras)
+        for a, b in zip(ref, out):
+            assert torch.equal(a, b)
+        for a, b in zip(R.state_tensors(ref_state), R.state_tensors(own_state)):
+            assert torch.equal(a, b)
+        # the update never aliases the state: applying it cannot move the optimizer state
+        state_ptrs = {t.data_ptr() for t in R.state_tensors(own_state) if t.dim()}
+        assert not state_ptrs & {u.data_ptr() for u in out}
+        R.apply_updates(params, ref)
+
+
 @pytest.mark.parametrize("name", sorted(RULE_FACTORIES))
 def test_descends_a_quadratic(name):
     rule = RULE_FACTORIES[name]()

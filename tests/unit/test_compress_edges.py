@@ -5,6 +5,8 @@ the survivors of ``make mutate`` (docs/compression.md)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -206,6 +208,12 @@ def test_finite_and_checksum() -> None:
     assert finite(torch.zeros(0)) and finite(torch.tensor([2.0])) and finite(torch.ones(3))
     assert not finite(torch.tensor([float("nan")]))
     assert not finite(torch.tensor([1.0, -float("inf")]))
+    # the sum is only a first test: finite values whose sum overflows are still finite,
+    # and +inf with -inf (a NaN sum) is not
+    big = torch.full((4,), 3e38)
+    assert not math.isfinite(float(big.sum())) and finite(big)
+    assert not finite(torch.tensor([float("inf"), -float("inf")]))
+    assert not finite(torch.tensor([3e38, 3e38, float("nan")]))
     a = torch.tensor([1.0, 2.0, 3.0])
     assert checksum(a) == checksum(a.clone()) and checksum(a) != checksum(a.flip(0))
     b = a.clone()

@@ -1,5 +1,6 @@
 """The shard state machine, driven message by message (deterministic, no threads)."""
 
+import contextlib
 import math
 
 import pytest
@@ -386,3 +387,41 @@ def test_finished_workers_and_exact_reasons():
     assert s.stats.reasons["push: the worker skipped a gradient holding NaN or inf"] == 1
     push(s, 0, [1, 1, 1, 1], version=0)
     assert (s.stats.updates, s.stats.pushes_applied, s.stats.pushes_rejected) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("model", [Asynchronous, BulkSynchronous])
+def test_updates_overlapped_on_their_thread_equal_the_inline_ones_bit_for_bit(model):
+    """serve() runs a large slice's update on a thread of its own while it receives the
+    next message (ShardState.overlapped): every reply, the weights and the rule's state
+    must be what the shard computes in line, and the update must really run there."""
+    from phalanx.ps.updater import OVERLAP_MIN
+    from phalanx.rules import momentum, state_tensors
+
+    n = OVERLAP_MIN + 5
+    g = torch.Generator().manual_seed(3)
+    start = torch.randn(n, generator=g)
+    grads = [torch.randn(n, generator=g) for _ in range(6)]
+
+    def run(overlap: bool):
+        s = make(model(), workers=2, values=start.tolist(), rule=momentum(0.05, 0.9))
+        replies = []
+        ctx = s.overlapped() if overlap else contextlib.nullcontext()
+        with ctx:
+            for i, grad in enumerate(grads):
+                w = i % 2
+                replies += pull(s, w)
+                # the shard owns what it received: each push gets its own copy
+                replies += push(s, w, grad.clone(), version=s.version)
+                if overlap and model is Asynchronous:
+                    assert s.updater.pending is not None  # the update is on its thread
+        return s, [r.tensors[0] for r in replies]
+
+    inline, inline_replies = run(False)
+    overlapped, overlapped_replies = run(True)
+    assert len(inline_replies) == len(overlapped_replies) > 0
+    for a, b in zip(inline_replies, overlapped_replies):
+        assert torch.equal(a, b)
+    assert torch.equal(inline.dense, overlapped.dense)
+    for a, b in zip(state_tensors(inline.dense_state), state_tensors(overlapped.dense_state)):
+        assert torch.equal(a, b)
+    assert not torch.equal(inline.dense, start)  # the pushes did move the weights
