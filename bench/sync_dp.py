@@ -27,7 +27,7 @@ from phalanx.config import RunConfig  # noqa: E402
 from phalanx.data import load_data  # noqa: E402
 from phalanx.entry.api import make_job  # noqa: E402
 from phalanx.metrics import read_events  # noqa: E402
-from phalanx.parallel import sync_dp  # noqa: E402
+from phalanx.parallel import replicas, sync_dp  # noqa: E402
 from phalanx.parallel.base import Job, read_result  # noqa: E402
 from phalanx.runtime.launch import spawn  # noqa: E402
 
@@ -41,7 +41,7 @@ def _ddp(rank: int, world: int, job: Job, out: str) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     loss_fn = nn.CrossEntropyLoss()
     step, t_warm = 0, 0.0
-    for _, idx in sync_dp.worker_batches(job, rank, world):
+    for _, idx in replicas.worker_batches(job, rank, world):
         loss = loss_fn(ddp(job.train.x[idx]), job.train.y[idx])
         loss.backward()
         opt.step()
@@ -69,8 +69,8 @@ def _sfb_bytes(rank: int, world: int, jobs: list[Job], out: str) -> None:
     """Bytes sent per step by all ranks, with and without sufficient factors."""
     sent = []
     for job in jobs:
-        with sync_dp.open_log(job, rank) as log:
-            sync_dp.train_worker(sync_dp.WorkerContext(job, rank, world, log, time.perf_counter()))
+        with replicas.open_log(job, rank) as log:
+            sync_dp.train_worker(replicas.WorkerContext(job, rank, world, log, time.perf_counter()))
         sent.append(read_result(job).stats["bytes_sent"] if rank == 0 else 0)
         dist.barrier()
     if rank == 0:
