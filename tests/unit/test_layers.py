@@ -15,7 +15,7 @@ ROOT = Path(phalanx.__file__).parent
 # bottom up; a module may import from its own layer or any layer below it
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("floor", ("phalanx.errors", "phalanx.limits", "phalanx.catalog")),
-    ("config", ("phalanx.config",)),
+    ("config", ("phalanx.config", "phalanx.settings")),
     ("metrics", ("phalanx.metrics",)),
     ("data, models, rules", ("phalanx.data", "phalanx.models", "phalanx.rules")),
     # launch, checkpoint files, fault primitives, placement: the ground floor that the
