@@ -32,6 +32,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
+from phalanx.cluster.core_share import CoreShare
 from phalanx.cluster.executor import Executor
 from phalanx.cluster.joblist import LiveJob
 from phalanx.cluster.jobs import JobState
@@ -46,6 +47,7 @@ from phalanx.cluster.resize import resize_run
 from phalanx.cluster.topology import Topology
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
+from phalanx.settings import parse_device
 
 
 def job_facts(job: LiveJob, capacity: int) -> AppFacts:
@@ -66,7 +68,7 @@ class ElasticLiveCluster(LiveCluster):
     def __init__(self, topology: Topology, jobs: Sequence[LiveJob],
                  placement: PlacementPolicy, config: LiveConfig, interval_s: float,
                  restart_s: float = 30.0, horizon_s: float = 1800.0,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, cores: CoreShare | None = None) -> None:
         if not 0 < interval_s < float("inf"):
             raise ConfigError(f"--interval must be a finite number > 0, got {interval_s}")
         super().__init__(topology, jobs, FIFO(), placement, config, executor=executor)
@@ -77,6 +79,12 @@ class ElasticLiveCluster(LiveCluster):
         self.policy = LearnedGoodputPolicy({j.spec.name: job_facts(j, cap) for j in elastic},
                                            node_gpus=max(topology.server_size),
                                            restart_s=restart_s, horizon_s=horizon_s)
+        # CPU jobs' ranks share their machines' cores (``cores``: None, never crowded)
+        self.cores = cores
+        self.on_cpu = {j.spec.id: parse_device(RunConfig.from_mapping(
+            j.config, source=j.spec.name).device).kind == "cpu" for j in self.jobs}
+        if cores is not None:
+            self.policy.slowdown = self._slowdown_at
         self.observers = {j.spec.id: JobObserver(EventTail(
             config.out / "jobs" / j.spec.name / "events.jsonl")) for j in elastic}
         self.target: dict[int, int] = {}
@@ -97,6 +105,27 @@ class ElasticLiveCluster(LiveCluster):
         with open(self.config.out / "logs" / f"{st.spec.name}.log", "a") as f:
             f.write(line + "\n")
 
+    # ------------------------------------------------------------------ CPU cores
+    def _demand(self, skip: int = -1) -> list[int]:
+        """Ranks of running CPU jobs per machine (without job ``skip``'s)."""
+        assert self.cores is not None
+        return self.cores.demand((s.server, 1) for jid, r in self.runs.items()
+                                 if jid != skip and self.on_cpu[jid] for s in r.gang.ranks)
+
+    def _slowdown_now(self, jid: int) -> float:
+        """How much slower job ``jid`` steps now for want of cores (1: not at all)."""
+        if self.cores is None or not self.on_cpu[jid]:
+            return 1.0
+        return self.cores.slowdown({s.server for s in self.runs[jid].gang.ranks},
+                                   self._demand())
+
+    def _slowdown_at(self, jid: int, n: int) -> float:
+        """The same on ``n`` ranks, beside the other jobs running now."""
+        if self.cores is None or not self.on_cpu[jid]:
+            return 1.0
+        return self.cores.predict(n, dict(enumerate(self._demand(skip=jid))),
+                                  self.policy.node_gpus)
+
     # ------------------------------------------------------------------ observations
     def _observe(self) -> None:
         for jid, run in self.runs.items():
@@ -104,7 +133,9 @@ class ElasticLiveCluster(LiveCluster):
             if obs is None:
                 continue
             nodes = len({s.server for s in run.gang.ranks})
-            ready, fresh = obs.read(nodes)
+            # times are taken in per whole core (divided by the slowdown), predictions
+            # times the slowdown where they apply
+            ready, fresh = obs.read(nodes, self._slowdown_now(jid))
             k = self.policy.learner.knowledge(jid, run.state.spec.name)
             for w in fresh:
                 # a window measured after the model was fitted to its set-up: the fit's
@@ -122,14 +153,17 @@ class ElasticLiveCluster(LiveCluster):
                                     o.sync_s, obs.grad(facts.init_batch))
         k = self.policy.learner.knowledge(st.spec.id, name)
         key = (o.gpus, o.nodes, o.batch)
-        fit = k.predict(o.gpus, o.nodes, o.batch)
+        x = self._slowdown_now(st.spec.id)
+        fit, measured = k.predict(o.gpus, o.nodes, o.batch) * x, o.step_s * x
         line = (f"{describe(k, name)}; at {o.gpus} GPU x {o.nodes} node x batch {o.batch} it "
-                f"predicts {fit:.4g} s/step, measured {o.step_s:.4g} "
-                f"({fit / o.step_s - 1:+.0%})")
+                f"predicts {fit:.4g} s/step, measured {measured:.4g} "
+                f"({fit / measured - 1:+.0%})")
+        if x > 1:
+            line += f" (x{x:.3g}: more ranks than cores)"
         before = self.predicted.pop(st.spec.id, None)
         if before is not None and before[0] == key:
             line += (f"; predicted {before[1]:.4g} s/step before running it "
-                     f"({before[1] / o.step_s - 1:+.0%})")
+                     f"({before[1] / measured - 1:+.0%})")
         self._note(st, line)
 
     def _reap(self) -> int:
@@ -204,7 +238,8 @@ class ElasticLiveCluster(LiveCluster):
             self._note(st, f"phalanx: scheduler: {st.spec.name}: not resized ({e})")
             return False
         if k.params is not None:
-            self.predicted[st.spec.id] = ((n, nodes, int(batch)), k.predict(n, nodes, batch))
+            self.predicted[st.spec.id] = ((n, nodes, int(batch)), k.predict(n, nodes, batch)
+                                          * self._slowdown_at(st.spec.id, n))
         self.resizes.append((st.spec.name, self.now, st.spec.gpus, n))
         self._note(st, f"phalanx: scheduler: {st.spec.name}: resized {st.spec.gpus} -> {n} "
                        f"workers, batch {int(batch)} per worker, step {old} -> {new}")

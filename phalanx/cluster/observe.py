@@ -70,9 +70,12 @@ class JobObserver:
     g2: float = math.nan
     s: float = math.nan
 
-    def read(self, nodes: int) -> tuple[list[Observation], list[Window]]:
+    def read(self, nodes: int, slowdown: float = 1.0) -> tuple[list[Observation], list[Window]]:
         """Take in new events (the job runs on ``nodes`` nodes now); return the set-ups
-        that just reached :data:`WINDOWS` windows, and every new window."""
+        that just reached :data:`WINDOWS` windows, and every new window. Times are kept
+        divided by ``slowdown``, the share of the cores the job's ranks had
+        (:mod:`phalanx.cluster.core_share`), so that set-ups measured beside different
+        neighbours compare."""
         ready, fresh = [], []
         for e in self.tail.new():
             kind = e.get("kind")
@@ -81,8 +84,8 @@ class JobObserver:
             elif kind == "perf" and e.get("step_s", 0) > 0:
                 key = (int(e["workers"]), nodes, int(e["batch"]))
                 w = self.windows.setdefault(key, [])
-                w.append((float(e["step_s"]), float(e["sync_s"])))
-                fresh.append(Window(key, len(w) - 1, float(e["step_s"])))
+                w.append((float(e["step_s"]) / slowdown, float(e["sync_s"]) / slowdown))
+                fresh.append(Window(key, len(w) - 1, w[-1][0]))
                 if len(w) == WINDOWS:
                     ready.append(self.summary(key))
         return ready, fresh

@@ -15,6 +15,7 @@ import contextlib
 from pathlib import Path
 
 from phalanx.cluster.clusters import resolve_cluster
+from phalanx.cluster.core_share import CoreShare
 from phalanx.cluster.executor import Executor, LocalExecutor
 from phalanx.cluster.joblist import check_fits, check_settings, load_job_list
 from phalanx.cluster.live import LiveCluster, LiveConfig
@@ -114,8 +115,13 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         else:
             executor = LocalExecutor(config.python)
         if elastic:
+            # a cluster started here has this machine's cores under every server; an
+            # existing one has the cores its topology declares per server
+            cores = (CoreShare.per_server(topology) if args.ray_address
+                     else CoreShare.this_machine(topology))
             live = ElasticLiveCluster(topology, jobs, placement, config, args.interval,
-                                      args.restart_cost, args.goodput_horizon, executor)
+                                      args.restart_cost, args.goodput_horizon, executor,
+                                      cores)
             for job in live.jobs:
                 why = live.why_fixed[job.spec.id]
                 if why:

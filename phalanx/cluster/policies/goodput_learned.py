@@ -30,7 +30,7 @@ observations (a prior from similar jobs; a new job is then valued and sized by i
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,6 +67,9 @@ class LearnedGoodputPolicy:
     priority: str = "none"
     options: LearnedOptions = field(default_factory=LearnedOptions)
     name: str = "goodput"
+    # (job id, GPUs) -> how much slower each step runs there for want of CPU cores (live
+    # CPU jobs on a machine with more ranks than cores: ``core_share``); None: never
+    slowdown: Callable[[int, int], float] | None = None
     adapts_batch: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
@@ -92,6 +95,8 @@ class LearnedGoodputPolicy:
             return {n: float(n) for n in counts}, 0.0
         n = np.array([1] + counts)
         g = k.goodput(-(-n // self.node_gpus), n)
+        if self.slowdown is not None:
+            g = g / np.array([self.slowdown(j.id, int(c)) for c in n])
         if not g[0] > 0:
             return {c: float(c) for c in counts}, 0.0
         seen = {key[1] for key in k.profile}
