@@ -17,13 +17,14 @@ Two models, fitted to the same measurements:
   never a measured speed of S.
 
 Results per target set-up: predicted / measured - 1 for both; medians over every target
-and over the targets fitted to set-ups of two worker counts or more (3 and 4 workers: "after
-a few observations"; a 2-worker set-up is predicted from 1-worker runs only, which show no
-sync cost at all, so Pollux's model predicts none). Ratio: the ``pollux`` model's median
-|error| over the ``cores`` model's (same measurements). Target: the ``cores`` model's median
-|error| after a few observations <= 25% (``0.25 / that error`` >= 1), the issue's "within
-25% after a few observations". One machine's cores under every rank is this machine's
-situation (2 cores, 4 slots); on a GPU cluster the slowdown is 1 and the models agree.
+and by how many worker counts the fit had seen (a 2-worker set-up is predicted from 1-worker
+runs only, which show no sync cost at all, so Pollux's model predicts none; 4 workers from
+runs at 1, 2 and 3). Ratio: the ``pollux`` model's median |error| over the ``cores``
+model's (same measurements). Target: the ``cores`` model's median |error| after 3 worker
+counts (here: predicting 4 workers) <= 25% (``0.25 / that error`` >= 1): our reading of the
+issue's "within 25% after a few observations", with fewer observations reported beside
+it. One machine's cores under every rank is this machine's situation (2 cores, 4 slots);
+on a GPU cluster the slowdown is 1 and the models agree.
 """
 
 from __future__ import annotations
@@ -103,17 +104,22 @@ def main() -> None:
         for label, s in (("pollux", dict.fromkeys(workers, 1.0)), ("cores", slow)):
             errors[label][f"{t[0]}x{t[1]}"] = round(predict(seen, t, s) / measured[t][0] - 1, 3)
     med = {k: round(statistics.median(abs(e) for e in v.values()), 3) for k, v in errors.items()}
-    # the set-ups after at least two others with fewer workers ("a few observations")
-    few = {k: round(statistics.median(abs(e) for s, e in v.items() if int(s.split("x")[0]) >= 3),
-                    3) for k, v in errors.items()}
+    # by how many worker counts the fit had seen (a target of n workers: n - 1 of them)
+    by_seen = {k: {str(c - 1): round(statistics.median(
+        abs(e) for s, e in v.items() if int(s.split("x")[0]) == c), 3)
+        for c in workers if c >= 2} for k, v in errors.items()}
     results = {"cores": cores, "slowdown": slow, "steps": steps,
                "measured_ms": {f"{k[0]}x{k[1]}": [round(1e3 * v[0], 3), round(1e3 * v[1], 3)]
                                for k, v in measured.items()},
-               "error": errors, "median_abs_error": med, "median_abs_error_3plus": few,
+               "error": errors, "median_abs_error": med,
+               "median_abs_error_by_worker_counts_seen": by_seen,
                "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+    few = str(max(workers) - 1)
     ratios = {"pollux_over_cores_median_error": round(med["pollux"] / max(med["cores"], 1e-9), 2),
-              "budget_25pct_over_cores_error_3plus": round(0.25 / max(few["cores"], 1e-9), 2)}
-    _common.emit("predict", results, ratios, {"budget_25pct_over_cores_error_3plus": 1.0})
+              f"budget_25pct_over_cores_error_after_{few}_counts": round(
+                  0.25 / max(by_seen["cores"][few], 1e-9), 2)}
+    _common.emit("predict", results, ratios, {f"budget_25pct_over_cores_error_after_{few}_counts":
+                                              1.0})
 
 
 if __name__ == "__main__":
