@@ -3,27 +3,32 @@ elastic resize.
 
 Every ``interval_s`` seconds, as the interval engine does in simulation:
 
-1. **Observe.** Each running job's rank 0 reports its step and sync times at its current
-   (workers, nodes, per-worker batch) and its gradient noise (``perf`` / ``noise`` events,
-   :mod:`phalanx.metrics.noise`). Each set-up measured over :data:`observe.WINDOWS`
-   windows is fed to the learned model (:class:`~phalanx.cluster.learned.Learner`): the
-   Pollux artifact's throughput model, fitted to what the job ran, never to a table of its
-   true speed. The fitted model goes into the job's log (``OUT/logs/NAME.log``), with its
-   prediction against the measurement.
+1. **Observe.** Each running job's rank 0 (a parameter-server job: worker 0) reports its
+   step and sync times at its current (workers, nodes, per-worker batch) and, sync and
+   average only, its gradient noise (``perf`` / ``noise`` events,
+   :mod:`phalanx.metrics.noise`; without a noise estimate the policy goes by throughput).
+   Each set-up measured over :data:`observe.WINDOWS` windows is fed to the learned model
+   (:class:`~phalanx.cluster.learned.Learner`): the Pollux artifact's throughput model,
+   fitted to what the job ran, never to a table of its true speed. The fitted model goes
+   into the job's log (``OUT/logs/NAME.log``), with its prediction against the
+   measurement.
 2. **Allocate.** ``LearnedGoodputPolicy.allocate`` (the simulator's policy object) gives
    each resizable job a GPU count: a job never run gets one GPU, a job may grow to twice
    the most it has run on, a change must pay its restart back.
-3. **Resize.** A job whose count changes is stopped (SIGTERM: checkpoint at one step), its
-   run folder is rewritten for the new workers and the batch the model picks for them
+3. **Resize.** A job whose count changes is stopped (SIGTERM: sync / average checkpoint at
+   one step; a parameter-server job keeps its last periodic checkpoint), its run folder is
+   rewritten for the new workers and the batch the model picks for them
    (:func:`~phalanx.cluster.resize.resize_run`), and it resumes from that checkpoint on the
    placement the placement policy finds.
 
 What a job's application "declares" (Pollux's facts) comes from its job-list entry: the
 initial batch is ``batch_size x gpus``; a worker's batch may range over
 ``[batch_size / 2, 2 x batch_size]``; the total batch up to ``2 x batch_size`` x the
-cluster's devices. Jobs that cannot be resized (anything but sync and average, or a job
-that cannot be preempted) keep their declared gang and run first come, first served on
-the devices the resizable jobs were not given; the CLI prints why each is not resizable.
+cluster's devices. A parameter-server job is resized in its workers (its shards stay;
+:mod:`~phalanx.cluster.resize_ps`). Jobs that cannot be resized (single, Hogwild!, the
+stage strategies, SandBlaster, or a job that cannot be preempted) keep their declared
+gang and run first come, first served on the devices the resizable jobs were not given;
+the CLI prints why each is not resizable.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from phalanx.cluster.resize import resize_run
 from phalanx.cluster.topology import Topology
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
+from phalanx.parallel.registry import spec
 
 
 def job_facts(job: LiveJob, capacity: int) -> AppFacts:
@@ -89,8 +95,8 @@ class ElasticLiveCluster(LiveCluster):
         plan = self.plans[job.spec.id]
         if not plan.preemptible:
             return f"not preemptible ({plan.why_not})"
-        if not plan.per_rank:
-            return f"--strategy {plan.strategy}: its workers are not resizable yet"
+        if not plan.per_rank and not spec(plan.strategy).is_parameter_server:
+            return f"--strategy {plan.strategy}: its workers are not resizable"
         return ""
 
     def _note(self, st: JobState, line: str) -> None:

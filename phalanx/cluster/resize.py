@@ -1,5 +1,5 @@
 """Elastic resize: rewrite a stopped sync / average run so that it resumes with another
-worker count and per-worker batch.
+worker count and per-worker batch (a parameter-server run: :mod:`~phalanx.cluster.resize_ps`).
 
 A sync or average checkpoint (:mod:`phalanx.parallel.dp_checkpoint`) holds one model, the
 update rule's state, the position in the data and every rank's RNG streams. For another
@@ -28,12 +28,13 @@ from pathlib import Path
 
 import torch
 
+from phalanx.cluster.resize_ps import resize_ps
 from phalanx.config import RunConfig
 from phalanx.data import steps_per_epoch
 from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
 from phalanx.parallel.dp_checkpoint import FORMAT, checkpoint_path, fingerprint, read_checkpoint
-from phalanx.parallel.registry import check_config
+from phalanx.parallel.registry import check_config, spec
 from phalanx.runtime.checkpoint import save_checkpoint
 
 
@@ -43,10 +44,13 @@ def run_config(run_dir: Path) -> RunConfig:
 
 
 def resize_run(run_dir: Path, workers: int, batch_size: int) -> tuple[int, int]:
-    """Rewrite ``run_dir`` (config.json and checkpoint.pt) for ``workers`` x
-    ``batch_size``; returns (old step, new step). Raises ``ConfigError`` with the reason
-    when the run cannot be resized."""
+    """Rewrite ``run_dir`` (config.json and checkpoint.pt, or a parameter-server run's
+    shard checkpoints: :mod:`phalanx.cluster.resize_ps`) for ``workers`` x ``batch_size``;
+    returns (old step, new step). Raises ``ConfigError`` with the reason when the run
+    cannot be resized."""
     old = run_config(run_dir)
+    if spec(old.strategy).is_parameter_server:
+        return resize_ps(run_dir, old, workers, batch_size)
     old.out = old.resume = str(run_dir)
     payload = read_checkpoint(old, checkpoint_path(run_dir))
     if payload.get("format") != FORMAT:
