@@ -14,9 +14,11 @@ it, as sync's resize). Why the mean and not the slowest or the fastest worker's 
   surviving worker's own clock says nothing about its new shard; what carries over is
   how much of the run was trained, and the mean keeps exactly that (the total samples:
   the slowest worker's clock would train the spread again, the fastest would skip it);
-* equal clocks satisfy every consistency model at once: BSP's barrier (a worker ahead of
-  another would wait at a barrier that never fills: a deadlock), SSP's bound (spread 0
-  <= s, nobody runs ahead or is left behind), and ASP / SoftSync have no clock bound;
+* equal clocks satisfy every consistency model at once: BSP's barrier (with a naive copy,
+  survivors at clock c and a new worker at 0, the survivors wait at the barrier while the
+  new worker's c pushes pile up unapplied, all computed on the same weights, then are
+  averaged into one update), SSP's bound (spread 0 <= s: nobody resumes ahead of it or
+  held back by a worker far behind), and ASP / SoftSync have no clock bound;
 * the rounding goes down to a whole push, so nothing is counted as trained that was not.
 
 Everything else a shard holds carries over unchanged: parameters, the rule's state
