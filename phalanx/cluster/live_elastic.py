@@ -171,6 +171,8 @@ class ElasticLiveCluster(LiveCluster):
             n = choice[v.id].gpus
             self.target[v.id] = n
             run = live.get(v.id)
+            if run is None and v.id in self.runs:
+                continue    # still stopping: it is resized to the target when it is gone
             if run is not None and n != run.state.spec.gpus:
                 self._stop(run, "preempt")
             elif run is None and n == 0:
