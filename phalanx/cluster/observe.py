@@ -1,9 +1,10 @@
 """What the live scheduler reads from its jobs: the ``perf`` and ``noise`` events a sync
-job's rank 0 writes (:mod:`phalanx.metrics.noise`), read incrementally from the job's
-``events.jsonl``, and turned into the observations the learned model takes
-(:class:`phalanx.cluster.learned.Learner`): step and sync time per set-up (GPUs, nodes,
-per-GPU batch) and the gradient statistics at the current batch. Nothing here knows a
-job's true speed: only what it measured while it ran.
+job's rank 0 writes (:mod:`phalanx.metrics.noise`), or a parameter-server job's worker 0
+and, under BSP, its shards' ``noise_part`` shares (:mod:`phalanx.ps.noise_part`), read
+incrementally from the job's ``events.jsonl``, and turned into the observations the
+learned model takes (:class:`phalanx.cluster.learned.Learner`): step and sync time per
+set-up (GPUs, nodes, per-GPU batch) and the gradient statistics at the current batch.
+Nothing here knows a job's true speed: only what it measured while it ran.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from phalanx.metrics.noise import NoiseScale, two_batch_estimate
 
 WINDOWS = 3      # perf windows (10 steps each) per set-up before it counts as observed
 
@@ -69,6 +72,9 @@ class JobObserver:
     windows: dict[tuple[int, int, int], list[tuple[float, float]]] = field(default_factory=dict)
     g2: float = math.nan
     s: float = math.nan
+    # a BSP parameter-server job: the shards' shares of an update, until all are in
+    parts: dict[int, dict[int, dict]] = field(default_factory=dict)
+    noise: NoiseScale = field(default_factory=NoiseScale)
 
     def read(self, nodes: int) -> tuple[list[Observation], list[Window]]:
         """Take in new events (the job runs on ``nodes`` nodes now); return the set-ups
@@ -78,6 +84,10 @@ class JobObserver:
             kind = e.get("kind")
             if kind == "noise":
                 self.g2, self.s = float(e.get("g2") or math.nan), float(e.get("s") or math.nan)
+            elif kind == "noise_part":
+                self._share(e)
+            elif kind == "start":
+                self.parts.clear()   # a restart: shares of the stopped run never complete
             elif kind == "perf" and e.get("step_s", 0) > 0:
                 key = (int(e["workers"]), nodes, int(e["batch"]))
                 w = self.windows.setdefault(key, [])
@@ -86,6 +96,20 @@ class JobObserver:
                 if len(w) == WINDOWS:
                     ready.append(self.summary(key))
         return ready, fresh
+
+    def _share(self, e: dict) -> None:
+        """One shard's share of an update's squared norms; with every shard's, the update
+        is one two-batch estimate (averaged as sync's are)."""
+        got = self.parts.setdefault(int(e["version"]), {})
+        got[int(e["shard"])] = e
+        if len(got) < int(e["shards"]):
+            return
+        del self.parts[int(e["version"])]
+        g2, s = two_batch_estimate(sum(p["small"] for p in got.values()),
+                                   sum(p["big"] for p in got.values()),
+                                   float(e["b_small"]), float(e["b_big"]))
+        self.noise.add(g2, s)
+        self.g2, self.s = self.noise.g2, self.noise.s
 
     def summary(self, key: tuple[int, int, int]) -> Observation:
         w = self.windows[key]

@@ -196,6 +196,8 @@ def make_shard(job: Job, shard: int, log=None) -> ShardState:
                        consistency(cfg), cfg.workers,
                        keep_backups=preset(cfg).delay_compensation, log=log,
                        pulls=pull_deltas_for(cfg))
+    if state.consistency.name == "bsp":   # the scheduler's noise estimate (ps/noise_part)
+        state.noise_batch = cfg.batch_size * cfg.grad_accum
     if cfg.resume:
         path = shard_path(cfg.resume, shard)
         restore_shard(state, read_shard(path, shard=shard, servers=cfg.servers,
