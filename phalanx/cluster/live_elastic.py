@@ -48,6 +48,7 @@ from phalanx.cluster.policies import FIFO, PlacementPolicy
 from phalanx.cluster.policies.goodput import JobView
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
 from phalanx.cluster.resize import resize_run
+from phalanx.cluster.resize_ps import refusal
 from phalanx.cluster.topology import Topology
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
@@ -97,6 +98,8 @@ class ElasticLiveCluster(LiveCluster):
             return f"not preemptible ({plan.why_not})"
         if not plan.per_rank and not spec(plan.strategy).is_parameter_server:
             return f"--strategy {plan.strategy}: its workers are not resizable"
+        if not plan.per_rank:
+            return refusal(RunConfig.from_mapping(job.config, source=job.spec.name))
         return ""
 
     def _note(self, st: JobState, line: str) -> None:
@@ -209,7 +212,11 @@ class ElasticLiveCluster(LiveCluster):
         try:
             old, new = resize_run(run_dir, n, int(batch))
         except ConfigError as e:
-            self._note(st, f"phalanx: scheduler: {st.spec.name}: not resized ({e})")
+            # from now on it runs at its size: the policy would stop it again and again
+            self._note(st, f"phalanx: scheduler: {st.spec.name}: not resized ({e}); it keeps "
+                           f"{st.spec.gpus} worker(s) from now on")
+            self.observers.pop(st.spec.id, None)
+            self.why_fixed[st.spec.id] = str(e)
             return False
         if k.params is not None:
             self.predicted[st.spec.id] = ((n, nodes, int(batch)), k.predict(n, nodes, batch))
