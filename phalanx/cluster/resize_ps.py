@@ -12,8 +12,8 @@ its RNG streams from the seed and its index), so the clock is the whole per-work
   the staleness of an update grows as W / n; n = W is the sync-like end, n = 1 is ASP), so
   a run keeps its place between ASP and BSP instead of its group size.
 * **BSP** with the strategy's default rule (momentum at 0.05 x (1 - m) x workers): the
-  learning rate is the one a fresh run with W' workers gets (kept as momentum at W' = 1:
-  the same effective step as single's SGD). A rule or rate the user chose stays.
+  learning rate is the one a fresh run with W' workers gets (:func:`default_lr`, as for
+  sync and average). A rule or rate the user chose stays.
 * ``--max-steps`` (steps per worker) is converted to keep the run's sample budget.
 
 Refused (one line, nothing rewritten): a run with injected faults (``--kill-worker``,
@@ -35,8 +35,7 @@ from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
 from phalanx.parallel.ps import consistency
 from phalanx.parallel.ps_worker import steps_per_worker
-from phalanx.parallel.registry import check_config
-from phalanx.parallel.spec import momentum_for
+from phalanx.parallel.registry import check_config, spec
 from phalanx.ps.checkpoint import read_shard, shard_path
 from phalanx.ps.resize import common_clock, rewrite_shards, worker_steps
 from phalanx.rules import RULES
@@ -51,14 +50,23 @@ def refusal(cfg: RunConfig) -> str:
     return ""
 
 
+def default_lr(old: RunConfig, workers: int) -> float | None:
+    """The learning rate of a run resized to ``workers`` whose rule is its strategy's
+    default momentum for its worker count (``spec.momentum_for``, recorded resolved in
+    config.json): the one a fresh run with ``workers`` gets, kept as momentum at one worker
+    (the same effective step as single's SGD: the rule state is momentum's). Anything
+    else -- the user's rule or rate, plain SGD of a run started with one worker -- stays."""
+    if old.workers > 1 and spec(old.strategy).default_rule(old) == (old.rule, old.lr):
+        return round(RULES.get("sgd").default_lr * (1.0 - old.momentum) * workers, 12)
+    return old.lr
+
+
 def resized_settings(old: RunConfig, workers: int, batch_size: int) -> RunConfig:
     """The run's settings for ``workers`` x ``batch_size`` (the module's rules)."""
-    new = dataclasses.replace(old, workers=workers, batch_size=batch_size, resume="")
+    new = dataclasses.replace(old, workers=workers, batch_size=batch_size, resume="",
+                              lr=default_lr(old, workers))
     if consistency(old).name.startswith("softsync"):
         new.softsync = max(1, min(workers, round(old.softsync * workers / old.workers)))
-    if old.strategy == "bsp" and old.consistency in ("", "bsp") and old.workers > 1 \
-            and momentum_for(old.workers, old) == (old.rule, old.lr):
-        new.lr = round(RULES.get("sgd").default_lr * (1.0 - old.momentum) * workers, 12)
     if old.max_steps:
         new.max_steps = max(1, round(old.max_steps * old.workers * old.batch_size
                                      / (workers * batch_size)))

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from phalanx.cluster.resize import resize_run, run_config
-from phalanx.cluster.resize_ps import resized_settings
+from phalanx.cluster.resize_ps import default_lr, resized_settings
 from phalanx.config import RunConfig
 from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
@@ -183,6 +183,10 @@ def test_what_follows_the_worker_count():
     assert (bsp.rule, bsp.lr) == ("momentum", 0.02)
     assert resized_settings(bsp, 2, 64).lr == 0.01
     assert resized_settings(cfg(strategy="bsp", lr=0.3, rule="momentum"), 2, 64).lr == 0.3
+    # the same rule for sync's resize (config.json records the default resolved); plain
+    # SGD of a one-worker start stays (its state has no momentum)
+    assert default_lr(check_config(cfg(strategy="sync")), 8) == 0.04
+    assert default_lr(check_config(cfg(strategy="sync", workers=1)), 2) == 0.05
     # max_steps keeps the sample budget
     assert resized_settings(cfg(strategy="asp", max_steps=100, lr=0.05), 2, 128).max_steps \
         == 100
