@@ -194,3 +194,38 @@ def test_what_follows_the_worker_count():
     # (mean 11.5) at 2 accumulated micro-batches x npush 2 = 4 micro-batches per push
     assert common_clock([10, 13], 2, 2, 62, 40) == 3   # 23 / 62 x 40 = 14.8 -> 15 -> 3
     assert common_clock([62, 62], 1, 1, 62, 40) == 40  # one epoch is one epoch
+
+
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FASHION.is_dir(), reason="Fashion-MNIST is not installed")
+@pytest.mark.parametrize("strategy", ["asp", "ssp"])
+def test_resized_runs_reach_the_accuracy_of_unresized_ones(tmp_path, strategy):
+    """MLP, 8,000 Fashion-MNIST images, 3 epochs, 2 shards, seeds 0-2: a run resized
+    2 -> 3 (batch 32) -> 1 (batch 64) workers, stopped at its first checkpoints, against
+    the same run left at 2 workers. Where it stops differs run to run (SIGTERM)."""
+    args = ["--strategy", strategy, "--model", "mlp", "--data", "fashion-mnist",
+            "--train-limit", "8000", "--test-limit", "2000", "--workers", "2", "--servers",
+            str(SERVERS), "--epochs", "3", "--checkpoint-every", "40", "--threads", "1",
+            "--no-tensorboard"]
+    acc: dict[str, list[float]] = {"fixed": [], "resized": []}
+    for seed in range(3):
+        fixed, run = tmp_path / f"fixed{seed}", tmp_path / f"resized{seed}"
+        assert train([*args, "--seed", str(seed), "--out", str(fixed)], fixed,
+                     stop=False).returncode == 0
+        train([*args, "--seed", str(seed), "--out", str(run)], run, stop=True)
+        resize_run(run, 3, 32)
+        train(["--resume", str(run)], run, stop=True)
+        resize_run(run, 1, 64)
+        assert train(["--resume", str(run)], run, stop=False).returncode == 0
+        for name, path in (("fixed", fixed), ("resized", run)):
+            summary = json.loads((path / "summary.json").read_text())
+            acc[name].append(summary["test_accuracy"])
+            # 3 epochs of full batches: 2 x 62 x 64 a worker's, or 125 x 64 for the one
+            assert summary["train_samples"] == 3 * (2 * 62 if name == "fixed" else 125) * 64
+    mean = {k: sum(v) / len(v) for k, v in acc.items()}
+    print(f"{strategy}: test accuracy fixed {acc['fixed']} (mean {mean['fixed']:.4f}), "
+          f"resized {acc['resized']} (mean {mean['resized']:.4f})")
+    assert abs(mean["resized"] - mean["fixed"]) < 0.03 and min(acc["resized"]) > 0.75
