@@ -211,8 +211,8 @@ class PSWorker(Hooks):
         batches = batch_stream(self.shard, cfg.batch_size, cfg.seed, skip=skip)
         per_epoch = steps_per_epoch(len(self.shard), cfg.batch_size)
         start = Position(self.step, skip // per_epoch, self.samples)
-        # worker 0 reports its step times at (workers, batch) to a scheduler; no noise
-        # estimate (per_step 1): see docs/cluster.md, "Elastic resize"
+        # worker 0 reports its step times at (workers, batch) to a scheduler (per_step 1:
+        # no noise estimate here; under BSP the shards log theirs, ps/noise_part.py)
         self.probe = JobProbe(self.params, cfg.batch_size, 1, cfg.workers, self.log,
                               active=first)
         try:
