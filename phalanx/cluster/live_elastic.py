@@ -172,6 +172,10 @@ class ElasticLiveCluster(LiveCluster):
         self.benched = set()
         for v in views:
             n = choice[v.id].gpus
+            if not self.plans[v.id].per_rank:
+                # a parameter-server driver starts every worker on its first node
+                # (launch_plan.rank_slots): more workers than a node's devices would share
+                n = min(n, self.policy.node_gpus)
             self.target[v.id] = n
             run = live.get(v.id)
             if run is None and v.id in self.runs:
