@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ class EventTail:
     def new(self) -> list[dict]:
         try:
             with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.offset:
+                    self.offset = 0   # a new file: the run folder was cleared (started anew)
                 f.seek(self.offset)
                 data = f.read()
         except OSError:

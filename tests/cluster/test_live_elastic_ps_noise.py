@@ -68,3 +68,14 @@ def test_asynchronous_pushes_give_no_estimate(tmp_path):
     states[0].noise_batch = states[1].noise_batch = 32   # even if asked: one push an update
     one_iteration(states, [torch.ones(7)] * 3)
     assert "noise_part" not in events and "apply" in events
+
+
+def test_the_observer_reads_a_run_folder_started_anew(tmp_path):
+    """A job stopped before its first checkpoint starts anew in a cleared folder: its new
+    events file is read from the start, not from the old file's offset."""
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"kind": "a"}\n{"kind": "b"}\n')
+    tail = EventTail(path)
+    assert [e["kind"] for e in tail.new()] == ["a", "b"]
+    path.write_text('{"kind": "c"}\n')
+    assert [e["kind"] for e in tail.new()] == ["c"]
