@@ -5,7 +5,7 @@ has checkpointed, as the live scheduler stops a parameter-server job, resized 2 
 workers (the batch changes too) and resumed with ``--resume``. The clocks after each
 resize are one common clock at the run's mean position in epochs on every shard (a naive
 copy leaves new workers at 0 and the survivors where they were: unequal clocks, which
-deadlock BSP and replay data), the shards' own history carries over, the resumed workers
+hold BSP's survivors while the new worker's pushes pile up unapplied, and replay data), the shards' own history carries over, the resumed workers
 start at that clock, SSP's bound holds afterwards, and the run finishes its epochs and
 keeps learning. Refusals leave the folder as it was.
 """
@@ -26,11 +26,16 @@ import torch
 
 from phalanx.cluster.resize import resize_run, run_config
 from phalanx.cluster.resize_ps import default_lr, resized_settings
+from phalanx.comm.wire import Header, Kind
 from phalanx.config import RunConfig
 from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
 from phalanx.parallel.registry import check_config
+from phalanx.ps.consistency import BulkSynchronous
+from phalanx.ps.partition import Partition
 from phalanx.ps.resize import common_clock
+from phalanx.ps.shard import WANT_DENSE, ShardState
+from phalanx.rules import sgd
 from phalanx.runtime.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -229,3 +234,36 @@ def test_resized_runs_reach_the_accuracy_of_unresized_ones(tmp_path, strategy):
     print(f"{strategy}: test accuracy fixed {acc['fixed']} (mean {mean['fixed']:.4f}), "
           f"resized {acc['resized']} (mean {mean['resized']:.4f})")
     assert abs(mean["resized"] - mean["fixed"]) < 0.03 and min(acc["resized"]) > 0.75
+
+
+def test_bsp_needs_the_common_clock():
+    """Why one common clock (ps/resize.py), on the BSP shard itself: resumed at equal
+    clocks, a round of the 3 workers' pushes is one averaged update; at a naive copy's
+    clocks (survivors at 5, the new worker at 0) the survivors are held at the barrier and
+    the new worker's pushes pile up unapplied, all computed on the same weights."""
+    part = Partition(1, (0,), ((2,),), (0, 2))
+
+    def shard(clocks: list[int]) -> ShardState:
+        s = ShardState(0, part, torch.zeros(2), None, sgd(0.1), BulkSynchronous(), 3)
+        s.clocks = list(clocks)
+        return s
+
+    def pull(s: ShardState, w: int) -> list:
+        return s.handle(w, Header(Kind.PULL, worker=w, clock=s.clocks[w], flags=WANT_DENSE),
+                        [])
+
+    def push(s: ShardState, w: int) -> None:
+        s.handle(w, Header(Kind.PUSH, worker=w, clock=s.clocks[w], seq=s.clocks[w],
+                           version=s.version), [torch.ones(2)])
+
+    even = shard([5, 5, 5])
+    assert all(pull(even, w) for w in range(3))     # every worker may start its step
+    for w in range(3):
+        push(even, w)
+    assert even.version == 1 and even.stats.pushes_applied == 3
+    naive = shard([5, 5, 0])
+    assert not pull(naive, 0) and not pull(naive, 1)   # held at the barrier
+    for _ in range(5):
+        assert pull(naive, 2)
+        push(naive, 2)
+    assert naive.version == 0 and len(naive.buffer) == 5   # nothing applied yet
