@@ -161,7 +161,7 @@ def test_what_cannot_be_resized_is_refused_and_left_as_it_was(story, tmp_path):
     cases = [
         (3, 10_000, {}, "leaves a shard of fewer than 1 micro-batches"),
         (1, 64, {"slow_workers": {"1": 2.0}}, "--slow-workers: rank 1 does not exist"),
-        (3, 64, {"kill_worker": "1:400"}, "injected faults"),
+        (3, 64, {"kill_worker": "1@400"}, "injected faults"),
     ]
     for workers, batch, change, why in cases:
         (run / "config.json").write_text(json.dumps({**values, **change}, indent=2) + "\n")
