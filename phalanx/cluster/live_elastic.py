@@ -4,9 +4,10 @@ elastic resize.
 Every ``interval_s`` seconds, as the interval engine does in simulation:
 
 1. **Observe.** Each running job's rank 0 (a parameter-server job: worker 0) reports its
-   step and sync times at its current (workers, nodes, per-worker batch) and, sync and
-   average only, its gradient noise (``perf`` / ``noise`` events,
-   :mod:`phalanx.metrics.noise`; without a noise estimate the policy goes by throughput).
+   step and sync times at its current (workers, nodes, per-worker batch) and its gradient
+   noise (``perf`` / ``noise`` events, :mod:`phalanx.metrics.noise`; a BSP parameter
+   server's shards: ``noise_part``, :mod:`phalanx.ps.noise_part`; the other
+   parameter-server models have none, and the policy goes by their throughput).
    Each set-up measured over :data:`observe.WINDOWS` windows is fed to the learned model
    (:class:`~phalanx.cluster.learned.Learner`): the Pollux artifact's throughput model,
    fitted to what the job ran, never to a table of its true speed. The fitted model goes
