@@ -256,12 +256,13 @@ class JobKnowledge:
 
     # -------------------------------------------------------------- observations
     def observe(self, gpus: int, nodes: int, batch: float, step_time: float,
-                sync_time: float) -> bool:
+                sync_time: float, replace: bool = False) -> bool:
         """One run set-up: ``gpus`` replicas on ``nodes`` nodes at per-GPU batch
         ``batch``, one step (no accumulation) in ``step_time`` of which ``sync_time`` is
-        the gradient sync. Refits when the set-up is new; True then."""
+        the gradient sync. Refits when the set-up is new, or with ``replace`` (newer,
+        larger evidence of a set-up seen before); True then."""
         key = (int(nodes), int(gpus), float(batch))
-        if key in self.profile:
+        if key in self.profile and not replace:
             return False
         if not (step_time > 0 and 0 <= sync_time < step_time):
             raise ValueError(f"observe: need step_time > sync_time >= 0, got "
@@ -366,15 +367,16 @@ class Learner:
         return k
 
     def observe(self, jid: int, app: str, gpus: int, nodes: int, batch: float,
-                step_time: float, sync_time: float, grad: tuple[float, float]) -> None:
+                step_time: float, sync_time: float, grad: tuple[float, float],
+                replace: bool = False) -> None:
         k = self.job(jid, app)
-        k.observe(gpus, nodes, batch, step_time, sync_time)
+        k.observe(gpus, nodes, batch, step_time, sync_time, replace)
         k.observe_grad(*grad)
         if self.share:
             pool = self.pools.get(app)
             if pool is None:
                 pool = self.pools[app] = self._new(app)
-            pool.observe(gpus, nodes, batch, step_time, sync_time)
+            pool.observe(gpus, nodes, batch, step_time, sync_time, replace)
             pool.observe_grad(*grad)
 
     def cap(self, jid: int, app: str) -> int:

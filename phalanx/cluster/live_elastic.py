@@ -3,27 +3,33 @@ elastic resize.
 
 Every ``interval_s`` seconds, as the interval engine does in simulation:
 
-1. **Observe.** Each running job's rank 0 reports its step and sync times at its current
-   (workers, nodes, per-worker batch) and its gradient noise (``perf`` / ``noise`` events,
-   :mod:`phalanx.metrics.noise`). Each set-up measured over :data:`observe.WINDOWS`
-   windows is fed to the learned model (:class:`~phalanx.cluster.learned.Learner`): the
-   Pollux artifact's throughput model, fitted to what the job ran, never to a table of its
-   true speed. The fitted model goes into the job's log (``OUT/logs/NAME.log``), with its
-   prediction against the measurement.
+1. **Observe.** Each running job's rank 0 (a parameter-server job: worker 0) reports its
+   step and sync times at its current (workers, nodes, per-worker batch) and its gradient
+   noise (``perf`` / ``noise`` events, :mod:`phalanx.metrics.noise`; a BSP parameter
+   server's shards: ``noise_part``, :mod:`phalanx.ps.noise_part`; the other
+   parameter-server models have none, and the policy goes by their throughput).
+   Each set-up measured over :data:`observe.WINDOWS` windows is fed to the learned model
+   (:class:`~phalanx.cluster.learned.Learner`): the Pollux artifact's throughput model,
+   fitted to what the job ran, never to a table of its true speed. The fitted model goes
+   into the job's log (``OUT/logs/NAME.log``), with its prediction against the
+   measurement.
 2. **Allocate.** ``LearnedGoodputPolicy.allocate`` (the simulator's policy object) gives
    each resizable job a GPU count: a job never run gets one GPU, a job may grow to twice
    the most it has run on, a change must pay its restart back.
-3. **Resize.** A job whose count changes is stopped (SIGTERM: checkpoint at one step), its
-   run folder is rewritten for the new workers and the batch the model picks for them
+3. **Resize.** A job whose count changes is stopped (SIGTERM: sync / average checkpoint at
+   one step; a parameter-server job keeps its last periodic checkpoint), its run folder is
+   rewritten for the new workers and the batch the model picks for them
    (:func:`~phalanx.cluster.resize.resize_run`), and it resumes from that checkpoint on the
    placement the placement policy finds.
 
 What a job's application "declares" (Pollux's facts) comes from its job-list entry: the
 initial batch is ``batch_size x gpus``; a worker's batch may range over
 ``[batch_size / 2, 2 x batch_size]``; the total batch up to ``2 x batch_size`` x the
-cluster's devices. Jobs that cannot be resized (anything but sync and average, or a job
-that cannot be preempted) keep their declared gang and run first come, first served on
-the devices the resizable jobs were not given; the CLI prints why each is not resizable.
+cluster's devices. A parameter-server job is resized in its workers (its shards stay;
+:mod:`~phalanx.cluster.resize_ps`). Jobs that cannot be resized (single, Hogwild!, the
+stage strategies, SandBlaster, or a job that cannot be preempted) keep their declared
+gang and run first come, first served on the devices the resizable jobs were not given;
+the CLI prints why each is not resizable.
 """
 
 from __future__ import annotations
@@ -44,9 +50,11 @@ from phalanx.cluster.policies import FIFO, PlacementPolicy
 from phalanx.cluster.policies.goodput import JobView
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
 from phalanx.cluster.resize import resize_run
+from phalanx.cluster.resize_ps import refusal
 from phalanx.cluster.topology import Topology
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
+from phalanx.parallel.registry import spec
 from phalanx.settings import parse_device
 
 
@@ -97,8 +105,10 @@ class ElasticLiveCluster(LiveCluster):
         plan = self.plans[job.spec.id]
         if not plan.preemptible:
             return f"not preemptible ({plan.why_not})"
+        if not plan.per_rank and not spec(plan.strategy).is_parameter_server:
+            return f"--strategy {plan.strategy}: its workers are not resizable"
         if not plan.per_rank:
-            return f"--strategy {plan.strategy}: its workers are not resizable yet"
+            return refusal(RunConfig.from_mapping(job.config, source=job.spec.name))
         return ""
 
     def _note(self, st: JobState, line: str) -> None:
@@ -150,18 +160,19 @@ class ElasticLiveCluster(LiveCluster):
         name = st.spec.name
         facts = self.policy.learner.facts[name]
         self.policy.learner.observe(st.spec.id, name, o.gpus, o.nodes, o.batch, o.step_s,
-                                    o.sync_s, obs.grad(facts.init_batch))
+                                    o.sync_s, obs.grad(facts.init_batch), replace=True)
         k = self.policy.learner.knowledge(st.spec.id, name)
         key = (o.gpus, o.nodes, o.batch)
         x = self._slowdown_now(st.spec.id)
         fit, measured = k.predict(o.gpus, o.nodes, o.batch) * x, o.step_s * x
-        line = (f"{describe(k, name)}; at {o.gpus} GPU x {o.nodes} node x batch {o.batch} it "
-                f"predicts {fit:.4g} s/step, measured {measured:.4g} "
-                f"({fit / measured - 1:+.0%})")
+        line = (f"{describe(k, name)}; at {o.gpus} GPU x {o.nodes} node x batch {o.batch} "
+                f"({o.windows} windows) it predicts {fit:.4g} s/step, measured "
+                f"{measured:.4g} ({fit / measured - 1:+.0%})")
         if x > 1:
             line += f" (x{x:.3g}: more ranks than cores)"
-        before = self.predicted.pop(st.spec.id, None)
+        before = self.predicted.get(st.spec.id)
         if before is not None and before[0] == key:
+            del self.predicted[st.spec.id]
             line += (f"; predicted {before[1]:.4g} s/step before running it "
                      f"({before[1] / measured - 1:+.0%})")
         self._note(st, line)
@@ -197,8 +208,14 @@ class ElasticLiveCluster(LiveCluster):
         self.benched = set()
         for v in views:
             n = choice[v.id].gpus
+            if not self.plans[v.id].per_rank:
+                # a parameter-server driver starts every worker on its first node
+                # (launch_plan.rank_slots): more workers than a node's devices would share
+                n = min(n, self.policy.node_gpus)
             self.target[v.id] = n
             run = live.get(v.id)
+            if run is None and v.id in self.runs:
+                continue    # still stopping: it is resized to the target when it is gone
             if run is not None and n != run.state.spec.gpus:
                 self._stop(run, "preempt")
             elif run is None and n == 0:
@@ -235,7 +252,11 @@ class ElasticLiveCluster(LiveCluster):
         try:
             old, new = resize_run(run_dir, n, int(batch))
         except ConfigError as e:
-            self._note(st, f"phalanx: scheduler: {st.spec.name}: not resized ({e})")
+            # from now on it runs at its size: the policy would stop it again and again
+            self._note(st, f"phalanx: scheduler: {st.spec.name}: not resized ({e}); it keeps "
+                           f"{st.spec.gpus} worker(s) from now on")
+            self.observers.pop(st.spec.id, None)
+            self.why_fixed[st.spec.id] = str(e)
             return False
         if k.params is not None:
             self.predicted[st.spec.id] = ((n, nodes, int(batch)), k.predict(n, nodes, batch)

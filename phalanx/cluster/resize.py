@@ -1,5 +1,5 @@
 """Elastic resize: rewrite a stopped sync / average run so that it resumes with another
-worker count and per-worker batch.
+worker count and per-worker batch (a parameter-server run: :mod:`~phalanx.cluster.resize_ps`).
 
 A sync or average checkpoint (:mod:`phalanx.parallel.dp_checkpoint`) holds one model, the
 update rule's state, the position in the data and every rank's RNG streams. For another
@@ -15,9 +15,12 @@ worker count W' and batch b':
 * ``config.json`` gets the new ``workers`` and ``batch_size``, the checkpoint the
   fingerprint of the new settings, so ``--resume`` accepts it and checks it as always.
 
-The learning rate follows the new settings as for a fresh run of them (the sync default
-scales with the global batch). The continued trajectory is not the one an unresized run
-would take: that is what resizing is.
+The learning rate follows the new settings as for a fresh run of them where the run uses
+its strategy's default rule (momentum scaled with the workers;
+:func:`~phalanx.cluster.resize_ps.default_lr`): config.json records it resolved, so it is
+recomputed here. A run started with one worker trains with single's plain SGD and keeps it
+(its rule state has no momentum), as does a rule or rate the user chose. The continued
+trajectory is not the one an unresized run would take: that is what resizing is.
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ from pathlib import Path
 
 import torch
 
+from phalanx.cluster.resize_ps import default_lr, resize_ps
 from phalanx.config import RunConfig
 from phalanx.data import steps_per_epoch
 from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
 from phalanx.parallel.dp_checkpoint import FORMAT, checkpoint_path, fingerprint, read_checkpoint
-from phalanx.parallel.registry import check_config
+from phalanx.parallel.registry import check_config, spec
 from phalanx.runtime.checkpoint import save_checkpoint
 
 
@@ -43,15 +47,19 @@ def run_config(run_dir: Path) -> RunConfig:
 
 
 def resize_run(run_dir: Path, workers: int, batch_size: int) -> tuple[int, int]:
-    """Rewrite ``run_dir`` (config.json and checkpoint.pt) for ``workers`` x
-    ``batch_size``; returns (old step, new step). Raises ``ConfigError`` with the reason
-    when the run cannot be resized."""
+    """Rewrite ``run_dir`` (config.json and checkpoint.pt, or a parameter-server run's
+    shard checkpoints: :mod:`phalanx.cluster.resize_ps`) for ``workers`` x ``batch_size``;
+    returns (old step, new step). Raises ``ConfigError`` with the reason when the run
+    cannot be resized."""
     old = run_config(run_dir)
+    if spec(old.strategy).is_parameter_server:
+        return resize_ps(run_dir, old, workers, batch_size)
     old.out = old.resume = str(run_dir)
     payload = read_checkpoint(old, checkpoint_path(run_dir))
     if payload.get("format") != FORMAT:
         raise ConfigError(f"{run_dir}: not a sync / average checkpoint: cannot resize")
-    new = dataclasses.replace(old, workers=workers, batch_size=batch_size, resume="")
+    new = dataclasses.replace(old, workers=workers, batch_size=batch_size, resume="",
+                              lr=default_lr(old, workers))
     check_config(new)
     n = len(make_job(new).train)
     ga = old.grad_accum
@@ -78,6 +86,6 @@ def resize_run(run_dir: Path, workers: int, batch_size: int) -> tuple[int, int]:
         **payload, "workers": workers, "fingerprint": fingerprint(new), "step": step,
         "epoch": int(epoch), "samples": int(samples), "ranks": fresh})
     values = json.loads((run_dir / "config.json").read_text())
-    values.update(workers=workers, batch_size=batch_size)
+    values.update(workers=workers, batch_size=batch_size, lr=new.lr)
     (run_dir / "config.json").write_text(json.dumps(values, indent=2) + "\n")
     return payload["step"], step

@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "without it a local Ray cluster is built from --cluster")
     p.add_argument("--policy", default="fifo",
                    help=f"ordering: {', '.join(ORDERINGS)}; or goodput (elastic: the learned "
-                        "goodput policy resizes sync / average jobs every --interval)")
+                        "goodput policy resizes sync, average and parameter-server jobs every "
+                        "--interval)")
     p.add_argument("--interval", type=float, default=60.0,
                    help="goodput: seconds between allocations (default 60)")
     p.add_argument("--restart-cost", type=float, default=30.0,

@@ -16,6 +16,7 @@ injection: ``--kill-worker`` exits the process at a step, ``--drop-messages`` lo
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
 
 import torch
@@ -27,6 +28,7 @@ from phalanx.comm.transport import Transport
 from phalanx.comm.wire import HEADER_BYTES
 from phalanx.data import steps_per_epoch
 from phalanx.metrics import EventLog
+from phalanx.metrics.noise import JobProbe
 from phalanx.parallel.base import Job
 from phalanx.parallel.device_data import DeviceData
 from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
@@ -123,10 +125,18 @@ class PSWorker(Hooks):
         self.acc_rows: list[torch.Tensor] = []
         self.acc_row_grads: list[torch.Tensor] = []
         self.step_rows: list[torch.Tensor] = []  # this step's micro-batches' table rows
+        # seconds blocked on the shards (pulls, barriers, pushes) while other workers share
+        # them: the sync time of a scheduler's step-time model (perf events). A lone
+        # worker's exchange is part of its step, as a lone GPU's optimizer step is: that
+        # model has no sync term for one replica (cluster/learned.py)
+        self.wait_s = 0.0
+        self.shared = job.config.workers > 1
+        self.probe: JobProbe | None = None
 
     # ---- talking to the shards ---------------------------------------------------------
 
     def pull(self, rows: torch.Tensor | None, dense: bool, resume: bool = False) -> None:
+        t0 = time.perf_counter()
         with torch.no_grad():
             if self.ahead is not None:
                 # the answer to the pull asked ahead (it may have arrived during compute)
@@ -138,6 +148,8 @@ class PSWorker(Hooks):
                 self.client.pull(self.clock, self.flat if dense else None, rows,
                                  self.table.data if self.table is not None else None,
                                  resume=resume)
+        if self.shared:
+            self.wait_s += time.perf_counter() - t0
         if dense:
             unflatten_into(self.part, self.flat.to(self.device), self.params)
 
@@ -199,8 +211,15 @@ class PSWorker(Hooks):
         batches = batch_stream(self.shard, cfg.batch_size, cfg.seed, skip=skip)
         per_epoch = steps_per_epoch(len(self.shard), cfg.batch_size)
         start = Position(self.step, skip // per_epoch, self.samples)
-        pos = Loop(cfg, self.report, self, batches, self.total, start=start,
-                   shards=cfg.workers, straggler=self.kit.straggler).run()
+        # worker 0 reports its step times at (workers, batch) to a scheduler (per_step 1:
+        # no noise estimate here; under BSP the shards log theirs, ps/noise_part.py)
+        self.probe = JobProbe(self.params, cfg.batch_size, 1, cfg.workers, self.log,
+                              active=first)
+        try:
+            pos = Loop(cfg, self.report, self, batches, self.total, start=start,
+                       shards=cfg.workers, straggler=self.kit.straggler).run()
+        finally:
+            self.probe.close()
         self.samples = pos.samples
 
     # ---- the loop's hooks --------------------------------------------------------------
@@ -245,7 +264,12 @@ class PSWorker(Hooks):
             p.grad = None
         self.step = step
         if step % cfg.npush == 0 or step == self.total:
+            t0 = time.perf_counter()
             self.push()
+            if self.shared:
+                self.wait_s += time.perf_counter() - t0
+        if self.probe is not None:
+            self.probe.step(step, self.wait_s)
         return {"bytes_sent": self.transport.counter.sent}
 
     def push(self) -> None:

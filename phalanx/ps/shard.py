@@ -32,6 +32,7 @@ import torch
 from phalanx.comm.compress import CODEC_MASK, finite
 from phalanx.comm.ps_payload import PullDeltas, decode_push
 from phalanx.comm.wire import Header, Kind
+from phalanx.ps import noise_part
 from phalanx.ps.consistency import Consistency
 from phalanx.ps.partition import Partition
 from phalanx.ps.row_state import gather_rows, scatter_rows
@@ -115,6 +116,7 @@ class ShardState:
         self._log = log
         self.pulls = pulls  # --compress: pulls answered with compressed deltas
         self.updater = Updater(f"shard{shard}-update")  # the dense update's thread
+        self.noise_batch = 0  # BSP: samples behind one push; > 0 logs noise shares
 
     # ---- overlapping the update with the next receive (phalanx.ps.updater) ----------
 
@@ -312,6 +314,12 @@ class ShardState:
         # the received gradient (or the batch's new mean) is ours alone and read no more:
         # the rule may turn it into the update in place (no 4 MB allocation per push)
         grad = valid[0].dense if n == 1 else torch.stack([p.dense for p in valid]).mean(0)
+        if self.noise_batch and n > 1 and self.version % noise_part.EVERY == 0 \
+                and self._log is not None and len({p.version for p in valid}) == 1:
+            small, big = noise_part.shares([p.dense for p in valid], grad)  # before the update
+            self._log("noise_part", shard=self.shard, shards=self.part.shards,
+                      version=self.version, small=small, big=big,
+                      b_small=self.noise_batch, b_big=n * self.noise_batch)
         backup = None
         if self.keep_backups:
             backup = [torch.stack([self.backups.get(p.worker, self.dense) for p in valid]).mean(0)]

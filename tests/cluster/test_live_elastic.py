@@ -59,3 +59,59 @@ def test_goodput_resizes_a_live_job_from_its_own_measurements(tmp_path):
     # them by more, which the log shows)
     held = re.search(r"against (\d+) later windows .*?: median \|error\| (\d+)%", log)
     assert held and int(held.group(1)) >= 3 and int(held.group(2)) <= 25, log
+
+
+def test_goodput_resizes_a_live_parameter_server_job(tmp_path):
+    """An asp job (1 shard) is resized in its workers from worker 0's own step times; it
+    resumes at the common clock the resize chose each time and finishes its epochs."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - {name: p, arrival: 0, gpus: 1, config: {model: mlp, data: "
+                    "synthetic, epochs: 6, strategy: asp, servers: 1, checkpoint_every: "
+                    "20, tensorboard: false}}\n")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
+                        "--cluster", "uniform:1,1,1,4", "--policy", "goodput", "--interval",
+                        "1", "--restart-cost", "1", "--out", str(out)],
+                       capture_output=True, text=True, cwd=REPO, timeout=240, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "not resized" not in r.stdout
+    row = next(csv.DictReader((out / "jobs.csv").open()))
+    assert row["status"] == "finished" and row["preemptible"] == "yes"
+    log = (out / "logs" / "p.log").read_text()
+    resized = re.findall(r"resized (\d+) -> (\d+) workers, batch (\d+) per worker, "
+                         r"step (\d+) -> (\d+)", log)
+    assert resized, log
+    # the fitted model came from worker 0's perf events at the sizes it ran
+    assert re.search(r"p: step-time model fitted to \[1 GPU x 1 node x batch 64", log), log
+    run = out / "jobs" / "p"
+    events = [json.loads(ln) for ln in (run / "events.jsonl").read_text().splitlines()]
+    sizes = [int(resized[0][0])] + [int(x[1]) for x in resized]
+    measured = {e["workers"] for e in events if e["kind"] == "perf"}
+    assert sizes[0] == 1 and 1 in measured and measured <= set(sizes)
+    # the starts (the driver's start event each): each resumed with the workers and at the
+    # clock of a resize, in order (a start stopped while it started up may have logged no
+    # start or no resume); the last start resumed every worker of the last resize
+    starts: list[tuple[int, list[dict]]] = []
+    for e in events:
+        if e["kind"] == "start" and e["rank"] == -1:
+            starts.append((e["workers"], []))
+        elif e["kind"] == "resume" and e["role"] == "worker":
+            starts[-1][1].append(e)
+    assert starts[0] == (1, [])
+    todo = [(int(n), int(step)) for _, n, _, _, step in resized]
+    for workers, group in starts[1:]:
+        while todo and not (todo[0][0] == workers
+                            and {e["clock"] for e in group} <= {todo[0][1]}):
+            todo.pop(0)
+        assert todo, (workers, group, resized)
+        assert {e["worker"] for e in group} <= set(range(workers))
+        todo.pop(0)
+    workers, group = starts[-1]
+    assert workers == int(resized[-1][1]) and not todo
+    assert sorted(e["worker"] for e in group) == list(range(workers))
+    assert {e["clock"] for e in group} == {int(resized[-1][4])}
+    cfg = json.loads((run / "config.json").read_text())
+    assert (cfg["workers"], cfg["batch_size"]) == (int(resized[-1][1]), int(resized[-1][2]))
+    summary = json.loads((run / "summary.json").read_text())
+    per_epoch = 3968 // cfg["workers"] // cfg["batch_size"]     # synthetic: 3968 samples
+    assert summary["steps"] == 6 * per_epoch and summary["test_accuracy"] > 0.9
