@@ -10,8 +10,8 @@ the scheduler chose; Slurm allocates and runs, it decides nothing.
   from them and records the node Slurm ran it on (``SLURMD_NODENAME``), then becomes the
   rank's process: ``python -m phalanx.entry.scheduled`` with ``RANK / WORLD_SIZE /
   MASTER_ADDR / MASTER_PORT`` set by us (the scheduler is torchrun's agent, as on Ray).
-* **Stops are ours.** ``stop`` is ``scancel --signal=TERM`` to every rank's job (the rank
-  checkpoints and exits 75), ``scancel --signal=KILL`` once the grace period has passed;
+* **Stops are ours.** ``stop`` is ``scancel --batch --signal=TERM`` to every rank's job (the
+  rank checkpoints and exits 75), ``--signal=KILL`` once the grace period has passed;
   a rank still pending is cancelled. ``poll`` reads every job's state and exit status from
   one ``squeue`` call (cached for ``refresh_s``), decoded as ``Popen`` does (-N: signal N).
 * A rank Slurm keeps pending longer than ``pending_s`` (another user's job holds its
@@ -157,18 +157,19 @@ class SlurmExecutor:
                                           codes=[None] * len(ids))
 
     def _signal(self, ids: list[str], sig: str) -> None:
-        """``sig`` to the running ones of ``ids``; the pending ones are cancelled."""
+        """``sig`` to the running ones of ``ids`` (to the batch step: the rank itself; a
+        signal to the whole job would be a cancel, KILL only after ``KillWait``); the
+        pending ones are cancelled."""
         pending = [i for i in ids if self.states.get(i, ("PENDING",))[0] == "PENDING"]
         running = [i for i in ids if i not in pending]
         if running:
-            self._slurm("scancel", "--full", f"--signal={sig}", *running)
+            self._slurm("scancel", "--batch", f"--signal={sig}", *running)
         if pending:
             self._slurm("scancel", *pending)
 
     def _cancel(self, ids: list[str]) -> None:
         if ids:
-            self._slurm("scancel", "--full", "--signal=KILL", *ids)
-            self._slurm("scancel", *ids)
+            self._signal(ids, "KILL")
 
     def stop(self, job: str, grace_s: float) -> None:
         g = self.gangs.get(job)
@@ -236,6 +237,8 @@ class SlurmExecutor:
         g.submitted = float("inf")
 
     def close(self) -> None:
+        self.refreshed = 0.0
+        self._refresh()   # which are pending (cancelled) and which run (killed)
         ids = [i for g in self.gangs.values() for i, c in zip(g.ids, g.codes) if c is None]
         self._cancel(ids)
         self.gangs.clear()

@@ -205,10 +205,14 @@ class LocalSlurm:
 
     def _cancel_all(self) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            ids = run(["squeue", "-h", "-o", "%A"], self.env, 10).stdout.split()
-            if ids:
-                run(["scancel", "--full", "--signal=KILL", *ids], self.env, 10)
-                run(["scancel", *ids], self.env, 10)
+            jobs = [ln.split() for ln in run(["squeue", "-h", "-o", "%A %T"], self.env,
+                                             10).stdout.splitlines()]
+            running = [j[0] for j in jobs if j[1:] != ["PENDING"]]
+            pending = [j[0] for j in jobs if j[1:] == ["PENDING"]]
+            if running:   # the batch step (a cancel would wait KillWait before the KILL)
+                run(["scancel", "--batch", "--signal=KILL", *running], self.env, 10)
+            if pending:
+                run(["scancel", *pending], self.env, 10)
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and run(["squeue", "-h", "-o", "%A"],
                                                       self.env, 10).stdout.split():
