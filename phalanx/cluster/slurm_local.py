@@ -9,8 +9,9 @@ and pid file), with ``munged`` on our own key and socket. Every daemon listens o
 127.0.0.1 only (``CommunicationParameters=NoInAddrAny,NoCtldInAddrAny``) and every file
 is in one temp folder (``/tmp/phalanx-slurm-*``: configuration, key, state, spool, logs,
 the fake GPUs as character devices). The daemons run in their own session (a Ctrl-C at the
-terminal reaches ``phalanx schedule``, which then stops them in order), each ``slurmd``
-under a subreaper (:mod:`slurm_reaper`) so no job step is left a zombie. Afterwards
+terminal reaches ``phalanx schedule``, which then stops them in order), each under a
+subreaper (:mod:`slurm_reaper`) that reaps ``slurmd``'s job steps (no zombie is left) and
+stops its daemon and the steps if ``phalanx schedule`` dies without its clean-up. Afterwards
 nothing is left: jobs cancelled, daemons stopped, any process that still carries the
 folder in its environment killed, the folder removed. Building it needs root (``slurmd``
 runs jobs as their users, and ``mknod``).
@@ -135,10 +136,11 @@ class LocalSlurm:
         (f / "gres.conf").write_text("\n".join(gres_lines(self.topology, f / "dev")) + "\n")
 
     def _spawn(self, name: str, argv: list[str]) -> None:
+        """A daemon in its own session, under a subreaper that dies with us."""
         with open(self.folder / "log" / f"{name}.out", "ab") as out:
-            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
-                                 start_new_session=True)
+            p = subprocess.Popen([sys.executable, "-I", str(REAPER), *argv], stdout=out,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env={**os.environ, **self.env}, start_new_session=True)
         self.daemons.append((name, p))
 
     def _wait(self, what: str, ready) -> None:  # noqa: ANN001 - a predicate
@@ -172,8 +174,7 @@ class LocalSlurm:
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", conf])
         self._wait("slurmctld", lambda: run(["sinfo", "-h"], self.env, 10).returncode == 0)
         for s in self.topology.servers:
-            self._spawn(f"slurmd-{s.name}", [sys.executable, "-I", str(REAPER), "slurmd",
-                                             "-D", "-N", s.name, "-f", conf])
+            self._spawn(f"slurmd-{s.name}", ["slurmd", "-D", "-N", s.name, "-f", conf])
         names = {s.name for s in self.topology.servers}
         self._wait("every slurmd", lambda: self._idle() == names)
 
