@@ -173,21 +173,6 @@ def test_sigint_mid_run_leaves_nothing(tmp_path):
     assert not Path(ours[0]).exists(), "the cluster's folder was left behind"
 
 
-def test_without_slurm_one_line_error(tmp_path):
-    """No Slurm on the PATH: one line naming what to install, exit 2, no folder made."""
-    (tmp_path / "jobs.yaml").write_text(JOBS)
-    before = set(Path("/tmp").glob("phalanx-slurm-*"))
-    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
-                        str(tmp_path / "jobs.yaml"), "--cluster", "uniform:1,1,3,1,1",
-                        "--engine", "slurm", "--out", str(tmp_path / "out")],
-                       capture_output=True, text=True, env=_env(PATH=str(tmp_path)),
-                       timeout=60, check=False)
-    assert r.returncode == 2
-    assert r.stderr == ("phalanx: error: --engine slurm needs Slurm: install slurm-wlm and "
-                        "munge (apt-get install slurm-wlm munge)\n")
-    assert set(Path("/tmp").glob("phalanx-slurm-*")) == before
-
-
 @needs_slurm
 def test_existing_cluster_is_checked(cluster, tmp_path):
     """A partition whose node lacks a device's typed GRES (here: the topology gives c a

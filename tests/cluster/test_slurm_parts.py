@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.cli import main
 from phalanx.cluster.executor import KILLED
 from phalanx.cluster.slurm_conf import LocalPorts, gres_lines, gres_request, local_conf
 from phalanx.cluster.slurm_executor import batch_script, decode
@@ -89,3 +90,28 @@ def test_local_conf_binds_loopback_and_types_every_device(tmp_path):
         f"NodeName=z0-r0-s1 Name=gpu Type=phx2 File={tmp_path}/nvidia2",
         f"NodeName=z0-r0-s1 Name=gpu Type=phx3 File={tmp_path}/nvidia3"]
     assert gres_request((2, 3)) == "gpu:phx2:1,gpu:phx3:1"
+
+
+JOBS = "jobs:\n  - {name: A, arrival: 0, gpus: 1, config: {model: mlp, data: synthetic}}\n"
+
+
+def test_without_slurm_one_line_error(tmp_path, monkeypatch, capsys):
+    """No Slurm on the PATH: one line naming what to install, exit 2, no cluster folder."""
+    (tmp_path / "jobs.yaml").write_text(JOBS)
+    before = set(Path("/tmp").glob("phalanx-slurm-*"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    rc = main(["schedule", "--jobs", str(tmp_path / "jobs.yaml"), "--engine", "slurm",
+               "--out", str(tmp_path / "out")])
+    assert rc == 2
+    assert capsys.readouterr().err == (
+        "phalanx: error: --engine slurm needs Slurm: install slurm-wlm and munge "
+        "(apt-get install slurm-wlm munge)\n")
+    assert set(Path("/tmp").glob("phalanx-slurm-*")) == before
+
+
+def test_slurm_partition_only_with_the_slurm_engine(tmp_path, capsys):
+    (tmp_path / "jobs.yaml").write_text(JOBS)
+    rc = main(["schedule", "--jobs", str(tmp_path / "jobs.yaml"), "--slurm-partition", "gpu",
+               "--out", str(tmp_path / "out")])
+    assert (rc, capsys.readouterr().err) == (
+        2, "phalanx: error: --slurm-partition: only with --engine slurm\n")
