@@ -20,12 +20,14 @@ the scheduler chose; Slurm allocates and runs, it decides nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import re
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,10 +91,21 @@ class SlurmExecutor:
         self.gangs: dict[str, _SlurmGang] = {}
         self.states: dict[str, tuple[str, int, str]] = {}   # job id -> state, status, reason
         self.refreshed = 0.0
+        # every job of this run carries it (--comment): close() finds even one whose sbatch
+        # was interrupted before it told us the job's id
+        self.tag = f"phalanx-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.signals: list[subprocess.Popen[bytes]] = []    # scancel calls in flight
 
     # ------------------------------------------------------------------ the cluster
     def _slurm(self, *cmd: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         return run(list(cmd), self.target.env, timeout)
+
+    def _slurm_async(self, *cmd: str) -> None:
+        """A command the loop need not wait for (a stop: the policy's round goes on)."""
+        self.signals = [p for p in self.signals if p.poll() is None]
+        self.signals.append(subprocess.Popen(
+            list(cmd), env={**os.environ, **self.target.env}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def _check_nodes(self) -> dict[str, str]:
         """Every server is a node of the partition with one typed GRES per device; returns
@@ -133,6 +146,7 @@ class SlurmExecutor:
                f"--partition={self.target.partition}", f"--nodelist={slot.node}",
                f"--gres={gres_request(slot.devices)}", "--ntasks=1", "--cpus-per-task=1",
                f"--output={gang.log}", "--open-mode=append", "--no-requeue",
+               f"--comment={self.tag}",
                f"--chdir={os.getcwd()}"]
         r = subprocess.run(cmd, input=batch_script(self.python, spec), text=True,
                            capture_output=True, env={**os.environ, **self.target.env},
@@ -163,9 +177,9 @@ class SlurmExecutor:
         pending = [i for i in ids if self.states.get(i, ("PENDING",))[0] == "PENDING"]
         running = [i for i in ids if i not in pending]
         if running:
-            self._slurm("scancel", "--batch", f"--signal={sig}", *running)
+            self._slurm_async("scancel", "--batch", f"--signal={sig}", *running)
         if pending:
-            self._slurm("scancel", *pending)
+            self._slurm_async("scancel", *pending)
 
     def _cancel(self, ids: list[str]) -> None:
         if ids:
@@ -237,8 +251,20 @@ class SlurmExecutor:
         g.submitted = float("inf")
 
     def close(self) -> None:
+        for p in self.signals:   # a stop in flight lands before the kill
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
         self.refreshed = 0.0
         self._refresh()   # which are pending (cancelled) and which run (killed)
         ids = [i for g in self.gangs.values() for i, c in zip(g.ids, g.codes) if c is None]
         self._cancel(ids)
         self.gangs.clear()
+        # a job submitted while we were interrupted, before sbatch printed its id
+        q = self._slurm("squeue", "-h", "-u", str(os.getuid()), "-o", "%A|%k")
+        strays = [ln.split("|")[0] for ln in q.stdout.splitlines()
+                  if ln.split("|")[1:] == [self.tag] and ln.split("|")[0] not in ids]
+        if strays:
+            self._slurm_async("scancel", *strays)
+        for p in self.signals:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)

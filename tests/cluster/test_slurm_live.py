@@ -25,6 +25,7 @@ import pytest
 from live_procs import LOOPBACK, listeners, pids_with
 
 from phalanx.cluster.clusters import resolve_cluster
+from phalanx.cluster.slurm_executor import SlurmExecutor
 from phalanx.cluster.slurm_local import CLIENTS, DAEMONS, MARKER, marked_pids, slurm_cluster
 from phalanx.runtime import rank_record
 
@@ -194,3 +195,24 @@ def test_existing_cluster_is_checked(cluster, tmp_path):
                         "partition with one GRES gpu:phx<device id> per device "
                         "(docs/cluster.md, Slurm)\n")
     assert not (tmp_path / "out" / "ranks").exists()
+
+
+@needs_slurm
+def test_close_cancels_a_job_whose_id_it_never_got(cluster):
+    """A job of the run whose sbatch was interrupted before it printed the id (Ctrl-C at
+    that moment) is found by the run's tag and cancelled too."""
+    target, _, topology = cluster
+    ex = SlurmExecutor(topology, target, sys.executable)
+    env = _env(**target.env)
+    jid = subprocess.run(["sbatch", "--parsable", f"--comment={ex.tag}", "--nodelist=a",
+                          "--gres=gpu:phx0:1", "-o", "/dev/null", "--wrap", "sleep 60"],
+                         capture_output=True, text=True, env=env, check=True).stdout.strip()
+    ex.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        q = subprocess.run(["squeue", "-h", "--states=all", "-j", jid, "-O", "State"],
+                           capture_output=True, text=True, env=env, check=False)
+        if q.stdout.split() == ["CANCELLED"]:
+            break
+        time.sleep(0.2)
+    assert q.stdout.split() == ["CANCELLED"], q.stdout + q.stderr
