@@ -82,9 +82,13 @@ def check_installed(local: bool) -> None:
 
 def run(cmd: list[str], env: dict[str, str], timeout: float = 30.0
         ) -> subprocess.CompletedProcess[str]:
-    """A Slurm command, its output kept (never raises on its exit code)."""
-    return subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
-                           timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    """A Slurm command, its output kept; never raises on its exit code, nor when the
+    controller does not answer in ``timeout`` (exit 124, as timeout(1) says it)."""
+    try:
+        return subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
+                              timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]}: no answer in {timeout:g} s")
 
 
 @contextlib.contextmanager
@@ -205,19 +209,18 @@ class LocalSlurm:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def _cancel_all(self) -> None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            jobs = [ln.split() for ln in run(["squeue", "-h", "-o", "%A %T"], self.env,
-                                             10).stdout.splitlines()]
-            running = [j[0] for j in jobs if j[1:] != ["PENDING"]]
-            pending = [j[0] for j in jobs if j[1:] == ["PENDING"]]
-            if running:   # the batch step (a cancel would wait KillWait before the KILL)
-                run(["scancel", "--batch", "--signal=KILL", *running], self.env, 10)
-            if pending:
-                run(["scancel", *pending], self.env, 10)
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and run(["squeue", "-h", "-o", "%A"],
-                                                      self.env, 10).stdout.split():
-                time.sleep(0.1)
+        jobs = [ln.split() for ln in run(["squeue", "-h", "-o", "%A %T"], self.env,
+                                         10).stdout.splitlines()]
+        running = [j[0] for j in jobs if j[1:] != ["PENDING"]]
+        pending = [j[0] for j in jobs if j[1:] == ["PENDING"]]
+        if running:   # the batch step (a cancel would wait KillWait before the KILL)
+            run(["scancel", "--batch", "--signal=KILL", *running], self.env, 10)
+        if pending:
+            run(["scancel", *pending], self.env, 10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and run(["squeue", "-h", "-o", "%A"],
+                                                  self.env, 10).stdout.split():
+            time.sleep(0.1)
 
     def _kill_marked(self) -> None:
         """SIGKILL every process but our daemons whose environment carries this cluster's
