@@ -6,8 +6,12 @@ STAMP := .venv/.installed
 .PHONY: setup demo test bench lint clean mutate
 
 $(STAMP): pyproject.toml
-	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null && [ ! -d /usr/share/datasets/fashion-mnist ]; then \
-		(apt-get update -q && apt-get install -y -q dataset-fashion-mnist) || echo "warning: could not install dataset-fashion-mnist"; fi
+	@# Debian packages, as root: the data set, and Slurm for the live Slurm engine's tests
+	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+		pkgs=""; [ -d /usr/share/datasets/fashion-mnist ] || pkgs="dataset-fashion-mnist"; \
+		{ command -v slurmd && command -v slurmctld && command -v munged; } >/dev/null || pkgs="$$pkgs slurm-wlm munge"; \
+		[ -z "$$pkgs" ] || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkgs) \
+			|| echo "warning: could not install:$$pkgs"; fi
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0 numpy

@@ -1,11 +1,13 @@
 """``phalanx schedule``: live mode — run a job list of real training runs with the
-simulator's policies, on local slots or on a Ray cluster.
+simulator's policies, on local slots, a Ray cluster or a Slurm cluster.
 
     phalanx schedule --jobs jobs.yaml --cluster uniform:1,1,2,2 --policy fifo \\
         --placement pack --out runs/schedule
     phalanx schedule --jobs jobs.yaml --cluster uniform:1,2,2,2 --policy tiresias \\
         --slot 20 --tiresias-thresholds 30 --engine ray          # a local 4-node Ray cluster
     phalanx schedule ... --engine ray --ray-address HEAD:6379    # an existing Ray cluster
+    phalanx schedule ... --engine slurm                          # a local Slurm cluster (root)
+    phalanx schedule ... --engine slurm --slurm-partition gpu    # an existing Slurm cluster
 """
 
 from __future__ import annotations
@@ -24,25 +26,31 @@ from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_
 from phalanx.cluster.ray_executor import RayExecutor, ray_cluster
 from phalanx.cluster.report import summarise, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.run import default_data_dir
+from phalanx.cluster.slurm_executor import SlurmExecutor
+from phalanx.cluster.slurm_local import slurm_cluster
 from phalanx.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("schedule", help="live mode: run a job list of phalanx training runs "
-                                        "on local slots or a Ray cluster with a scheduling "
-                                        "policy")
+                                        "on local slots, a Ray or a Slurm cluster with a "
+                                        "scheduling policy")
     p.add_argument("--jobs", required=True,
                    help="job list (.yaml or .csv): name, arrival (s), gpus (gang size = "
                         "workers), training settings")
     p.add_argument("--cluster", default="uniform:1,1,1,2",
                    help="the devices as a topology: uniform:Z,R,S,G or a YAML configuration "
                         "set (default uniform:1,1,1,2 = 2 devices on one server)")
-    p.add_argument("--engine", default="local", choices=("local", "ray"),
+    p.add_argument("--engine", default="local", choices=("local", "ray", "slurm"),
                    help="local: every device is a slot on this machine; ray: one Ray node "
-                        "per server (default local)")
+                        "per server; slurm: one Slurm node per server (default local)")
     p.add_argument("--ray-address", default="",
                    help="with --engine ray: an existing cluster's address (HOST:PORT); "
                         "without it a local Ray cluster is built from --cluster")
+    p.add_argument("--slurm-partition", default="",
+                   help="with --engine slurm: a partition of an existing Slurm cluster (found "
+                        "through SLURM_CONF as Slurm's commands find it); without it a local "
+                        "Slurm cluster is built from --cluster (root)")
     p.add_argument("--policy", default="fifo",
                    help=f"ordering: {', '.join(ORDERINGS)}; or goodput (elastic: the learned "
                         "goodput policy resizes sync, average and parameter-server jobs every "
@@ -91,6 +99,8 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
                           f"{', '.join(ORDERINGS)}, goodput)")
     if args.ray_address and args.engine != "ray":
         raise ConfigError("--ray-address: only with --engine ray")
+    if args.slurm_partition and args.engine != "slurm":
+        raise ConfigError("--slurm-partition: only with --engine slurm")
     if not 0 <= args.restart_cost < float("inf"):
         raise ConfigError(f"--restart-cost must be a finite number >= 0, got {args.restart_cost}")
     elastic = args.policy == "goodput"
@@ -113,6 +123,9 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         if args.engine == "ray":
             address = stack.enter_context(ray_cluster(topology, args.ray_address))
             executor = RayExecutor(topology, address, config.python)
+        elif args.engine == "slurm":
+            target = stack.enter_context(slurm_cluster(topology, args.slurm_partition))
+            executor = SlurmExecutor(topology, target, config.python)
         else:
             executor = LocalExecutor(config.python)
         if elastic:

@@ -22,6 +22,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from live_procs import LOOPBACK  # noqa: E402
+from live_procs import listeners as _listeners  # noqa: E402
+from live_procs import pids_with as _pids_with  # noqa: E402
+
 from phalanx.cluster.clusters import resolve_cluster  # noqa: E402
 from phalanx.cluster.ray_executor import ray_cluster  # noqa: E402
 from phalanx.runtime import rank_record  # noqa: E402
@@ -68,48 +72,6 @@ SCHEDULE = ["--policy", "tiresias", "--slot", "6", "--tiresias-thresholds", "10"
 
 def _env():
     return {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-def _pids_with(text: str) -> list[int]:
-    """Processes whose command line mentions ``text`` (our out folder, our Ray temp)."""
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit() or int(p.name) == os.getpid():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmd:
-            out.append(int(p.name))
-    return out
-
-
-def _listeners(pids: list[int]) -> set[str]:
-    """Local addresses (hex, as /proc/net/tcp{,6} writes them) of LISTEN sockets of pids."""
-    inodes = set()
-    for pid in pids:
-        try:
-            fds = list(Path(f"/proc/{pid}/fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in Path(table).read_text().splitlines()[1:]:
-            cols = row.split()
-            if cols[3] == "0A" and cols[9] in inodes:
-                found.add(cols[1].split(":")[0])
-    return found
-
-
-LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,218 @@
+"""Live scheduling on a real local Slurm cluster (slurmctld + one slurmd per server, 3 nodes
+in 2 racks, one fake GPU each): Tiresias with a short quantum preempts a 2-node sync gang
+and resumes it; every rank records the node Slurm ran it on and the devices it got, and
+they are the scheduler's; every daemon and rank listens on 127.0.0.1 only; nothing is left
+after the run nor after SIGINT mid-run.
+
+The cluster is started once for the module (``slurm_cluster``); ``phalanx schedule`` runs
+as a user runs it, in its own process, against it as an existing cluster
+(``SLURM_CONF`` + ``--slurm-partition``). The SIGINT test lets the CLI build its own
+cluster, so that teardown is checked too. Needs root and Debian's slurm-wlm + munge
+(``make test``'s set-up installs them).
+"""
+
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from live_procs import LOOPBACK, listeners, pids_with
+
+from phalanx.cluster.clusters import resolve_cluster
+from phalanx.cluster.slurm_executor import SlurmExecutor
+from phalanx.cluster.slurm_local import CLIENTS, DAEMONS, MARKER, marked_pids, slurm_cluster
+from phalanx.runtime import rank_record
+
+REPO = Path(__file__).resolve().parents[2]
+HAVE_SLURM = all(shutil.which(n) for n in CLIENTS + DAEMONS)
+needs_slurm = pytest.mark.skipif(
+    not HAVE_SLURM or os.geteuid() != 0,
+    reason="needs root and Slurm (apt-get install slurm-wlm munge; make test installs them)")
+
+TOPOLOGY = """name: three-nodes
+device_types:
+  - {name: v100, speed: 1.0}
+zones:
+  - name: z
+    racks:
+      - name: ra
+        servers:
+          - {name: a, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
+      - name: rb
+        servers:
+          - {name: b, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
+          - {name: c, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
+"""
+SYNC = "{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false, seed: 3"
+# Tiresias, 3 s rounds, one threshold at 4.5 GPU-s, first-fit. t=0: A (2 GPUs) on a,b; B
+# on c. t=1: C waits. Round 1 (t=3): A has 6 GPU-s (queue 1), B and C are in queue 0 and
+# fill 2 of the 3 devices: A is preempted (SIGTERM through Slurm: checkpoint, exit 75), C
+# takes a. A comes back from its checkpoint at a later round, once 2 devices are free. (A
+# cannot end before round 1: its ranks' start-up alone takes > 1.5 s, its steps > 3 s.)
+JOBS = f"""jobs:
+  - {{name: A, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 1500}}}}
+  - {{name: B, arrival: 0, gpus: 1, config: {SYNC}, max_steps: 1200}}}}
+  - {{name: C, arrival: 1, gpus: 1, config: {SYNC}, max_steps: 600}}}}
+"""
+SCHEDULE = ["--policy", "tiresias", "--slot", "3", "--tiresias-thresholds", "4.5",
+            "--starvation", "0", "--placement", "first-fit", "--grace", "30", "--engine",
+            "slurm"]
+
+
+def _env(**extra):
+    return {**os.environ, "PYTHONPATH": str(REPO), **extra}
+
+
+def _ours(folder: str, out: Path) -> list[int]:
+    """Every process of a local cluster (daemons by their command line, steps and ranks by
+    the marker in their environment) and every rank of the run."""
+    return sorted(set(pids_with(folder) + pids_with(str(out))
+                      + marked_pids(f"{MARKER}={folder}".encode())))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    topo_path = tmp_path_factory.mktemp("topo") / "three.yaml"
+    topo_path.write_text(TOPOLOGY)
+    topology = resolve_cluster(str(topo_path), REPO)
+    with slurm_cluster(topology) as target:
+        yield target, topo_path, topology
+    folder = target.folder
+    assert not Path(folder).exists(), "the cluster's folder was left behind"
+    assert not pids_with(folder), "Slurm daemons were left behind"
+    assert not marked_pids(f"{MARKER}={folder}".encode()), "Slurm steps were left behind"
+
+
+@needs_slurm
+def test_tiresias_preempts_and_resumes_on_slurm(cluster, tmp_path):
+    target, topo_path, topology = cluster
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(JOBS)
+    out = tmp_path / "out"
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:   # every listener of the daemons, steps and ranks, while running
+        while not done.is_set():
+            seen.update(listeners(_ours(target.folder, out)))
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                            str(jobs), "--cluster", str(topo_path), *SCHEDULE,
+                            "--slurm-partition", target.partition, "--out", str(out)],
+                           capture_output=True, text=True, env=_env(**target.env), timeout=180,
+                           check=False)
+    finally:
+        done.set()
+        watcher.join()
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    assert all(rows[n]["status"] == "finished" for n in "ABC"), rows
+    assert int(rows["A"]["preemptions"]) >= 1, rows
+    assert "phalanx: preempted at step" in (out / "logs" / "A.log").read_text()
+
+    # the scheduler's placements per start, and what each rank recorded: the node Slurm
+    # ran it on (SLURMD_NODENAME) and the devices it got (checked against SLURM_JOB_GPUS)
+    for n in "ABC":
+        starts = [p.split("@")[1] for p in rows[n]["placements"].split(";")]
+        recs = rank_record.read(out / "ranks" / f"{n}.jsonl")
+        assert len(starts) == int(rows[n]["preemptions"]) + 1
+        assert sorted((x.start, x.rank) for x in recs) == sorted(
+            (k, r) for k, devs in enumerate(starts) for r in range(len(devs.split(","))))
+        for x in recs:
+            device = sorted(int(d) for d in starts[x.start].split(","))[x.rank]
+            server = topology.servers[topology.device_server[device]]
+            assert (x.node, x.devices) == (server.name, str(device - server.first_device)), x
+    first_a = {x.node for x in rank_record.read(out / "ranks" / "A.jsonl") if x.start == 0}
+    assert len(first_a) == 2, "A's first start is not a 2-node gang"
+
+    # nothing listened beyond loopback; no rank is left, and the cluster has no job
+    assert seen and seen <= LOOPBACK, seen
+    assert not pids_with(str(out))
+    q = subprocess.run(["squeue", "-h"], capture_output=True, text=True,
+                       env=_env(**target.env), check=True)
+    assert q.stdout.strip() == ""
+
+
+@needs_slurm
+def test_sigint_mid_run_leaves_nothing(tmp_path):
+    """The CLI builds its own Slurm cluster; Ctrl-C (SIGINT to its process group) while
+    jobs run cancels the jobs, stops the daemons, removes the folder, exits 130."""
+    topo = tmp_path / "three.yaml"
+    topo.write_text(TOPOLOGY)
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(JOBS)
+    out = tmp_path / "out"
+    before = {p.name for p in Path("/tmp").glob("phalanx-slurm-*")}
+    p = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                          str(jobs), "--cluster", str(topo), *SCHEDULE, "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(rank_record.read(out / "ranks" / "A.jsonl")) < 2:
+            time.sleep(0.2)
+        assert len(rank_record.read(out / "ranks" / "A.jsonl")) == 2, "no rank started"
+        ours = [str(f) for f in Path("/tmp").glob("phalanx-slurm-*") if f.name not in before]
+        assert len(ours) == 1 and _ours(ours[0], out)
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    assert not _ours(ours[0], out), "processes left behind"
+    assert not Path(ours[0]).exists(), "the cluster's folder was left behind"
+
+
+@needs_slurm
+def test_existing_cluster_is_checked(cluster, tmp_path):
+    """A partition whose node lacks a device's typed GRES (here: the topology gives c a
+    second device) is refused before any job, in one line."""
+    target, _, _ = cluster
+    topo = tmp_path / "four.yaml"
+    topo.write_text(TOPOLOGY.replace("{name: c, device_type: v100, devices: 1",
+                                     "{name: c, device_type: v100, devices: 2"))
+    (tmp_path / "jobs.yaml").write_text(JOBS)
+    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                        str(tmp_path / "jobs.yaml"), "--cluster", str(topo), "--engine",
+                        "slurm", "--slurm-partition", target.partition, "--out",
+                        str(tmp_path / "out")],
+                       capture_output=True, text=True, env=_env(**target.env), timeout=60,
+                       check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ("phalanx: error: --slurm-partition phalanx: --cluster three-nodes "
+                        "server c lacks GRES phx3: each server must be a node of the "
+                        "partition with one GRES gpu:phx<device id> per device "
+                        "(docs/cluster.md, Slurm)\n")
+    assert not (tmp_path / "out" / "ranks").exists()
+
+
+@needs_slurm
+def test_close_cancels_a_job_whose_id_it_never_got(cluster):
+    """A job of the run whose sbatch was interrupted before it printed the id (Ctrl-C at
+    that moment) is found by the run's tag and cancelled too."""
+    target, _, topology = cluster
+    ex = SlurmExecutor(topology, target, sys.executable)
+    env = _env(**target.env)
+    jid = subprocess.run(["sbatch", "--parsable", f"--comment={ex.tag}", "--nodelist=a",
+                          "--gres=gpu:phx0:1", "-o", "/dev/null", "--wrap", "sleep 60"],
+                         capture_output=True, text=True, env=env, check=True).stdout.strip()
+    ex.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        q = subprocess.run(["squeue", "-h", "--states=all", "-j", jid, "-O", "State"],
+                           capture_output=True, text=True, env=env, check=False)
+        if q.stdout.split() == ["CANCELLED"]:
+            break
+        time.sleep(0.2)
+    assert q.stdout.split() == ["CANCELLED"], q.stdout + q.stderr
