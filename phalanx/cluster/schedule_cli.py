@@ -131,7 +131,8 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         if elastic:
             # a cluster started here has this machine's cores under every server; an
             # existing one has the cores its topology declares per server
-            cores = (CoreShare.per_server(topology) if args.ray_address
+            cores = (CoreShare.per_server(topology)
+                     if args.ray_address or args.slurm_partition
                      else CoreShare.this_machine(topology))
             live = ElasticLiveCluster(topology, jobs, placement, config, args.interval,
                                       args.restart_cost, args.goodput_horizon, executor,
