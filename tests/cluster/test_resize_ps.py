@@ -70,7 +70,9 @@ def train(args: list[str], run: Path, stop: bool) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(p.args, p.returncode, out)
 
 
-@pytest.fixture(scope="module", params=["asp", "ssp"])
+# ssp in the suite (its bound is the invariant a resize can break); asp, whose clocks go
+# through the same common_clock, with -m slow (its live resize is in test_live_elastic.py)
+@pytest.fixture(scope="module", params=[pytest.param("asp", marks=pytest.mark.slow), "ssp"])
 def story(request, tmp_path_factory):
     """One run: 2 workers x 64 -> stop -> resize 3 x 32 -> resume, stop -> resize 1 x 64
     -> resume to the end. What each step saw."""
@@ -154,7 +156,7 @@ def digest(run: Path) -> dict[str, str]:
 
 
 def test_what_cannot_be_resized_is_refused_and_left_as_it_was(story, tmp_path):
-    if story["strategy"] != "asp":
+    if story["strategy"] != "ssp":
         pytest.skip("one stopped run is enough")
     run = tmp_path / "run"
     shutil.copytree(story["spare"], run)
