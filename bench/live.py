@@ -63,20 +63,6 @@ from phalanx.cluster.topology import Topology
 from phalanx.errors import ConfigError
 from phalanx.runtime import rank_record
 
-TOPOLOGY = """name: three-nodes
-device_types:
-  - {name: v100, speed: 1.0}
-zones:
-  - name: z
-    racks:
-      - name: ra
-        servers:
-          - {name: a, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
-      - name: rb
-        servers:
-          - {name: b, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
-          - {name: c, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
-"""
 SYNC = "{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false"
 
 
@@ -205,8 +191,7 @@ def main() -> None:
     results: dict = {"load_1min_before": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_p = Path(tmp)
-        (tmp_p / "three.yaml").write_text(TOPOLOGY)
-        topology = resolve_cluster(str(tmp_p / "three.yaml"), _common.ROOT)
+        topology = resolve_cluster("three-nodes", _common.ROOT)   # a | b, c in 2 racks
         (tmp_p / "jobs.yaml").write_text(job_list(a.quick))
         jobs = load_job_list(tmp_p / "jobs.yaml")
         local = run_live(topology, jobs, tmp_p / "local", LocalExecutor(), a.slot)

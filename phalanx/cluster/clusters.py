@@ -31,7 +31,23 @@ def pollux_64() -> Topology:
                    device_type="v100", name="pollux-64")
 
 
-NAMED = {"philly-2048": philly_2048, "pollux-64": pollux_64}
+def three_nodes() -> Topology:
+    """The live mode's test cluster: 3 one-device servers in 2 racks (a | b, c), so that a
+    2-device gang spans nodes and racks. Its servers are slots of one machine under the
+    local engine or a local Ray or Slurm cluster (``tests/cluster/test_*_live.py``,
+    ``bench/live.py``)."""
+    b = TopologyBuilder("three-nodes", [DeviceType("v100", 1.0)])
+    b.begin_zone()
+    for rack, servers in (("ra", "a"), ("rb", "bc")):
+        b.begin_rack()
+        for name in servers:
+            b.add_server(name, "v100", (1,), cpu_cores=2, memory_gib=8)
+        b.end_rack(rack)
+    b.end_zone("z")
+    return b.build()
+
+
+NAMED = {"philly-2048": philly_2048, "pollux-64": pollux_64, "three-nodes": three_nodes}
 
 
 def import_alibaba(path: str | Path, servers_per_rack: int = 16) -> Topology:

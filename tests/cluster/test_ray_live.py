@@ -32,20 +32,6 @@ from phalanx.runtime import rank_record  # noqa: E402
 from phalanx.runtime.checkpoint import load_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-TOPOLOGY = """name: three-nodes
-device_types:
-  - {name: v100, speed: 1.0}
-zones:
-  - name: z
-    racks:
-      - name: ra
-        servers:
-          - {name: a, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
-      - name: rb
-        servers:
-          - {name: b, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
-          - {name: c, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
-"""
 SYNC = "{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false, seed: 3"
 # Tiresias, 6 s rounds, one threshold at 10 GPU-s, first-fit placement (lowest free
 # devices). t=0: A (2 GPUs) on nodes a,b; C on c. t=1: B waits. Round 1 (t=6): A has 12
@@ -76,9 +62,8 @@ def _env():
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    topo_path = tmp_path_factory.mktemp("topo") / "three.yaml"
-    topo_path.write_text(TOPOLOGY)
-    topology = resolve_cluster(str(topo_path), REPO)
+    topo_path = "three-nodes"      # clusters.three_nodes: a | b, c in 2 racks
+    topology = resolve_cluster(topo_path, REPO)
     before = set(Path(p).name for p in Path("/tmp").glob("phalanx-ray-*"))
     with ray_cluster(topology) as address:
         tmp = [p for p in Path("/tmp").glob("phalanx-ray-*") if p.name not in before]
@@ -163,8 +148,7 @@ def test_tiresias_preempts_and_resumes_on_other_nodes(cluster, tmp_path):
 def test_sigint_mid_run_leaves_no_process(tmp_path):
     """The CLI builds its own Ray cluster; Ctrl-C (SIGINT to its process group) while jobs
     run stops the ranks, the actors and the cluster, removes Ray's temp folder, exits 130."""
-    topo = tmp_path / "three.yaml"
-    topo.write_text(TOPOLOGY)
+    topo = "three-nodes"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(JOBS)
     out = tmp_path / "out"

@@ -35,20 +35,6 @@ needs_slurm = pytest.mark.skipif(
     not HAVE_SLURM or os.geteuid() != 0,
     reason="needs root and Slurm (apt-get install slurm-wlm munge; make test installs them)")
 
-TOPOLOGY = """name: three-nodes
-device_types:
-  - {name: v100, speed: 1.0}
-zones:
-  - name: z
-    racks:
-      - name: ra
-        servers:
-          - {name: a, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
-      - name: rb
-        servers:
-          - {name: b, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
-          - {name: c, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
-"""
 SYNC = "{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false, seed: 3"
 # Tiresias, 3 s rounds, one threshold at 4.5 GPU-s, first-fit. t=0: A (2 GPUs) on a,b; B
 # on c. t=1: C waits. Round 1 (t=3): A has 6 GPU-s (queue 1), B and C are in queue 0 and
@@ -78,9 +64,8 @@ def _ours(folder: str, out: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    topo_path = tmp_path_factory.mktemp("topo") / "three.yaml"
-    topo_path.write_text(TOPOLOGY)
-    topology = resolve_cluster(str(topo_path), REPO)
+    topo_path = "three-nodes"      # clusters.three_nodes: a | b, c in 2 racks
+    topology = resolve_cluster(topo_path, REPO)
     with slurm_cluster(topology) as target:
         yield target, topo_path, topology
     folder = target.folder
@@ -147,8 +132,7 @@ def test_tiresias_preempts_and_resumes_on_slurm(cluster, tmp_path):
 def test_sigint_mid_run_leaves_nothing(tmp_path):
     """The CLI builds its own Slurm cluster; Ctrl-C (SIGINT to its process group) while
     jobs run cancels the jobs, stops the daemons, removes the folder, exits 130."""
-    topo = tmp_path / "three.yaml"
-    topo.write_text(TOPOLOGY)
+    topo = "three-nodes"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(JOBS)
     out = tmp_path / "out"
@@ -180,8 +164,21 @@ def test_existing_cluster_is_checked(cluster, tmp_path):
     second device) is refused before any job, in one line."""
     target, _, _ = cluster
     topo = tmp_path / "four.yaml"
-    topo.write_text(TOPOLOGY.replace("{name: c, device_type: v100, devices: 1",
-                                     "{name: c, device_type: v100, devices: 2"))
+    # three-nodes with a second device on c
+    topo.write_text('''name: three-nodes
+device_types:
+  - {name: v100, speed: 1.0}
+zones:
+  - name: z
+    racks:
+      - name: ra
+        servers:
+          - {name: a, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
+      - name: rb
+        servers:
+          - {name: b, device_type: v100, devices: 1, cpu_cores: 2, memory_gib: 8}
+          - {name: c, device_type: v100, devices: 2, cpu_cores: 2, memory_gib: 8}
+''')
     (tmp_path / "jobs.yaml").write_text(JOBS)
     r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
                         str(tmp_path / "jobs.yaml"), "--cluster", str(topo), "--engine",
