@@ -22,7 +22,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from live_procs import LOOPBACK  # noqa: E402
+from live_procs import LOOPBACK, ranks_where_placed  # noqa: E402
 from live_procs import listeners as _listeners  # noqa: E402
 from live_procs import pids_with as _pids_with  # noqa: E402
 
@@ -102,23 +102,10 @@ def test_tiresias_preempts_and_resumes_on_other_nodes(cluster, tmp_path):
     assert rows["Z"]["preemptible"] == "no: --strategy model-parallel cannot resume"
     assert rows["Z"]["preemptions"] == "0"
 
-    # the scheduler's placements per start, and what each rank recorded
+    # the scheduler's placements per start, and what each rank recorded: Ray put each rank
+    # on the node of the device we gave it, and the rank saw only that device
     names = [s.name for s in topology.servers]
-    moved = []
-    for n in "ABCDZ":
-        starts = [p.split("@")[1] for p in rows[n]["placements"].split(";")]
-        recs = rank_record.read(out / "ranks" / f"{n}.jsonl")
-        assert len(starts) == int(rows[n]["preemptions"]) + 1
-        assert sorted((x.start, x.rank) for x in recs) == sorted(
-            (k, r) for k, devs in enumerate(starts) for r in range(len(devs.split(","))))
-        for x in recs:
-            device = sorted(int(d) for d in starts[x.start].split(","))[x.rank]
-            server = topology.servers[topology.device_server[device]]
-            # Ray put the rank on the node of the device we gave it, and the rank saw only
-            # that device, numbered on its node
-            assert (x.node, x.devices) == (server.name, str(device - server.first_device)), x
-        nodes = [sorted(x.node for x in recs if x.start == k) for k in range(len(starts))]
-        moved += [(n, a, b) for a, b in zip(nodes, nodes[1:]) if a != b]
+    moved = ranks_where_placed(out, rows, topology, "ABCDZ")
     assert moved, f"no job resumed on other nodes: {rows}"
     assert len(names) == 3 and len(set(topology.server_rack)) == 2
     assert int(rows["A"]["preemptions"]) >= 1

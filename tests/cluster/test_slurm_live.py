@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from live_procs import LOOPBACK, listeners, pids_with
+from live_procs import LOOPBACK, listeners, pids_with, ranks_where_placed
 
 from phalanx.cluster.clusters import resolve_cluster
 from phalanx.cluster.slurm_executor import SlurmExecutor
@@ -107,16 +107,7 @@ def test_tiresias_preempts_and_resumes_on_slurm(cluster, tmp_path):
 
     # the scheduler's placements per start, and what each rank recorded: the node Slurm
     # ran it on (SLURMD_NODENAME) and the devices it got (checked against SLURM_JOB_GPUS)
-    for n in "ABC":
-        starts = [p.split("@")[1] for p in rows[n]["placements"].split(";")]
-        recs = rank_record.read(out / "ranks" / f"{n}.jsonl")
-        assert len(starts) == int(rows[n]["preemptions"]) + 1
-        assert sorted((x.start, x.rank) for x in recs) == sorted(
-            (k, r) for k, devs in enumerate(starts) for r in range(len(devs.split(","))))
-        for x in recs:
-            device = sorted(int(d) for d in starts[x.start].split(","))[x.rank]
-            server = topology.servers[topology.device_server[device]]
-            assert (x.node, x.devices) == (server.name, str(device - server.first_device)), x
+    ranks_where_placed(out, rows, topology, "ABC")
     first_a = {x.node for x in rank_record.read(out / "ranks" / "A.jsonl") if x.start == 0}
     assert len(first_a) == 2, "A's first start is not a 2-node gang"
 
