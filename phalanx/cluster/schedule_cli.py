@@ -26,8 +26,10 @@ from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_
 from phalanx.cluster.ray_executor import RayExecutor, ray_cluster
 from phalanx.cluster.report import summarise, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.run import default_data_dir
+from phalanx.cluster.simulator import SimResult
 from phalanx.cluster.slurm_executor import SlurmExecutor
 from phalanx.cluster.slurm_local import slurm_cluster
+from phalanx.cluster.topology import Topology
 from phalanx.errors import ConfigError
 
 
@@ -119,15 +121,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     except OSError:
         raise ConfigError(f"--out {out}: cannot create a folder there") from None
     with contextlib.ExitStack() as stack:
-        executor: Executor
-        if args.engine == "ray":
-            address = stack.enter_context(ray_cluster(topology, args.ray_address))
-            executor = RayExecutor(topology, address, config.python)
-        elif args.engine == "slurm":
-            target = stack.enter_context(slurm_cluster(topology, args.slurm_partition))
-            executor = SlurmExecutor(topology, target, config.python)
-        else:
-            executor = LocalExecutor(config.python)
+        executor = _executor(args, topology, config, stack)
         if elastic:
             # a cluster started here has this machine's cores under every server; an
             # existing one has the cores its topology declares per server
@@ -147,10 +141,29 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         print(f"scheduling {len(jobs)} job(s) from {args.jobs} on {topology.num_devices} "
               f"device(s), engine {args.engine} ({args.policy}, {placement.name})", flush=True)
         res = live.run()
-    summary = summarise(res, args.policy, placement.name, topology.name, str(args.jobs))
+    _report(args, res, placement.name, topology.name, out)
+    return 0
+
+
+def _executor(args: argparse.Namespace, topology: Topology, config: LiveConfig,
+              stack: contextlib.ExitStack) -> Executor:
+    """The engine's executor; a cluster it starts here is stopped when ``stack`` closes."""
+    if args.engine == "ray":
+        address = stack.enter_context(ray_cluster(topology, args.ray_address))
+        return RayExecutor(topology, address, config.python)
+    if args.engine == "slurm":
+        target = stack.enter_context(slurm_cluster(topology, args.slurm_partition))
+        return SlurmExecutor(topology, target, config.python)
+    return LocalExecutor(config.python)
+
+
+def _report(args: argparse.Namespace, res: SimResult, placement: str, cluster: str,
+            out: Path) -> None:
+    """summary.json, jobs.csv, the plots, and a line per job."""
+    summary = summarise(res, args.policy, placement, cluster, str(args.jobs))
     write_summary(summary, out / "summary.json")
     write_jobs_csv(res, out / "jobs.csv")
-    write_plots([(f"{args.policy}/{placement.name}", res)], out)
+    write_plots([(f"{args.policy}/{placement}", res)], out)
     for st in res.jobs:
         status = f"failed ({st.failure})" if st.failure else (
             "finished" if st.end >= 0 else "never started")
@@ -160,4 +173,3 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         print(f"  {spec.name:20s} rejected: {reason}")
     print(f"{summary.finished} finished, {summary.failed} failed, {summary.rejected} rejected; "
           f"wrote {out}/ (summary.json, jobs.csv, jobs/, logs/, ranks/)")
-    return 0
