@@ -23,8 +23,8 @@ def test_goodput_resizes_a_live_job_from_its_own_measurements(tmp_path):
     # job is resized once: the second resize comes from a second job, as under Pollux.
     sync = "model: mlp, data: synthetic, strategy: sync, tensorboard: false"
     jobs.write_text("jobs:\n"
-                    f"  - {{name: e, arrival: 0, gpus: 1, config: {{{sync}, epochs: 120}}}}\n"
-                    f"  - {{name: f, arrival: 9, gpus: 1, config: {{{sync}, epochs: 20}}}}\n")
+                    f"  - {{name: e, arrival: 0, gpus: 1, config: {{{sync}, epochs: 160}}}}\n"
+                    f"  - {{name: f, arrival: 7, gpus: 1, config: {{{sync}, epochs: 20}}}}\n")
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
                         "--cluster", "uniform:1,1,1,2", "--policy", "goodput", "--interval",
