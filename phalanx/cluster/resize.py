@@ -17,7 +17,7 @@ worker count W' and batch b':
 
 The learning rate follows the new settings as for a fresh run of them where the run uses
 its strategy's default rule (momentum scaled with the workers;
-:func:`~phalanx.cluster.resize_ps.default_lr`): config.json records it resolved, so it is
+:func:`~phalanx.cluster.resize_base.default_lr`): config.json records it resolved, so it is
 recomputed here. A run started with one worker trains with single's plain SGD and keeps it
 (its rule state has no momentum), as does a rule or rate the user chose. The continued
 trajectory is not the one an unresized run would take: that is what resizing is.
@@ -26,24 +26,18 @@ trajectory is not the one an unresized run would take: that is what resizing is.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
 
-from phalanx.cluster.resize_ps import default_lr, resize_ps
-from phalanx.config import RunConfig
-from phalanx.data import steps_per_epoch
+from phalanx.cluster.resize_base import default_lr, micro_per_epoch, run_config, write_config
+from phalanx.cluster.resize_ps import resize_ps
+from phalanx.data import same_place
 from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
 from phalanx.parallel.dp_checkpoint import FORMAT, checkpoint_path, fingerprint, read_checkpoint
 from phalanx.parallel.registry import check_config, spec
 from phalanx.runtime.checkpoint import save_checkpoint
-
-
-def run_config(run_dir: Path) -> RunConfig:
-    values = json.loads((run_dir / "config.json").read_text())
-    return RunConfig.from_mapping(values, source=f"{run_dir}/config.json")
 
 
 def resize_run(run_dir: Path, workers: int, batch_size: int) -> tuple[int, int]:
@@ -61,17 +55,11 @@ def resize_run(run_dir: Path, workers: int, batch_size: int) -> tuple[int, int]:
     new = dataclasses.replace(old, workers=workers, batch_size=batch_size, resume="",
                               lr=default_lr(old, workers))
     check_config(new)
-    n = len(make_job(new).train)
     ga = old.grad_accum
-    per_old = steps_per_epoch(n // old.workers, old.batch_size)
-    per_new = steps_per_epoch(n // workers, batch_size)
-    if per_new < ga:
-        raise ConfigError(f"{run_dir}: batch {batch_size} x {workers} workers leaves a shard "
-                          f"of fewer than {ga} micro-batches")
-    # the same epoch and the same fraction of it, in the new micro-batches
-    micro = payload["step"] * ga
-    epoch, done = divmod(micro, per_old)
-    step = (epoch * per_new + round(done / per_old * per_new)) // ga
+    per_old, per_new = micro_per_epoch(run_dir, len(make_job(new).train), old, workers,
+                                       batch_size)
+    epoch, micro = same_place(payload["step"] * ga, per_old, per_new)
+    step = micro // ga
     ranks = payload["ranks"]
     fresh = []
     for r in range(workers):
@@ -84,8 +72,6 @@ def resize_run(run_dir: Path, workers: int, batch_size: int) -> tuple[int, int]:
     samples = payload["samples"] * old.workers // workers
     save_checkpoint(checkpoint_path(run_dir), {
         **payload, "workers": workers, "fingerprint": fingerprint(new), "step": step,
-        "epoch": int(epoch), "samples": int(samples), "ranks": fresh})
-    values = json.loads((run_dir / "config.json").read_text())
-    values.update(workers=workers, batch_size=batch_size, lr=new.lr)
-    (run_dir / "config.json").write_text(json.dumps(values, indent=2) + "\n")
+        "epoch": epoch, "samples": int(samples), "ranks": fresh})
+    write_config(run_dir, new, ("workers", "batch_size", "lr"))
     return payload["step"], step

@@ -12,8 +12,8 @@ its RNG streams from the seed and its index), so the clock is the whole per-work
   the staleness of an update grows as W / n; n = W is the sync-like end, n = 1 is ASP), so
   a run keeps its place between ASP and BSP instead of its group size.
 * **BSP** with the strategy's default rule (momentum at 0.05 x (1 - m) x workers): the
-  learning rate is the one a fresh run with W' workers gets (:func:`default_lr`, as for
-  sync and average). A rule or rate the user chose stays.
+  learning rate is the one a fresh run with W' workers gets (``resize_base.default_lr``,
+  as for sync and average). A rule or rate the user chose stays.
 * ``--max-steps`` (steps per worker) is converted to keep the run's sample budget.
 
 Refused (one line, nothing rewritten): a run with injected faults (``--kill-worker``,
@@ -26,19 +26,17 @@ than a worker's new shard).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
+from phalanx.cluster.resize_base import default_lr, micro_per_epoch, write_config
 from phalanx.config import RunConfig
-from phalanx.data import steps_per_epoch
 from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
 from phalanx.parallel.ps import consistency
 from phalanx.parallel.ps_worker import steps_per_worker
-from phalanx.parallel.registry import check_config, spec
+from phalanx.parallel.registry import check_config
 from phalanx.ps.checkpoint import read_shard, shard_path
 from phalanx.ps.resize import common_clock, rewrite_shards, worker_steps
-from phalanx.rules import RULES
 from phalanx.runtime.checkpoint import CheckpointError
 
 
@@ -48,17 +46,6 @@ def refusal(cfg: RunConfig) -> str:
         return ("its injected faults (--kill-worker / --kill-server) name steps and updates "
                 "of the run as started, which a resize renumbers")
     return ""
-
-
-def default_lr(old: RunConfig, workers: int) -> float | None:
-    """The learning rate of a run resized to ``workers`` whose rule is its strategy's
-    default momentum for its worker count (``spec.momentum_for``, recorded resolved in
-    config.json): the one a fresh run with ``workers`` gets, kept as momentum at one worker
-    (the same effective step as single's SGD: the rule state is momentum's). Anything
-    else -- the user's rule or rate, plain SGD of a run started with one worker -- stays."""
-    if old.workers > 1 and spec(old.strategy).default_rule(old) == (old.rule, old.lr):
-        return round(RULES.get("sgd").default_lr * (1.0 - old.momentum) * workers, 12)
-    return old.lr
 
 
 def resized_settings(old: RunConfig, workers: int, batch_size: int) -> RunConfig:
@@ -88,18 +75,10 @@ def resize_ps(run_dir: Path, old: RunConfig, workers: int, batch_size: int
         raise ConfigError(f"cannot resize: {e}") from None
     new = resized_settings(old, workers, batch_size)
     job = make_job(old)
-    n = len(job.train)
-    ga, npush = old.grad_accum, old.npush
-    per_old = steps_per_epoch(n // old.workers, old.batch_size)
-    per_new = steps_per_epoch(n // workers, batch_size)
-    if per_new < ga:
-        raise ConfigError(f"{run_dir}: batch {batch_size} x {workers} workers leaves a shard "
-                          f"of fewer than {ga} micro-batches")
+    per_old, per_new = micro_per_epoch(run_dir, len(job.train), old, workers, batch_size)
+    npush = old.npush
     steps = worker_steps(payloads, npush, steps_per_worker(job))
-    clock = common_clock(steps, ga, npush, per_old, per_new)
+    clock = common_clock(steps, old.grad_accum, npush, per_old, per_new)
     rewrite_shards(run_dir, payloads, workers, clock)
-    values = json.loads((run_dir / "config.json").read_text())
-    values.update({k: getattr(new, k) for k in ("workers", "batch_size", "softsync", "lr",
-                                                 "max_steps")})
-    (run_dir / "config.json").write_text(json.dumps(values, indent=2) + "\n")
+    write_config(run_dir, new, ("workers", "batch_size", "softsync", "lr", "max_steps"))
     return sum(steps) // len(steps), clock * npush

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from fractions import Fraction
 
 import torch
 
@@ -50,3 +51,11 @@ def epoch_batches(
 
 def steps_per_epoch(shard_size: int, batch_size: int) -> int:
     return shard_size // batch_size
+
+
+def same_place(micro: int | Fraction, per_old: int, per_new: int) -> tuple[int, int]:
+    """A position ``micro`` micro-batches into a run of ``per_old`` micro-batches per epoch,
+    in a run of ``per_new``: (epoch, micro-batches), the same epoch and the same fraction
+    of it (an elastic resize: another worker count or batch re-cuts every epoch)."""
+    epoch, done = divmod(micro, per_old)
+    return int(epoch), int(epoch * per_new + round(done / per_old * per_new))

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from phalanx.data import same_place
 from phalanx.ps.checkpoint import shard_path
 from phalanx.runtime.checkpoint import save_checkpoint
 
@@ -54,10 +55,8 @@ def common_clock(steps: Sequence[int], accum: int, npush: int, per_old: int,
     """The one clock every worker resumes at: the workers' mean position in micro-batches
     (``per_old`` to an epoch) as the same epoch and fraction of it in ``per_new``
     micro-batches per epoch, rounded down to a whole push of ``accum x npush`` of them."""
-    mean = Fraction(sum(steps) * accum, len(steps))
-    epoch, done = divmod(mean, per_old)
-    micro = epoch * per_new + round(done / per_old * per_new)
-    return int(micro // (accum * npush))
+    _, micro = same_place(Fraction(sum(steps) * accum, len(steps)), per_old, per_new)
+    return micro // (accum * npush)
 
 
 def rewrite_shards(run_dir: Path, payloads: Sequence[dict], workers: int, clock: int) -> None:
