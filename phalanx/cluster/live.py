@@ -185,7 +185,11 @@ class LiveCluster:
             st.running = False
             if run.stop:
                 self.stops.append(StopRecord(st.spec.name, run.asked, self.now, rc))
-            if run.stop == "preempt" and rc != 0:
+            # stopped just as it finished (a driver's exit code is SIGTERM's when the signal
+            # came after its summary was written): done, nothing is left to resume
+            finished = run.stop == "preempt" and (
+                self.config.out / "jobs" / st.spec.name / "summary.json").is_file()
+            if run.stop == "preempt" and rc != 0 and not finished:
                 # stopped on request (a checkpoint written, or killed before one was due):
                 # back to the queue; the next start resumes from what is on disk
                 st.preemptions += 1
@@ -197,7 +201,7 @@ class LiveCluster:
             st.remaining = 0.0
             if run.stop == "timeout":
                 st.failure = f"timed out after {limit:g} s"
-            elif rc != 0:
+            elif rc != 0 and not finished:
                 st.failure = f"exit {rc}: {last_error_line(run.gang.log)}"
         return ended
 
