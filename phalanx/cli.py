@@ -44,6 +44,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     startup = "" if s["startup_s"] is None else f" (start-up {s['startup_s']:.1f}s)"
     print(f"test_accuracy {s['test_accuracy']:.4f}  test_loss {s['test_loss']:.4f}  "
           f"samples/s {rate} (steady state)  wall {s['wall_s']:.1f}s{startup}  -> {result.out}")
+    if "test_perplexity" in s:  # a language model: its figures and what it writes
+        tokens = "-" if s.get("tokens_per_s") is None else f"{s['tokens_per_s']:.0f}"
+        print(f"test_loss {s['test_loss']:.4f} nats/token  perplexity "
+              f"{s['test_perplexity'] or float('inf'):.2f}  tokens/s {tokens}  sample:")
+        print(s.get("sample_text", ""))
     return 0
 
 

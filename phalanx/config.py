@@ -31,6 +31,8 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 
 
 WORKER_LOSS = ("continue", "stop")
+TOKENS = ("char", "byte")  # phalanx.data.text
+TEXT_SETS = ("shakespeare", "text")  # the data sets --context and --tokens cut
 
 
 @dataclass
@@ -44,10 +46,17 @@ class RunConfig:
         "data set (fashion-mnist needs Debian's dataset-fashion-mnist; idx and cifar10 "
         'need --data-dir)', section="data")
     data_dir: str | None = setting(
-        None, 'directory holding IDX (MNIST-format) or CIFAR-10 binary files',
-        section="data",
-        needs=("--data fashion-mnist, mnist, idx or cifar10",
-               lambda c: c.data in ("fashion-mnist", "mnist", "idx", "cifar10")))
+        None, 'directory holding IDX (MNIST-format) or CIFAR-10 binary files; --data text: '
+        'a UTF-8 file or a folder of .txt files', section="data",
+        needs=("--data fashion-mnist, mnist, idx, cifar10, shakespeare or text",
+               lambda c: c.data in ("fashion-mnist", "mnist", "idx", "cifar10", "shakespeare",
+                                    "text")))
+    tokens: str = setting("char", "text: characters (vocabulary from the training text) or bytes",
+        choices=TOKENS, section="data", needs=(f"--data {' or '.join(TEXT_SETS)}",
+                                               lambda c: c.data in TEXT_SETS))
+    context: int = setting(64, 'text / gpt: tokens in a window (the attention span)',
+        section="data", rule=Range(1), limit=(1, 2**20),
+        needs=(f"--data {' or '.join(TEXT_SETS)}", lambda c: c.data in TEXT_SETS))
     train_limit: int = setting(0, 'train on only the first N training samples (0: all)',
         section="data", rule=Range(0), limit=(0, 2**40))
     test_limit: int = setting(0, 'evaluate on only the first N test samples (0: all)',
@@ -58,6 +67,17 @@ class RunConfig:
     augment: str = setting(
         "", 'comma list of augmentations applied per batch: flip, translate, rotate, noise',
         section="data")
+
+    gpt_layers: int = setting(4, 'gpt: transformer blocks', section="model",
+        rule=Range(1), limit=(1, 1024), needs=("--model gpt", lambda c: c.model == "gpt"))
+    gpt_heads: int = setting(4, 'gpt: attention heads per block (divides --gpt-dim)',
+        section="model", rule=Range(1), limit=(1, 1024),
+        needs=("--model gpt", lambda c: c.model == "gpt"))
+    gpt_dim: int = setting(128, 'gpt: embedding width', section="model", rule=Range(1),
+        limit=(1, 2**16), needs=("--model gpt", lambda c: c.model == "gpt"))
+    dropout: float = setting(0.0, 'gpt: dropout after embeddings, attention and MLP',
+        section="model", rule=Range(0.0, 1.0, hi_open=True),
+        needs=("--model gpt", lambda c: c.model == "gpt"))
 
     # optimisation
     epochs: float = setting(1.0, 'passes over the training set (fractions allowed)',
@@ -77,7 +97,8 @@ class RunConfig:
     momentum: float = setting(0.9, 'momentum of --rule momentum / nesterov',
         section="optim", rule=Range(0.0, 1.0, hi_open=True),
         needs=("--rule momentum or nesterov", lambda c: c.rule in ("momentum", "nesterov")))
-    weight_decay: float = setting(0.0, 'L2 weight decay added to every gradient',
+    weight_decay: float = setting(
+        0.0, 'weight decay: L2 added to every gradient (adamw: decoupled, p -= lr wd p)',
         section="optim", rule=Range(0), limit=(0, 1e6))
     schedule: str = setting("constant", 'learning-rate schedule over the run', choices=SCHEDULES,
         section="optim")
@@ -90,6 +111,9 @@ class RunConfig:
     gamma: float = setting(0.1, '--schedule step: the factor applied every --step-size steps',
         section="optim", rule=Range(0.0, 1.0, lo_open=True),
         needs=("--schedule step", lambda c: c.schedule == "step"))
+    clip_grad_norm: float = setting(
+        0.0, "clip the gradient to this global L2 norm before the rule (0: off; where each "
+        "strategy clips: docs/workloads.md)", section="optim", rule=Range(0), limit=(0, 1e9))
     grad_accum: int = setting(1, 'micro-batches accumulated per optimizer step',
         section="optim", rule=Range(1), limit=(1, 2**20))
 

@@ -7,6 +7,7 @@ DataLoader on 2 cores.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from phalanx.catalog import Catalog
 from phalanx.data.cifar import load_cifar_split
 from phalanx.data.idx import load_idx_split
+from phalanx.data.text import text_splits
 from phalanx.errors import ConfigError, DataError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -24,12 +26,24 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 @dataclass
 class Dataset:
-    """Features ``x`` (N, C, H, W) float32, normalised; labels ``y`` (N,) int64."""
+    """Features ``x`` and targets ``y``, by ``task``:
+
+    - ``classify``: images (N, C, H, W) float32, normalised; labels (N,) int64;
+    - ``lm``: token windows (N, T) int64 and the next token at each position (N, T) int64;
+      ``num_classes`` is the vocabulary; ``vocab`` decodes a token (characters; empty: bytes);
+    - ``ctr``: dense features and hashed ids side by side (N, D + F) float32 (ids are exact
+      integers below 2**24); clicks (N,) int64 in {0, 1}.
+
+    Every strategy sees ``x[idx]`` / ``y[idx]`` and a loss over the last dimension
+    (:func:`phalanx.models.loss.token_cross_entropy`), so none of them branches on it."""
 
     name: str
     x: torch.Tensor
     y: torch.Tensor
     num_classes: int
+    task: str = "classify"
+    vocab: str = ""
+    info: dict = dataclasses.field(default_factory=dict)  # what a report says of the data
 
     def __len__(self) -> int:
         return len(self.y)
@@ -41,7 +55,12 @@ class Dataset:
     def subset(self, limit: int) -> Dataset:
         if limit <= 0 or limit >= len(self):
             return self
-        return Dataset(self.name, self.x[:limit], self.y[:limit], self.num_classes)
+        return dataclasses.replace(self, x=self.x[:limit], y=self.y[:limit])
+
+    @property
+    def targets(self) -> int:
+        """Predictions a pass over the set scores (tokens for a language model)."""
+        return self.y.numel()
 
 
 def _to_tensors(images: np.ndarray) -> torch.Tensor:
@@ -111,11 +130,30 @@ def _cifar(name: str, data_dir: str | None, seed: int, train_limit: int, test_li
 @dataclass(frozen=True)
 class DataKind:
     """A data set ``--data`` offers: its loader ((name, data_dir, seed, train_limit,
-    test_limit) -> train images, labels, test images, labels as numpy arrays) and its
-    training-set size (a study plans its evaluations without loading it)."""
+    test_limit) -> train images, labels, test images, labels as numpy arrays), its
+    training-set size (a study plans its evaluations without loading it) and its task.
+    A set that is not images (``task`` lm, ctr) has ``build`` instead: (name, data_dir,
+    seed, options) -> (train, test) :class:`Dataset`."""
 
-    load: Callable[[str, str | None, int, int, int], tuple]
+    load: Callable[[str, str | None, int, int, int], tuple] | None
     train_size: int
+    task: str = "classify"
+    build: Callable[..., tuple[Dataset, Dataset]] | None = None
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """What a non-image set is cut by: a language model's context and tokens."""
+
+    context: int = 64
+    tokens: str = "char"
+
+
+def _text(name: str, data_dir: str | None, seed: int, opts: DataOptions):
+    tx, ty, vx, vy, vocab, info = text_splits(name, data_dir, seed, opts.context, opts.tokens)
+    classes = len(vocab) if vocab else 256
+    return (Dataset(name, tx, ty, classes, task="lm", vocab=vocab, info=info),
+            Dataset(name, vx, vy, classes, task="lm", vocab=vocab, info=info))
 
 
 # every data set --data offers: adding one is its loader and one line here
@@ -128,19 +166,29 @@ DATASETS.add("digits", DataKind(lambda n, d, seed, a, b: _digits(seed), 1437),
              "scikit-learn's 8x8 digits")
 DATASETS.add("synthetic", DataKind(lambda n, d, seed, a, b: _synthetic(seed), 4000),
              "a seeded synthetic set (tests, smoke runs)")
+DATASETS.add("shakespeare", DataKind(None, 62737, "lm", _text),
+             "Tiny Shakespeare, 1.1M characters, for --model gpt (characters or --tokens byte)")
+DATASETS.add("text", DataKind(None, 0, "lm", _text),
+             "any UTF-8 text file or folder of .txt files in --data-dir, for --model gpt")
 
 
 def load_data(
     name: str, data_dir: str | None = None, seed: int = 0, train_limit: int = 0,
-    test_limit: int = 0,
+    test_limit: int = 0, options: DataOptions | None = None,
 ) -> tuple[Dataset, Dataset]:
     """(train, test) for a data set name; ``data_dir`` points at IDX / CIFAR files.
     ``train_limit`` / ``test_limit`` > 0: IDX files are read only that far (a header's claim
-    is then never allocated in full)."""
+    is then never allocated in full). ``options``: how a text set is cut into windows."""
     try:
         kind = DATASETS.get(name)
     except ConfigError as e:
         raise DataError(str(e)) from None
+    if kind.build is not None:
+        train, test = kind.build(name, data_dir, seed, options or DataOptions())
+        for split, part in (("training", train), ("test", test)):
+            if len(part) == 0:
+                raise DataError(f"--data {name}: the {split} split is empty")
+        return train, test
     tx, ty, vx, vy = kind.load(name, data_dir, seed, train_limit, test_limit)
     for split, labels in (("training", ty), ("test", vy)):
         if len(labels) == 0:

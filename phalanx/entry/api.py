@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from phalanx.config import RunConfig
-from phalanx.data import Dataset, load_data
+from phalanx.data import DataOptions, Dataset, load_data
+from phalanx.data.text import decode
 from phalanx.entry.flags import LIMITS_VAR, apply_limits
 from phalanx.entry.paths import check_resume_out, hold_run_dir, prepare_run_dir
 from phalanx.entry.preflight import check_job_data
@@ -26,7 +27,7 @@ from phalanx.metrics import EventLog, read_events
 from phalanx.metrics.events import finite_or_none
 from phalanx.metrics.progress import StartupLines, say
 from phalanx.metrics.throughput import measure
-from phalanx.models import build_model, count_parameters
+from phalanx.models import build_model, check_task, count_parameters, generate, model_options
 from phalanx.parallel.base import Job, Outcome, evaluate
 from phalanx.parallel.divergence import check_parameters, diverged
 from phalanx.parallel.registry import check_config, spec
@@ -56,13 +57,15 @@ class RunResult:
 def make_job(cfg: RunConfig, model: str | Callable[[], nn.Module] | None = None,
              data: tuple[Dataset, Dataset] | None = None) -> Job:
     train_set, test_set = data if data is not None else load_data(
-        cfg.data, cfg.data_dir, cfg.seed, cfg.train_limit, cfg.test_limit)
+        cfg.data, cfg.data_dir, cfg.seed, cfg.train_limit, cfg.test_limit,
+        DataOptions(cfg.context, cfg.tokens))
     train_set, test_set = train_set.subset(cfg.train_limit), test_set.subset(cfg.test_limit)
     if model is None or isinstance(model, str):
         name = model or cfg.model
         cfg.model = name
+        check_task(name, train_set.task, cfg.data if data is None else "(given)")
         model_fn = functools.partial(build_model, name, train_set.input_shape,
-                                     train_set.num_classes)
+                                     train_set.num_classes, **model_options(cfg))
         model_fn()  # fail early, in this process, on a model/data mismatch
     elif callable(model):
         model_fn = model
@@ -154,6 +157,29 @@ def _processes(strategy: StrategySpec, cfg: RunConfig) -> str:
     return text + " (processes)"
 
 
+SAMPLE_PROMPT, SAMPLE_TOKENS = 16, 200  # a generated sample: the test text's first tokens on
+
+
+def lm_summary(job: Job, test_loss: float, samples_per_s: float | None,
+               train_samples: int) -> dict[str, Any]:
+    """A language model's figures: perplexity, tokens/s beside samples/s, the data's
+    tokens (nats per token is ``test_loss`` itself; accuracy is next-token accuracy)."""
+    if job.test.task != "lm":
+        return {}
+    context = job.train.x.shape[1]
+    return {"test_perplexity": math.exp(test_loss) if test_loss < 700 else math.inf,
+            "tokens_per_s": None if samples_per_s is None else samples_per_s * context,
+            "train_tokens": train_samples * context,
+            **{f"data_{k}": v for k, v in job.train.info.items()}}
+
+
+def sample_text(model: nn.Module, job: Job) -> str:
+    """A seeded sample of ``SAMPLE_TOKENS`` tokens after the test text's first tokens."""
+    prompt = job.test.x[0, :SAMPLE_PROMPT]
+    ids = generate(model, prompt, SAMPLE_TOKENS, job.test.x.shape[1], seed=job.config.seed)
+    return decode(ids.tolist(), job.test.vocab)
+
+
 def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
                **extra: Any) -> dict[str, Any]:
     """The one place a run's summary is made and written (``phalanx train``, the API and
@@ -184,10 +210,14 @@ def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
         "startup_s": rate.startup_s,
         "startup": rate.startup,  # its phases (phalanx.metrics.throughput)
         "train_s": rate.train_s,
+        **lm_summary(job, test_loss, rate.samples_per_s, outcome.train_samples),
         **extra,
         **outcome.stats_dict(),
     }
     summary = finite_or_none(summary)
+    if job.test.task == "lm":  # what the model writes, in the log (and the CLI prints it)
+        summary["sample_text"] = sample_text(outcome.model, job)
+        log.log("sample", prompt_tokens=SAMPLE_PROMPT, text=summary["sample_text"])
     log.log("summary", **summary)
     (job.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -19,6 +19,7 @@ from phalanx.config import RunConfig
 from phalanx.entry.api import make_job, train
 from phalanx.experiments.common import base_config, variant, verdict_block
 from phalanx.experiments.runs import run_variants, write_report
+from phalanx.models.loss import token_cross_entropy
 from phalanx.parallel.replicas import worker_batches
 from phalanx.rules import apply_updates, make_rule
 
@@ -36,7 +37,7 @@ def serial_replay(cfg: RunConfig, workers: tuple[int, ...], world: int, steps: i
     streams = [worker_batches(job, r, world) for r in workers]
     for _ in range(steps):
         idx = torch.cat([next(s)[1] for s in streams])
-        loss = nn.functional.cross_entropy(model(job.train.x[idx]), job.train.y[idx])
+        loss = token_cross_entropy(model(job.train.x[idx]), job.train.y[idx])
         grads = torch.autograd.grad(loss, params)
         updates, state = rule.update(list(grads), state, weights)
         apply_updates(weights, updates)

@@ -36,8 +36,11 @@ def _fmt(key: str, value: float | int | str) -> str:
 
 class Progress:
     def __init__(self, total: int, label: str = "train", stream: TextIO | None = None,
-                 enabled: bool = True, every_s: float = 5.0, unit: str = "step") -> None:
+                 enabled: bool = True, every_s: float = 5.0, unit: str = "step",
+                 tokens_per_sample: int = 0) -> None:
+        """``tokens_per_sample`` > 0: a language model's windows; tokens/s is shown too."""
         self.total, self.label, self.unit = max(total, 1), label, unit
+        self.tokens_per_sample = tokens_per_sample
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = enabled and _terminal(self.stream)
@@ -78,6 +81,8 @@ class Progress:
             elif now > self._samples[0]:
                 rate = (samples - self._samples[1]) / (now - self._samples[0])
                 self._rate = f"{rate:,.0f} samples/s"
+                if self.tokens_per_sample:
+                    self._rate += f", {rate * self.tokens_per_sample:,.0f} tokens/s"
         if self.tty:
             bar = self._draw()
             bar.set_postfix_str("  ".join(self._figures()), refresh=False)

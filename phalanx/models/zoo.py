@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from phalanx.catalog import Catalog
 from phalanx.errors import ConfigError
+from phalanx.models.gpt import gpt
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 256) -> nn.Sequential:
@@ -104,6 +106,47 @@ MODELS.add("mlp", mlp, "a two-hidden-layer perceptron")
 MODELS.add("lenet5", lenet5, "LeNet-5 (conv)")
 MODELS.add("resnet", resnet, "a small ResNet")
 MODELS.add("logreg", logreg, "logistic regression (a linear classifier)")
+MODELS.add("gpt", gpt, "a decoder-only transformer on token windows (--gpt-layers, ...)")
+
+# models that set their own initial weights (he_init is for ReLU networks)
+OWN_INIT = frozenset({"gpt"})
+# the task each named model is for (phalanx.data.Dataset.task); the rest classify images
+MODEL_TASKS = {"gpt": "lm"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A model's own training recipe, used when the user names neither ``--rule`` nor
+    ``--lr`` (a transformer does not train with the image models' SGD)."""
+
+    rule: str
+    lr: float
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+
+
+# the GPT's: AdamW, linear warm-up then cosine (nanoGPT's shakespeare-char recipe;
+# docs/workloads.md has the measurements behind it)
+RECIPES = {"gpt": Recipe("adamw", 1e-3, "cosine", 100, 0.1)}
+
+
+def model_options(cfg) -> dict[str, object]:
+    """The sizes ``--model`` takes from a run configuration (the GPT's flags)."""
+    if cfg.model == "gpt":
+        return {"layers": cfg.gpt_layers, "heads": cfg.gpt_heads, "dim": cfg.gpt_dim,
+                "dropout": cfg.dropout}
+    return {}
+
+
+def check_task(name: str, task: str, data: str) -> None:
+    """Refuse, in one line, a named model on data of another kind."""
+    wants = MODEL_TASKS.get(name, "classify")
+    if wants != task:
+        what = {"classify": "images", "lm": "text (token windows)", "ctr": "click logs"}
+        models = [m for m in MODELS.names() if MODEL_TASKS.get(m, "classify") == task]
+        raise ConfigError(f"--model {name}: takes {what.get(wants, wants)} but --data {data} is "
+                          f"{what.get(task, task)} (use --model {' or '.join(models)})")
 
 
 def he_init(model: nn.Module) -> nn.Module:
@@ -127,8 +170,12 @@ def he_init(model: nn.Module) -> nn.Module:
     return model
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    return he_init(MODELS.get(name)(tuple(input_shape), num_classes))
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
+                **options: object) -> nn.Module:
+    """Model ``name`` for inputs of ``input_shape`` and ``num_classes`` outputs;
+    ``options``: the model's own sizes (the GPT's layers, heads, dim, dropout)."""
+    model = MODELS.get(name)(tuple(input_shape), num_classes, **options)
+    return model if name in OWN_INIT else he_init(model)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -15,6 +15,7 @@ from torch import nn
 
 from phalanx.config import RunConfig
 from phalanx.data import Dataset, parse_augment, shard_indices, steps_per_epoch
+from phalanx.models.loss import correct, token_cross_entropy
 from phalanx.runtime.checkpoint import load_checkpoint, save_checkpoint
 
 ModelFactory = Callable[[], nn.Module]
@@ -82,20 +83,22 @@ def augmenter(cfg: RunConfig):
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Dataset, batch: int = 2000) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) over a whole data set, in eval mode."""
+    """(mean cross-entropy, accuracy) over a whole data set, in eval mode: per sample, or
+    per token for a language model (every position of every window is one prediction)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    total_loss, correct = 0.0, 0
+    total_loss, right, scored = 0.0, 0, 0
     for start in range(0, len(data), batch):
         x = data.x[start : start + batch].to(device)
         y = data.y[start : start + batch].to(device)
         out = model(x)
-        total_loss += nn.functional.cross_entropy(out, y, reduction="sum").item()
-        correct += (out.argmax(1) == y).sum().item()
+        total_loss += token_cross_entropy(out, y, reduction="sum").item()
+        right += correct(out, y).item()
+        scored += y.numel()
     model.train(was_training)
-    n = max(len(data), 1)
-    return total_loss / n, correct / n
+    n = max(scored, 1)
+    return total_loss / n, right / n
 
 
 class Straggler:

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from phalanx.data import epoch_batches
+from phalanx.models.loss import TokenCrossEntropy
 from phalanx.parallel.base import Job, detached
 from phalanx.rules import apply_updates, make_rule
 
@@ -66,7 +66,7 @@ def _train(job: Job, steps: int, replicas: int) -> Reference:
     rule = make_rule(cfg, job.planned_steps(shard_len))
     state = rule.init(weights)
     streams = [_batches(job, r, replicas) for r in range(replicas)]
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = TokenCrossEntropy()
     losses = []
     for _ in range(steps):
         idx = torch.cat([next(s) for s in streams])

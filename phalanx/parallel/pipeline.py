@@ -21,6 +21,7 @@ from torch import nn
 from phalanx.comm.staging import DeviceHop, gloo_carries
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
+from phalanx.models.loss import TokenCrossEntropy
 from phalanx.parallel.base import (
     Job,
     detached,
@@ -200,7 +201,7 @@ class _StageHooks(Hooks):
         """The whole (all replicas') batch's mean loss and accuracy: a collective of the
         last stages."""
         loss = torch.stack(self.losses).mean().detach()
-        acc = (self.out.argmax(1) == self.y).float().mean()
+        acc = (self.out.argmax(-1) == self.y).float().mean()
         both = torch.stack([loss, acc])
         if self.replicas > 1:
             dist.all_reduce(both, group=self.dps[self.s])
@@ -252,7 +253,7 @@ def build_schedule(submod: nn.Module, meter: StageMeter, s: int, stages: int,
                     else torch.empty(shapes[s - 1], requires_grad=True)),
         output_args=torch.empty(shapes[s], requires_grad=True), group=group)
     # scale_grads=False: the caller scales once per optimizer step (grad_accum-safe)
-    return schedule_class(name)(stage, microbatches, loss_fn=nn.CrossEntropyLoss(),
+    return schedule_class(name)(stage, microbatches, loss_fn=TokenCrossEntropy(),
                            scale_grads=False)
 
 

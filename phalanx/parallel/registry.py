@@ -14,6 +14,7 @@ from phalanx.config import RunConfig
 from phalanx.data import DATASETS
 from phalanx.errors import ConfigError
 from phalanx.models import MODELS as MODEL_NAMES
+from phalanx.models import RECIPES, Recipe
 from phalanx.parallel import (
     hogwild,
     hybrid,
@@ -90,11 +91,25 @@ def resolve_rule(cfg: RunConfig, s: StrategySpec) -> None:
     rule = RULES.get(cfg.rule)  # a known rule (one line naming --rule otherwise)
     if cfg.lr is not None:
         return
+    recipe = RECIPES.get(cfg.model)
+    if recipe is not None and cfg.rule == RULE_DEFAULT and s.default_lr is None:
+        _apply_recipe(cfg, recipe)  # the model's own (the GPT's AdamW + cosine)
+        return
     own = s.default_rule(cfg) if cfg.rule == RULE_DEFAULT else None
     if own is not None:  # the user named neither --rule nor --lr: the strategy's choice
         cfg.rule, cfg.lr = own
     else:
         cfg.lr = s.default_lr if s.default_lr is not None else rule.default_lr
+
+
+def _apply_recipe(cfg: RunConfig, recipe: Recipe) -> None:
+    """A model's recipe: its rule and learning rate, and its schedule and weight decay
+    where those are still at their defaults (a user's own value stands)."""
+    cfg.rule, cfg.lr = recipe.rule, recipe.lr
+    fields = RunConfig.__dataclass_fields__
+    for name in ("schedule", "warmup_steps", "weight_decay"):
+        if getattr(cfg, name) == fields[name].default:
+            setattr(cfg, name, getattr(recipe, name))
 
 
 def check_config(cfg: RunConfig) -> RunConfig:

@@ -23,6 +23,8 @@ from phalanx.comm.transport import Transport
 from phalanx.comm.wire import Header, Kind
 from phalanx.errors import PhalanxError
 from phalanx.metrics import EventLog
+from phalanx.models.loss import correct as count_correct
+from phalanx.models.loss import token_cross_entropy
 from phalanx.parallel.base import Job
 from phalanx.parallel.worker import WorkerKit
 from phalanx.ps.client import Heartbeat
@@ -153,8 +155,9 @@ class SandblasterWorker:
         x, y = self.job.train.x[start:end], self.job.train.y[start:end]
         self.straggler.start()
         out = self.model(x)
-        # a sum, not a mean: the shards add the portions and divide by the batch size
-        loss = nn.functional.cross_entropy(out, y, reduction="sum")
+        # a sum over samples (of each sample's mean over its tokens, for a language model),
+        # not a mean: the shards add the portions and divide by the batch size
+        loss = token_cross_entropy(out, y, reduction="sum") / (y[0].numel() if len(y) else 1)
         grads = torch.autograd.grad(loss, self.params)
         self.straggler.finish()
         g = flat_dense(self.part, list(grads))
@@ -168,7 +171,7 @@ class SandblasterWorker:
         # push, so a push still queued when this worker dies (it reported, then was
         # killed) would stall the iteration. Sent sockets' data survives the process.
         self.transport.flush()
-        correct = (out.argmax(1) == y).sum().item()
+        correct = count_correct(out, y).item() / (y[0].numel() if len(y) else 1)
         result = torch.tensor([loss.item(), end - start, correct], dtype=torch.float64)
         self.transport.send(coordinator, Header(Kind.TASK, worker=self.worker, clock=evaluation,
                                                 seq=portion, flags=TaskOp.RESULT), [result])

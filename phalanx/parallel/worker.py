@@ -11,6 +11,7 @@ events.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from phalanx.config import RunConfig
+from phalanx.config import TEXT_SETS, RunConfig
 from phalanx.data import Dataset
 from phalanx.metrics import EventLog, Progress
 from phalanx.metrics.progress import say
+from phalanx.models.loss import TokenCrossEntropy
 from phalanx.parallel.base import Straggler, augmenter, evaluate
 from phalanx.runtime.supervise import launch_marks
 
@@ -42,8 +44,20 @@ class WorkerKit:
         rank ``--slow-workers`` names (default: ``data_rank``)."""
         rank = data_rank if compute_rank is None else compute_rank
         return cls(torch.Generator().manual_seed(cfg.seed + 1 + data_rank),
-                   nn.CrossEntropyLoss(), Straggler(cfg.slow_workers.get(rank, 1.0)),
+                   TokenCrossEntropy(), Straggler(cfg.slow_workers.get(rank, 1.0)),
                    augmenter(cfg))
+
+
+def tokens_per_sample(cfg: RunConfig) -> int:
+    """Tokens a training sample holds: a text window's context; 0 for anything else."""
+    return cfg.context if cfg.data in TEXT_SETS else 0
+
+
+def lm_figures(test: Dataset, loss: float) -> dict[str, float]:
+    """What a language model's evaluation adds: perplexity, e^(loss per token)."""
+    if test.task != "lm":
+        return {}
+    return {"test_perplexity": math.exp(loss) if loss < 700 else math.inf}
 
 
 def wants_eval(cfg: RunConfig, step: int, epoch_done: bool) -> bool:
@@ -56,7 +70,8 @@ def wants_eval(cfg: RunConfig, step: int, epoch_done: bool) -> bool:
 
 
 def batch_accuracy(out: torch.Tensor, y: torch.Tensor) -> float:
-    return (out.argmax(1) == y).float().mean().item()
+    """Right predictions over all of them (samples, or a language model's tokens)."""
+    return (out.argmax(-1) == y).float().mean().item()
 
 
 class StepReporter:
@@ -76,7 +91,8 @@ class StepReporter:
         self.shards = shards
         if cfg.progress and log.rank >= 0:  # a start-up phase line per process
             say(f"{label}: rank {log.rank} ({log.role}) ready")
-        self.progress = Progress(total, label, enabled=cfg.progress and shows_progress)
+        self.progress = Progress(total, label, enabled=cfg.progress and shows_progress,
+                                 tokens_per_sample=tokens_per_sample(cfg))
         self.t0 = time.perf_counter() if t0 is None else t0
         # this rank is set up (process, data, groups): its training starts now
         log.log("ready", label=label, **launch_marks())  # + its start-up points
@@ -115,9 +131,10 @@ class StepReporter:
                  samples: int) -> None:
         """An ``eval`` event for ``model`` (``samples``: the run's total so far)."""
         loss, acc = evaluate(model, test)
+        lm = lm_figures(test, loss)
         self.log.log("eval", step=step, epoch=epoch, samples=samples, test_loss=loss,
-                     test_accuracy=acc, wall_s=self.wall())
-        self.progress.update(step, test_acc=acc)
+                     test_accuracy=acc, wall_s=self.wall(), **lm)
+        self.progress.update(step, test_acc=acc, **({"test_loss": loss} if lm else {}))
 
     def maybe_eval(self, model: nn.Module, test: Dataset, step: int, epoch: int,
                    samples: int, epoch_ended: bool) -> None:

@@ -25,6 +25,7 @@ from phalanx.rules.base import (
 from phalanx.rules.transforms import (
     Schedule,
     add_decayed_weights,
+    clip_by_global_norm,
     constant_schedule,
     cosine_schedule,
     dc_asgd,
@@ -42,10 +43,11 @@ from phalanx.rules.transforms import (
 __all__ = [
     "ChainState", "EmptyState", "UpdateRule", "apply_updates", "chain", "state_tensors",
     "update_owned",
-    "Schedule", "add_decayed_weights", "constant_schedule", "cosine_schedule", "dc_asgd",
+    "Schedule", "add_decayed_weights", "clip_by_global_norm", "constant_schedule",
+    "cosine_schedule", "dc_asgd",
     "scale", "scale_by_adagrad", "scale_by_adam", "scale_by_rms", "scale_by_schedule",
     "staleness_scaled", "step_decay_schedule", "trace", "warmup",
-    "sgd", "momentum", "adagrad", "rmsprop", "adam", "make_schedule", "make_rule", "RULES",
+    "sgd", "momentum", "adagrad", "rmsprop", "adam", "adamw", "make_schedule", "make_rule", "RULES",
     "RuleKind",
 ]
 
@@ -82,6 +84,14 @@ def adam(lr: float | Schedule, weight_decay: float = 0.0, b1: float = 0.9, b2: f
     return _tail(_as_schedule(lr), weight_decay, scale_by_adam(b1, b2, eps))
 
 
+def adamw(lr: float | Schedule, weight_decay: float = 0.01, b1: float = 0.9,
+          b2: float = 0.999, eps: float = 1e-8) -> UpdateRule:
+    """Adam with decoupled weight decay (Loshchilov and Hutter): ``u = -lr (adam(g) + wd p)``,
+    i.e. ``torch.optim.AdamW``'s ``p *= 1 - lr wd`` then the Adam step."""
+    decay = [add_decayed_weights(weight_decay)] if weight_decay else []
+    return chain(scale_by_adam(b1, b2, eps), *decay, scale_by_schedule(_as_schedule(lr)))
+
+
 @dataclass(frozen=True)
 class RuleKind:
     """An update rule a user picks with ``--rule``: how a run configuration builds it (on
@@ -103,6 +113,8 @@ RULES.add("nesterov", RuleKind(lambda c, lr: momentum(lr, c.momentum, c.weight_d
 RULES.add("adagrad", RuleKind(lambda c, lr: adagrad(lr, c.weight_decay), 0.01), "AdaGrad")
 RULES.add("rmsprop", RuleKind(lambda c, lr: rmsprop(lr, c.weight_decay), 0.001), "RMSProp")
 RULES.add("adam", RuleKind(lambda c, lr: adam(lr, c.weight_decay), 0.001), "Adam")
+RULES.add("adamw", RuleKind(lambda c, lr: adamw(lr, c.weight_decay), 0.001),
+          "Adam with decoupled weight decay (--weight-decay)")
 
 
 def make_schedule(cfg, total_steps: int) -> Schedule:
@@ -122,4 +134,8 @@ def make_rule(cfg, total_steps: int = 0, *, prefix: tuple[UpdateRule, ...] = ())
     """The update rule of a run configuration; ``prefix`` rules (DC-ASGD, staleness
     scaling) run on the raw gradient before the optimizer."""
     rule = RULES.get(cfg.rule).build(cfg, make_schedule(cfg, total_steps))
-    return chain(*prefix, rule) if prefix else rule
+    # the gradient is clipped first, as the rule receives it: after the allreduce in sync,
+    # on each shard's slice on a parameter server, per stage in a pipeline
+    clip = (clip_by_global_norm(cfg.clip_grad_norm),) if getattr(cfg, "clip_grad_norm", 0) else ()
+    head = clip + tuple(prefix)
+    return chain(*head, rule) if head else rule

@@ -104,6 +104,24 @@ def add_decayed_weights(weight_decay: float) -> UpdateRule:
     return UpdateRule(init, update)
 
 
+def clip_by_global_norm(max_norm: float) -> UpdateRule:
+    """``u = u * min(1, max_norm / (||u|| + 1e-6))``, the norm over every tensor the rule
+    sees (``torch.nn.utils.clip_grad_norm_``'s formula)."""
+
+    def init(params):
+        return EmptyState()
+
+    def update(updates, state, params=None, *, staleness=0, backup=None):
+        if not len(updates):
+            return list(updates), state
+        norms = torch._foreach_norm(list(updates))
+        total = torch.linalg.vector_norm(torch.stack([n.to(norms[0].dtype) for n in norms]))
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        return [u * coef.to(u.dtype) for u in updates], state
+
+    return UpdateRule(init, update)
+
+
 def trace(decay: float, nesterov: bool = False) -> UpdateRule:
     """Momentum buffer ``b = decay * b + u`` (torch's SGD with dampening 0).
 

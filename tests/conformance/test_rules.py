@@ -163,6 +163,9 @@ TORCH_EQUIVALENTS = {
     "rmsprop_wd": (lambda: R.rmsprop(0.01, weight_decay=0.01),
                    lambda p: torch.optim.RMSprop(p, lr=0.01, weight_decay=0.01)),
     "adam_defaults": (lambda: R.adam(0.01), lambda p: torch.optim.Adam(p, lr=0.01)),
+    "adamw": (lambda: R.adamw(0.01, weight_decay=0.1),
+              lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1)),
+    "adamw_defaults": (lambda: R.adamw(0.01), lambda p: torch.optim.AdamW(p, lr=0.01)),
     "adagrad_tiny": (lambda: R.adagrad(0.1), lambda p: torch.optim.Adagrad(p, lr=0.1)),
     "rmsprop_tiny": (lambda: R.rmsprop(0.01), lambda p: torch.optim.RMSprop(p, lr=0.01)),
 }
@@ -276,6 +279,7 @@ MAKE_RULE_REFS = {
     "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1, weight_decay=0.01),
     "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.1, weight_decay=0.01),
     "adam": lambda p: torch.optim.Adam(p, lr=0.1, weight_decay=0.01),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.1, weight_decay=0.01),
 }
 
 
@@ -305,7 +309,7 @@ def test_an_unknown_rule_is_one_line() -> None:
     with pytest.raises(Exception) as e:
         R.make_rule(RunConfig(rule="lion", lr=0.1))
     assert str(e.value) == ("--rule: 'lion' is not one of sgd, momentum, nesterov, adagrad, "
-                            "rmsprop, adam")
+                            "rmsprop, adam, adamw")
 
 
 def test_schedule_and_dc_asgd_edges() -> None:
@@ -331,3 +335,40 @@ def test_schedule_and_dc_asgd_edges() -> None:
     with pytest.raises(ValueError) as e:
         rule.update(g, rule.init(params), params)
     assert str(e.value) == "dc_asgd needs params= and backup= (the worker's pulled weights)"
+
+
+def test_adamw_decay_is_decoupled_not_l2():
+    """AdamW's decay is not Adam's: with a zero gradient Adam's L2 term is normalised away
+    by its own second moment (a step of ~lr), AdamW's shrinks p by exactly lr * wd * p."""
+    p = [torch.tensor([2.0], dtype=torch.float64)]
+    (u,), _ = R.adamw(0.1, weight_decay=0.5).update([torch.zeros(1, dtype=torch.float64)],
+                                                     R.adamw(0.1, 0.5).init(p), p)
+    assert u.item() == pytest.approx(-0.1 * 0.5 * 2.0, abs=1e-12)
+    (u,), _ = R.adam(0.1, weight_decay=0.5).update([torch.zeros(1, dtype=torch.float64)],
+                                                   R.adam(0.1, 0.5).init(p), p)
+    assert u.item() == pytest.approx(-0.1, rel=1e-6)
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 3.0, 1e3])
+def test_clip_by_global_norm_matches_torch(max_norm):
+    """--clip-grad-norm: the global norm over every tensor, torch's formula, first in the
+    chain (make_rule); a gradient inside the ball passes unchanged."""
+    g = torch.Generator().manual_seed(5)
+    grads = [torch.randn(3, 4, generator=g, dtype=torch.float64),
+             torch.randn(7, generator=g, dtype=torch.float64)]
+    theirs = [x.clone().requires_grad_() for x in grads]
+    for t, x in zip(theirs, grads):
+        t.grad = x.clone()
+    torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    rule = R.clip_by_global_norm(max_norm)
+    ours, _ = rule.update(grads, rule.init(grads))
+    for a, b in zip(ours, theirs):
+        assert torch.allclose(a, b.grad, rtol=1e-12, atol=1e-15)
+    total = torch.linalg.vector_norm(torch.cat([x.reshape(-1) for x in ours])).item()
+    assert total <= max_norm * (1 + 1e-9)
+    cfg = RunConfig(rule="sgd", lr=1.0, clip_grad_norm=max_norm)
+    params = [torch.zeros_like(x) for x in grads]
+    rule = R.make_rule(cfg)
+    updates, _ = rule.update(grads, rule.init(params), params)
+    for u, t in zip(updates, theirs):
+        assert torch.allclose(u, -t.grad, rtol=1e-12, atol=1e-15)
