@@ -90,7 +90,8 @@ class _LayerHooks(Hooks):
             raise ConfigError(
                 f"--batch-size: {cfg.batch_size} exceeds the {len(self.shard)} training samples")
         self.part = agreed_partition(model, world, job.train.x[: cfg.batch_size])
-        self.shapes = boundary_shapes(model, self.part, job.train.input_shape, cfg.batch_size)
+        self.shapes = boundary_shapes(model, self.part, job.train.input_shape, cfg.batch_size,
+                                      job.train.x.dtype)
         model.to(self.device)  # after the partition and the shapes were worked out on the host
         self.stage = stage_module(model, self.part.names[rank])
         self.first, self.last = rank == 0, rank == world - 1

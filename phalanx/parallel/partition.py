@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from phalanx.errors import ConfigError
+from phalanx.parallel.blocks import BlockView, shared_parameters
 
 
 @dataclass(frozen=True)
@@ -43,19 +44,41 @@ class Partition:
 
 
 def layers_of(model: nn.Module, what: str = "--strategy") -> list[tuple[str, nn.Module]]:
-    """The named top-level layers of a sequential model (the unit a stage is cut from)."""
-    if not isinstance(model, nn.Sequential):
-        raise ConfigError(f"{what}: needs an nn.Sequential model (of named layers) to cut into "
-                          f"stages, got {type(model).__name__}")
-    return list(model.named_children())
+    """The named layers a stage is cut from: a sequential model's top-level children, or
+    a block model's ``pre``, blocks and ``post`` (:mod:`phalanx.parallel.blocks`)."""
+    if isinstance(model, nn.Sequential):
+        return list(model.named_children())
+    try:
+        return BlockView(model).layers
+    except ValueError:
+        raise ConfigError(f"{what}: needs an nn.Sequential model (of named layers) or a model "
+                          f"with a ModuleList of blocks to cut into stages, got "
+                          f"{type(model).__name__}") from None
+
+
+def layer_keys(model: nn.Module, names: Sequence[str]) -> list[str]:
+    """State-dict keys (parameters and buffers) of the layers ``names`` of ``model``."""
+    state = list(model.state_dict())
+    if isinstance(model, nn.Sequential):
+        prefixes = tuple(f"{n}." for n in names)
+        return [k for k in state if k.startswith(prefixes)]
+    view = BlockView(model)
+    return [k for n in names for k in view.keys(state, n)]
 
 
 def check_stages(model: nn.Module, parts: int, flag: str) -> None:
-    """Refuse, before any process starts, a stage count the model cannot be cut into."""
+    """Refuse, before any process starts, a stage count the model cannot be cut into, and
+    weights two layers share (tied embeddings: each stage would update its own copy)."""
     layers = layers_of(model, flag)
     if parts > len(layers):
         raise ConfigError(f"{flag}: {parts} stages but the model has only {len(layers)} layers "
                           f"({', '.join(n for n, _ in layers)})")
+    shared = shared_parameters(layers)
+    if shared and parts > 1:
+        a, b = shared[0]
+        raise ConfigError(f"{flag}: layers {a} and {b} share a parameter (tied weights, e.g. "
+                          "input and output embeddings); stages would train separate copies. "
+                          "Untie them or use a data-parallel strategy")
 
 
 def balance(costs: Sequence[float], parts: int) -> list[int]:

@@ -118,7 +118,8 @@ class _StageHooks(Hooks):
         model.train()
         mb = cfg.batch_size // cfg.microbatches
         self.part = agreed_partition(model, stages, job.train.x[:mb])
-        self.shapes = boundary_shapes(model, self.part, job.train.input_shape, mb)
+        self.shapes = boundary_shapes(model, self.part, job.train.input_shape, mb,
+                                      job.train.x.dtype)
         model.to(place.torch_device)  # after the partition and the shapes were worked out
         submod = stage_module(model, self.part.names[s])
         if place.is_cuda:
@@ -128,7 +129,8 @@ class _StageHooks(Hooks):
         self.meter = StageMeter(submod, self.kit.straggler)
         self.schedule = build_schedule(submod, self.meter, s, stages, self.shapes,
                                        job.train.input_shape, cfg.pipeline_schedule,
-                                       cfg.microbatches, self.pipes[self.replica])
+                                       cfg.microbatches, self.pipes[self.replica],
+                                       job.train.x.dtype)
         self.shard = job.shard(self.replica, replicas)
         self.total = job.planned_steps(min(len(job.shard(r, replicas)) for r in range(replicas)))
         self.params = [p for p in submod.parameters() if p.requires_grad]
@@ -242,14 +244,14 @@ def train_pipeline(rank: int, world: int, job: Job, stages: int, replicas: int) 
 
 def build_schedule(submod: nn.Module, meter: StageMeter, s: int, stages: int,
                    shapes: list[tuple[int, ...]], input_shape: tuple[int, ...], name: str,
-                   microbatches: int, group=None):
+                   microbatches: int, group=None, input_dtype: torch.dtype = torch.float32):
     """Stage ``s`` of ``stages`` around ``submod`` and its GPipe / 1F1B schedule.
     ``shapes[k]`` is stage k's output for one micro-batch."""
     mb = shapes[0][0]
     stage = metered_stage_class()(
         meter, submod, s, stages, torch.device("cpu"),
         # example tensors: their requires_grad tells the stage which gradients travel
-        input_args=(torch.empty(mb, *input_shape) if s == 0
+        input_args=(torch.empty(mb, *input_shape, dtype=input_dtype) if s == 0
                     else torch.empty(shapes[s - 1], requires_grad=True)),
         output_args=torch.empty(shapes[s], requires_grad=True), group=group)
     # scale_grads=False: the caller scales once per optimizer step (grad_accum-safe)

@@ -11,15 +11,16 @@ import torch.distributed as dist
 from torch import nn
 
 from phalanx.errors import ConfigError
-from phalanx.parallel.partition import Partition, stage_module
+from phalanx.parallel.partition import Partition, layer_keys, stage_module
 
 
 def boundary_shapes(model: nn.Module, partition: Partition,
-                    input_shape: Sequence[int], batch: int) -> list[tuple[int, ...]]:
+                    input_shape: Sequence[int], batch: int,
+                    dtype: torch.dtype = torch.float32) -> list[tuple[int, ...]]:
     """Shape of each stage's output for a batch of ``batch`` samples (the last one is the
     model output). Every process computes them itself, so no shapes travel."""
     probe = copy.deepcopy(model).eval()  # a copy: BatchNorm statistics stay untouched
-    x = torch.zeros(1, *input_shape)
+    x = torch.zeros(1, *input_shape, dtype=dtype)
     shapes = []
     with torch.no_grad():
         for names in partition.names:
@@ -45,9 +46,8 @@ def refuse_batchnorm_with_microbatches(model: nn.Module, microbatches: int, flag
 
 
 def layer_state_keys(model: nn.Module, names: Sequence[str]) -> list[str]:
-    """State-dict keys (parameters and buffers) of the top-level layers ``names``."""
-    prefixes = tuple(f"{n}." for n in names)
-    return [k for k in model.state_dict() if k.startswith(prefixes)]
+    """State-dict keys (parameters and buffers) of the layers ``names``."""
+    return layer_keys(model, names)
 
 
 def gather_model(model: nn.Module, partition: Partition, stage_ranks: Sequence[int],
