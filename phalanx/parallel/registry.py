@@ -25,6 +25,7 @@ from phalanx.parallel import (
     sandblaster,
     single,
     sync_dp,
+    tensor_parallel,
 )
 from phalanx.parallel.spec import FEATURES, StrategySpec
 from phalanx.ps.consistency import MODELS, model_class
@@ -40,6 +41,7 @@ _SPECS: tuple[StrategySpec, ...] = (
     model_parallel.SPEC,
     pipeline.SPEC,
     hybrid.SPEC,
+    tensor_parallel.SPEC,
     sandblaster.SPEC,
 )
 

@@ -108,6 +108,12 @@ class ColumnParallelStats(Traffic):
 
 
 @dataclass
+class TensorParallelStats(Traffic):
+    tensor_parallel: int = 0  # ranks each block is split over
+    split_blocks: int = 0
+
+
+@dataclass
 class SandblasterStats(Traffic):
     iterations: int = 0
     function_evals: int = 0

@@ -1,0 +1,191 @@
+"""Tensor parallelism, Megatron-style: every transformer block split over ``--workers``
+ranks, with ``torch.distributed.tensor.parallel`` (DTensor, on gloo or NCCL).
+
+In each block the query, key and value projections and the MLP's first projection are
+split by columns (``ColwiseParallel``: each rank holds a slice of the heads and of the
+hidden units), the attention's and the MLP's output projections by rows
+(``RowwiseParallel``): one allreduce of the activations per sublayer forward and one of
+their gradients per sublayer backward (Shoeybi et al. 2019). Embeddings, LayerNorms and the
+head stay replicated: every rank computes them on the same batch, so their gradients come
+out equal on every rank and need no traffic.
+
+Every rank sees the same batches. The update rule runs on each rank's own shards (a
+sharded parameter's local tensor), so the run equals single-process training to rounding;
+``--clip-grad-norm`` clips each rank's shards by their own norm. The model declares which
+of its modules split how (``tensor_plan``: phalanx's GPT does); any other model is refused
+in one line.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from phalanx.config import RunConfig
+from phalanx.errors import ConfigError
+from phalanx.parallel.base import Job, write_result
+from phalanx.parallel.device_data import DeviceData, train_bytes
+from phalanx.parallel.dp_checkpoint import save_snapshot
+from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
+from phalanx.parallel.reporting import StageReporter
+from phalanx.parallel.spec import StrategySpec
+from phalanx.parallel.stats import TensorParallelStats
+from phalanx.parallel.worker import StepReporter, WorkerKit
+from phalanx.rules import apply_updates, make_rule
+from phalanx.runtime.placement import DeviceSupport, Placement, setup_rank
+
+DEVICE = DeviceSupport()
+
+
+def tensor_plan(model: nn.Module) -> dict[str, dict[str, str]]:
+    """{block name: {sub-module: "colwise" | "rowwise"}} for a model phalanx can split:
+    every ``Block`` of phalanx's GPT (its attention infers its heads from the projection's
+    width, so a rank holding a column slice runs the same code on its own heads)."""
+    plan = {}
+    for name, module in model.named_modules():
+        if type(module).__name__ == "Block" and type(module).__module__ == "phalanx.models.gpt":
+            plan[name] = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise",
+                          "attn.proj": "rowwise", "mlp.fc": "colwise", "mlp.proj": "rowwise"}
+    return plan
+
+
+def check_job(job: Job) -> None:
+    cfg = job.config
+    model = job.build_model()
+    plan = tensor_plan(model)
+    if not plan:
+        raise ConfigError(f"--strategy tensor: the model ({type(model).__name__}) has no "
+                          "tensor-parallel plan; phalanx's --model gpt has one (its blocks' "
+                          "attention and MLP)")
+    block = model.get_submodule(next(iter(plan)))
+    heads = block.attn.q.out_features // block.attn.head_dim
+    if heads % cfg.workers or block.mlp.fc.out_features % cfg.workers:
+        raise ConfigError(f"--workers: {cfg.workers} ranks cannot share {heads} attention heads "
+                          f"(--gpt-heads) evenly; use a divisor of {heads}")
+
+
+def world_size(cfg: RunConfig) -> int:
+    return cfg.workers
+
+
+def _parallelize(model: nn.Module, world: int, device: torch.device) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    mesh = init_device_mesh(device.type, (world,))
+    for name, plan in tensor_plan(model).items():
+        parallelize_module(model.get_submodule(name), mesh,
+                           {k: styles[v]() for k, v in plan.items()})
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor's own shard (shares its storage), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class _TensorHooks(Hooks):
+    """Every rank computes on the same batches; its shards and the replicated layers get
+    its own update (the replicated ones come out equal on every rank)."""
+
+    def __init__(self, job: Job, rank: int, world: int, place: Placement) -> None:
+        cfg = self.cfg = job.config
+        self.job, self.rank, self.world = job, rank, world
+        self.model = model = job.build_model()
+        model.train()
+        model.to(place.torch_device)
+        _parallelize(model, world, place.torch_device)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        with torch.no_grad():
+            self.weights = [_local(p).detach() for p in self.params]
+        self.shard = job.shard(0, 1)  # every rank computes on the same batches
+        self.total = job.planned_steps(len(self.shard))
+        self.rule = make_rule(cfg, self.total)
+        self.state = self.rule.init(self.weights)
+        self.kit = WorkerKit.of(cfg, 0, rank)  # the same draws on every rank
+        self.data = DeviceData(job.train, place.torch_device, place.data_on_device,
+                               self.kit.aug is not None)
+        # per sample: 2 allreduces forward (attention and MLP outputs) and 2 backward (their
+        # inputs' gradients) per block, each of context x width values, ring-style
+        # (2 (N-1)/N of the tensor per rank)
+        blocks = len(tensor_plan(job.build_model()))
+        width = job.build_model().get_submodule(next(iter(tensor_plan(model)))).attn.q.in_features
+        tokens = job.train.x[0].numel()
+        self.per_sample = 4 * blocks * 4 * tokens * width * 2 * (world - 1) / world
+        self.sent = 0.0
+
+    def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data.batch(idx, self.kit.aug, self.kit.gen)
+
+    def forward_backward(self, batch: Batch, scale: float, last: bool) -> Micro:
+        self.sent += self.per_sample * len(batch[1])
+        return backward(self.model, self.kit.loss_fn, batch, scale)
+
+    def apply_update(self, step: int) -> dict:
+        grads = [_local(p.grad) for p in self.params]
+        updates, self.state = self.rule.update(grads, self.state, self.weights)
+        apply_updates(self.weights, updates)
+        for p in self.params:
+            p.grad = None
+        return {}
+
+    def whole(self) -> nn.Module:
+        """The whole model, its shards gathered (a collective: every rank calls it)."""
+        return assembled(self.job, self.model)
+
+    def evaluate(self, report: StepReporter, step: int, epoch: int, samples: int) -> None:
+        whole = self.whole()
+        if self.rank == 0:
+            report.evaluate(whole, report.test, step, epoch, samples)
+
+    def checkpoint(self, pos: Position, final: bool) -> None:
+        every = self.cfg.checkpoint_every
+        if every and pos.step % every == 0:
+            whole = self.whole()
+            if self.rank == 0:  # the model only: each rank's rule state stays with it
+                save_snapshot(self.job, whole.state_dict(), pos)
+
+
+def assembled(job: Job, model: nn.Module) -> nn.Module:
+    """A plain copy of ``model`` with every shard gathered (collective, in state order)."""
+    state = {}
+    for key, value in model.state_dict().items():
+        full = value.full_tensor() if hasattr(value, "full_tensor") else value
+        state[key] = full.detach().clone()
+    whole = copy.deepcopy(job.build_model()).to(next(iter(state.values())).device)
+    whole.load_state_dict(state)
+    return whole
+
+
+def process_main(rank: int, world: int, job: Job) -> None:
+    cfg = job.config
+    place = setup_rank(cfg, rank, world, DEVICE, data_bytes=train_bytes(job))
+    hooks = _TensorHooks(job, rank, world, place)
+    report = StageReporter(job, rank, hooks.total, "tensor", logs_loss=rank == 0)
+    batches = batch_stream(hooks.shard, cfg.batch_size, cfg.seed)
+    pos = Loop(cfg, report, hooks, batches, hooks.total, straggler=hooks.kit.straggler).run()
+    final = hooks.whole()
+    traffic = torch.tensor([hooks.sent], dtype=torch.float64)
+    dist.reduce(traffic, 0)
+    if rank == 0:
+        stats = TensorParallelStats(
+            bytes_sent=int(traffic.item()),
+            bytes_per_sample=traffic.item() / max(pos.samples, 1),
+            tensor_parallel=world, split_blocks=len(tensor_plan(final)))
+        write_result(job, final.state_dict(), train_samples=pos.samples, steps=pos.step,
+                     stats=stats)
+
+
+SPEC = StrategySpec(
+    name="tensor", summary="tensor parallel (Megatron): each GPT block's heads and MLP "
+    "split over --workers ranks (torch.distributed.tensor)", process_main=process_main,
+    world_size=world_size, check_job=check_job, device=DEVICE,
+    example={"model": "gpt", "data": "shakespeare", "gpt_layers": 1, "gpt_dim": 16,
+             "gpt_heads": 2, "context": 8, "workers": 2, "train_limit": 400})
