@@ -12,8 +12,10 @@ skipped with the spec's reason. ``--dry``: nothing trains; each run's flags are 
 checked as ``phalanx train`` checks them, against the data and the model, with the CPU
 standing in for the GPU.
 
-Exit status: 0 every planned run passed, 1 one failed (or the data does not load), 3 the
-model is not in this checkout (skipped: the last line says why), 2 bad arguments.
+A run phalanx refuses with its one-line error (exit 2: a strategy that cannot split this
+model, say) is ``refused``: listed with its reason, not a failure. Exit status: 0 no run
+failed or timed out, 1 one did (or the data does not load), 3 the model is not in this
+checkout (skipped: the last line says why), 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -164,15 +166,18 @@ def plan(case: Case) -> list[PlannedRun]:
     return runs
 
 
-def check(run: PlannedRun, out: Path) -> str:
-    """"" when ``phalanx train`` would accept the run, else its one-line error: the flags,
-    the settings against the strategy's spec, the placement with the CPU standing in for
-    the GPU, the data and the model (no process starts)."""
+def check(run: PlannedRun, out: Path) -> tuple[str, str]:
+    """(status, reason) of the run as ``phalanx train`` would take it, no process started:
+    the flags, the settings against the strategy's spec, the placement with the CPU
+    standing in for the GPU, the data and the model. "ok"; "refused": a one-line error of
+    phalanx's (the strategy declines this model or setting); "failed": the flags do not
+    parse (this plan is wrong) or something raised (a bug)."""
     from phalanx.cli import build_parser
     from phalanx.config import parse_device
     from phalanx.entry.api import make_job
     from phalanx.entry.flags import config_from_args, one_line
     from phalanx.entry.preflight import check_job_data
+    from phalanx.errors import PhalanxError
     from phalanx.parallel.registry import check_flags_apply, spec
     from phalanx.runtime.placement import check_run
 
@@ -181,7 +186,7 @@ def check(run: PlannedRun, out: Path) -> str:
         with contextlib.redirect_stderr(err):
             args = build_parser().parse_args(["train", *run.argv, "--out", str(out)])
     except SystemExit:
-        return one_line(err.getvalue().strip())
+        return "failed", one_line(err.getvalue().strip())
     try:
         parse_device(args.device)  # cuda, cuda:K; then the CPU stands in for the GPU
         args.device = "cpu"
@@ -192,9 +197,11 @@ def check(run: PlannedRun, out: Path) -> str:
         job = make_job(cfg)
         check_job_data(job)
         s.check_job(job)
-    except Exception as e:  # every failure is one row of the table, a bug's too
-        return one_line(f"{type(e).__name__}: {e}")
-    return ""
+    except PhalanxError as e:
+        return "refused", one_line(str(e))
+    except Exception as e:  # a bug is one row of the table too
+        return "failed", one_line(f"{type(e).__name__}: {e}")
+    return "ok", ""
 
 
 def last_line(path: Path) -> str:
@@ -235,6 +242,8 @@ def execute(run: PlannedRun, log: Path, timeout: float) -> dict:
         row["reason"] = f"past its {round(timeout, 1):g} s bound"
     elif rc != 0:
         row["reason"] = last_line(log)
+        if rc == 2 and row["reason"].startswith("phalanx: error: "):
+            row["status"] = "refused"  # phalanx's one line: the run was not accepted
     return row
 
 
@@ -270,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             elif left < MIN_RUN_S:
                 row.update(status="skipped", reason="the step's time bound is spent")
             elif args.dry:
-                problem = check(run, Path(tempfile.gettempdir()) / "gpu-check-dry" / "run")
-                row.update(status="failed" if problem else "ok", reason=problem)
+                status, reason = check(run, Path(tempfile.gettempdir()) / "gpu-check-run")
+                row.update(status=status, reason=reason)
             else:
                 row.update(execute(run, log, min(PER_RUN_S, left)), log=f"runs/{log.name}")
             table.runs.append(row)
@@ -288,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r["strategy"] for r in table.runs if r["status"] in ("failed", "timeout")]
     if bad:
         print(f"{len(bad)} of {len(table.runs)} runs failed or timed out: {', '.join(bad)}")
+    refused = [r["strategy"] for r in table.runs if r["status"] == "refused"]
+    if refused and not bad:  # a strategy may decline a model: shown, not a failure
+        print(f"refused by phalanx (one-line errors, in the table): {', '.join(refused)}")
     return 1 if bad else 0
 
 

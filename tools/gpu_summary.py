@@ -93,7 +93,7 @@ def run_lines(runs: dict) -> list[str]:
             continue
         rows = table.get("runs", [])
         counts = {s: sum(r["status"] == s for r in rows)
-                  for s in ("ok", "failed", "timeout", "skipped")}
+                  for s in ("ok", "refused", "failed", "timeout", "skipped")}
         data = table.get("data", "") + (f" {table['data_dir']}" if table.get("data_dir") else "")
         lines.append(f"  {model} ({data}): " + ", ".join(f"{n} {s}" for s, n in counts.items())
                      + f" of {len(table.get('strategies', []))} strategies")

@@ -73,11 +73,15 @@ def test_dry_run_checks_every_step_and_passes(dry):
     for name in ("env", "data", "pytest", "bench-gpu", "scaling-cuda", "scaling-cpu",
                  "runs-lenet5"):
         assert by_name[name]["status"] == "ok", by_name[name]
-    for model, needs in (("gpt", "gpt"), ("ctr", "ctr")):
+    runs = json.loads((out / "runs.json").read_text())
+    for model in ("gpt", "ctr"):
         step = by_name[f"runs-{model}"]
-        if needs in MODELS:
+        if model in MODELS:  # every strategy planned; one may decline the model (refused)
             assert step["status"] == "ok", step
-        else:  # the other developer's model is not in this checkout yet
+            assert [row["strategy"] for row in runs[model]["runs"]] == list(NAMES)
+            assert {row["status"] for row in runs[model]["runs"]} <= {"ok", "refused",
+                                                                     "skipped"}
+        else:  # the model is not in this checkout (yet)
             assert step["status"] == "skipped" and f"model {model} is not" in step["reason"]
     for name in ("bench-gpt", "bench-ctr"):
         file = f"bench/{name.split('-')[1]}.py"
