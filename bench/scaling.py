@@ -2,7 +2,8 @@
 strategy at N = 1, 2, 4, 8, ... up to the cores, against the single-worker loop and
 PyTorch DDP (the reference, same N), LeNet-5, batch 64 per worker, 1 thread per worker.
 
-    python bench/scaling.py [--device cpu|cuda] [--max-workers N] [--quick]
+    python bench/scaling.py [--device cpu|cuda] [--max-workers N] [--worker-counts 8,15]
+                            [--quick]
 
 Measured: single, sync ring, sync native, DDP, average (k = 8), ASP and SSP with 1 and 2
 shards, Hogwild!. Throughput is steady state: from each rank's train events (per-rank
@@ -121,12 +122,29 @@ def measure(name: str, n: int, steps: int, device: str, data) -> float:
         return steady_rate(Path(cfg.out))
 
 
+def worker_counts(text: str, top: int, ap: argparse.ArgumentParser) -> list[int]:
+    """``--worker-counts 8,15``: distinct N in 1..top, ascending (one line otherwise)."""
+    try:
+        ns = sorted({int(v) for v in text.split(",")})
+    except ValueError:
+        ap.error(f"--worker-counts: {text!r} is not a comma list of whole numbers")
+    if not ns or ns[0] < 1 or ns[-1] > top:
+        ap.error(f"--worker-counts: {text!r}: each N must be in 1..{top} (--max-workers, "
+                 "or the cores)")
+    return ns
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--max-workers", type=int, default=0, help="largest N (default: cores)")
+    ap.add_argument("--worker-counts", default="",
+                    help="comma list of the N to measure, each <= --max-workers (default: "
+                         "1, 2, 4, ... up to --max-workers): e.g. 8,15 on 16 cores")
     ap.add_argument("--quick", action="store_true", help="N = 2 only, fewer steps")
     args = ap.parse_args()
+    if args.worker_counts and args.quick:
+        ap.error("--worker-counts: --quick measures N = 2 only; drop one of them")
     torch.set_num_threads(1)
     n_cores = cores()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -137,6 +155,8 @@ def main() -> None:
     ns = [1]
     while ns[-1] * 2 <= top:
         ns.append(ns[-1] * 2)
+    if args.worker_counts:
+        ns = worker_counts(args.worker_counts, top, ap)
     if args.quick:
         ns = [2]  # one N against the single loop: under a minute on two cores
     steps = 60 if args.quick else 160
