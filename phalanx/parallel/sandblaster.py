@@ -158,7 +158,8 @@ SPEC = StrategySpec(
     # L-BFGS on one deterministic full-batch objective: no update rule, schedule, batches,
     # augmentation or shards; no checkpoints
     unused={**{name: "L-BFGS takes its own steps on the full-batch objective (--lr scales "
-                     "them)" for name in ("rule", "schedule", "weight_decay", "warmup_steps")},
+                     "them)" for name in ("rule", "schedule", "weight_decay", "warmup_steps",
+                                          "clip_grad_norm")},
             **{name: "its objective is the whole, unaugmented training set"
                for name in ("batch_size", "grad_accum", "augment")},
             **{name: "it writes no checkpoints" for name in ("checkpoint_every", "resume")}},

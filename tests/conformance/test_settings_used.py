@@ -55,6 +55,8 @@ SAMPLE = {
     "lock": True, "portions": 8, "history": 5, "line_search": "none", "static_portions": True,
     "out": "elsewhere", "eval_every": 2, "checkpoint_every": 2, "resume": "/nonexistent",
     "progress": False, "tensorboard": False, "overwrite": True,
+    "tokens": "byte", "context": 16, "gpt_layers": 2, "gpt_heads": 2, "gpt_dim": 32,
+    "dropout": 0.1, "clip_grad_norm": 0.5,
 }
 FIELDS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "strategy"]
 

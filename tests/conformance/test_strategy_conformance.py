@@ -47,7 +47,8 @@ def test_every_strategy_trains_and_writes_its_run(tmp_path: Path, name: str) -> 
     # it trained: the weights moved away from the seed's initial model
     torch.manual_seed(opts["seed"])
     init = phalanx.entry.api.make_job(RunConfig(**{k: v for k, v in opts.items()
-                                                    if k != "model"}), "mlp").build_model()
+                                                    if k != "model"}),
+                                       opts["model"]).build_model()
     moved = sum(float((a - b).abs().sum()) for a, b in
                 zip(result.model.state_dict().values(), init.state_dict().values()))
     assert moved > 0

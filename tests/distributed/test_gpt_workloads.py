@@ -1,7 +1,8 @@
 """The GPT through the strategies, with real processes, on Tiny Shakespeare (tiny sizes:
 2 blocks, width 32, context 32, so each run takes seconds on 2 cores).
 
-- pipeline (GPipe, 1F1B) and model parallel equal single-process training of the same
+- pipeline (GPipe, 1F1B), model parallel and tensor parallel (Megatron's split of each
+  block over 2 ranks) equal single-process training of the same
   batches (phalanx/parallel/equivalence.py), on phalanx's GPT (an nn.Sequential cut
   between blocks) and on a GPT written here for plain PyTorch (a ModuleList of blocks,
   cut by phalanx/parallel/blocks.py);
@@ -105,6 +106,7 @@ def _reference(opts: dict, model=None, replicas_: int = 1):
     ("pipeline", {"stages": 3, "microbatches": 4}),
     ("pipeline", {"stages": 2, "microbatches": 2, "pipeline_schedule": "1f1b"}),
     ("model-parallel", {"workers": 2}),
+    ("tensor", {"workers": 2}),
 ])
 def test_stages_equal_single_on_the_gpt(tmp_path, strategy, extra):
     opts = _opts(tmp_path, strategy, strategy=strategy, **extra)
