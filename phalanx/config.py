@@ -222,6 +222,8 @@ class RunConfig:
     bucket_mb: float = setting(
         25.0, 'sync: gradient bucket size in MB (buckets reduce while backward runs)',
         section="comm", rule=Range(0, lo_open=True), limit=(0, 1e6))
+    sparse_allreduce: bool = setting(False, "sync: allreduce only the touched rows of a "
+        "sparse embedding table (--model ctr), not the whole table", section="parallel")
     sfb: bool = setting(
         False, "sync / average: send fully connected layers' gradients as sufficient factors",
         section="comm")

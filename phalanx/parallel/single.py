@@ -79,6 +79,6 @@ def check(cfg) -> None:
 
 SPEC = StrategySpec(
     name="single", summary="one worker: the baseline every strategy is compared against",
-    run=run, check=check, device=DEVICE, fixed_workers=1,
+    run=run, check=check, device=DEVICE, fixed_workers=1, supports=frozenset({"sparse_grads"}),
     unused={"worker_threads": "it trains in the driver process: --threads sets its threads",
             "backend": "one process has no collectives"})
