@@ -55,7 +55,7 @@ SAMPLE = {
     "lock": True, "portions": 8, "history": 5, "line_search": "none", "static_portions": True,
     "out": "elsewhere", "eval_every": 2, "checkpoint_every": 2, "resume": "/nonexistent",
     "progress": False, "tensorboard": False, "overwrite": True,
-    "ctr_rows": 1000, "ctr_dim": 8,
+    "ctr_rows": 1000, "ctr_dim": 8, "sparse_allreduce": True,
 }
 FIELDS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "strategy"]
 
