@@ -49,6 +49,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"test_loss {s['test_loss']:.4f} nats/token  perplexity "
               f"{s['test_perplexity'] or float('inf'):.2f}  tokens/s {tokens}  sample:")
         print(s.get("sample_text", ""))
+    if "test_auc" in s:  # a click model: log-loss and AUC against the data's best
+        f = {k: float("nan") if s.get(k) is None else s[k]
+             for k in ("data_best_logloss", "data_base_logloss", "test_auc", "data_best_auc")}
+        print(f"log-loss {s['test_loss']:.4f} (best {f['data_best_logloss']:.4f}, base rate "
+              f"{f['data_base_logloss']:.4f})  AUC {f['test_auc']:.4f} (best "
+              f"{f['data_best_auc']:.4f})")
     return 0
 
 

@@ -78,6 +78,11 @@ class RunConfig:
     dropout: float = setting(0.0, 'gpt: dropout after embeddings, attention and MLP',
         section="model", rule=Range(0.0, 1.0, hi_open=True),
         needs=("--model gpt", lambda c: c.model == "gpt"))
+    ctr_rows: int = setting(65536, 'ctr: hashed embedding rows per field (an id goes to row '
+        'id mod this)', section="model", rule=Range(1), limit=(1, 2**24),
+        needs=("--model ctr", lambda c: c.model == "ctr"))
+    ctr_dim: int = setting(16, 'ctr: values per embedding row', section="model",
+        rule=Range(1), limit=(1, 4096), needs=("--model ctr", lambda c: c.model == "ctr"))
 
     # optimisation
     epochs: float = setting(1.0, 'passes over the training set (fractions allowed)',
@@ -217,6 +222,8 @@ class RunConfig:
     bucket_mb: float = setting(
         25.0, 'sync: gradient bucket size in MB (buckets reduce while backward runs)',
         section="comm", rule=Range(0, lo_open=True), limit=(0, 1e6))
+    sparse_allreduce: bool = setting(False, "sync: allreduce only the touched rows of a "
+        "sparse embedding table (--model ctr), not the whole table", section="parallel")
     sfb: bool = setting(
         False, "sync / average: send fully connected layers' gradients as sufficient factors",
         section="comm")

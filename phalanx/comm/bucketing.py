@@ -154,7 +154,9 @@ class GradReducer:
     def _launch(self, bucket: _Bucket) -> None:
         # a parameter that took no part in this backward contributes zeros (as DDP's
         # find_unused_parameters does), so every rank still sends the same bucket
+        # a sparse gradient (an embedding table's) travels densified: the whole table
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
+        grads = [g.to_dense() if g.is_sparse else g for g in grads]
         bucket.flat = torch.cat([g.reshape(-1) for g in grads])
         bucket.launched = True
         self.stats.buckets_launched += 1
@@ -188,7 +190,7 @@ class GradReducer:
             for p in bucket.params:
                 n = p.numel()
                 averaged = bucket.flat[offset : offset + n].view_as(p)
-                if p.grad is None:
+                if p.grad is None or p.grad.is_sparse:
                     p.grad = averaged.clone()
                 else:
                     p.grad.copy_(averaged)

@@ -17,6 +17,7 @@ import torch
 
 from phalanx.catalog import Catalog
 from phalanx.data.cifar import load_cifar_split
+from phalanx.data.ctr import TEST_SAMPLES, TRAIN_SAMPLES, click_log
 from phalanx.data.idx import load_idx_split
 from phalanx.data.text import text_splits
 from phalanx.errors import ConfigError, DataError
@@ -147,6 +148,9 @@ class DataOptions:
 
     context: int = 64
     tokens: str = "char"
+    # a generated set (ctr-synthetic) draws only this many samples (0: its default)
+    train_limit: int = 0
+    test_limit: int = 0
 
 
 def _text(name: str, data_dir: str | None, seed: int, opts: DataOptions):
@@ -154,6 +158,13 @@ def _text(name: str, data_dir: str | None, seed: int, opts: DataOptions):
     classes = len(vocab) if vocab else 256
     return (Dataset(name, tx, ty, classes, task="lm", vocab=vocab, info=info),
             Dataset(name, vx, vy, classes, task="lm", vocab=vocab, info=info))
+
+
+def _ctr(name: str, data_dir: str | None, seed: int, opts: DataOptions):
+    tx, ty, vx, vy, info = click_log(seed, opts.train_limit or TRAIN_SAMPLES,
+                                     opts.test_limit or TEST_SAMPLES)
+    return (Dataset(name, tx, ty, 2, task="ctr", info=info),
+            Dataset(name, vx, vy, 2, task="ctr", info=info))
 
 
 # every data set --data offers: adding one is its loader and one line here
@@ -170,6 +181,9 @@ DATASETS.add("shakespeare", DataKind(None, 62737, "lm", _text),
              "Tiny Shakespeare, 1.1M characters, for --model gpt (characters or --tokens byte)")
 DATASETS.add("text", DataKind(None, 0, "lm", _text),
              "any UTF-8 text file or folder of .txt files in --data-dir, for --model gpt")
+DATASETS.add("ctr-synthetic", DataKind(None, TRAIN_SAMPLES, "ctr", _ctr),
+             "a SYNTHETIC Criteo-shaped click log (Zipf ids, hidden logistic teacher: best "
+             "log-loss known), for --model ctr")
 
 
 def load_data(
@@ -184,7 +198,9 @@ def load_data(
     except ConfigError as e:
         raise DataError(str(e)) from None
     if kind.build is not None:
-        train, test = kind.build(name, data_dir, seed, options or DataOptions())
+        options = dataclasses.replace(options or DataOptions(), train_limit=train_limit,
+                                      test_limit=test_limit)
+        train, test = kind.build(name, data_dir, seed, options)
         for split, part in (("training", train), ("test", test)):
             if len(part) == 0:
                 raise DataError(f"--data {name}: the {split} split is empty")

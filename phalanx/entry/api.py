@@ -28,7 +28,7 @@ from phalanx.metrics.events import finite_or_none
 from phalanx.metrics.progress import StartupLines, say
 from phalanx.metrics.throughput import measure
 from phalanx.models import build_model, check_task, count_parameters, generate, model_options
-from phalanx.parallel.base import Job, Outcome, evaluate
+from phalanx.parallel.base import Job, Outcome, ctr_figures, evaluate
 from phalanx.parallel.divergence import check_parameters, diverged
 from phalanx.parallel.registry import check_config, spec
 from phalanx.parallel.spec import StrategySpec
@@ -65,7 +65,7 @@ def make_job(cfg: RunConfig, model: str | Callable[[], nn.Module] | None = None,
         cfg.model = name
         check_task(name, train_set.task, cfg.data if data is None else "(given)")
         model_fn = functools.partial(build_model, name, train_set.input_shape,
-                                     train_set.num_classes, **model_options(cfg))
+                                     train_set.num_classes, **model_options(cfg, train_set))
         model_fn()  # fail early, in this process, on a model/data mismatch
     elif callable(model):
         model_fn = model
@@ -173,6 +173,16 @@ def lm_summary(job: Job, test_loss: float, samples_per_s: float | None,
             **{f"data_{k}": v for k, v in job.train.info.items()}}
 
 
+def ctr_summary(job: Job, model: nn.Module) -> dict[str, Any]:
+    """A click model's figures: the test AUC beside the log-loss (``test_loss``), and what
+    the data says of itself (``data_synthetic``, the teacher's ``data_best_logloss`` and
+    ``data_best_auc``, the base rate's ``data_base_logloss``)."""
+    if job.test.task != "ctr":
+        return {}
+    info = {k: v for k, v in job.train.info.items() if k != "vocab_sizes"}
+    return {**ctr_figures(model, job.test), **{f"data_{k}": v for k, v in info.items()}}
+
+
 def sample_text(model: nn.Module, job: Job) -> str:
     """A seeded sample of ``SAMPLE_TOKENS`` tokens after the test text's first tokens."""
     prompt = job.test.x[0, :SAMPLE_PROMPT]
@@ -211,6 +221,7 @@ def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
         "startup": rate.startup,  # its phases (phalanx.metrics.throughput)
         "train_s": rate.train_s,
         **lm_summary(job, test_loss, rate.samples_per_s, outcome.train_samples),
+        **ctr_summary(job, outcome.model),
         **extra,
         **outcome.stats_dict(),
     }

@@ -15,6 +15,7 @@ from torch import nn
 
 from phalanx.catalog import Catalog
 from phalanx.errors import ConfigError
+from phalanx.models.ctr import ctr
 from phalanx.models.gpt import gpt
 
 
@@ -107,11 +108,18 @@ MODELS.add("lenet5", lenet5, "LeNet-5 (conv)")
 MODELS.add("resnet", resnet, "a small ResNet")
 MODELS.add("logreg", logreg, "logistic regression (a linear classifier)")
 MODELS.add("gpt", gpt, "a decoder-only transformer on token windows (--gpt-layers, ...)")
+MODELS.add("ctr", ctr, "a click-through-rate model: hashed sparse embeddings + wide&deep "
+           "(--ctr-rows, --ctr-dim)")
 
 # models that set their own initial weights (he_init is for ReLU networks)
-OWN_INIT = frozenset({"gpt"})
+OWN_INIT = frozenset({"gpt", "ctr"})
 # the task each named model is for (phalanx.data.Dataset.task); the rest classify images
-MODEL_TASKS = {"gpt": "lm"}
+MODEL_TASKS = {"gpt": "lm", "ctr": "ctr"}
+# models whose embedding table gets sparse gradients (strategies declare "sparse_grads")
+SPARSE_GRADS = frozenset({"ctr"})
+
+
+CTR_LR = 0.05
 
 
 @dataclass(frozen=True)
@@ -128,11 +136,20 @@ class Recipe:
 
 # the GPT's: AdamW, linear warm-up then cosine (nanoGPT's shakespeare-char recipe;
 # docs/workloads.md has the measurements behind it)
-RECIPES = {"gpt": Recipe("adamw", 1e-3, "cosine", 100, 0.1)}
+RECIPES = {"gpt": Recipe("adamw", 1e-3, "cosine", 100, 0.1),
+           # the click model's: AdaGrad, the usual rule for sparse CTR tables (each row
+           # steps by its own gradient history, so rare ids still learn); on a row no batch
+           # touched its update is exactly 0, so updating only the touched rows is the
+           # dense update (docs/workloads.md has the measurements behind it)
+           "ctr": Recipe("adagrad", CTR_LR)}
 
 
-def model_options(cfg) -> dict[str, object]:
-    """The sizes ``--model`` takes from a run configuration (the GPT's flags)."""
+def model_options(cfg, data=None) -> dict[str, object]:
+    """The sizes ``--model`` takes from a run configuration (the GPT's flags) and, for the
+    click model, from the training set ``data`` (its dense features)."""
+    if cfg.model == "ctr":
+        dense = int(data.info.get("dense_features", 0)) if data is not None else 0
+        return {"dense": dense, "rows": cfg.ctr_rows, "dim": cfg.ctr_dim}
     if cfg.model == "gpt":
         return {"layers": cfg.gpt_layers, "heads": cfg.gpt_heads, "dim": cfg.gpt_dim,
                 "dropout": cfg.dropout}

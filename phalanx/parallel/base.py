@@ -15,6 +15,7 @@ from torch import nn
 
 from phalanx.config import RunConfig
 from phalanx.data import Dataset, parse_augment, shard_indices, steps_per_epoch
+from phalanx.metrics.ranking import auc
 from phalanx.models.loss import correct, token_cross_entropy
 from phalanx.runtime.checkpoint import load_checkpoint, save_checkpoint
 
@@ -99,6 +100,21 @@ def evaluate(model: nn.Module, data: Dataset, batch: int = 2000) -> tuple[float,
     model.train(was_training)
     n = max(scored, 1)
     return total_loss / n, right / n
+
+
+@torch.no_grad()
+def ctr_figures(model: nn.Module, data: Dataset, batch: int = 4000) -> dict[str, float]:
+    """What a click model's evaluation adds to the log-loss: the test AUC of its click
+    logit (empty for any other task)."""
+    if data.task != "ctr":
+        return {}
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    logits = [model(data.x[s : s + batch].to(device))[:, 1].cpu()
+              for s in range(0, len(data), batch)]
+    model.train(was_training)
+    return {"test_auc": auc(torch.cat(logits), data.y)}
 
 
 class Straggler:

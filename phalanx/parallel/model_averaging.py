@@ -156,7 +156,7 @@ SPEC = StrategySpec(
     name="average", summary="parameter averaging (local SGD) every --period steps; DiLoCo "
     "with --outer-rule", process_main=process_main, world_size=world_size, check=check_config,
     check_job=check_job, check_resume=check_resume, can_restart=can_restart,
-    supports=frozenset({"kill_worker", "compress", "powersgd", "outer_rule"}),
+    supports=frozenset({"kill_worker", "compress", "powersgd", "outer_rule", "sparse_grads"}),
     options=("allreduce", "period", "average_optimizer_state", "sfb", "outer_lr",
              "outer_momentum"),
     shards_by="workers", device=DEVICE,

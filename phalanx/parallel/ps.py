@@ -332,7 +332,7 @@ SPECS = tuple(
                  world_size=world_size, check=check_config,
                  check_resume=check_resume, can_restart=can_restart,
                  supports=frozenset({"kill_worker", "kill_server", "drop_messages",
-                                     "compress"}),
+                                     "compress", "sparse_grads"}),
                  options=(*_SHARED_OPTIONS, *_OPTIONS.get(name, ())), shards_by="workers",
                  device=DEVICE, preset=dataclasses.asdict(p),
                  # BSP averages N gradients per update, like sync; the asynchronous presets

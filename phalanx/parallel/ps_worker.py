@@ -29,6 +29,7 @@ from phalanx.comm.wire import HEADER_BYTES
 from phalanx.data import steps_per_epoch
 from phalanx.metrics import EventLog
 from phalanx.metrics.noise import JobProbe
+from phalanx.models.ctr import table_rows
 from phalanx.parallel.base import Job
 from phalanx.parallel.device_data import DeviceData
 from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
@@ -37,6 +38,7 @@ from phalanx.ps.client import Heartbeat, PSClient
 from phalanx.ps.partition import flat_dense, partition, trainable, unflatten_into
 from phalanx.ps.server import Layout
 from phalanx.rules import make_schedule
+from phalanx.rules.sparse import sparse_rows
 from phalanx.runtime.faults import (
     KILLED_WORKER_EXIT,
     MessageDropper,
@@ -162,7 +164,9 @@ class PSWorker(Hooks):
     def evaluate_now(self, epoch: int, samples: int) -> None:
         if self.ahead is not None:
             self.pull(None, dense=True)  # drain the pull asked ahead first
-        self.pull(None, dense=True)  # evaluate the servers' weights, not a stale copy
+        # evaluate the servers' weights, not a stale copy (with a table: the test set's rows)
+        rows = table_rows(self.model, self.job.test.x).cpu() if self.table is not None else None
+        self.pull(rows, dense=True)
         self.report.evaluate(self.model, self.job.test, self.step, epoch, samples)
 
     def resume(self) -> None:
@@ -230,7 +234,8 @@ class PSWorker(Hooks):
 
     def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self.data.batch(idx, self.kit.aug, self.kit.gen)
-        rows = x.unique().cpu() if self.table is not None else None  # ids go to the shards
+        # the table rows the batch reads go to the shards
+        rows = table_rows(self.model, x).cpu() if self.table is not None else None
         if first and self.step % self.cfg.nfetch == 0:
             self.pull(rows, dense=True)  # BSP / SSP workers wait here
         elif rows is not None:
@@ -258,7 +263,7 @@ class PSWorker(Hooks):
         if self.table is not None:
             rows = torch.unique(torch.cat(self.step_rows))
             self.acc_rows.append(rows)
-            self.acc_row_grads.append(grads[part.table.param][rows])
+            self.acc_row_grads.append(_row_grads(grads[part.table.param], rows))
             self.step_rows = []
         for p in self.params:
             p.grad = None
@@ -309,6 +314,18 @@ class PSWorker(Hooks):
 def worker_main(job: Job, transport: Transport, layout: Layout, worker: int,
                 log: EventLog, placement: Placement = CPU) -> None:
     PSWorker(job, transport, layout, worker, log, placement).run()
+
+
+def _row_grads(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The gradient rows ``rows`` (sorted, unique: every row the step's batches read) of the
+    table's gradient, dense or sparse (``sparse=True`` embeddings: only the rows read are
+    in it, never the whole table)."""
+    if not grad.is_sparse:
+        return grad[rows.to(grad.device)]
+    ids, values = sparse_rows(grad)
+    out = torch.zeros(len(rows), values.shape[-1], dtype=values.dtype, device=values.device)
+    out.index_add_(0, torch.searchsorted(rows.to(ids.device), ids), values)
+    return out
 
 
 def _coalesce(rows: list[torch.Tensor], grads: list[torch.Tensor]):

@@ -15,6 +15,7 @@ from phalanx.data import DATASETS
 from phalanx.errors import ConfigError
 from phalanx.models import MODELS as MODEL_NAMES
 from phalanx.models import RECIPES, Recipe
+from phalanx.models.zoo import SPARSE_GRADS
 from phalanx.parallel import (
     hogwild,
     hybrid,
@@ -139,8 +140,29 @@ def check_config(cfg: RunConfig) -> RunConfig:
         if not s.is_parameter_server:
             raise s.refuse("consistency", "only the parameter-server strategies have a "
                            "consistency model")
+    check_sparse_grads(cfg, s)
     s.check(cfg)
     return cfg
+
+
+# why a strategy without "sparse_grads" refuses a model whose table has sparse gradients
+SPARSE_REFUSALS = {
+    "hogwild": "its workers add dense updates into one shared-memory copy of every weight",
+    "model-parallel": "its stages run the rule on dense gradients and the table is one stage's",
+    "pipeline": "its stages run the rule on dense gradients and the table is one stage's",
+    "hybrid": "its stage replicas allreduce dense gradients and the table is one stage's",
+    "sandblaster": "its coordinator deals every parameter out as dense portions",
+}
+
+
+def check_sparse_grads(cfg: RunConfig, s: StrategySpec) -> None:
+    """A model with a sparse-gradient table (--model ctr) only with a strategy that takes
+    such gradients (docs/workloads.md, the click-through model)."""
+    if cfg.model in SPARSE_GRADS and "sparse_grads" not in s.supports:
+        why = SPARSE_REFUSALS.get(s.name, "it handles dense gradients only")
+        able = ", ".join(n for n in NAMES if "sparse_grads" in STRATEGIES[n].supports)
+        raise ConfigError(f"--model {cfg.model}: --strategy {s.name} cannot take the sparse "
+                          f"gradients of its embedding table ({why}); use one of {able}")
 
 
 def needs() -> tuple[tuple[str, Callable[[RunConfig], bool], str], ...]:

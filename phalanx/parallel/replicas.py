@@ -24,6 +24,7 @@ from phalanx.parallel.dp_checkpoint import Checkpointer
 from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule
+from phalanx.rules.sparse import TableRule, sparse_table
 from phalanx.runtime.placement import CPU, DeviceSupport, Placement
 
 DEVICE = DeviceSupport()  # collectives between known peers: NCCL where each rank has a GPU
@@ -134,7 +135,12 @@ class ReplicaHooks(Hooks):
         self.total = total_steps(job, world)
         self.weights = detached(self.params)
         self.rule = make_rule(cfg, self.total)
-        self.state = self.rule.init(self.weights)
+        # a sparse-gradient table (the click model's): a sparse gradient updates only the
+        # rows it holds (rules/sparse.py); a densified one, the whole table
+        self.table = sparse_table(self.model, self.params)
+        self.table_rule = TableRule(self.rule, self.table) if self.table is not None else None
+        self.state = (self.table_rule.init(self.weights) if self.table_rule is not None
+                      else self.rule.init(self.weights))
         self.kit = WorkerKit.of(cfg, rank)
         self.data = DeviceData(job.train, ctx.placement.torch_device,
                                ctx.placement.data_on_device, self.kit.aug is not None)
@@ -158,8 +164,11 @@ class ReplicaHooks(Hooks):
 
     def apply(self, grads: list[torch.Tensor]) -> None:
         """The rule's update on the replica's weights; the gradients are cleared."""
-        updates, self.state = self.rule.update(grads, self.state, self.weights)
-        apply_updates(self.weights, updates)
+        if self.table_rule is not None:
+            self.state = self.table_rule.step(grads, self.state, self.weights)
+        else:
+            updates, self.state = self.rule.update(grads, self.state, self.weights)
+            apply_updates(self.weights, updates)
         for p in self.params:
             p.grad = None
 

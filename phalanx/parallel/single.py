@@ -13,6 +13,7 @@ from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward,
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule, state_tensors
+from phalanx.rules.sparse import TableRule, sparse_table
 from phalanx.runtime.placement import DeviceSupport, Placement, plan_for
 
 DEVICE = DeviceSupport(nccl=False)  # one process: no collectives
@@ -30,7 +31,11 @@ class _SingleHooks(Hooks):
         self.weights = detached(self.params)
         self.total = job.planned_steps(len(job.shard(0, 1)))
         self.rule = make_rule(cfg, self.total)
-        self.state = self.rule.init(self.weights)
+        # a sparse table (the click model's): only the rows a batch touched are updated
+        table = sparse_table(self.model, self.params)
+        self.table_rule = TableRule(self.rule, table) if table is not None else None
+        self.state = (self.table_rule.init(self.weights) if self.table_rule is not None
+                      else self.rule.init(self.weights))
         self.kit = WorkerKit.of(cfg, 0)
         self.data = DeviceData(job.train, place.torch_device, place.data_on_device,
                                self.kit.aug is not None)
@@ -43,8 +48,11 @@ class _SingleHooks(Hooks):
 
     def apply_update(self, step: int) -> dict:
         grads = [p.grad for p in self.params]
-        updates, self.state = self.rule.update(grads, self.state, self.weights)
-        apply_updates(self.weights, updates)
+        if self.table_rule is not None:
+            self.state = self.table_rule.step(grads, self.state, self.weights)
+        else:
+            updates, self.state = self.rule.update(grads, self.state, self.weights)
+            apply_updates(self.weights, updates)
         for p in self.params:
             p.grad = None
         return {}
@@ -71,6 +79,6 @@ def check(cfg) -> None:
 
 SPEC = StrategySpec(
     name="single", summary="one worker: the baseline every strategy is compared against",
-    run=run, check=check, device=DEVICE, fixed_workers=1,
+    run=run, check=check, device=DEVICE, fixed_workers=1, supports=frozenset({"sparse_grads"}),
     unused={"worker_threads": "it trains in the driver process: --threads sets its threads",
             "backend": "one process has no collectives"})

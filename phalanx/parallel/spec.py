@@ -29,6 +29,7 @@ FEATURES = frozenset({
     "compress",       # --compress: lossy codecs on its traffic
     "powersgd",       # --compress powersgd: needs an allreduce group (two rounds per step)
     "outer_rule",     # --outer-rule: a DiLoCo outer optimizer on the averaged delta
+    "sparse_grads",   # a model whose embedding table has sparse gradients (--model ctr)
 })
 
 

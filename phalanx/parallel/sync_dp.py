@@ -3,6 +3,11 @@ gradients are averaged with an allreduce (ring, native or main-node) bucket by b
 while backward runs, and every worker applies the same update rule to the same average —
 so the replicas stay identical without ever exchanging parameters after the start.
 
+``--sparse-allreduce`` (a model with a sparse-gradient table, ``--model ctr``): the table
+is left out of the buckets and its gradient goes as the rows the step touched — gloo's
+sparse allreduce, an allgather of every rank's (row ids, rows) — instead of the whole
+table densified; every replica then updates those rows only (:mod:`phalanx.rules.sparse`).
+
 ``--sfb`` sends sufficient factors instead of the weight gradient of the fully connected
 layers where that is smaller (see :mod:`phalanx.comm.sfb`).
 
@@ -16,12 +21,14 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from phalanx.comm.bucketing import CommThread, GradReducer
 from phalanx.comm.exchange import Compression, group_screened
 from phalanx.comm.sfb import SufficientFactors
 from phalanx.config import RunConfig
+from phalanx.errors import ConfigError
 from phalanx.metrics.noise import JobProbe
 from phalanx.parallel.base import Job, write_result
 from phalanx.parallel.device_data import train_bytes
@@ -38,6 +45,7 @@ from phalanx.parallel.replicas import (
 )
 from phalanx.parallel.spec import StrategySpec, workers_momentum
 from phalanx.parallel.stats import SyncStats
+from phalanx.rules.sparse import sparse_table
 from phalanx.runtime.placement import setup_rank
 
 
@@ -77,6 +85,10 @@ class SyncHooks(ReplicaHooks):
                                                   world) if cfg.sfb else [])
         self.sfb = SufficientFactors(self.sfb_layers, self.allreduce, world, self.comm)
         sfb_ids = {id(p) for p in self.sfb.parameters()}
+        # --sparse-allreduce: the table's rows go on their own, after backward
+        self.sparse = self.params[self.table] if cfg.sparse_allreduce else None
+        if self.sparse is not None:
+            sfb_ids.add(id(self.sparse))
         self.compression = Compression.from_config(cfg)  # --compress: every bucket's mean
         self.reducer = GradReducer([p for p in self.params if id(p) not in sfb_ids],
                                    self.allreduce, world, int(cfg.bucket_mb * 2**20),
@@ -105,9 +117,23 @@ class SyncHooks(ReplicaHooks):
     def apply_update(self, step: int) -> dict:
         self.reducer.finish()  # sync point: waits for every bucket to be averaged
         self.sfb.finish()
+        if self.sparse is not None:
+            self.sparse_mean(self.sparse)
         self.probe.step(step, self.reducer.stats.wait_s)  # .grad: the averaged gradient
         self.apply([p.grad for p in self.params])
         return {"bytes_sent": self.counter.sent}
+
+    def sparse_mean(self, table: torch.Tensor) -> None:
+        """The mean of every replica's sparse table gradient, rows only. gloo's sparse
+        allreduce allgathers each rank's (ids, rows); a rank's bytes sent are counted as
+        what it hands the others: its own ids and rows, to each of the world - 1 peers (the
+        same total as a ring allgather's; received bytes are not counted here)."""
+        g = table.grad.coalesce().cpu()  # gloo: through the host
+        mine = g.indices().numel() * 8 + g.values().numel() * g.values().element_size()
+        if self.world > 1:
+            dist.all_reduce(g)  # sync point: every replica's rows
+            self.counter.on_send((self.world - 1) * mine)
+        table.grad = (g.coalesce() / self.world).to(table.device)
 
     def close(self) -> None:
         self.probe.close()
@@ -140,12 +166,18 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
 
 def check_job(job: Job) -> None:
     check_shards(job, world_size(job.config))
+    if job.config.sparse_allreduce:
+        model = job.build_model()
+        if sparse_table(model, [p for p in model.parameters() if p.requires_grad]) is None:
+            raise ConfigError("--sparse-allreduce: the model has no embedding table with "
+                              "sparse gradients (--model ctr has one); drop it")
 
 
 SPEC = StrategySpec(
     name="sync", summary="synchronous data parallel: gradients allreduced bucket by bucket "
     "(ring, native, main)", process_main=process_main, world_size=world_size,
     check_job=check_job, check_resume=check_resume, can_restart=can_restart,
-    supports=frozenset({"kill_worker", "compress", "powersgd"}),
-    options=("allreduce", "bucket_mb", "sfb"), shards_by="workers", device=DEVICE,
+    supports=frozenset({"kill_worker", "compress", "powersgd", "sparse_grads"}),
+    options=("allreduce", "bucket_mb", "sfb", "sparse_allreduce"), shards_by="workers",
+    device=DEVICE,
     default_rule=workers_momentum)  # N x fewer steps per epoch: docs/data-parallel.md

@@ -24,7 +24,7 @@ from phalanx.data import Dataset
 from phalanx.metrics import EventLog, Progress
 from phalanx.metrics.progress import say
 from phalanx.models.loss import TokenCrossEntropy
-from phalanx.parallel.base import Straggler, augmenter, evaluate
+from phalanx.parallel.base import Straggler, augmenter, ctr_figures, evaluate
 from phalanx.runtime.supervise import launch_marks
 
 LOG_EVERY = 10  # optimizer steps between "train" events (plus the last step)
@@ -133,7 +133,7 @@ class StepReporter:
         loss, acc = evaluate(model, test)
         lm = lm_figures(test, loss)
         self.log.log("eval", step=step, epoch=epoch, samples=samples, test_loss=loss,
-                     test_accuracy=acc, wall_s=self.wall(), **lm)
+                     test_accuracy=acc, wall_s=self.wall(), **lm, **ctr_figures(model, test))
         self.progress.update(step, test_acc=acc, **({"test_loss": loss} if lm else {}))
 
     def maybe_eval(self, model: nn.Module, test: Dataset, step: int, epoch: int,
