@@ -23,6 +23,10 @@ from phalanx.runtime.preempt import PREEMPTED_EXIT
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "{model: mlp, data: synthetic, max_steps: 20, strategy: single, tensorboard: false}"
+# the GPT as a job (issue 32): the live scheduler runs any workload phalanx train runs
+TINY_GPT = ("{model: gpt, data: shakespeare, gpt_layers: 1, gpt_dim: 16, gpt_heads: 2, "
+            "context: 16, train_limit: 2000, test_limit: 50, max_steps: 20, strategy: single, "
+            "tensorboard: false}")
 
 
 def test_schedule_runs_real_jobs_on_two_slots(tmp_path):
@@ -31,7 +35,7 @@ def test_schedule_runs_real_jobs_on_two_slots(tmp_path):
   - {{name: a, arrival: 0, gpus: 1, config: {TINY}}}
   - {{name: b, arrival: 0, gpus: 1, config: {TINY}}}
   - {{name: bad, arrival: 0.1, gpus: 1, config: {{model: mlp, data: idx, data_dir: {missing}}}}}
-  - {{name: c, arrival: 0.2, gpus: 1, config: {TINY}}}
+  - {{name: c, arrival: 0.2, gpus: 1, config: {TINY_GPT}}}
 """)
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
@@ -62,6 +66,7 @@ def test_schedule_runs_real_jobs_on_two_slots(tmp_path):
     for n in ("a", "b", "c"):
         run = json.loads((out / "jobs" / n / "summary.json").read_text())
         assert run["steps"] == 20 and 0 <= run["test_accuracy"] <= 1
+        assert ("test_perplexity" in run) == (n == "c")  # c is the GPT
         assert json.loads((out / "configs" / f"{n}.json").read_text())["max_steps"] == 20
     assert "bad" in r.stdout and "failed" in r.stdout
 

@@ -39,12 +39,17 @@ def group():
         dist.destroy_process_group()
 
 
+GPT = {"model": "gpt", "data": "shakespeare", "gpt_layers": 1, "gpt_dim": 16, "gpt_heads": 2,
+       "context": 16}
+
+
 def _job(out: Path, **extra) -> Job:
     values = {"model": "mlp", "data": "synthetic", "strategy": "sync", "workers": 1,
               "batch_size": 32, "train_limit": 320, "epochs": 3, "lr": 0.05,
               "progress": False, "tensorboard": False, "test_limit": 100, "out": str(out),
               **extra}
-    return make_job(RunConfig(**values).validate(), "mlp", DATA)
+    cfg = RunConfig(**values).validate()
+    return make_job(cfg, cfg.model, DATA if cfg.data == "synthetic" else None)
 
 
 def _train(job: Job) -> dict[str, torch.Tensor]:
@@ -79,6 +84,9 @@ def _crash(log, role, rank, at, code):
 @pytest.mark.parametrize("strategy,extra", [
     ("sync", {"rule": "adam", "lr": 0.002, "augment": "flip,noise", "grad_accum": 2}),
     ("average", {"rule": "momentum", "lr": 0.02, "period": 2, "augment": "noise"}),
+    # the GPT with AdamW, clipping and the warm-up + cosine schedule: its state comes back
+    ("sync", {**GPT, "rule": "adamw", "lr": 0.003, "weight_decay": 0.1, "clip_grad_norm": 0.5,
+              "schedule": "cosine", "warmup_steps": 3}),
 ])
 def test_resume_after_a_crash_equals_the_uninterrupted_run(
         group, tmp_path: Path, monkeypatch, strategy: str, extra: dict) -> None:
