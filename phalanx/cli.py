@@ -24,6 +24,7 @@ from phalanx.experiments.demo import STRATEGIES as DEMO_STRATEGIES
 from phalanx.experiments.demo import run_demo
 from phalanx.limits import short
 from phalanx.models import MODELS, build_model, count_parameters
+from phalanx.models.zoo import MODEL_TASKS
 from phalanx.parallel.registry import check_flags_apply
 from phalanx.runtime.hosts import hosts_down, hosts_up, kept_hosts
 from phalanx.runtime.signals import install_driver_handlers, restore, signal_of
@@ -77,11 +78,24 @@ def _cmd_models(args: argparse.Namespace) -> int:
     shape = parse_input_shape(args.input_shape, args.classes)
     print(f"{'model':10s} {'parameters':>12s}   (input {args.input_shape}, {args.classes} classes)")
     for name in MODELS:
+        own = OWN_INPUTS.get(MODEL_TASKS.get(name, "classify"))
         try:
-            print(f"{name:10s} {count_parameters(build_model(name, shape, args.classes)):12,d}")
+            if own:  # a text or click model: at its defaults, on its own data's shape
+                n = count_parameters(build_model(name, own[0], own[1], **own[2]))
+                print(f"{name:10s} {n:12,d}   ({own[3]})")
+            else:
+                print(f"{name:10s} {count_parameters(build_model(name, shape, args.classes)):12,d}")
         except PhalanxError as e:  # this model cannot take that input; the others can
             print(f"{name:10s} {'-':>12s}   ({e})")
     return 0
+
+
+# the input a model of another task is counted on: (shape, classes, options, in words)
+OWN_INPUTS = {
+    "lm": ((64,), 65, {}, "its defaults on Tiny Shakespeare: context 64, 65 characters"),
+    "ctr": ((39,), 2, {"dense": 13},
+            "its defaults on ctr-synthetic: 13 dense features, 26 fields"),
+}
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

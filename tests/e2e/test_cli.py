@@ -114,6 +114,8 @@ def test_models_lists_parameter_counts(capsys):
     code, cap = run_main(capsys, "models")
     assert code == 0
     assert "lenet5" in cap.out and "61,706" in cap.out
+    # the text and click models at their defaults, on their own data's shapes
+    assert "gpt             818,176" in cap.out and "ctr          27,293,039" in cap.out
 
 
 @pytest.mark.parametrize("flags, line", [
