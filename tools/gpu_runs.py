@@ -157,7 +157,10 @@ def plan(case: Case) -> list[PlannedRun]:
         settings: dict[str, object] = {"model": case.model, "data": case.data}
         if case.data_dir:
             settings["data_dir"] = case.data_dir
-        settings.update(strategy=name, **SMALL, workers=s.fixed_workers or 2, **s.example)
+        # the spec's small settings, but the case's model and data (a strategy whose example
+        # names its own model, as tensor's GPT, is refused on another case's model)
+        example = {k: v for k, v in s.example.items() if k not in ("model", "data", "data_dir")}
+        settings.update({"strategy": name, **SMALL, "workers": s.fixed_workers or 2, **example})
         for unused in s.unused:  # a setting the strategy refuses to be given
             settings.pop(unused, None)
         argv = (*flags(settings), "--device", "cuda", "--no-progress", "--no-tensorboard")

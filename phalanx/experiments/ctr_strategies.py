@@ -108,7 +108,8 @@ def report(out: Path, summaries: dict[str, dict], quick: bool) -> Path:
         {"stats": stats, "best_logloss": best, "base_logloss": base,
          "dense_over_sparse": factors}, indent=2) + "\n")
     size = "quick: 20k rows, 4,096 rows per field" if quick else \
-        "100k training rows, 20k test rows, 32,768 table rows per field (26 x 32,768 x 16 = 13.6M table parameters)"
+        ("100k training rows, 20k test rows, 32,768 table rows per field "
+                                    "(26 x 32,768 x 16 = 13.6M table parameters)")
     text = "\n".join([
         "# The click model through the strategies (synthetic click log)", "",
         "Data: `--data ctr-synthetic` (**synthetic**: Zipf ids, a hidden logistic teacher), "

@@ -110,14 +110,18 @@ def test_dry_run_plans_every_strategy_with_its_spec(dry):
         assert row["command"].startswith("python3 -m phalanx.cli train ")
         assert ["--strategy", s.name] == words[words.index("--strategy"):][:2]
         assert words[words.index("--device") + 1] == "cuda"
-        for name, value in s.example.items():  # the spec's small settings
-            assert words[words.index("--" + name.replace("_", "-")) + 1] == str(value)
+        for name, value in s.example.items():  # the spec's small settings, the case's model
+            if name not in ("model", "data", "data_dir"):
+                assert words[words.index("--" + name.replace("_", "-")) + 1] == str(value)
+        assert words[words.index("--model") + 1] == "lenet5"
         if "workers" in s.unused:
             assert "--workers" not in words
         else:
             assert words[words.index("--workers") + 1] == str(s.fixed_workers or 2)
-        if s.device.cuda:
+        if s.device.cuda and s.example.get("model", "lenet5") == "lenet5":
             assert row["status"] == "ok" and not row["reason"], row
+        elif s.device.cuda:  # its example is another model's (tensor: the GPT's sizes)
+            assert row["status"] == "refused" and "drop it" in row["reason"], row
         else:  # no CUDA path: skipped with the spec's own reason
             assert row["status"] == "skipped" and s.device.reason in row["reason"]
 
