@@ -41,6 +41,7 @@ def group():
 
 GPT = {"model": "gpt", "data": "shakespeare", "gpt_layers": 1, "gpt_dim": 16, "gpt_heads": 2,
        "context": 16}
+CTR = {"model": "ctr", "data": "ctr-synthetic", "ctr_rows": 256, "ctr_dim": 4}
 
 
 def _job(out: Path, **extra) -> Job:
@@ -87,6 +88,8 @@ def _crash(log, role, rank, at, code):
     # the GPT with AdamW, clipping and the warm-up + cosine schedule: its state comes back
     ("sync", {**GPT, "rule": "adamw", "lr": 0.003, "weight_decay": 0.1, "clip_grad_norm": 0.5,
               "schedule": "cosine", "warmup_steps": 3}),
+    # the click model: its table's rows and their AdaGrad state (sparse) come back too
+    ("sync", {**CTR, "rule": "adagrad", "lr": 0.05, "sparse_allreduce": True}),
 ])
 def test_resume_after_a_crash_equals_the_uninterrupted_run(
         group, tmp_path: Path, monkeypatch, strategy: str, extra: dict) -> None:
