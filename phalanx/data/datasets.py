@@ -177,7 +177,7 @@ DATASETS.add("digits", DataKind(lambda n, d, seed, a, b: _digits(seed), 1437),
              "scikit-learn's 8x8 digits")
 DATASETS.add("synthetic", DataKind(lambda n, d, seed, a, b: _synthetic(seed), 4000),
              "a seeded synthetic set (tests, smoke runs)")
-DATASETS.add("shakespeare", DataKind(None, 62737, "lm", _text),
+DATASETS.add("shakespeare", DataKind(None, 47799, "lm", _text),
              "Tiny Shakespeare, 1.1M characters, for --model gpt (characters or --tokens byte)")
 DATASETS.add("text", DataKind(None, 0, "lm", _text),
              "any UTF-8 text file or folder of .txt files in --data-dir, for --model gpt")

@@ -136,7 +136,7 @@ class Recipe:
 
 # the GPT's: AdamW, linear warm-up then cosine (nanoGPT's shakespeare-char recipe;
 # docs/workloads.md has the measurements behind it)
-RECIPES = {"gpt": Recipe("adamw", 1e-3, "cosine", 100, 0.1),
+RECIPES = {"gpt": Recipe("adamw", 2e-3, "cosine", 100, 0.1),
            # the click model's: AdaGrad, the usual rule for sparse CTR tables (each row
            # steps by its own gradient history, so rare ids still learn); on a row no batch
            # touched its update is exactly 0, so updating only the touched rows is the

@@ -36,7 +36,7 @@ def test_shakespeare_is_split_by_position_and_windows_shift_by_one():
                                                                      train.vocab)
     assert text[:info["train_tokens"]].endswith(last_start) or last_start in \
         text[:info["train_tokens"]]
-    assert info["window_stride"] == 16 and abs(len(train) - info["train_tokens"] / 16) <= 16
+    assert info["window_stride"] == 21 and abs(len(train) - info["train_tokens"] / 21) <= 21
 
 
 def test_the_window_offset_is_seeded():
@@ -144,7 +144,7 @@ def test_generate_is_seeded_and_extends_the_prompt():
 def test_the_gpt_recipe_applies_only_when_the_user_chose_no_rule():
     cfg = check_config(RunConfig(model="gpt", data="shakespeare"))
     assert (cfg.rule, cfg.lr, cfg.schedule, cfg.warmup_steps, cfg.weight_decay) == \
-        ("adamw", 1e-3, "cosine", 100, 0.1)
+        ("adamw", 2e-3, "cosine", 100, 0.1)
     cfg = check_config(RunConfig(model="gpt", data="shakespeare", lr=0.01))
     assert (cfg.rule, cfg.schedule) == ("sgd", "constant")
     cfg = check_config(RunConfig(model="gpt", data="shakespeare", warmup_steps=5))
