@@ -100,7 +100,9 @@ def check_command(argv: list[str]) -> str | None:
             check_flags_apply(cfg)
     except (PhalanxError, SystemExit) as e:
         return f"{' '.join(argv)}: {e}"
-    if argv[0] != "compare" and not spec(cfg.strategy).fixed_workers and cfg.workers < 2:
+    s = spec(cfg.strategy)
+    ranks = s.compute_ranks(cfg)[0]  # pipeline and hybrid compute on their stages
+    if argv[0] != "compare" and not s.fixed_workers and ranks < 2:
         return f"{' '.join(argv)}: --strategy {cfg.strategy} would train with 1 worker"
     return None
 
