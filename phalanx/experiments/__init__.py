@@ -35,6 +35,8 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
                  "in 3 epochs, on every seed", "phalanx.experiments.defaults"),
     "error-feedback": ("top-k 1% with error feedback is within 1 point of uncompressed",
                        "phalanx.experiments.error_feedback"),
+    "gpt-strategies": ("every strategy trains the GPT: validation loss (95% CI), tokens/s "
+                       "and bytes per token beside single", "phalanx.experiments.gpt_strategies"),
 }
 
 

@@ -1,0 +1,53 @@
+"""The GPT studies' shared set-up (issue 32's evidence): one small character-level GPT on
+Tiny Shakespeare, sized for 2 shared cores, and the machine's load around a study."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from phalanx.config import RunConfig
+
+# the sizes every GPT study trains: 2 blocks of width 64 with 4 heads, 64-character windows,
+# batch 16 per worker, a tenth of an epoch (~6,270 windows, ~400k training tokens per run,
+# all workers together), validation on the first 256 held-out windows (16,384 tokens)
+GPT = {"model": "gpt", "data": "shakespeare", "gpt_layers": 2, "gpt_dim": 64, "gpt_heads": 4,
+       "context": 64, "batch_size": 16, "epochs": 0.1, "test_limit": 256}
+GPT_FLAGS = ("--model gpt --data shakespeare --gpt-layers 2 --gpt-dim 64 --gpt-heads 4 "
+             "--context 64 --batch-size 16 --epochs 0.1 --test-limit 256")
+QUICK = {"epochs": 0.01, "test_limit": 32}  # CI-sized: ~600 windows, a few seconds a run
+SETUP = ("GPT: 2 blocks, width 64, 4 heads, 64-character windows of Tiny Shakespeare "
+         "(character tokens, vocabulary 65), batch 16 per worker, a tenth of an epoch "
+         "(about 6,270 windows, 400k training tokens per run, all workers together), "
+         "validation loss in nats per token on the first 256 held-out windows (16,384 "
+         "tokens); one intra-op thread per process.")
+SHARED = ("All runs on a shared 2-core machine (two other developers' jobs ran beside "
+          "them): throughput and timing numbers are contended, ratios within one seed are "
+          "more telling than absolute values.")
+
+
+def gpt_config(out: Path, *, quick: bool, seed: int, **overrides: Any) -> RunConfig:
+    """The GPT studies' base run (the model's own recipe unless ``overrides`` name a rule:
+    AdamW 1e-3, warm-up 100 then cosine, weight decay 0.1)."""
+    values: dict[str, Any] = {**GPT, **(QUICK if quick else {}), "seed": seed,
+                              "out": str(out), "progress": False, "tensorboard": False,
+                              "threads": 1}
+    values.update(overrides)
+    return RunConfig(**values)
+
+
+def load_now() -> str:
+    """The 1, 5 and 15 minute load averages, as ``uptime`` prints them."""
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def load_line(before: str, after: str) -> str:
+    return (f"Machine load (1, 5, 15-minute averages, 2 cores): {before} before the runs, "
+            f"{after} after. {SHARED}")
+
+
+def seeds_flag(seeds: Sequence[int]) -> str:
+    return f" --seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else ""
