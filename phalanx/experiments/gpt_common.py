@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.config import RunConfig
+from phalanx.experiments.stats import Summary, Verdict, compare_higher, summarize
 
 # the sizes every GPT study trains: 2 blocks of width 64 with 4 heads, 64-character windows,
 # batch 16 per worker, a tenth of an epoch (~6,270 windows, ~400k training tokens per run,
@@ -51,3 +52,21 @@ def load_line(before: str, after: str) -> str:
 
 def seeds_flag(seeds: Sequence[int]) -> str:
     return f" --seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else ""
+
+
+def loss_vs(sr: Any, label: str, ref: str) -> tuple[Summary, Verdict]:
+    """``label``'s validation loss minus ``ref``'s, paired over the same seeds (mean and
+    95% interval), and whether ``label``'s is lower (a lower-better
+    :func:`~phalanx.experiments.stats.compare_higher`)."""
+    a, b = sr.values(label, "test_loss"), sr.values(ref, "test_loss")
+    return (summarize([x - y for x, y in zip(a, b)]),
+            compare_higher([-x for x in a], [-x for x in b]))
+
+
+def loss_cell(s: Summary) -> str:
+    """Mean ± the 95% interval's half-width (the mean alone from one seed)."""
+    return f"{s.mean:.3f} ± {s.high - s.mean:.3f}" if s.n > 1 else f"{s.mean:.3f}"
+
+
+def delta_cell(d: Summary) -> str:
+    return f"{d.mean:+.3f}" + (f" [{d.low:+.3f}, {d.high:+.3f}]" if d.n > 1 else "")
