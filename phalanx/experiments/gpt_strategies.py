@@ -106,6 +106,9 @@ def run(out: Path, *, quick: bool, data: str | None, seeds: Sequence[int],
     pre += "\n\n" + load_line(before, load_now())
     pre += "\n\nEach strategy beside single (Δ: paired over the same seeds, 95% interval):"
     pre += "\n\n" + beside_single(sr)
+    (out / "table.md").write_text(  # the table alone, for docs/workloads-gpt-table.md
+        "\n\n".join([f"Seeds: {', '.join(map(str, sr.seeds))}. " + SETUP, beside_single(sr),
+                      load_line(before, load_now()), f"Reproduce: `{study}`"]) + "\n")
     text = report.read_text().splitlines()
     report.write_text("\n".join(["# Every strategy on the GPT", "", pre, *text[1:]]) + "\n")
     return report
