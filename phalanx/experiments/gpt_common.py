@@ -3,6 +3,7 @@ Tiny Shakespeare, sized for 2 shared cores, and the machine's load around a stud
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,21 @@ def load_now() -> str:
 def load_line(before: str, after: str) -> str:
     return (f"Machine load (1, 5, 15-minute averages, 2 cores): {before} before the runs, "
             f"{after} after. {SHARED}")
+
+
+def study_load(out: Path, before: str, *, reuse: bool = False) -> str:
+    """The load line of a study's report. The load while its runs trained is kept in
+    ``out/load.json``: a study that reads every run back (``--reuse``) reports that one,
+    not the load of writing the report."""
+    path = out / "load.json"
+    if reuse and path.is_file():
+        saved = json.loads(path.read_text())
+        return (load_line(saved["before"], saved["after"])
+                + " (Recorded when the runs were trained.)")
+    after = load_now()
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"before": before, "after": after}) + "\n")
+    return load_line(before, after)
 
 
 def seeds_flag(seeds: Sequence[int]) -> str:

@@ -12,11 +12,11 @@ from phalanx.experiments.gpt_common import (
     SETUP,
     delta_cell,
     gpt_config,
-    load_line,
     load_now,
     loss_cell,
     loss_vs,
     seeds_flag,
+    study_load,
 )
 from phalanx.experiments.seeds import SeededRuns, run_seeded, write_seeded_report
 from phalanx.experiments.stats import FAILS, HOLDS, INCONCLUSIVE
@@ -88,7 +88,7 @@ def run(out: Path, *, quick: bool, data: str | None, seeds: Sequence[int],
     pre += ("\n\nSet-up: " + SETUP + " Sync data parallel, 2 workers, the GPT's recipe "
             "(AdamW 1e-3, warm-up + cosine, wd 0.1) on the workers; every compressor with "
             "error feedback (each worker re-sends what compression dropped).")
-    pre += "\n\n" + load_line(before, load_now())
+    pre += "\n\n" + study_load(out, before, reuse=reuse)
     pre += "\n\n" + "\n".join(rows) + "\n\n![loss vs bytes](loss_vs_bytes.png)"
     return write_seeded_report(sr, out, title="Compressed GPT gradients: validation loss "
                                "against bytes per token", target=0.0, preamble=pre,

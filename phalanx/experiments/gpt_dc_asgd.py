@@ -13,11 +13,11 @@ from phalanx.experiments.gpt_common import (
     SETUP,
     delta_cell,
     gpt_config,
-    load_line,
     load_now,
     loss_cell,
     loss_vs,
     seeds_flag,
+    study_load,
 )
 from phalanx.experiments.seeds import run_seeded, write_seeded_report
 from phalanx.experiments.stats import any_of
@@ -77,7 +77,7 @@ def run(out: Path, *, quick: bool, data: str | None, seeds: Sequence[int],
             "coordinate's step by the running rms of its gradients, so the correction "
             "λ·g²·Δw changes the direction of a step only where it is large relative to g; "
             "with plain SGD it adds to the step itself.")
-    pre += "\n\n" + load_line(before, load_now())
+    pre += "\n\n" + study_load(out, before, reuse=reuse)
     pre += "\n\n" + "\n".join(rows)
     return write_seeded_report(sr, out, title="DC-ASGD vs ASGD on the GPT (AdamW on the "
                                "server)", target=0.0, preamble=pre,

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from phalanx.experiments.common import variant, verdict_block
-from phalanx.experiments.gpt_common import SETUP, gpt_config, load_line, load_now
+from phalanx.experiments.gpt_common import SETUP, gpt_config, load_now, study_load
 from phalanx.experiments.runs import report_head, run_variants
 from phalanx.metrics import plots
 
@@ -92,7 +92,7 @@ def run(out: Path, *, quick: bool, data: str | None, seed: int) -> Path:
             "device and equal stages. Small micro-batches (M = 8: 2 windows each) also make "
             "each send's fixed cost large beside the compute. The measurement is what the "
             "stages saw, not the schedule's ideal.")
-    pre += "\n\n" + load_line(before, load_now())
+    pre += "\n\n" + study_load(out, before)
     parts = report_head("The pipeline bubble on the GPT", pre,
                         "phalanx experiments run gpt-pipeline-bubble"
                         + (" --quick" if quick else ""))

@@ -12,11 +12,11 @@ from phalanx.experiments.gpt_common import (
     SETUP,
     delta_cell,
     gpt_config,
-    load_line,
     load_now,
     loss_cell,
     loss_vs,
     seeds_flag,
+    study_load,
 )
 from phalanx.experiments.seeds import run_seeded, write_seeded_report
 from phalanx.experiments.staleness_workers import BAND, _slope, _slope_verdict
@@ -93,7 +93,7 @@ def run(out: Path, *, quick: bool, data: str | None, seeds: Sequence[int],
     pre += ("\n\nSet-up: " + SETUP + " ASGD (asp), 1 server shard applying AdamW 1e-3 with "
             "the GPT's warm-up + cosine and weight decay 0.1; the same ~400k tokens for every N "
             "(N workers share them: each pushes 1/N of the ~392 updates).")
-    pre += "\n\n" + load_line(before, load_now())
+    pre += "\n\n" + study_load(out, before, reuse=reuse)
     pre += "\n\n" + "\n".join(rows)
     pre += "\n\n![staleness vs workers](staleness_vs_workers.png)\n![loss](loss_vs_workers.png)"
     return write_seeded_report(sr, out, title="ASGD staleness against workers, AdamW on the "
