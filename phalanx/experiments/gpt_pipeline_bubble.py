@@ -32,12 +32,13 @@ def theory(p: int, m: int) -> float:
 
 def run(out: Path, *, quick: bool, data: str | None, seed: int) -> Path:
     before = load_now()
-    stages, micro = ((2,), (1, 4)) if quick else (STAGES, MICRO)
+    stages, micro = ((2,), (2, 4)) if quick else (STAGES, MICRO)
     base = gpt_config(out, quick=quick, seed=seed, strategy="pipeline",
                       epochs=0.005 if quick else EPOCHS, eval_every=10**6)
     variants = [variant(base, out, f"P={p} M={m} {s}", stages=p, microbatches=m,
                         pipeline_schedule=s)
-                for p in stages for s in SCHEDULES for m in micro]
+                for p in stages for s in SCHEDULES for m in micro
+                if s == "gpipe" or m >= p]  # 1F1B needs M >= P micro-batches to fill
     runs = run_variants(variants)
     points = []
     for r in runs:
