@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.config import RunConfig
-from phalanx.experiments.stats import Summary, Verdict, compare_higher, summarize
+from phalanx.experiments.stats import Summary, Verdict, compare_lower, summarize
 
 # the sizes every GPT study trains: 2 blocks of width 64 with 4 heads, 64-character windows,
 # batch 16 per worker, a tenth of an epoch (~6,270 windows, ~400k training tokens per run,
@@ -72,11 +72,11 @@ def seeds_flag(seeds: Sequence[int]) -> str:
 
 def loss_vs(sr: Any, label: str, ref: str) -> tuple[Summary, Verdict]:
     """``label``'s validation loss minus ``ref``'s, paired over the same seeds (mean and
-    95% interval), and whether ``label``'s is lower (a lower-better
-    :func:`~phalanx.experiments.stats.compare_higher`)."""
+    95% interval), and whether ``label``'s is lower
+    (:func:`~phalanx.experiments.stats.compare_lower`)."""
     a, b = sr.values(label, "test_loss"), sr.values(ref, "test_loss")
     return (summarize([x - y for x, y in zip(a, b)]),
-            compare_higher([-x for x in a], [-x for x in b]))
+            compare_lower(a, b))
 
 
 def loss_cell(s: Summary) -> str:

@@ -22,7 +22,7 @@ from phalanx.experiments.gpt_common import (
 )
 from phalanx.experiments.lm_figures import perplexity
 from phalanx.experiments.seeds import SeededRuns
-from phalanx.experiments.stats import FAILS, HOLDS, INCONCLUSIVE, compare_higher, summarize
+from phalanx.experiments.stats import FAILS, HOLDS, INCONCLUSIVE, compare_lower, summarize
 
 QUICK = ("single", "sync", "asp")
 # what one strategy changes: hybrid runs 2 replicas of the 2-stage pipeline (4 processes,
@@ -55,8 +55,7 @@ def beside_single(sr: SeededRuns) -> str:
         else:
             d = summarize([a - b for a, b in zip(sr.values(label, "test_loss"), ref_loss)])
             delta = f"{d.mean:+.3f}" + (f" [{d.low:+.3f}, {d.high:+.3f}]" if d.n > 1 else "")
-            v = compare_higher([-x for x in sr.values(label, "test_loss")],
-                               [-x for x in ref_loss])
+            v = compare_lower(sr.values(label, "test_loss"), ref_loss)
             word = {HOLDS: "yes (significant)", FAILS: "no: higher (significant)",
                     INCONCLUSIVE: "no significant difference"}[v.word]
         lines.append(f"| {label} | {ci} | {perplexity(loss.mean):.2f} | {delta} | {word} | "

@@ -20,7 +20,7 @@ from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.experiments.lm_figures import LM_PAIRED, is_lm, lm_table, value_of
 from phalanx.experiments.runs import StrategyRun, read_run, report_head, run_variants
-from phalanx.experiments.stats import RULE, Summary, compare_higher, summarize
+from phalanx.experiments.stats import RULE, Summary, compare_higher, compare_lower, summarize
 from phalanx.limits import MAX_SEED, short
 from phalanx.metrics import plots
 
@@ -185,8 +185,8 @@ def pairwise_verdicts(sr: SeededRuns) -> str:
             for b in sr.labels[i + 1:]:
                 hi, lo = ((a, b) if sign * sr.stat(a, key).mean >= sign * sr.stat(b, key).mean
                           else (b, a))
-                v = compare_higher([sign * x for x in sr.values(hi, key)],
-                                   [sign * x for x in sr.values(lo, key)])
+                v = (compare_higher if higher else compare_lower)(sr.values(hi, key),
+                                                                  sr.values(lo, key))
                 word = ">" if higher else "<"
                 claim = (f"{hi} {word} {lo} in {what} ({format(sr.stat(hi, key).mean, fmt)} "
                          f"vs {format(sr.stat(lo, key).mean, fmt)})")
