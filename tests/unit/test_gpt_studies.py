@@ -67,3 +67,17 @@ def test_bubble_formula_and_monotonic_fall():
            for s, ys in (("gpipe", (0.5, 0.3, 0.2)), ("1f1b", (0.3, 0.35, 0.1)))
            for m, y in zip((2, 4, 8), ys)]
     assert _falls_with_m(pts, (2,)) == {(2, "gpipe"): True, (2, "1f1b"): False}
+
+
+def test_memory_check_expects_m_for_gpipe_and_p_minus_s_for_1f1b():
+    from phalanx.experiments.gpt_pipeline_bubble import memory_check
+
+    good = [{"label": "a", "stages": 3, "microbatches": 4, "schedule": "gpipe",
+             "peak_live": [4, 4, 4]},
+            {"label": "b", "stages": 3, "microbatches": 8, "schedule": "1f1b",
+             "peak_live": [3, 2, 1]}]
+    assert memory_check(good)[0]
+    bad = good + [{"label": "c", "stages": 2, "microbatches": 4, "schedule": "1f1b",
+                   "peak_live": [4, 4]}]
+    ok, text = memory_check(bad)
+    assert not ok and "c: [4, 4] (expected [2, 1])" in text
