@@ -9,6 +9,7 @@ turns into a verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from phalanx.experiments.runs import StrategyRun, read_run, report_head, run_var
 from phalanx.experiments.stats import RULE, Summary, compare_higher, compare_lower, summarize
 from phalanx.limits import MAX_SEED, short
 from phalanx.metrics import plots
+from phalanx.parallel.registry import check_config
 
 VariantsFn = Callable[[int, Path], Sequence[tuple[str, RunConfig]]]
 
@@ -94,12 +96,14 @@ def finished(cfg: RunConfig) -> bool:
     ignore = {"overwrite"}
     try:
         saved = json.loads((folder / "config.json").read_text())
-        wanted = json.loads(json.dumps(cfg.to_json()))
+        # as the run saw it: checked, so the rule and lr a recipe or a strategy chose are
+        # filled in (a study that leaves --rule / --lr out is found finished too)
+        wanted = json.loads(json.dumps(check_config(dataclasses.replace(cfg)).to_json()))
         same = isinstance(saved, dict) and all(
             saved.get(k) == v for k, v in wanted.items() if k not in ignore) and not (
             set(saved) - set(wanted))
         return same and (folder / "summary.json").is_file()
-    except (OSError, ValueError):
+    except (OSError, ValueError, ConfigError):
         return False
 
 

@@ -81,3 +81,24 @@ def test_memory_check_expects_m_for_gpipe_and_p_minus_s_for_1f1b():
                    "peak_live": [4, 4]}]
     ok, text = memory_check(bad)
     assert not ok and "c: [4, 4] (expected [2, 1])" in text
+
+
+def test_reuse_finds_a_run_whose_rule_the_recipe_chose(tmp_path):
+    """A study that leaves --rule / --lr out (the GPT's recipe fills them in when the run is
+    checked) finds its finished runs again with --reuse."""
+    import dataclasses
+    import json
+
+    from phalanx.experiments.gpt_common import gpt_config
+    from phalanx.experiments.seeds import finished
+    from phalanx.parallel.registry import check_config
+
+    cfg = gpt_config(tmp_path / "run", quick=True, seed=0, strategy="asp", workers=2)
+    ran = check_config(dataclasses.replace(cfg))
+    assert cfg.lr is None and ran.rule == "adamw" and ran.lr == 1e-3
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps(ran.to_json()))
+    assert not finished(cfg)  # no summary yet
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    assert finished(cfg)
+    assert not finished(dataclasses.replace(cfg, seed=1))
