@@ -38,6 +38,17 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
     "ctr-strategies": ("click model: sparse rows move >= 50x fewer bytes than the dense "
                        "table's allreduce, at the same log-loss",
                        "phalanx.experiments.ctr_strategies"),
+    "gpt-strategies": ("every strategy trains the GPT: validation loss (95% CI), tokens/s "
+                       "and bytes per token beside single", "phalanx.experiments.gpt_strategies"),
+    "gpt-staleness": ("GPT, AdamW on the server: ASGD's mean staleness is about N - 1, and "
+                      "its loss cost", "phalanx.experiments.gpt_staleness"),
+    "gpt-dc-asgd": ("GPT, AdamW on the server: DC-ASGD reaches a lower validation loss than "
+                    "ASGD", "phalanx.experiments.gpt_dc_asgd"),
+    "gpt-compression": ("GPT under sync: PowerSGD, top-k and int8 with error feedback keep "
+                        "the loss within 0.05 nats at fewer bytes per token",
+                        "phalanx.experiments.gpt_compression"),
+    "gpt-pipeline-bubble": ("GPT pipeline (GPipe, 1F1B): the measured bubble follows "
+                            "(P-1)/(M+P-1)", "phalanx.experiments.gpt_pipeline_bubble"),
 }
 
 

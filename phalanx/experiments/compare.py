@@ -4,7 +4,7 @@ then one report (Markdown table + PNG plots) that answers "which protocol, at wh
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,16 +90,31 @@ def base_train_size(cfg: RunConfig) -> int:
     return min(size, cfg.train_limit) if cfg.train_limit else size
 
 
+def lm_setup(cfg: RunConfig) -> str:
+    """For text data, what a run's budget is in tokens (a sample is ``context`` tokens)."""
+    if DATASETS.get(cfg.data).task != "lm":
+        return ""
+    windows = cfg.epochs * base_train_size(cfg)
+    return (f" Text: windows of {cfg.context} {cfg.tokens} tokens, about "
+            f"{windows * cfg.context:,.0f} training tokens per run (all workers together); "
+            "validation loss in nats per token on the held-out last 10% of the text"
+            + (f" (its first {cfg.test_limit} windows)" if cfg.test_limit else "") + ".")
+
+
 def compare(base: RunConfig, strategies: Sequence[str], out: Path, *, target: float = 0.8,
             command: str = "", seeds: Sequence[int] | None = None,
-            reuse: bool = False) -> tuple[Any, Path]:
+            reuse: bool = False, preamble: str = "",
+            overrides: Mapping[str, dict[str, Any]] | None = None) -> tuple[Any, Path]:
     """Every strategy once per seed (default: the base seed); returns the
-    :class:`~phalanx.experiments.seeds.SeededRuns` and the report's path."""
+    :class:`~phalanx.experiments.seeds.SeededRuns` and the report's path. ``overrides``:
+    strategy -> settings only that strategy's runs change (a study's own sizes, e.g. the
+    passes of L-BFGS); ``preamble``: text the report opens with (a study's verdict)."""
     out.mkdir(parents=True, exist_ok=True)
     seeds = list(seeds) if seeds else [base.seed]
     own = uses_default_rule(base)
     runs = run_seeded(lambda seed, folder: [
-        (s, strategy_config(dataclasses.replace(base, seed=seed), s, folder / s, own_rule=own))
+        (s, strategy_config(dataclasses.replace(base, seed=seed), s, folder / s,
+                            (overrides or {}).get(s), own_rule=own))
         for s in strategies], out, seeds, reuse=reuse)
     desc = (f"Model `{base.model}` on `{base.data}`, {base.epochs:g} epoch(s), batch "
             f"{base.batch_size} per worker, "
@@ -108,7 +123,9 @@ def compare(base: RunConfig, strategies: Sequence[str], out: Path, *, target: fl
                "each strategy's default rule and learning rate (docs/defaults.md), ")
             + f"{base.workers} workers for the multi-worker strategies, one intra-op thread per "
             "process"
-            + (f", slow workers {base.slow_workers}" if base.slow_workers else "") + ".")
+            + (f", slow workers {base.slow_workers}" if base.slow_workers else "") + "."
+            + lm_setup(base))
     report = write_seeded_report(runs, out, title="Strategy comparison", target=target,
-                                 preamble=desc, command=command)
+                                 preamble=(preamble + "\n\n" if preamble else "") + desc,
+                                 command=command)
     return runs, report

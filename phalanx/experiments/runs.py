@@ -66,8 +66,9 @@ def run_variants(variants: Sequence[tuple[str, RunConfig]], *,
         cfg.overwrite = True  # the study owns its sub-folders: a rerun replaces them
         result = train(config=cfg)
         s = result.summary
-        say(f"[{i}/{len(variants)}] {label}: test accuracy {s['test_accuracy']:.4f} "
-            f"in {time.perf_counter() - t0:.1f}s")
+        quality = (f"validation loss {s['test_loss']:.4f}" if s.get("test_perplexity")
+                   is not None else f"test accuracy {s['test_accuracy']:.4f}")
+        say(f"[{i}/{len(variants)}] {label}: {quality} in {time.perf_counter() - t0:.1f}s")
         runs.append(read_run(label, Path(cfg.out)))
     return runs
 

@@ -9,6 +9,7 @@ turns into a verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -18,10 +19,12 @@ from typing import Any
 
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
+from phalanx.experiments.lm_figures import LM_PAIRED, is_lm, lm_table, value_of
 from phalanx.experiments.runs import StrategyRun, read_run, report_head, run_variants
-from phalanx.experiments.stats import RULE, Summary, compare_higher, summarize
+from phalanx.experiments.stats import RULE, Summary, compare_higher, compare_lower, summarize
 from phalanx.limits import MAX_SEED, short
 from phalanx.metrics import plots
+from phalanx.parallel.registry import check_config
 
 VariantsFn = Callable[[int, Path], Sequence[tuple[str, RunConfig]]]
 
@@ -66,8 +69,18 @@ class SeededRuns:
     def labels(self) -> list[str]:
         return list(self.runs)
 
+    @property
+    def lm(self) -> bool:
+        """Language-model runs (text data): loss, perplexity and tokens, not accuracy."""
+        return bool(self.runs) and is_lm(self.first(self.labels[0]).summary)
+
+    @property
+    def key(self) -> str:
+        """The quality the study is judged on: validation loss for a language model."""
+        return "test_loss" if self.lm else "test_accuracy"
+
     def values(self, label: str, key: str = "test_accuracy") -> list[float]:
-        return [float(r.summary.get(key) or 0.0) for r in self.runs[label]]
+        return [value_of(r.summary, key) for r in self.runs[label]]
 
     def stat(self, label: str, key: str = "test_accuracy") -> Summary:
         return summarize(self.values(label, key))
@@ -83,12 +96,14 @@ def finished(cfg: RunConfig) -> bool:
     ignore = {"overwrite"}
     try:
         saved = json.loads((folder / "config.json").read_text())
-        wanted = json.loads(json.dumps(cfg.to_json()))
+        # as the run saw it: checked, so the rule and lr a recipe or a strategy chose are
+        # filled in (a study that leaves --rule / --lr out is found finished too)
+        wanted = json.loads(json.dumps(check_config(dataclasses.replace(cfg)).to_json()))
         same = isinstance(saved, dict) and all(
             saved.get(k) == v for k, v in wanted.items() if k not in ignore) and not (
             set(saved) - set(wanted))
         return same and (folder / "summary.json").is_file()
-    except (OSError, ValueError):
+    except (OSError, ValueError, ConfigError):
         return False
 
 
@@ -125,6 +140,8 @@ def _cell(value: float | None, spec: str) -> str:
 
 
 def seeded_table(sr: SeededRuns, target: float) -> str:
+    if sr.lm:  # no accuracy target for a language model: loss, perplexity, tokens
+        return lm_table(sr)
     n = len(sr.seeds)
     head = (f"| run | strategy | workers | seeds | test acc (mean ± sd) | 95% CI | "
             f"time to {target:.2f} (s) | samples to {target:.2f} | samples/s (steady) | "
@@ -152,8 +169,8 @@ def seeded_table(sr: SeededRuns, target: float) -> str:
 
 
 # what a comparison of strategies decides, pair by pair: (summary key, what it is, format)
-PAIRED_QUANTITIES = (("test_accuracy", "test accuracy", ".4f"),
-                     ("samples_per_s", "steady-state samples/s", ".0f"))
+PAIRED_QUANTITIES = (("test_accuracy", "test accuracy", ".4f", True),
+                     ("samples_per_s", "steady-state samples/s", ".0f", True))
 
 
 def pairwise_verdicts(sr: SeededRuns) -> str:
@@ -166,13 +183,17 @@ def pairwise_verdicts(sr: SeededRuns) -> str:
         return ("Pairwise verdicts: none — one seed cannot give one (run with --seeds 3 or "
                 "more).")
     lines = ["| claim | verdict | basis |", "|---|---|---|"]
-    for key, what, fmt in PAIRED_QUANTITIES:
+    for key, what, fmt, higher in (LM_PAIRED if sr.lm else PAIRED_QUANTITIES):
+        sign = 1.0 if higher else -1.0  # lower-better (loss): "better" is the lower mean
         for i, a in enumerate(sr.labels):
             for b in sr.labels[i + 1:]:
-                hi, lo = (a, b) if sr.stat(a, key).mean >= sr.stat(b, key).mean else (b, a)
-                v = compare_higher(sr.values(hi, key), sr.values(lo, key))
-                claim = (f"{hi} > {lo} in {what} ({format(sr.stat(hi, key).mean, fmt)} vs "
-                         f"{format(sr.stat(lo, key).mean, fmt)})")
+                hi, lo = ((a, b) if sign * sr.stat(a, key).mean >= sign * sr.stat(b, key).mean
+                          else (b, a))
+                v = (compare_higher if higher else compare_lower)(sr.values(hi, key),
+                                                                  sr.values(lo, key))
+                word = ">" if higher else "<"
+                claim = (f"{hi} {word} {lo} in {what} ({format(sr.stat(hi, key).mean, fmt)} "
+                         f"vs {format(sr.stat(lo, key).mean, fmt)})")
                 lines.append(f"| {claim} | **{v.word}** | {v.basis} |")
     return "\n".join(lines)
 
@@ -186,16 +207,21 @@ def per_seed_table(sr: SeededRuns, key: str = "test_accuracy") -> str:
     return "\n".join(lines)
 
 
-def _curves(runs: Sequence[StrategyRun], xkey: str) -> tuple[list[float], list[Summary]]:
+def _curves(runs: Sequence[StrategyRun], xkey: str, ykey: str = "test_accuracy",
+            xscale: float = 1.0) -> tuple[list[float], list[Summary]]:
     """Eval curves aligned by evaluation index (every seed evaluates at the same step
-    counts), cut to the shortest; x is the mean over seeds."""
+    counts), cut to the shortest; x is the mean over seeds (times ``xscale``: tokens per
+    sample for a language model)."""
     length = min(len(r.evals) for r in runs)
-    xs = [sum(float(r.evals[i][xkey]) for r in runs) / len(runs) for i in range(length)]
-    ys = [summarize([float(r.evals[i]["test_accuracy"]) for r in runs]) for i in range(length)]
+    xs = [xscale * sum(float(r.evals[i][xkey]) for r in runs) / len(runs)
+          for i in range(length)]
+    ys = [summarize([float(r.evals[i].get(ykey) or 0.0) for r in runs]) for i in range(length)]
     return xs, ys
 
 
 def write_seeded_plots(sr: SeededRuns, out: Path) -> list[Path]:
+    if sr.lm:
+        return write_lm_plots(sr, out)
     paths = []
     for xkey, name, xlabel in (("wall_s", "accuracy_vs_time", "wall time (s)"),
                                ("samples", "accuracy_vs_samples",
@@ -225,6 +251,38 @@ def write_seeded_plots(sr: SeededRuns, out: Path) -> list[Path]:
     return paths
 
 
+def write_lm_plots(sr: SeededRuns, out: Path) -> list[Path]:
+    """Validation loss against wall time and against training tokens (mean over seeds, 95%
+    band), staleness, and bytes per token."""
+    band = f" (mean of {len(sr.seeds)} seeds, band: 95% CI)" if len(sr.seeds) > 1 else ""
+    context = float(sr.first(sr.labels[0]).summary.get("data_context") or 1)
+    paths = []
+    for xkey, name, xlabel, scale in (("wall_s", "loss_vs_time", "wall time (s)", 1.0),
+                                      ("samples", "loss_vs_tokens",
+                                       "training tokens seen (all workers)", context)):
+        series = {}
+        for label in sr.labels:
+            xs, ys = _curves(sr.runs[label], xkey, "test_loss", scale)
+            series[label] = (xs, [y.mean for y in ys],
+                             [max(0.0, y.low) if y.n > 1 else y.mean for y in ys],
+                             [y.high if y.n > 1 else y.mean for y in ys])
+        paths.append(plots.band_plot(out / f"{name}.png", series, xlabel=xlabel,
+                                     ylabel="validation loss (nats/token)",
+                                     title="Validation loss" + band))
+    paths.append(plots.histogram_plot(
+        out / "staleness.png",
+        {label: sr.first(label).summary.get("staleness_histogram") or [] for label in sr.labels},
+        xlabel="staleness (server updates)",
+        title="Staleness of applied updates" + (f" (seed {sr.seeds[0]})"
+                                                if len(sr.seeds) > 1 else "")))
+    paths.append(plots.bar_plot(out / "bytes_per_token.png",
+                                {label: sr.stat(label, "bytes_per_token").mean
+                                 for label in sr.labels},
+                                ylabel="bytes moved per training token",
+                                title="Communication cost", xlabel="run"))
+    return paths
+
+
 def write_seeded_report(sr: SeededRuns, out: Path, *, title: str, target: float,
                         preamble: str = "", command: str = "") -> Path:
     out.mkdir(parents=True, exist_ok=True)
@@ -236,7 +294,8 @@ def write_seeded_report(sr: SeededRuns, out: Path, *, title: str, target: float,
     if verdicts:
         parts += ["Pairwise verdicts over the same seeds:", "", verdicts, ""]
     if len(sr.seeds) > 1:
-        parts += ["Test accuracy per seed:", "", per_seed_table(sr), ""]
+        parts += [("Validation loss" if sr.lm else "Test accuracy") + " per seed:", "",
+                  per_seed_table(sr, sr.key), ""]
     parts += [f"![{p.stem}]({p.name})" for p in pngs]
     parts += ["", "Each run's folder holds config.json, events.jsonl, summary.json and "
               "TensorBoard files (`tensorboard --logdir .`)."]
@@ -250,15 +309,23 @@ def results_json(sr: SeededRuns, target: float) -> list[dict[str, Any]]:
     rows = []
     for label in sr.labels:
         acc = sr.stat(label)
+        row = {"label": label, "seeds": sr.seeds, "summary": sr.first(label).summary,
+               "test_accuracy": _stat_json(acc)}
+        if sr.lm:
+            row["test_loss"] = _stat_json(sr.stat(label, "test_loss"))
+            row["tokens_per_s"] = _stat_json(sr.stat(label, "tokens_per_s"))
+            row["bytes_per_token"] = _stat_json(sr.stat(label, "bytes_per_token"))
         rows.append({
-            "label": label, "seeds": sr.seeds, "summary": sr.first(label).summary,
-            "test_accuracy": {"n": acc.n, "mean": acc.mean, "sd": _num(acc.sd),
-                              "ci95": [_num(acc.low), _num(acc.high)]},
+            **row,
             "runs": [{"seed": seed, "summary": r.summary, "time_to_target": r.time_to(target),
                       "samples_to_target": r.samples_to(target)}
                      for seed, r in zip(sr.seeds, sr.runs[label])],
         })
     return rows
+
+
+def _stat_json(s: Summary) -> dict[str, Any]:
+    return {"n": s.n, "mean": s.mean, "sd": _num(s.sd), "ci95": [_num(s.low), _num(s.high)]}
 
 
 def _num(x: float) -> float | None:

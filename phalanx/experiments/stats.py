@@ -183,6 +183,29 @@ def compare_higher(better: Sequence[float], other: Sequence[float], *, paired: b
     return Verdict(INCONCLUSIVE, f"95% intervals overlap: {a.fmt_ci()} vs {b.fmt_ci()}")
 
 
+def compare_lower(better: Sequence[float], other: Sequence[float], *, paired: bool = True,
+                  alpha: float = 0.05) -> Verdict:
+    """Is ``better`` below ``other`` (a loss)? :func:`compare_higher` on the negated values,
+    its basis stated in the values themselves."""
+    a, b = summarize(better), summarize(other)
+    if a.n >= 2 and b.n >= 2:
+        if a.high < b.low:
+            return Verdict(HOLDS, f"95% intervals apart: {a.fmt_ci()} < {b.fmt_ci()}")
+        if b.high < a.low:
+            return Verdict(FAILS, f"95% intervals apart, the other way: {a.fmt_ci()} > "
+                           f"{b.fmt_ci()}")
+    v = compare_higher([-x for x in better], [-x for x in other], paired=paired, alpha=alpha)
+    if v.basis.startswith("paired"):  # the difference better - other, not its negation
+        test = paired_t(better, other)
+        basis = (f"paired t-test over {test.n} seeds: mean difference {test.mean_diff:+.4f}, "
+                 f"t = {test.t:.2f}, p = {test.p:.3f}")
+        return Verdict(v.word, basis + (" (intervals overlap)" if v.word == INCONCLUSIVE
+                                        else ""))
+    if v.basis.startswith("95% intervals overlap"):
+        return Verdict(v.word, f"95% intervals overlap: {a.fmt_ci()} vs {b.fmt_ci()}")
+    return v
+
+
 def combine(verdicts: Sequence[Verdict | str]) -> str:
     """A claim made of several orderings (verdicts or their words) holds if every one
     holds and fails if any one fails significantly; anything else is inconclusive."""

@@ -89,3 +89,17 @@ def test_one_seed_is_inconclusive_and_combine():
     assert combine([win, tie]) == INCONCLUSIVE
     assert combine([win, loss]) == FAILS
     assert combine([]) == INCONCLUSIVE
+
+
+def test_compare_lower_states_its_basis_in_the_values():
+    from phalanx.experiments.stats import compare_lower
+
+    low, high = [2.0, 2.01, 2.02], [2.5, 2.52, 2.51]
+    v = compare_lower(low, high)
+    assert v.word == HOLDS and "< [" in v.basis and "-2" not in v.basis
+    assert compare_lower(high, low).word == FAILS
+    # a small, consistent win the intervals miss: the paired difference is negative
+    a, b = [2.0, 2.3, 2.1], [2.01, 2.31, 2.11]
+    v = compare_lower(a, b)
+    assert v.word == HOLDS and "mean difference -0.0100" in v.basis
+    assert compare_lower([2.0, 2.3, 2.1], [2.2, 2.0, 2.3]).word == INCONCLUSIVE
