@@ -191,7 +191,7 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         _common.emit("gpt", {"skipped": "CUDA not available"}, {}, {})
         return
-    steps, repeats, rounds = (30, 3, 1) if args.quick else (80, 5, 3)
+    steps, repeats, rounds = (30, 2, 1) if args.quick else (80, 5, 3)
     worlds = (2,) if args.quick else (2, 4)
     results, ratios, targets = {}, {}, {"single_over_plain": 0.97}
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,7 +23,7 @@ from phalanx.parallel.device_data import DeviceData
 from phalanx.parallel.dp_checkpoint import Checkpointer
 from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
 from phalanx.parallel.worker import StepReporter, WorkerKit
-from phalanx.rules import apply_updates, make_rule
+from phalanx.rules import apply_updates, make_rule, update_owned
 from phalanx.rules.sparse import TableRule, sparse_table
 from phalanx.runtime.placement import CPU, DeviceSupport, Placement
 
@@ -167,7 +167,8 @@ class ReplicaHooks(Hooks):
         if self.table_rule is not None:
             self.state = self.table_rule.step(grads, self.state, self.weights)
         else:
-            updates, self.state = self.rule.update(grads, self.state, self.weights)
+            # the gradients are this step's own (cleared below): updated in place
+            updates, self.state = update_owned(self.rule, grads, self.state, self.weights)
             apply_updates(self.weights, updates)
         for p in self.params:
             p.grad = None

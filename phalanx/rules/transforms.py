@@ -91,7 +91,8 @@ def scale_by_schedule(schedule: Schedule, sign: float = -1.0) -> UpdateRule:
 
 
 def add_decayed_weights(weight_decay: float) -> UpdateRule:
-    """``u = u + wd * p`` (coupled L2 weight decay, as ``torch.optim.SGD``)."""
+    """``u = u + wd * p`` (coupled L2 weight decay, as ``torch.optim.SGD``; after Adam's
+    scaling it is AdamW's decoupled decay)."""
 
     def init(params):
         return EmptyState()
@@ -101,7 +102,14 @@ def add_decayed_weights(weight_decay: float) -> UpdateRule:
             raise ValueError("add_decayed_weights needs params")
         return [u + weight_decay * p for u, p in zip(updates, params)], state
 
-    return UpdateRule(init, update)
+    def update_(updates, state, params=None, *, staleness=0, backup=None):
+        if params is None:
+            raise ValueError("add_decayed_weights needs params")
+        if len(updates):  # the same two roundings: wd * p, then u + that
+            torch._foreach_add_(list(updates), torch._foreach_mul(list(params), weight_decay))
+        return list(updates), state
+
+    return UpdateRule(init, update, update_)
 
 
 def clip_by_global_norm(max_norm: float) -> UpdateRule:
@@ -173,19 +181,54 @@ def scale_by_rms(alpha: float = 0.99, eps: float = 1e-8) -> UpdateRule:
 
 
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> UpdateRule:
+    """``m = b1 m + (1 - b1) u``, ``v = b2 v + (1 - b2) u u``, ``u = (m / bc1) / (sqrt(v) /
+    sqrt(bc2) + eps)`` (torch.optim.Adam's formula). Foreach calls, one kernel per list; the
+    in-place form runs the same operations in the caller's gradients and the state's own
+    buffers: no new tensor per parameter per step (measured on the GPT: the functional
+    form's allocations cost 5% of a single-worker step, bench/gpt.py)."""
+
     def init(params):
         return AdamState(torch.zeros((), dtype=torch.int64), _zeros(params), _zeros(params))
 
+    def moments(updates, mu, nu):  # mu, nu updated in place: b1 m + (1 - b1) u, ...
+        torch._foreach_mul_(mu, b1)
+        torch._foreach_add_(mu, torch._foreach_mul(updates, 1 - b1))
+        sq = torch._foreach_mul(updates, 1 - b2)
+        torch._foreach_mul_(sq, updates)
+        torch._foreach_mul_(nu, b2)
+        torch._foreach_add_(nu, sq)
+
+    def direction(out, mu, nu, t):  # out = (m / bc1) / (sqrt(v) / sqrt(bc2) + eps)
+        bc1, bc2 = 1 - b1**t, 1 - b2**t
+        denom = torch._foreach_sqrt(nu)
+        torch._foreach_div_(denom, math.sqrt(bc2))
+        torch._foreach_add_(denom, eps)
+        torch._foreach_copy_(out, mu)
+        torch._foreach_div_(out, bc1)
+        torch._foreach_div_(out, denom)
+        return out
+
     def update(updates, state, params=None, *, staleness=0, backup=None):
         count = state.count + 1
-        t = int(count)
-        mu = [b1 * m + (1 - b1) * u for m, u in zip(state.mu, updates)]
-        nu = [b2 * v + (1 - b2) * u * u for v, u in zip(state.nu, updates)]
-        bc1, bc2 = 1 - b1**t, 1 - b2**t
-        out = [(m / bc1) / (v.sqrt() / math.sqrt(bc2) + eps) for m, v in zip(mu, nu)]
+        updates = list(updates)
+        if not updates:
+            return [], AdamState(count, [], [])
+        mu = [m.clone() for m in state.mu]
+        nu = [v.clone() for v in state.nu]
+        moments(updates, mu, nu)
+        out = direction([torch.empty_like(m) for m in mu], mu, nu, int(count))
         return out, AdamState(count, mu, nu)
 
-    return UpdateRule(init, update)
+    def update_(updates, state, params=None, *, staleness=0, backup=None):
+        count = state.count + 1
+        updates = list(updates)
+        if updates:
+            mu, nu = list(state.mu), list(state.nu)
+            moments(updates, mu, nu)
+            direction(updates, mu, nu, int(count))
+        return updates, AdamState(count, list(state.mu), list(state.nu))
+
+    return UpdateRule(init, update, update_)
 
 
 def staleness_scaled() -> UpdateRule:

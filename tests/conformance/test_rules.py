@@ -18,6 +18,8 @@ RULE_FACTORIES = {
     "adagrad": lambda: R.adagrad(0.1),
     "rmsprop": lambda: R.rmsprop(0.01),
     "adam": lambda: R.adam(0.05),
+    "adam_wd": lambda: R.adam(0.05, weight_decay=0.01),
+    "adamw": lambda: R.adamw(0.05, weight_decay=0.1),
     "step_decay": lambda: R.sgd(R.step_decay_schedule(0.1, 10, 0.5)),
     "cosine_warmup": lambda: R.sgd(R.warmup(R.cosine_schedule(0.1, 100), 10)),
     "staleness_scaled_sgd": lambda: R.chain(R.staleness_scaled(), R.sgd(0.1)),
@@ -61,7 +63,8 @@ def test_shapes_and_purity(name):
 
 
 # rules that must have an in-place path (the parameter server's hot path uses it)
-IN_PLACE = {"sgd", "momentum", "step_decay", "cosine_warmup", "staleness_scaled_sgd"}
+IN_PLACE = {"sgd", "sgd_wd", "momentum", "step_decay", "cosine_warmup", "staleness_scaled_sgd",
+            "adam", "adam_wd", "adamw"}
 
 
 @pytest.mark.parametrize("name", sorted(RULE_FACTORIES))
