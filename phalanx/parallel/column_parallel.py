@@ -150,7 +150,60 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
 
 
-class _ColumnHooks(Hooks):
+class SameBatchHooks(Hooks):
+    """What the strategies that split layers across ranks share (``--split-layer``'s
+    column parallel, tensor parallel): every rank computes on the same batches, sends
+    ``per_sample`` bytes per sample, updates its own slices and replicated layers with its
+    rule, and assembles the whole model (``whole``, a collective) to evaluate and
+    checkpoint it on rank 0 (the model only: each rank's rule state stays with it)."""
+
+    job: Job
+    cfg: object
+    rank: int
+    model: nn.Module
+    data: DeviceData
+    kit: WorkerKit
+    rule: object
+    state: object
+    weights: list[torch.Tensor]
+    per_sample: float
+    sent: float
+
+    def whole(self) -> nn.Module:
+        raise NotImplementedError
+
+    def grads(self) -> list[torch.Tensor]:
+        """This rank's gradients, in the order of ``weights``."""
+        return [p.grad for p in self.params]
+
+    def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data.batch(idx, self.kit.aug, self.kit.gen)
+
+    def forward_backward(self, batch: Batch, scale: float, last: bool) -> Micro:
+        self.sent += self.per_sample * len(batch[1])
+        return backward(self.model, self.kit.loss_fn, batch, scale)
+
+    def apply_update(self, step: int) -> dict:
+        updates, self.state = self.rule.update(self.grads(), self.state, self.weights)
+        apply_updates(self.weights, updates)
+        for p in self.params:
+            p.grad = None
+        return {}
+
+    def evaluate(self, report: StepReporter, step: int, epoch: int, samples: int) -> None:
+        whole = self.whole()
+        if self.rank == 0:
+            report.evaluate(whole, report.test, step, epoch, samples)
+
+    def checkpoint(self, pos: Position, final: bool) -> None:
+        every = self.cfg.checkpoint_every
+        if every and pos.step % every == 0:
+            whole = self.whole()
+            if self.rank == 0:
+                save_snapshot(self.job, whole.state_dict(), pos)
+
+
+class _ColumnHooks(SameBatchHooks):
     """Every worker computes on the same batches; its slice of the split layer and the
     replicated layers get its own update (the replicated ones come out equal everywhere)."""
 
@@ -180,36 +233,9 @@ class _ColumnHooks(Hooks):
                                + 2 * self.split.in_features * (world - 1) / world)
         self.sent = 0.0
 
-    def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.data.batch(idx, self.kit.aug, self.kit.gen)
-
-    def forward_backward(self, batch: Batch, scale: float, last: bool) -> Micro:
-        self.sent += self.per_sample * len(batch[1])
-        return backward(self.model, self.kit.loss_fn, batch, scale)
-
-    def apply_update(self, step: int) -> dict:
-        updates, self.state = self.rule.update([p.grad for p in self.params], self.state,
-                                               self.weights)
-        apply_updates(self.weights, updates)
-        for p in self.params:
-            p.grad = None
-        return {}
-
     def whole(self) -> nn.Module:
         """The model with the whole layer assembled (a collective: every worker)."""
         return _assembled(self.model, self.split, self.full, self.cfg.split_layer)
-
-    def evaluate(self, report: StepReporter, step: int, epoch: int, samples: int) -> None:
-        whole = self.whole()
-        if self.rank == 0:
-            report.evaluate(whole, report.test, step, epoch, samples)
-
-    def checkpoint(self, pos: Position, final: bool) -> None:
-        every = self.cfg.checkpoint_every
-        if every and pos.step % every == 0:
-            whole = self.whole()
-            if self.rank == 0:  # the model only: each worker's rule state stays with it
-                save_snapshot(self.job, whole.state_dict(), pos)
 
 
 def process_main(rank: int, world: int, job: Job) -> None:

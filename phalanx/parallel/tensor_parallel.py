@@ -27,14 +27,14 @@ from torch import nn
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.parallel.base import Job, write_result
+from phalanx.parallel.column_parallel import SameBatchHooks
 from phalanx.parallel.device_data import DeviceData, train_bytes
-from phalanx.parallel.dp_checkpoint import save_snapshot
-from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
+from phalanx.parallel.loop import Loop, batch_stream
 from phalanx.parallel.reporting import StageReporter
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stats import TensorParallelStats
-from phalanx.parallel.worker import StepReporter, WorkerKit
-from phalanx.rules import apply_updates, make_rule
+from phalanx.parallel.worker import WorkerKit
+from phalanx.rules import make_rule
 from phalanx.runtime.placement import DeviceSupport, Placement, setup_rank
 
 DEVICE = DeviceSupport()
@@ -91,7 +91,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-class _TensorHooks(Hooks):
+class _TensorHooks(SameBatchHooks):
     """Every rank computes on the same batches; its shards and the replicated layers get
     its own update (the replicated ones come out equal on every rank)."""
 
@@ -121,36 +121,12 @@ class _TensorHooks(Hooks):
         self.per_sample = 4 * blocks * 4 * tokens * width * 2 * (world - 1) / world
         self.sent = 0.0
 
-    def fetch(self, idx: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.data.batch(idx, self.kit.aug, self.kit.gen)
-
-    def forward_backward(self, batch: Batch, scale: float, last: bool) -> Micro:
-        self.sent += self.per_sample * len(batch[1])
-        return backward(self.model, self.kit.loss_fn, batch, scale)
-
-    def apply_update(self, step: int) -> dict:
-        grads = [_local(p.grad) for p in self.params]
-        updates, self.state = self.rule.update(grads, self.state, self.weights)
-        apply_updates(self.weights, updates)
-        for p in self.params:
-            p.grad = None
-        return {}
+    def grads(self) -> list[torch.Tensor]:
+        return [_local(p.grad) for p in self.params]  # a sharded gradient's own shard
 
     def whole(self) -> nn.Module:
         """The whole model, its shards gathered (a collective: every rank calls it)."""
         return assembled(self.job, self.model)
-
-    def evaluate(self, report: StepReporter, step: int, epoch: int, samples: int) -> None:
-        whole = self.whole()
-        if self.rank == 0:
-            report.evaluate(whole, report.test, step, epoch, samples)
-
-    def checkpoint(self, pos: Position, final: bool) -> None:
-        every = self.cfg.checkpoint_every
-        if every and pos.step % every == 0:
-            whole = self.whole()
-            if self.rank == 0:  # the model only: each rank's rule state stays with it
-                save_snapshot(self.job, whole.state_dict(), pos)
 
 
 def assembled(job: Job, model: nn.Module) -> nn.Module:
