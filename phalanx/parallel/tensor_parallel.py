@@ -101,6 +101,8 @@ class _TensorHooks(SameBatchHooks):
         self.model = model = job.build_model()
         model.train()
         model.to(place.torch_device)
+        plan = tensor_plan(model)
+        width = model.get_submodule(next(iter(plan))).attn.q.in_features  # before the split
         _parallelize(model, world, place.torch_device)
         self.params = [p for p in model.parameters() if p.requires_grad]
         with torch.no_grad():
@@ -115,10 +117,8 @@ class _TensorHooks(SameBatchHooks):
         # per sample: 2 allreduces forward (attention and MLP outputs) and 2 backward (their
         # inputs' gradients) per block, each of context x width values, ring-style
         # (2 (N-1)/N of the tensor per rank)
-        blocks = len(tensor_plan(job.build_model()))
-        width = job.build_model().get_submodule(next(iter(tensor_plan(model)))).attn.q.in_features
         tokens = job.train.x[0].numel()
-        self.per_sample = 4 * blocks * 4 * tokens * width * 2 * (world - 1) / world
+        self.per_sample = 4 * len(plan) * 4 * tokens * width * 2 * (world - 1) / world
         self.sent = 0.0
 
     def grads(self) -> list[torch.Tensor]:
