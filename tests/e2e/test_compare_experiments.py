@@ -108,8 +108,15 @@ def test_dc_asgd_over_seeds_writes_means_intervals_and_a_verdict(tmp_path, capsy
     assert code == 0 and "test accuracy" not in cap.err  # no run was trained
 
 
+# the GPT studies beside gpt-strategies: their verdicts are tested on made-up seeds
+# (tests/unit/test_gpt_studies.py); their quick runs (~18 s together) run with -m slow
+SLOW_QUICK = {"gpt-pipeline-bubble", "gpt-dc-asgd", "gpt-staleness", "gpt-compression"}
+
+
 # dc-asgd's quick run is covered over two seeds above
-@pytest.mark.parametrize("name", sorted(set(EXPERIMENTS) - {"dc-asgd"}))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in SLOW_QUICK else n
+    for n in sorted(set(EXPERIMENTS) - {"dc-asgd"})])
 def test_quick_experiment_states_a_verdict(tmp_path, capsys, name):
     if name == "bandwidth":  # runs on test hosts: network namespaces (root)
         from phalanx.runtime.hosts import unavailable

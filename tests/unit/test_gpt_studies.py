@@ -95,7 +95,9 @@ def test_reuse_finds_a_run_whose_rule_the_recipe_chose(tmp_path):
 
     cfg = gpt_config(tmp_path / "run", quick=True, seed=0, strategy="asp", workers=2)
     ran = check_config(dataclasses.replace(cfg))
-    assert cfg.lr is None and ran.rule == "adamw" and ran.lr == 1e-3
+    from phalanx.models import RECIPES
+
+    assert cfg.lr is None and ran.rule == "adamw" and ran.lr == RECIPES["gpt"].lr
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.json").write_text(json.dumps(ran.to_json()))
     assert not finished(cfg)  # no summary yet
