@@ -93,7 +93,8 @@ def test_reuse_finds_a_run_whose_rule_the_recipe_chose(tmp_path):
     from phalanx.experiments.seeds import finished
     from phalanx.parallel.registry import check_config
 
-    cfg = gpt_config(tmp_path / "run", quick=True, seed=0, strategy="asp", workers=2)
+    cfg = gpt_config(tmp_path / "run", quick=True, seed=0, strategy="asp", workers=2, rule="sgd",
+                     lr=None, schedule="constant", warmup_steps=0, weight_decay=0.0)
     ran = check_config(dataclasses.replace(cfg))
     from phalanx.models import RECIPES
 

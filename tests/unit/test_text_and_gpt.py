@@ -144,7 +144,7 @@ def test_generate_is_seeded_and_extends_the_prompt():
 def test_the_gpt_recipe_applies_only_when_the_user_chose_no_rule():
     cfg = check_config(RunConfig(model="gpt", data="shakespeare"))
     assert (cfg.rule, cfg.lr, cfg.schedule, cfg.warmup_steps, cfg.weight_decay) == \
-        ("adamw", 2e-3, "cosine", 100, 0.1)
+        ("adamw", 2e-3, "constant", 100, 0.1)
     cfg = check_config(RunConfig(model="gpt", data="shakespeare", lr=0.01))
     assert (cfg.rule, cfg.schedule) == ("sgd", "constant")
     cfg = check_config(RunConfig(model="gpt", data="shakespeare", warmup_steps=5))
