@@ -237,18 +237,25 @@ def write_seeded_plots(sr: SeededRuns, out: Path) -> list[Path]:
         paths.append(plots.band_plot(out / f"{name}.png", series, xlabel=xlabel,
                                      ylabel="test accuracy",
                                      title="Test accuracy" + band))
-    paths.append(plots.histogram_plot(
-        out / "staleness.png",
-        {label: sr.first(label).summary.get("staleness_histogram") or [] for label in sr.labels},
-        xlabel="staleness (server updates)",
-        title="Staleness of applied updates" + (f" (seed {sr.seeds[0]})"
-                                                if len(sr.seeds) > 1 else "")))
-    paths.append(plots.bar_plot(out / "bytes_per_sample.png",
-                                {label: sr.stat(label, "bytes_per_sample").mean
-                                 for label in sr.labels},
-                                ylabel="bytes moved per training sample",
-                                title="Communication cost", xlabel="run"))
-    return paths
+    return paths + _staleness_and_bytes(sr, out, "sample")
+
+
+def _staleness_and_bytes(sr: SeededRuns, out: Path, unit: str) -> list[Path]:
+    """The staleness histogram (one seed) and bytes moved per training ``unit`` (sample or
+    token), mean over the seeds: what every seeded report plots beside its curves."""
+    return [
+        plots.histogram_plot(
+            out / "staleness.png",
+            {label: sr.first(label).summary.get("staleness_histogram") or []
+             for label in sr.labels},
+            xlabel="staleness (server updates)",
+            title="Staleness of applied updates" + (f" (seed {sr.seeds[0]})"
+                                                    if len(sr.seeds) > 1 else "")),
+        plots.bar_plot(out / f"bytes_per_{unit}.png",
+                       {label: sr.stat(label, f"bytes_per_{unit}").mean for label in sr.labels},
+                       ylabel=f"bytes moved per training {unit}", title="Communication cost",
+                       xlabel="run"),
+    ]
 
 
 def write_lm_plots(sr: SeededRuns, out: Path) -> list[Path]:
@@ -269,18 +276,7 @@ def write_lm_plots(sr: SeededRuns, out: Path) -> list[Path]:
         paths.append(plots.band_plot(out / f"{name}.png", series, xlabel=xlabel,
                                      ylabel="validation loss (nats/token)",
                                      title="Validation loss" + band))
-    paths.append(plots.histogram_plot(
-        out / "staleness.png",
-        {label: sr.first(label).summary.get("staleness_histogram") or [] for label in sr.labels},
-        xlabel="staleness (server updates)",
-        title="Staleness of applied updates" + (f" (seed {sr.seeds[0]})"
-                                                if len(sr.seeds) > 1 else "")))
-    paths.append(plots.bar_plot(out / "bytes_per_token.png",
-                                {label: sr.stat(label, "bytes_per_token").mean
-                                 for label in sr.labels},
-                                ylabel="bytes moved per training token",
-                                title="Communication cost", xlabel="run"))
-    return paths
+    return paths + _staleness_and_bytes(sr, out, "token")
 
 
 def write_seeded_report(sr: SeededRuns, out: Path, *, title: str, target: float,

@@ -238,23 +238,32 @@ class _ColumnHooks(SameBatchHooks):
         return _assembled(self.model, self.split, self.full, self.cfg.split_layer)
 
 
+def train_same_batch(job: Job, rank: int, hooks: SameBatchHooks, label: str,
+                     make_stats) -> None:
+    """The loop of a :class:`SameBatchHooks` strategy and its result: every rank's bytes
+    summed on rank 0, which writes the assembled model and ``make_stats(sent, per_sample,
+    final)``."""
+    cfg = job.config
+    report = StageReporter(job, rank, hooks.total, label, logs_loss=rank == 0)
+    batches = batch_stream(hooks.shard, cfg.batch_size, cfg.seed)
+    pos = Loop(cfg, report, hooks, batches, hooks.total, straggler=hooks.kit.straggler).run()
+    final = hooks.whole()  # collective: every rank
+    traffic = torch.tensor([hooks.sent], dtype=torch.float64)
+    dist.reduce(traffic, 0)
+    if rank == 0:
+        stats = make_stats(int(traffic.item()), traffic.item() / max(pos.samples, 1), final)
+        write_result(job, final.state_dict(), train_samples=pos.samples, steps=pos.step,
+                     stats=stats)
+
+
 def process_main(rank: int, world: int, job: Job) -> None:
     cfg = job.config
     place = setup_rank(cfg, rank, world, DeviceSupport(), data_bytes=train_bytes(job))
     hooks = _ColumnHooks(job, rank, world, place)
-    report = StageReporter(job, rank, hooks.total, "split-layer", logs_loss=rank == 0)
-    batches = batch_stream(hooks.shard, cfg.batch_size, cfg.seed)
-    pos = Loop(cfg, report, hooks, batches, hooks.total, straggler=hooks.kit.straggler).run()
-    final = hooks.whole()
-    traffic = torch.tensor([hooks.sent], dtype=torch.float64)
-    dist.reduce(traffic, 0)
-    if rank == 0:
-        stats = ColumnParallelStats(
-            bytes_sent=int(traffic.item()),
-            bytes_per_sample=traffic.item() / max(pos.samples, 1),
-            split_layer=cfg.split_layer, split_bounds=[list(b) for b in hooks.split.bounds])
-        write_result(job, final.state_dict(), train_samples=pos.samples, steps=pos.step,
-                     stats=stats)
+    bounds = [list(b) for b in hooks.split.bounds]
+    train_same_batch(job, rank, hooks, "split-layer", lambda sent, per, final: (
+        ColumnParallelStats(bytes_sent=sent, bytes_per_sample=per,
+                            split_layer=cfg.split_layer, split_bounds=bounds)))
 
 
 def _assembled(model: nn.Module, split: ColumnParallelLinear, full: nn.Linear,

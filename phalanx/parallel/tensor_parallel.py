@@ -21,16 +21,13 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
-from phalanx.parallel.base import Job, write_result
-from phalanx.parallel.column_parallel import SameBatchHooks
+from phalanx.parallel.base import Job
+from phalanx.parallel.column_parallel import SameBatchHooks, train_same_batch
 from phalanx.parallel.device_data import DeviceData, train_bytes
-from phalanx.parallel.loop import Loop, batch_stream
-from phalanx.parallel.reporting import StageReporter
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stats import TensorParallelStats
 from phalanx.parallel.worker import WorkerKit
@@ -141,22 +138,11 @@ def assembled(job: Job, model: nn.Module) -> nn.Module:
 
 
 def process_main(rank: int, world: int, job: Job) -> None:
-    cfg = job.config
-    place = setup_rank(cfg, rank, world, DEVICE, data_bytes=train_bytes(job))
+    place = setup_rank(job.config, rank, world, DEVICE, data_bytes=train_bytes(job))
     hooks = _TensorHooks(job, rank, world, place)
-    report = StageReporter(job, rank, hooks.total, "tensor", logs_loss=rank == 0)
-    batches = batch_stream(hooks.shard, cfg.batch_size, cfg.seed)
-    pos = Loop(cfg, report, hooks, batches, hooks.total, straggler=hooks.kit.straggler).run()
-    final = hooks.whole()
-    traffic = torch.tensor([hooks.sent], dtype=torch.float64)
-    dist.reduce(traffic, 0)
-    if rank == 0:
-        stats = TensorParallelStats(
-            bytes_sent=int(traffic.item()),
-            bytes_per_sample=traffic.item() / max(pos.samples, 1),
-            tensor_parallel=world, split_blocks=len(tensor_plan(final)))
-        write_result(job, final.state_dict(), train_samples=pos.samples, steps=pos.step,
-                     stats=stats)
+    train_same_batch(job, rank, hooks, "tensor", lambda sent, per, final: (
+        TensorParallelStats(bytes_sent=sent, bytes_per_sample=per, tensor_parallel=world,
+                            split_blocks=len(tensor_plan(final)))))
 
 
 SPEC = StrategySpec(
