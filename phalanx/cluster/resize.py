@@ -72,6 +72,7 @@ def resize_run(run_dir: Path, workers: int, batch_size: int) -> tuple[int, int]:
     samples = payload["samples"] * old.workers // workers
     save_checkpoint(checkpoint_path(run_dir), {
         **payload, "workers": workers, "fingerprint": fingerprint(new), "step": step,
-        "epoch": epoch, "samples": int(samples), "ranks": fresh})
+        "epoch": epoch, "samples": int(samples), "ranks": fresh,
+        "comm": []})  # residuals are the old ranks': error feedback starts afresh
     write_config(run_dir, new, ("workers", "batch_size", "lr"))
     return payload["step"], step

@@ -389,9 +389,11 @@ def check_compression(cfg, honoured_by: dict[str, tuple[str, ...]]) -> None:
         raise ConfigError(f"--compress: {cfg.compress!r} needs an allreduce group (two rounds "
                           "per step); a parameter-server push is one message: use "
                           f"{' or '.join(honoured_by.get('powersgd', ()))}")
-    if spec.lossy and cfg.checkpoint_every:
-        raise ConfigError("--compress: checkpoints do not hold the error-feedback residuals "
-                          "yet; drop --checkpoint-every or --compress")
+    checkpointed = honoured_by.get("compress_checkpoint", ())
+    if spec.lossy and cfg.checkpoint_every and cfg.strategy not in checkpointed:
+        raise ConfigError(f"--compress: {cfg.strategy}'s checkpoints do not hold the "
+                          "error-feedback residuals (those of "
+                          f"{', '.join(checkpointed)} do); drop --checkpoint-every or --compress")
     if cfg.outer_rule:
         if cfg.outer_rule not in OUTER_RULES:
             raise ConfigError(f"--outer-rule: {cfg.outer_rule!r} is not one of "

@@ -20,12 +20,14 @@ in the residual, so it arrives over the next messages. :class:`Screened` counts 
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -75,6 +77,7 @@ class Compression:
         self.screened = Screened()
         self.lr_hint = ""  # " (--lr X with --rule R)": for the divergence message
         self._streak: dict[object, int] = defaultdict(int)  # per key: skips in a row
+        self.sizes: dict[object, int] = {}  # per key, in first-use order: values compressed
 
     @classmethod
     def from_config(cls, cfg) -> Compression:
@@ -104,6 +107,7 @@ class Compression:
         is None when it holds NaN or inf (counted; the residual stays as it was). Raises
         :class:`NonFiniteGradients` at the :data:`SKIP_STREAK`-th skip in a row (``what``
         names the key in its message)."""
+        self.sizes.setdefault(key, x.numel())
         y = self.feedback.add(key, x)
         lo, hi = torch.aminmax(y) if y.numel() else (torch.zeros(()), torch.zeros(()))
         lo, hi = float(lo), float(hi)  # sync point: one scalar pair per message
@@ -135,6 +139,102 @@ class Compression:
         t = self.codec.encode(c, seed) if isinstance(self.codec, RandK) else self.codec.encode(c)
         self.feedback.keep(key, y, self.codec.decode(t, y.numel()))
         return t
+
+    # ---- checkpoints: what compression carries from one step to the next ------------------
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """This sender's state, as the checkpoint (and its gather over the group) holds it:
+        fixed-shape tensors, the same shapes on every rank of a group (every rank compresses
+        the same keys in the same order; a residual that is absent travels as zeros with
+        its flag off). Layout: keys (JSON, uint8); per key (present, skips in a row, rand-k
+        calls, PowerSGD steps, warm Q count); the counters (skipped, clipped, values
+        clipped, dropped); each key's residual; with PowerSGD its RandomState (MT19937
+        words; position, cached Gaussian) and each warm key's Q (shapes, values)."""
+        keys = list(self.sizes)
+        psgd = self.powersgd
+        q_memory = psgd.q_memory if psgd is not None else {}
+        table = torch.tensor([[int(k in self.feedback.residual), self._streak.get(k, 0),
+                               self._calls.get(k, 0), psgd.iters.get(k, 0) if psgd else 0,
+                               len(q_memory.get(k, ()))] for k in keys],
+                             dtype=torch.int64).reshape(len(keys), 5)
+        sc = self.screened
+        out = [torch.tensor(bytearray(json.dumps(keys).encode()), dtype=torch.uint8), table,
+               torch.tensor([sc.skipped, sc.clipped, sc.values_clipped, self.feedback.dropped],
+                            dtype=torch.int64)]
+        for k in keys:
+            r = self.feedback.residual.get(k)
+            out.append(r.detach().to("cpu", copy=True) if r is not None
+                       else torch.zeros(self.sizes[k]))
+        if psgd is not None:
+            _, words, pos, has_gauss, gauss = psgd.rng.get_state()
+            out += [torch.from_numpy(words.astype(np.int64)),
+                    torch.tensor([pos, has_gauss, gauss], dtype=torch.float64)]
+            for k in keys:
+                for q in q_memory.get(k, ()):
+                    out += [torch.tensor(q.shape, dtype=torch.int64),
+                            q.detach().to("cpu", copy=True)]
+        return out
+
+    def load_state(self, tensors: list[torch.Tensor], device: torch.device | str = "cpu") -> None:
+        """Back from :meth:`state_tensors`, onto ``device`` (read from a checkpoint: every
+        shape, dtype and count is checked; raises ValueError naming what does not fit)."""
+        def need(cond: bool, what: str) -> None:
+            if not cond:
+                raise ValueError(f"compression state: {what}")
+
+        need(len(tensors) >= 3, "too short")
+        head, table, counters, *rest = tensors
+        need(head.dtype == torch.uint8 and head.dim() == 1, "bad keys")
+        try:
+            keys = json.loads(bytes(head.tolist()).decode())
+        except (ValueError, UnicodeDecodeError):
+            keys = None
+        need(isinstance(keys, list) and all(isinstance(k, (int, str)) for k in keys)
+             and len(set(keys)) == len(keys), "bad keys")
+        need(table.dtype == torch.int64 and tuple(table.shape) == (len(keys), 5)
+             and bool((table >= 0).all()), "bad key table")
+        need(counters.dtype == torch.int64 and tuple(counters.shape) == (4,)
+             and bool((counters >= 0).all()), "bad counters")
+        need(len(rest) >= len(keys) and all(r.dtype == torch.float32 and r.dim() == 1
+                                            for r in rest[:len(keys)]), "bad residuals")
+        psgd = self.powersgd
+        need(psgd is not None or not bool(table[:, 3:].any()), "PowerSGD state without "
+             "--compress powersgd")
+        self.sizes = {k: int(r.numel()) for k, r in zip(keys, rest)}
+        self.feedback.residual = {k: r.to(device, copy=True)
+                                  for k, r, row in zip(keys, rest, table.tolist()) if row[0]}
+        self._streak = defaultdict(int, {k: row[1] for k, row in zip(keys, table.tolist())})
+        self._calls = defaultdict(int, {k: row[2] for k, row in zip(keys, table.tolist())})
+        sc = counters.tolist()
+        self.screened = Screened(sc[0], sc[1], sc[2])
+        self.feedback.dropped = sc[3]
+        rest = rest[len(keys):]
+        if psgd is None:
+            need(not rest, "too long")
+            return
+        need(len(rest) >= 2 and rest[0].dtype == torch.int64 and tuple(rest[0].shape) == (624,)
+             and rest[1].dtype == torch.float64 and tuple(rest[1].shape) == (3,),
+             "bad PowerSGD random state")
+        pos, has_gauss, gauss = rest[1].tolist()
+        try:
+            psgd.rng.set_state(("MT19937", rest[0].numpy().astype(np.uint32), int(pos),
+                                int(has_gauss), gauss))
+        except (ValueError, TypeError):
+            need(False, "bad PowerSGD random state")
+        psgd.iters = defaultdict(int, {k: row[3] for k, row in zip(keys, table.tolist())})
+        qs = rest[2:]
+        psgd.q_memory = {}
+        for k, row in zip(keys, table.tolist()):
+            mine = []
+            for _ in range(row[4]):
+                need(len(qs) >= 2, "missing warm Q")
+                shape, q, qs = qs[0], qs[1], qs[2:]
+                need(shape.dtype == torch.int64 and shape.tolist() == list(q.shape)
+                     and q.dtype == torch.float32, "bad warm Q")
+                mine.append(q.to(device, copy=True))
+            if mine:
+                psgd.q_memory[k] = mine
+        need(not qs, "too long")
 
     # ---- the mean over an allreduce group ------------------------------------------------
 

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from phalanx.comm.counters import ByteCounter
+from phalanx.comm.exchange import Compression
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
@@ -69,17 +70,19 @@ def fingerprint(cfg: RunConfig) -> str:
 
 def snapshot(cfg: RunConfig, model_state: dict[str, torch.Tensor], pos: Position,
              rule_state: list[torch.Tensor] | tuple = (), ranks: list | tuple = (),
-             workers: int = 1) -> dict[str, Any]:
+             workers: int = 1, comm: list | tuple = ()) -> dict[str, Any]:
     """The one checkpoint format every strategy writes to ``checkpoint.pt``. A strategy
     that resumes (sync, average) fills ``ranks`` (each rank's own state) and its rule
     state; one that keeps snapshots only (single, Hogwild!, the stages) leaves ``ranks``
-    empty, which ``--resume`` refuses."""
+    empty, which ``--resume`` refuses. ``comm``: per rank, its compression state
+    (``--compress``: error-feedback residuals, PowerSGD's generator and warm Q;
+    :meth:`~phalanx.comm.exchange.Compression.state_tensors`), empty without."""
     return {"format": FORMAT, "strategy": cfg.strategy, "workers": workers,
             "fingerprint": fingerprint(cfg), "step": pos.step, "epoch": pos.epoch,
             "samples": pos.samples, "rounds": pos.rounds, "wall_s": float(pos.wall_s),
             "model": {k: v.detach().to("cpu", copy=True) for k, v in model_state.items()},
             "rule_state": [t.detach().to("cpu", copy=True) for t in rule_state],
-            "ranks": list(ranks)}
+            "ranks": list(ranks), "comm": [list(c) for c in comm]}
 
 
 def save_snapshot(job, model_state: dict[str, torch.Tensor], pos: Position,
@@ -166,6 +169,10 @@ def read_checkpoint(cfg: RunConfig, path: Path | None = None) -> dict[str, Any]:
          and all(isinstance(r, list) and len(r) >= 3
                  and all(isinstance(t, torch.Tensor) for t in r) for r in ranks),
          "bad per-rank state")
+    comm = payload.setdefault("comm", [])  # (absent: written before compression had state)
+    need(isinstance(comm, list) and len(comm) in (0, cfg.workers)
+         and all(isinstance(c, list) and all(isinstance(t, torch.Tensor) for t in c)
+                 for c in comm), "bad compression state")
     need(isinstance(payload.get("rule_state"), list)
          and all(isinstance(t, torch.Tensor) for t in payload["rule_state"]),
          "field 'rule_state' missing")
@@ -207,20 +214,14 @@ class Checkpointer:
             die(self.log.log, "worker", self.rank, f"step {step}", KILLED_EXIT)
 
     def save(self, model: nn.Module, state: Any, pos: Position, aug_gen: torch.Generator,
-             counter: ByteCounter) -> None:
+             counter: ByteCounter, compression: Compression | None = None) -> None:
         """Collective: every rank must call it at the same step."""
-        mine = RankState.capture(aug_gen, counter, state, self.shared).tensors()
-        ranks: list[list[torch.Tensor]] = [mine]
-        if self.world > 1:
-            # per-rank state to rank 0 (fixed-shape tensors, as everything on the wire);
-            # bookkeeping, not counted as training traffic
-            gathered = [[torch.empty_like(t) for _ in range(self.world)] for t in mine]
-            for t, out in zip(mine, gathered):
-                dist.gather(t, out if self.rank == 0 else None, dst=0)
-            ranks = [[out[r] for out in gathered] for r in range(self.world)]
+        ranks = self._gather(RankState.capture(aug_gen, counter, state, self.shared).tensors())
+        comm = (self._gather(compression.state_tensors())
+                if compression is not None and compression.active else [])
         if self.rank == 0:
             save_checkpoint(self.path, snapshot(self.cfg, model.state_dict(), pos,
-                                                state_tensors(state), ranks, self.world))
+                                                state_tensors(state), ranks, self.world, comm))
             self.log.log("checkpoint", step=pos.step, epoch=pos.epoch)
         if self.world > 1:
             # sync point: after it every rank knows checkpoint ``step`` is on disk, so a
@@ -228,8 +229,19 @@ class Checkpointer:
             # nothing, whichever rank dies)
             dist.barrier()
 
+    def _gather(self, mine: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """Every rank's tensors at rank 0 (fixed shapes, the same on every rank, as
+        everything on the wire); bookkeeping, not counted as training traffic."""
+        if self.world == 1:
+            return [mine]
+        gathered = [[torch.empty_like(t) for _ in range(self.world)] for t in mine]
+        for t, out in zip(mine, gathered):
+            dist.gather(t, out if self.rank == 0 else None, dst=0)
+        return [[out[r] for out in gathered] for r in range(self.world)]
+
     def restore(self, model: nn.Module, state: Any, aug_gen: torch.Generator,
-                counter: ByteCounter) -> Position:
+                counter: ByteCounter, compression: Compression | None = None,
+                device: torch.device | str = "cpu") -> Position:
         """Every rank reads the checkpoint itself (the run directory is shared; with
         torchrun on several machines it must be on a shared file system)."""
         path = checkpoint_path(self.cfg.resume)
@@ -242,6 +254,13 @@ class Checkpointer:
         _fill(state_tensors(state), payload["rule_state"] if self.shared else mine.rule_state,
               path)
         mine.apply(aug_gen, counter, path, self.rank)
+        if compression is not None and compression.active and payload["comm"]:
+            # (none: a checkpoint resized to another group size; residuals belong to the
+            # old ranks, so error feedback starts afresh)
+            try:
+                compression.load_state(payload["comm"][self.rank], device)
+            except ValueError as e:
+                raise CheckpointError(f"{path}: rank {self.rank}'s {e}") from None
         pos = Position(payload["step"], payload["epoch"], payload["samples"], payload["rounds"],
                        payload["wall_s"])
         self.log.log("resume", step=pos.step, epoch=pos.epoch, samples=pos.samples * self.world)

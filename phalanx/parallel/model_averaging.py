@@ -99,7 +99,8 @@ class AverageHooks(ReplicaHooks):
         super().__init__(ctx)
         self.rounds = self.start.rounds
         # --compress / --outer-rule: compressed deltas and the DiLoCo outer step
-        self.outer = (OuterSync(self.cfg, self.weights, self.allreduce, self.world)
+        self.outer = (OuterSync(self.cfg, self.weights, self.allreduce, self.world,
+                                self.compression)
                       if OuterSync.wanted(self.cfg) else None)
 
     def forward_backward(self, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
@@ -156,7 +157,8 @@ SPEC = StrategySpec(
     name="average", summary="parameter averaging (local SGD) every --period steps; DiLoCo "
     "with --outer-rule", process_main=process_main, world_size=world_size, check=check_config,
     check_job=check_job, check_resume=check_resume, can_restart=can_restart,
-    supports=frozenset({"kill_worker", "compress", "powersgd", "outer_rule", "sparse_grads"}),
+    supports=frozenset({"kill_worker", "compress", "powersgd", "compress_checkpoint", "outer_rule",
+                        "sparse_grads"}),
     options=("allreduce", "period", "average_optimizer_state", "sfb", "outer_lr",
              "outer_momentum"),
     shards_by="workers", device=DEVICE,

@@ -36,9 +36,9 @@ class OuterSync:
     new common parameters (a collective: every rank calls it at the same step)."""
 
     def __init__(self, cfg: RunConfig, weights: list[torch.Tensor], allreduce: AllReduce,
-                 world: int) -> None:
+                 world: int, compression: Compression | None = None) -> None:
         self.allreduce, self.world = allreduce, world
-        self.compression = Compression.from_config(cfg)
+        self.compression = compression or Compression.from_config(cfg)
         self.rule = outer_rule(cfg)
         self.anchor = [w.detach().clone() for w in weights]
         self.state = self.rule.init(self.anchor)

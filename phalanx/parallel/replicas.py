@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from phalanx.comm.allreduce import make_allreduce
 from phalanx.comm.counters import ByteCounter
+from phalanx.comm.exchange import Compression
 from phalanx.comm.staging import gloo_carries, staged
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
@@ -146,9 +147,13 @@ class ReplicaHooks(Hooks):
                                ctx.placement.data_on_device, self.kit.aug is not None)
         self.ckpt = Checkpointer(cfg, job.run_dir, rank, world, ctx.log,
                                  self.shared_rule_state)
+        # --compress: this sender's codec and error-feedback residuals (its state is
+        # checkpointed with the rest)
+        self.compression = Compression.from_config(cfg)
         # the checkpoint holds rank 0's (= every rank's) weights: the broadcast above ran
         # on the fresh model, so each rank loads them itself
-        self.start = (self.ckpt.restore(self.model, self.state, self.kit.gen, self.counter)
+        self.start = (self.ckpt.restore(self.model, self.state, self.kit.gen, self.counter,
+                                        self.compression, ctx.placement.torch_device)
                       if cfg.resume else Position())
         ctx.t0 -= self.start.wall_s
 
@@ -174,7 +179,8 @@ class ReplicaHooks(Hooks):
             p.grad = None
 
     def checkpoint(self, pos: Position, final: bool) -> None:
-        self.ckpt.save(self.model, self.state, pos, self.kit.gen, self.counter)
+        self.ckpt.save(self.model, self.state, pos, self.kit.gen, self.counter,
+                       self.compression)
 
     def can_stop_after(self, step: int) -> bool:
         return True  # its checkpoint resumes the same trajectory (dp_checkpoint)

@@ -28,6 +28,7 @@ FEATURES = frozenset({
     "drop_messages",  # --drop-messages P: pushes are lost on the way
     "compress",       # --compress: lossy codecs on its traffic
     "powersgd",       # --compress powersgd: needs an allreduce group (two rounds per step)
+    "compress_checkpoint",  # --compress with --checkpoint-every: residuals are checkpointed
     "outer_rule",     # --outer-rule: a DiLoCo outer optimizer on the averaged delta
     "sparse_grads",   # a model whose embedding table has sparse gradients (--model ctr)
 })

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from phalanx.comm.bucketing import CommThread, GradReducer
-from phalanx.comm.exchange import Compression, group_screened
+from phalanx.comm.exchange import group_screened
 from phalanx.comm.sfb import SufficientFactors
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
@@ -89,7 +89,6 @@ class SyncHooks(ReplicaHooks):
         self.sparse = self.params[self.table] if cfg.sparse_allreduce else None
         if self.sparse is not None:
             sfb_ids.add(id(self.sparse))
-        self.compression = Compression.from_config(cfg)  # --compress: every bucket's mean
         self.reducer = GradReducer([p for p in self.params if id(p) not in sfb_ids],
                                    self.allreduce, world, int(cfg.bucket_mb * 2**20),
                                    self.comm,
@@ -177,7 +176,8 @@ SPEC = StrategySpec(
     name="sync", summary="synchronous data parallel: gradients allreduced bucket by bucket "
     "(ring, native, main)", process_main=process_main, world_size=world_size,
     check_job=check_job, check_resume=check_resume, can_restart=can_restart,
-    supports=frozenset({"kill_worker", "compress", "powersgd", "sparse_grads"}),
+    supports=frozenset({"kill_worker", "compress", "powersgd", "compress_checkpoint",
+                        "sparse_grads"}),
     options=("allreduce", "bucket_mb", "sfb", "sparse_allreduce"), shards_by="workers",
     device=DEVICE,
     default_rule=workers_momentum)  # N x fewer steps per epoch: docs/data-parallel.md

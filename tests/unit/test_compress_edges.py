@@ -24,11 +24,12 @@ from phalanx.comm.compress import (
     make_codec,
     parse_compress,
 )
+from phalanx.comm.exchange import Compression
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 
 HONOURED = {"compress": ("sync", "average", "asp"), "powersgd": ("sync", "average"),
-            "outer_rule": ("average",)}
+            "outer_rule": ("average",), "compress_checkpoint": ("sync", "average")}
 
 
 @pytest.mark.parametrize("text,message", [
@@ -67,9 +68,9 @@ def test_a_spec_prints_as_it_parses(text: str) -> None:
     ({"strategy": "asp", "compress": "powersgd:2"},
      "--compress: 'powersgd:2' needs an allreduce group (two rounds per step); a "
      "parameter-server push is one message: use sync or average"),
-    ({"strategy": "sync", "compress": "int8", "checkpoint_every": 5},
-     "--compress: checkpoints do not hold the error-feedback residuals yet; drop "
-     "--checkpoint-every or --compress"),
+    ({"strategy": "asp", "compress": "int8", "checkpoint_every": 5},
+     "--compress: asp's checkpoints do not hold the error-feedback residuals (those of sync, "
+     "average do); drop --checkpoint-every or --compress"),
     ({"strategy": "average", "outer_rule": "adam"},
      "--outer-rule: 'adam' is not one of sgd, nesterov"),
     ({"strategy": "sync", "outer_rule": "sgd"},
@@ -96,7 +97,11 @@ def test_flag_messages(kw: dict, message: str) -> None:
                                 {"strategy": "hogwild"},
                                 {"strategy": "average", "outer_rule": "nesterov",
                                  "outer_momentum": 0.0},
-                                {"strategy": "sync", "checkpoint_every": 5}])
+                                {"strategy": "sync", "checkpoint_every": 5},
+                                {"strategy": "sync", "compress": "int8",
+                                 "checkpoint_every": 5},
+                                {"strategy": "average", "compress": "powersgd:1",
+                                 "checkpoint_every": 4, "period": 2}])
 def test_flags_that_are_fine(kw: dict) -> None:
     check_compression(RunConfig(**kw), HONOURED)
 
@@ -238,3 +243,44 @@ def test_features_no_strategy_declares() -> None:
                           {"outer_rule": ("average", "diloco")})
     assert str(e.value) == ("--outer-rule: the DiLoCo outer optimizer needs --strategy "
                             "average or diloco")
+
+
+# ---- the compression state a checkpoint carries (read back from a file: checked) ------------
+
+def _used(spec: str = "topk:0.25") -> Compression:
+    comp = Compression(parse_compress(spec))
+    torch.manual_seed(0)
+    for key in (0, "parameter delta", 0):
+        comp.encode(torch.randn(8), key)
+    return comp
+
+
+def test_compression_state_round_trips_exactly() -> None:
+    comp = _used()
+    fresh = Compression(parse_compress("topk:0.25"))
+    fresh.load_state(comp.state_tensors())
+    assert list(fresh.sizes) == [0, "parameter delta"]
+    assert all(torch.equal(fresh.feedback.residual[k], comp.feedback.residual[k])
+               for k in (0, "parameter delta"))
+    x = torch.randn(8)
+    assert torch.equal(fresh.encode(x, 0), comp.encode(x, 0))  # the next message equal
+
+
+def _bad(tensors: list[torch.Tensor], i: int, value: torch.Tensor) -> list[torch.Tensor]:
+    return [value if j == i else t for j, t in enumerate(tensors)]
+
+
+@pytest.mark.parametrize("change,reason", [
+    (lambda t: t[:2], "too short"),
+    (lambda t: _bad(t, 0, torch.tensor(list(b"[0, 0]"), dtype=torch.uint8)), "bad keys"),
+    (lambda t: _bad(t, 0, torch.tensor(list(b"{nope"), dtype=torch.uint8)), "bad keys"),
+    (lambda t: _bad(t, 1, t[1][:1]), "bad key table"),
+    (lambda t: _bad(t, 1, -t[1] - 1), "bad key table"),
+    (lambda t: _bad(t, 2, torch.zeros(3, dtype=torch.int64)), "bad counters"),
+    (lambda t: _bad(t, 3, t[3].double()), "bad residuals"),
+    (lambda t: [*t, torch.zeros(1)], "too long"),
+])
+def test_a_bad_compression_state_is_refused_naming_it(change, reason: str) -> None:
+    with pytest.raises(ValueError) as e:
+        Compression(parse_compress("topk:0.25")).load_state(change(_used().state_tensors()))
+    assert str(e.value) == f"compression state: {reason}"
