@@ -56,6 +56,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"log-loss {s['test_loss']:.4f} (best {f['data_best_logloss']:.4f}, base rate "
               f"{f['data_base_logloss']:.4f})  AUC {f['test_auc']:.4f} (best "
               f"{f['data_best_auc']:.4f})")
+    if s.get("worse_than_start"):
+        stop = f", stop reason: {s['stop_reason']}" if s.get("stop_reason") else ""
+        raise PhalanxError(f"the run ended worse than it started: test loss "
+                           f"{s['initial_test_loss']:.4f} -> {s['test_loss']:.4f} after "
+                           f"{s['steps']} steps{stop}; a longer run or another --lr may "
+                           f"train (results in {result.out})")
     return 0
 
 

@@ -30,7 +30,7 @@ from phalanx.metrics.throughput import measure
 from phalanx.models import build_model, check_task, count_parameters, generate, model_options
 from phalanx.parallel.base import Job, Outcome, ctr_figures, evaluate
 from phalanx.parallel.divergence import check_parameters, diverged
-from phalanx.parallel.registry import check_config, spec
+from phalanx.parallel.registry import check_config, check_flags_apply, spec
 from phalanx.parallel.spec import StrategySpec
 from phalanx.runtime.placement import check_run
 
@@ -70,10 +70,24 @@ def make_job(cfg: RunConfig, model: str | Callable[[], nn.Module] | None = None,
     elif callable(model):
         model_fn = model
         cfg.model = getattr(model, "__name__", type(model).__name__)
+        check_factory(model_fn)  # before any folder is written or process started
     else:
         raise ConfigError(
             f"model: expected a name or a callable returning nn.Module, got {model!r}")
     return Job(cfg, model_fn, train_set, test_set, Path(cfg.out))
+
+
+def check_factory(model_fn: Callable[[], nn.Module]) -> None:
+    """A model factory is called once here: it must return an ``nn.Module`` with trainable
+    parameters (a one-line :class:`ConfigError` otherwise, not a traceback at the first
+    backward)."""
+    built = model_fn()
+    if not isinstance(built, nn.Module):
+        raise ConfigError(f"model: the factory returned {built!r} ({type(built).__name__}), "
+                          "not an nn.Module")
+    if not any(p.requires_grad for p in built.parameters()):
+        raise ConfigError(f"model: the factory's {type(built).__name__} has no trainable "
+                          "parameters: nothing to train")
 
 
 def train(model: str | Callable[[], nn.Module] | None = None,
@@ -97,6 +111,8 @@ def train(model: str | Callable[[], nn.Module] | None = None,
         cfg = config
     apply_limits(cfg, os.environ.get(LIMITS_VAR, ""))  # a smoke run's caps (docs test)
     check_config(cfg)  # each setting, then against the strategy's spec
+    if config is None and not cfg.resume:
+        check_flags_apply(cfg)  # as `phalanx train`: a setting the strategy would ignore
     if cfg.resume:
         check_resume_out(cfg)
         cfg = resume_config(cfg)  # DIR/config.json; checkpoints checked before anything runs
@@ -131,15 +147,21 @@ def train(model: str | Callable[[], nn.Module] | None = None,
 
 def _run(cfg: RunConfig, job: Job, strategy: StrategySpec, out: Path, events_path: Path,
          tb_dir: Path | None, data_s: float) -> RunResult:
+    initial = job.build_model()  # the model every strategy starts from (seeded)
+    parameters = count_parameters(initial)
+    initial_test_loss = evaluate(initial, job.test)[0]  # before the clock starts
+    del initial
     t0 = time.perf_counter()
     with EventLog(events_path, rank=-1, role="driver", tensorboard_dir=tb_dir) as log:
         log.log("start", strategy=cfg.strategy, workers=cfg.workers, model=cfg.model,
-                data=cfg.data, parameters=count_parameters(job.model_fn()), data_s=data_s)
+                data=cfg.data, parameters=parameters, data_s=data_s,
+                initial_test_loss=initial_test_loss)
         if cfg.progress:
             say(f"{cfg.strategy}: starting {_processes(strategy, cfg)}...")
         with StartupLines(events_path, cfg.strategy, enabled=cfg.progress):
             outcome = strategy.run_job(job, log)
-        summary = finish_run(job, outcome, time.perf_counter() - t0, log)
+        summary = finish_run(job, outcome, time.perf_counter() - t0, log,
+                             initial_test_loss=initial_test_loss)
     events = read_events(events_path)
     history = [e for e in events if e.get("kind") in HISTORY_KINDS]
     return RunResult(summary, history, outcome.model, out, events)
@@ -191,10 +213,11 @@ def sample_text(model: nn.Module, job: Job) -> str:
 
 
 def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
-               **extra: Any) -> dict[str, Any]:
+               initial_test_loss: float | None = None, **extra: Any) -> dict[str, Any]:
     """The one place a run's summary is made and written (``phalanx train``, the API and
     the ``torchrun`` entry): the trained model is checked for non-finite parameters and a
-    non-finite test loss (one line naming the run), evaluated, and the summary is logged as
+    non-finite test loss (one line naming the run), evaluated (against
+    ``initial_test_loss``, the untrained model's, when given), and the summary is logged as
     a ``summary`` event and written to ``summary.json`` with any non-finite statistic as
     null (strict JSON)."""
     cfg = job.config
@@ -202,6 +225,14 @@ def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
     test_loss, test_acc = evaluate(outcome.model, job.test)
     if not math.isfinite(test_loss):
         raise diverged(cfg, f"the test loss of the trained model is {test_loss}")
+    if initial_test_loss is not None:
+        # a run that ends worse than it started says so (summary, log; `phalanx train`
+        # exits 2 after writing its results)
+        extra["initial_test_loss"] = initial_test_loss
+        extra["worse_than_start"] = bool(test_loss > initial_test_loss)
+        if extra["worse_than_start"]:
+            log.log("warning", what="worse than start", initial_test_loss=initial_test_loss,
+                    test_loss=test_loss, steps=outcome.steps)
     events = job.run_dir / "events.jsonl"
     rate = measure(read_events(events) if events.is_file() else [], outcome.train_samples)
     summary: dict[str, Any] = {

@@ -89,8 +89,11 @@ def prepare_run_dir(out: str | Path, *, overwrite: bool, resume: bool) -> Path:
         return p
     if not overwrite:
         shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+        resumable = "checkpoint.pt" in entries or any(e.endswith(".ckpt") for e in entries)
+        then = (f"or use --resume {out} to continue it" if resumable
+                else "it holds no checkpoint to resume")
         raise ConfigError(f"--out {out}: not empty ({shown}); add --overwrite to replace "
-                          f"that run, or use --resume {out} to continue it")
+                          f"that run ({then})")
     foreign = [e for e in entries if not _is_run_output(e)]
     if foreign:
         shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")

@@ -140,3 +140,22 @@ def test_placement_errors_are_one_line(tmp_path, flags, line):
     assert r.returncode == 2
     assert r.stderr.strip() == line
     assert not (tmp_path / "run" / "events.jsonl").exists()  # refused before anything ran
+
+
+def test_a_run_that_ends_worse_than_it_started_exits_2_after_writing(tmp_path, capsys):
+    """SGD at lr 4 for 3 steps: the test loss rises from the untrained model's 2.81 to ~200
+    (finite: not a divergence). The results are written, the summary says so, and the
+    command exits 2 with one line."""
+    from phalanx.cli import main
+
+    out = tmp_path / "run"
+    code = main(["train", "--model", "mlp", "--data", "synthetic", "--rule", "sgd", "--lr",
+                 "4", "--max-steps", "3", "--no-progress", "--no-tensorboard", "--out",
+                 str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == 2 and summary["worse_than_start"] is True
+    assert summary["test_loss"] > summary["initial_test_loss"] > 2.0
+    assert err == [f"phalanx: error: the run ended worse than it started: test loss "
+                   f"{summary['initial_test_loss']:.4f} -> {summary['test_loss']:.4f} after 3 "
+                   f"steps; a longer run or another --lr may train (results in {out})"]

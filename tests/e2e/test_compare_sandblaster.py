@@ -26,3 +26,16 @@ def test_compare_downpour_with_sandblaster(tmp_path, capsys):
     evals = [json.loads(ln) for ln in (out / "sandblaster" / "events.jsonl").read_text()
              .splitlines() if '"eval"' in ln]
     assert len(evals) >= 2 and evals[-1]["samples"] == 8 * 1024
+
+
+def test_compare_refuses_a_budget_sandblaster_cannot_train_in(tmp_path, capsys):
+    """3 passes = 2 L-BFGS iterations (test accuracy 0.18 on this set-up): refused before
+    anything runs, naming the setting and the floor."""
+    out = tmp_path / "cmp"
+    code = main(["compare", "--strategies", "single,sandblaster", "--model", "mlp", "--data",
+                 "synthetic", "--epochs", "3", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and not (out.exists() and any(out.iterdir()))  # nothing ran
+    assert err.strip() == ("phalanx: error: --epochs 3: sandblaster gets 3 full-batch passes "
+                           "(at most 2 L-BFGS iterations), too few to train; give --epochs "
+                           ">= 5 or leave sandblaster out")

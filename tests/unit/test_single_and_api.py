@@ -133,3 +133,30 @@ def test_api_errors_name_keyword_arguments_not_flags(tmp_path):
         phalanx.train("mlp", "synthetic", epochs=0, out=str(tmp_path / "b"))
     assert phalanx.as_keywords("--no-progress, --strategies") == "progress=False, --strategies"
     assert "Returns:" in phalanx.train.__doc__ and "Example" in phalanx.train.__doc__
+
+
+@pytest.mark.parametrize("factory,message", [
+    (lambda *a: 42, "model: the factory returned 42 (int), not an nn.Module"),
+    (lambda *a: torch.nn.ReLU(), "model: the factory's ReLU has no trainable parameters: "
+                                 "nothing to train"),
+])
+def test_a_bad_model_factory_is_one_line_and_writes_nothing(tmp_path, factory, message):
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError) as e:
+        phalanx.train(factory, "synthetic", strategy="single", out=str(out), progress=False)
+    assert str(e.value) == message
+    assert not out.exists() or not any(out.iterdir())  # a retry is not refused
+
+
+def test_the_api_refuses_a_setting_the_strategy_ignores_as_the_cli_does(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        phalanx.train("mlp", strategy="single", dc_lambda=0.5, out=str(tmp_path / "r"))
+    assert str(e.value) == "dc_lambda: strategy=single does not use it (only dc-asgd); drop it"
+
+
+def test_a_folder_without_checkpoint_is_not_offered_for_resume(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError) as e:
+        phalanx.train("mlp", "synthetic", strategy="single", out=str(tmp_path))
+    assert str(e.value).endswith("not empty (config.json); add overwrite=True to replace that "
+                                 "run (it holds no checkpoint to resume)"), str(e.value)
