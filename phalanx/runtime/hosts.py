@@ -277,7 +277,7 @@ RDZV_PORT = 29400  # inside the test hosts every port is free: each has its own 
 
 def torchrun_argv(net: TestNetwork, node: int, nproc: int, target: list[str], *,
                   nnodes: str = "", max_restarts: int = 0, run_id: str = "phalanx") -> list[str]:
-    """The ``torchrun`` command a user would type on test host ``node`` (c10d rendezvous on
+    """The ``torchrun`` command a user would type on test host ``node`` (the phalanx rendezvous on
     host 0). ``--local-addr``: torchrun otherwise advertises the host name, which resolves to
     127.0.0.1 here; ``is_host``: torchrun recognises the rendezvous host by its host name or
     addresses, and all test hosts share one host name."""
@@ -286,7 +286,7 @@ def torchrun_argv(net: TestNetwork, node: int, nproc: int, target: list[str], *,
     host = net.hosts[node]
     return [sys.executable, "-m", "torch.distributed.run",
             "--nnodes", nnodes or str(len(net.hosts)), "--nproc-per-node", str(nproc),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{net.hosts[0].addr}:{RDZV_PORT}",
+            "--rdzv-backend", "phalanx", "--rdzv-endpoint", f"{net.hosts[0].addr}:{RDZV_PORT}",
             "--rdzv-id", run_id,
             "--rdzv-conf", f"is_host={int(node == 0)},last_call_timeout=2",
             "--local-addr", host.addr, "--max-restarts", str(max_restarts),

@@ -1,4 +1,4 @@
-"""Every strategy on 2 test hosts x 2 processes under torchrun (c10d rendezvous), real processes.
+"""Every strategy on 2 test hosts x 2 processes under torchrun (phalanx rendezvous), real processes.
 
 One torchrun group on the two hosts runs all 13 configurations one after another
 (``phalanx.experiments.hostgroup``; starting torchrun costs far more than 20 steps of a small
@@ -8,8 +8,8 @@ MLP); one group of 4 processes on ONE host runs the sync references. Checked:
 * pipeline and hybrid == single-process training on the same batches, to 1e-5;
 * every PS strategy learns (servers are ranks 0..S-1: both shards on host 0, both workers
   on host 1, so every push and pull crosses the link); average and model-parallel learn;
-* gloo binds the host's address (eth0) across hosts and 127.0.0.1 on one host; never a
-  wildcard. torchrun's own stores are listed separately (outside phalanx's control).
+* every listener binds the host's address (eth0) across hosts and 127.0.0.1 on one host,
+  torchrun's own two stores included (``--rdzv-backend phalanx``); never a wildcard.
 * Hogwild! under torchrun: a one-line error that it is single-host.
 """
 
@@ -27,7 +27,7 @@ from phalanx.entry.api import make_job
 from phalanx.parallel.base import evaluate
 from phalanx.parallel.equivalence import max_state_diff, reference_training
 from phalanx.runtime.checkpoint import load_checkpoint
-from phalanx.runtime.hosts import RDZV_PORT, TestNetwork, unavailable
+from phalanx.runtime.hosts import TestNetwork, unavailable
 
 PS = ("bsp", "asp", "ssp", "softsync", "downpour", "dc-asgd")
 RUNS: dict[str, dict] = {
@@ -56,6 +56,7 @@ def runs(tmp_path_factory):
     with TestNetwork(1) as one:
         single = run_group(one, 4, {n: {**BASE, **RUNS[n]} for n in SYNC}, out / "one",
                            watch=True)
+        addrs.append(one.hosts[0].addr)
     return out, sockets, single, addrs
 
 
@@ -99,25 +100,24 @@ def test_the_others_learn_across_hosts(runs, name: str) -> None:
 def test_gloo_binds_the_host_address_and_loopback_on_one_host(runs) -> None:
     _, sockets, single, addrs = runs
     for host, seen in sockets.seen.items():
-        # a socket torchrun's agent holds is torchrun's (even when a worker inherited it)
-        ours = [s for s in seen if "torch.distributed.run" not in s.cmdline]
         agents = [s for s in seen if "torch.distributed.run" in s.cmdline]
-        print(f"host {host}: workers listen on {sorted({(s.addr) for s in ours})} "
-              f"({len(ours)} sockets); torchrun agent: {sorted((s.addr, s.port) for s in agents)}")
-        assert ours, "no listening socket of a worker was seen"
-        assert {s.addr for s in ours} == {addrs[host]}, sorted(
+        print(f"host {host}: listeners {sorted({(s.addr) for s in seen})} ({len(seen)} "
+              f"sockets); torchrun agent: {sorted((s.addr, s.port) for s in agents)}")
+        assert [s for s in seen if "torch.distributed.run" not in s.cmdline], \
+            "no listening socket of a worker was seen"
+        # every listener, the workers' and torchrun's own two stores (--rdzv-backend
+        # phalanx binds them), is on the host's address: never a wildcard
+        assert {s.addr for s in seen} == {addrs[host]}, sorted(
             (s.addr, s.port, s.pid, s.cmdline[-50:]) for s in seen)
-        # torchrun's rendezvous store (host 0, --rdzv-endpoint's port) and the agent store it
-        # shares with the workers: what torchrun binds, recorded, not phalanx's choice
-        assert all(s.port == RDZV_PORT or host == 0 for s in agents)
-    # one host: an address and port the agent listens on is torchrun's, whoever else holds
-    # it (twice in ~6 runs a '::' listener was listed with worker processes as its only
-    # holders; not explained yet). Any other wildcard socket of a worker fails here.
-    agent_ports = {(s.addr, s.port) for s in single.seen[0]
-                   if "torch.distributed.run" in s.cmdline}
-    ours = [s for s in single.seen[0] if "torch.distributed.run" not in s.cmdline
-            and (s.addr, s.port) not in agent_ports]
-    assert ours and {s.addr for s in ours} == {"127.0.0.1"}, sorted(
+        # torchrun's stores are on host 0 only (the rendezvous host hosts both)
+        assert not agents or host == 0, sorted((s.addr, s.port) for s in agents)
+    assert any("torch.distributed.run" in s.cmdline for s in sockets.seen[0]), \
+        "torchrun's stores were not seen on host 0"
+    # one host: the workers on loopback; torchrun's stores where torchrun was told
+    # (--rdzv-endpoint and --local-addr: the test host's address)
+    where = {("agent" if "torch.distributed.run" in s.cmdline else "worker", s.addr)
+             for s in single.seen[0]}
+    assert where == {("worker", "127.0.0.1"), ("agent", addrs[-1])}, sorted(
         (s.addr, s.port, s.cmdline[-60:]) for s in single.seen[0])
 
 
