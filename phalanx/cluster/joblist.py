@@ -146,6 +146,8 @@ def load_job_list(path: str | Path) -> list[LiveJob]:
     if p.suffix in (".yaml", ".yml"):
         try:
             data = yaml.safe_load(text)
+        except RecursionError:
+            raise DataError(f"job list {p}: nested too deeply to read") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             at = f" at line {mark.line + 1}" if mark is not None else ""

@@ -333,6 +333,8 @@ def load_topology(path: str | Path) -> Topology:
         raise ConfigError(f"cluster file {p}: not UTF-8 text (byte {e.start})") from None
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"cluster file {p}: nested too deeply to read") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

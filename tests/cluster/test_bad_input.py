@@ -126,3 +126,19 @@ def test_bad_files(tmp_path, capsys):
             if "--cluster" not in args else run_cli(capsys, *args)
         assert rc == 2 and text in err and err.count("\n") == 1, (args, err)
         assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("which", ["jobs", "cluster"])
+def test_a_file_nested_100000_deep_is_one_line(tmp_path, capsys, which):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(f"{'jobs' if which == 'jobs' else 'servers'}: " + "[" * 100_000
+                    + "]" * 100_000 + "\n")
+    ok_jobs = tmp_path / "jobs.yaml"
+    ok_jobs.write_text("jobs:\n  - {name: a, arrival: 0, gpus: 1, config: {model: mlp, data: "
+                       "synthetic}}\n")
+    args = (["--jobs", str(deep), "--cluster", "uniform:1,1,1,2"] if which == "jobs"
+            else ["--jobs", str(ok_jobs), "--cluster", str(deep)])
+    assert main(["schedule", *args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    what = f"job list {deep}" if which == "jobs" else f"cluster file {deep}"
+    assert err == [f"phalanx: error: {what}: nested too deeply to read"]
