@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -89,12 +90,53 @@ def node_labels(topology: Topology, server: int) -> dict[str, str]:
     return dict(zip(LABELS, (str(s.zone), str(s.rack), s.name)))
 
 
+# Ray's longest socket path below its temp root: "/ray/session_<date>_<time>_<us>_<pid>"
+# (<= 48 bytes) + "/sockets/plasma_store" (21); an AF_UNIX path holds at most 107 bytes
+RAY_SOCKET_TAIL = 69
+AF_UNIX_MAX = 107
+PROBE_S = 5.0  # seconds to wait for --ray-address to answer
+
+
+def ray_temp_root() -> str:
+    """Where the local cluster's temp folder goes: the temp folder (``TMPDIR``) when Ray's
+    socket paths fit under it, else /tmp (users' TMPDIRs are often long); a one-line error
+    when neither can hold them."""
+    folder = len("/phalanx-ray-") + 8  # mkdtemp's name
+    root = tempfile.gettempdir()
+    for candidate in (root, "/tmp"):
+        if (len(os.fsencode(candidate)) + folder + RAY_SOCKET_TAIL <= AF_UNIX_MAX
+                and os.access(candidate, os.W_OK)):
+            return candidate
+    raise ConfigError(f"TMPDIR {root}: too long for Ray's socket paths ({AF_UNIX_MAX} bytes "
+                      f"at most; give a temp folder of at most "
+                      f"{AF_UNIX_MAX - folder - RAY_SOCKET_TAIL} bytes) and /tmp is not "
+                      "writable")
+
+
+def check_address(address: str, timeout_s: float = PROBE_S) -> None:
+    """``--ray-address HOST:PORT`` must answer before Ray is asked to join it (``ray.init``
+    retries an address where nothing listens for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--ray-address {address!r}: expected HOST:PORT of a Ray head "
+                          "(ray start --head --port PORT)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        why = (f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError)
+               else (e.strerror or str(e)).lower())
+        raise ConfigError(f"--ray-address {address}: nothing answers there ({why}); start "
+                          "the head with ray start --head") from None
+
+
 @contextlib.contextmanager
 def ray_cluster(topology: Topology, address: str = "") -> Iterator[str]:
     """The address of the cluster to schedule on: ``address`` as given, or a local cluster
     with one Ray node per server of ``topology``, all on 127.0.0.1, no dashboard, its
     temp folder removed afterwards."""
     if address:
+        check_address(address)
         if address.split(":")[0] in ("127.0.0.1", "localhost"):
             # a one-machine cluster: keep Ray from resolving loopback to a network address
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -102,7 +144,7 @@ def ray_cluster(topology: Topology, address: str = "") -> Iterator[str]:
         return
     if not have_ray():
         raise ConfigError(NO_RAY)
-    tmp = tempfile.mkdtemp(prefix="phalanx-ray-")
+    tmp = tempfile.mkdtemp(prefix="phalanx-ray-", dir=ray_temp_root())
     saved = {k: os.environ.get(k) for k in LOCAL_ENV}
     # Nothing leaves this machine. Every file Ray writes (sessions, sockets, the address
     # file it would put in /tmp/ray) goes to our folder, removed below. Ray resolves a
