@@ -35,8 +35,10 @@ import yaml
 from phalanx.cluster.jobs import JobSpec
 from phalanx.cluster.topology import Topology
 from phalanx.config import RunConfig
+from phalanx.data import DataOptions, load_data
 from phalanx.errors import ConfigError, DataError
-from phalanx.parallel.registry import check_config
+from phalanx.parallel.registry import check_config, check_flags_apply, spec
+from phalanx.runtime.placement import check_run
 
 # set by the scheduler, never by the job: where it writes, how many workers (the gang size)
 RESERVED = {"out": "the scheduler sets it to OUT/jobs/NAME",
@@ -167,15 +169,31 @@ def load_job_list(path: str | Path) -> list[LiveJob]:
 
 
 def check_settings(jobs: list[LiveJob], source: str) -> None:
-    """Each job's training settings, checked as ``phalanx train`` checks them (types,
-    ranges, what the strategy can honour), before any job starts."""
+    """Each job's training settings, checked as ``phalanx train`` checks them before any
+    job starts: types and ranges, what the strategy can honour, a setting it would ignore,
+    the gang size against the devices the strategy computes on, the device on this
+    machine, and the data (its files opened and their headers read)."""
+    data_seen: dict[tuple, None] = {}
     for job in jobs:
         where = f"job list {source}: {job.spec.name}"
         cfg = RunConfig.from_mapping({**job.config, "workers": job.spec.gpus},
                                      source=f"{where}: config")
         try:
             check_config(cfg)
-        except ConfigError as e:
+            check_flags_apply(cfg)
+            s = spec(cfg.strategy)
+            ranks, _ = s.compute_ranks(cfg)
+            if ranks != job.spec.gpus:
+                raise ConfigError(f"gpus {job.spec.gpus}: --strategy {cfg.strategy} computes "
+                                  f"on {ranks} device(s) with these settings; give gpus: "
+                                  f"{ranks}")
+            check_run(cfg, s.world_size(cfg), s.device)
+            key = (cfg.data, cfg.data_dir, cfg.context, cfg.tokens, cfg.seed)
+            if key not in data_seen:  # the first samples only: files, headers, the task
+                data_seen[key] = None
+                load_data(cfg.data, cfg.data_dir, cfg.seed, 1, 1,
+                          DataOptions(cfg.context, cfg.tokens))
+        except (ConfigError, DataError) as e:
             raise DataError(f"{where}: {e}") from None
 
 

@@ -113,8 +113,8 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
                         grace_s=args.grace)
     topology = resolve_cluster(args.cluster, default_data_dir())
     jobs = load_job_list(args.jobs)
+    check_fits(jobs, topology, args.jobs)  # the cheap check first
     check_settings(jobs, args.jobs)
-    check_fits(jobs, topology, args.jobs)
     out = config.out
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -142,3 +142,33 @@ def test_a_file_nested_100000_deep_is_one_line(tmp_path, capsys, which):
     err = capsys.readouterr().err.strip().splitlines()
     what = f"job list {deep}" if which == "jobs" else f"cluster file {deep}"
     assert err == [f"phalanx: error: {what}: nested too deeply to read"]
+
+
+@pytest.mark.parametrize("gpus,config,line", [
+    (1, "strategy: single, dc_lambda: 0.5",
+     "--dc-lambda: --strategy single does not use it (only dc-asgd); drop it"),
+    (2, "strategy: single",
+     "--workers: --strategy single trains with 1 worker(s), got 2 (choose a parallel "
+     "strategy, e.g. sync)"),
+    (1, "data: fashion-mnist, data_dir: /nonexistent",
+     "--data-dir /nonexistent: no such directory (apt-get install dataset-fashion-mnist)"),
+    (1, "device: cuda", "--device cuda: no CUDA device is available on this machine"),
+])
+def test_a_job_list_is_checked_as_phalanx_train_checks_a_run(tmp_path, capsys, gpus, config,
+                                                              line):
+    """The whole list is refused before any job starts, naming the job and the setting."""
+    if "cuda" in config:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - {name: fine, arrival: 0, gpus: 1, config: {model: mlp, data: "
+                    f"synthetic}}}}\n  - {{name: bad, arrival: 0, gpus: {gpus}, config: "
+                    f"{{model: mlp, data: synthetic, {config}}}}}\n")
+    out = tmp_path / "out"
+    assert main(["schedule", "--jobs", str(jobs), "--cluster", "uniform:1,1,1,2", "--out",
+                 str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"phalanx: error: job list {jobs}: bad: {line}"]
+    assert not (out / "jobs").exists()  # nothing started

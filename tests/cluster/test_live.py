@@ -29,12 +29,32 @@ TINY_GPT = ("{model: gpt, data: shakespeare, gpt_layers: 1, gpt_dim: 16, gpt_hea
             "tensorboard: false}")
 
 
+def truncated_idx(folder):
+    """Gzipped IDX files whose headers and first images read well and whose training images'
+    stream stops half-way: the list's check (the first samples) passes, the run's full read
+    fails."""
+    import numpy as np
+
+    from phalanx.data.idx import write_idx
+
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 64), ("t10k", 16)):
+        write_idx(folder / f"{prefix}-images-idx3-ubyte.gz",
+                  rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz",
+                  rng.integers(0, 10, n, dtype=np.uint8))
+    images = folder / "train-images-idx3-ubyte.gz"
+    images.write_bytes(images.read_bytes()[: images.stat().st_size // 2])
+    return folder
+
+
 def test_schedule_runs_real_jobs_on_two_slots(tmp_path):
-    jobs, missing = tmp_path / "jobs.yaml", tmp_path / "none"
+    jobs, cut = tmp_path / "jobs.yaml", truncated_idx(tmp_path / "cut")
     jobs.write_text(f"""jobs:
   - {{name: a, arrival: 0, gpus: 1, config: {TINY}}}
   - {{name: b, arrival: 0, gpus: 1, config: {TINY}}}
-  - {{name: bad, arrival: 0.1, gpus: 1, config: {{model: mlp, data: idx, data_dir: {missing}}}}}
+  - {{name: bad, arrival: 0.1, gpus: 1, config: {{model: mlp, data: idx, data_dir: {cut}}}}}
   - {{name: c, arrival: 0.2, gpus: 1, config: {TINY_GPT}}}
 """)
     out = tmp_path / "out"
@@ -45,12 +65,14 @@ def test_schedule_runs_real_jobs_on_two_slots(tmp_path):
     assert r.returncode == 0, r.stderr
     s = json.loads((out / "summary.json").read_text())
     # settings are checked before any job starts (a gang larger than the cluster or a bad
-    # value refuses the list: tests/e2e/test_hostile_inputs.py); what only a run can find
-    # (here a missing data folder) fails that job alone, recorded with its error line
+    # value, a missing data folder refuses the list: tests/cluster/test_bad_input.py); what
+    # only a run can find (here training images cut short after the first ones) fails that
+    # job alone, recorded with its error line
     assert (s["jobs"], s["finished"], s["failed"], s["rejected"],
             s["rejected_oversize"]) == (4, 3, 1, 0, 0)
     rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
-    assert rows["bad"]["status"].startswith("failed: exit 2: phalanx: error: --data-dir")
+    assert rows["bad"]["status"].startswith("failed: exit 2: phalanx: error: "), rows["bad"]
+    assert "train-images-idx3-ubyte" in rows["bad"]["status"], rows["bad"]
     t = {n: (float(rows[n]["start"]), float(rows[n]["end"])) for n in ("a", "b", "bad", "c")}
     # FIFO on 2 slots: a and b at once; bad takes the first freed slot, c the second
     assert t["a"][0] < 1 and t["b"][0] < 1
