@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from phalanx.cluster.allocator import ClusterState
-from phalanx.cluster.jobs import JobSpec
+from phalanx.cluster.core.allocator import ClusterState
+from phalanx.cluster.core.jobs import JobSpec
 from phalanx.errors import ConfigError
 
 

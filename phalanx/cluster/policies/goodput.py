@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from phalanx.cluster.profiles import BatchConfig, PolluxApplication
+from phalanx.cluster.model.profiles import BatchConfig, PolluxApplication
 from phalanx.errors import ConfigError
 
 PRIORITIES = ("srpt", "las", "none")

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phalanx.cluster.learned import Facts, Learner
+from phalanx.cluster.model.learned import Facts, Learner
 from phalanx.cluster.policies.goodput import Choice, JobView, check_goodput_flags, greedy
 from phalanx.errors import ConfigError
 

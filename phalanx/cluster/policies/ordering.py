@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from phalanx.catalog import Catalog
-from phalanx.cluster.jobs import JobState
+from phalanx.cluster.core.jobs import JobState
 from phalanx.errors import ConfigError
 
 DEFAULT_SLOT_S = 2400.0   # 40 min: DL jobs run long, so time slots are 40 min to 1 h

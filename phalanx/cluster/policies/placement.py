@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from phalanx.cluster.allocator import ClusterState, Placement
-from phalanx.cluster.jobs import JobSpec
+from phalanx.cluster.core.allocator import ClusterState, Placement
+from phalanx.cluster.core.jobs import JobSpec
 from phalanx.errors import ConfigError
 
 

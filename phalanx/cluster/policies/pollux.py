@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phalanx.cluster.learned import Facts, Learner
+from phalanx.cluster.model.learned import Facts, Learner
 from phalanx.cluster.policies.goodput import Choice, JobView, greedy
 from phalanx.cluster.policies.pollux_ga import Problem, fronts, nsga2
 from phalanx.errors import ConfigError
