@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.core.view import JobView
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.model.learned import AppFacts
-from phalanx.cluster.policies.goodput import JobView
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
 
 

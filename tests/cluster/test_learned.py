@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
+from phalanx.cluster.core.view import JobView, UndeclaredRead
 from phalanx.cluster.model.learned import (
     AppFacts,
     JobKnowledge,
@@ -22,7 +23,6 @@ from phalanx.cluster.model.learned import (
 from phalanx.cluster.model.perf import PerfModel
 from phalanx.cluster.model.profiles import load_pollux_apps
 from phalanx.cluster.policies import make_ordering, make_placement
-from phalanx.cluster.policies.goodput import JobView, UndeclaredRead
 from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.sim.run import SimulateOptions, apply_preset, load_inputs, make_elastic
 

@@ -224,7 +224,7 @@ def test_tiresias_order_expires_at_the_next_promotion():
 # ------------------------------------------------------------------ elastic: goodput
 
 def _views():
-    from phalanx.cluster.policies.goodput import JobView
+    from phalanx.cluster.core.view import JobView
 
     return (JobView(0, "bert", 0.0, 0, 500.0, 0, 0.0),
             JobView(1, "cifar10", 5.0, 3, 1e5, 8, 3600.0),

@@ -16,8 +16,9 @@ import argparse
 import contextlib
 from pathlib import Path
 
-from phalanx.cluster.core.clusters import resolve_cluster
+from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
 from phalanx.cluster.core.report import summarise, write_jobs_csv, write_plots, write_summary
+from phalanx.cluster.core.result import SimResult
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.elastic import ElasticLiveCluster
 from phalanx.cluster.live.engines.base import Executor, LocalExecutor
@@ -28,8 +29,6 @@ from phalanx.cluster.live.joblist import check_fits, check_settings, load_job_li
 from phalanx.cluster.live.loop import LiveCluster, LiveConfig
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
-from phalanx.cluster.sim.event import SimResult
-from phalanx.cluster.sim.run import default_data_dir
 from phalanx.errors import ConfigError
 
 

@@ -25,6 +25,11 @@ ALIBABA_MEMORY = {"V100M16": 16, "V100M32": 32, "P100": 16, "T4": 16, "A10": 24,
                   "G3": 32}
 
 
+def default_data_dir() -> Path:
+    """``../shared/data`` next to the repository root (where CI has it too)."""
+    return (Path(__file__).resolve().parents[3] / ".." / "shared" / "data").resolve()
+
+
 def philly_2048() -> Topology:
     """2,048 GPUs: 2 InfiniBand zones x 8 racks x 16 servers x 8 GPUs (2 PCIe switches)."""
     return uniform(zones=2, racks=8, servers=16, devices=8, switches=2, cpu_cores=32,

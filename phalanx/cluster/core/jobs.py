@@ -28,6 +28,13 @@ class JobSpec:
     batch_size: int = 0
     # live mode: '' = the job may be stopped and resumed; else why not (the round keeps it)
     not_preemptible: str = ""
+    # whose facts (batch limits, profiles) an elastic policy reads: '' = the model's (a
+    # Pollux application); a live job declares its own in its list entry
+    app: str = ""
+
+    @property
+    def application(self) -> str:
+        return self.app or self.model
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from phalanx.cluster.core.jobs import JobState
-from phalanx.cluster.sim.event import SimResult
+from phalanx.cluster.core.result import SimResult
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
-"""The scheduling half shared by the simulated and the live cluster (blox-style: one loop,
-two clocks): admission, the waiting queue and the fill pass that starts waiting jobs in the
-ordering policy's order on whatever the placement policy finds in the ``ClusterState``.
+"""The scheduling half shared by every engine (blox-style: one loop, several clocks): the
+simulated event and interval engines and the live cluster (local, Ray, Slurm) all run
+their decisions through one ``SchedulerCore``.
 
-The caller owns time and execution: it calls ``arrive`` when a job is submitted, ``fill``
-after every batch of events with a ``start`` callback (the simulator computes a rate and
-pushes a completion event; the live executor launches a process), and ``release`` when a
-job stops. Neither caller re-implements queueing or placement.
+It owns admission and the waiting queue, the fill pass (start waiting jobs in the ordering
+policy's order on what the placement policy finds in the ``ClusterState``), the two rounds
+(:meth:`SchedulerCore.preemptive_round` and :meth:`SchedulerCore.elastic_round`, each
+written once, here), arrivals, attained service, and the series a run reports. An engine
+owns its clock and how a decision is applied: it starts, stops and resizes jobs through
+callbacks; the simulators compute rates and completion times, the live engines launch and
+signal processes.
 """
 
 from __future__ import annotations
@@ -14,13 +17,36 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from phalanx.cluster.core.allocator import ClusterState, Placement
 from phalanx.cluster.core.jobs import JobSpec, JobState
+from phalanx.cluster.core.result import SimResult
 from phalanx.cluster.core.topology import Topology
-from phalanx.cluster.policies import AcceptAll, AdmissionPolicy, OrderingPolicy, PlacementPolicy
+from phalanx.cluster.core.view import Choice, ElasticPolicy, JobView
+
+if TYPE_CHECKING:
+    from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
 
 StartFn = Callable[[JobState, Placement], None]
+StopFn = Callable[[JobState], None]
+
+
+class ElasticEngine(Protocol):
+    """How an engine applies the elastic round's answer, job by job (in the order of the
+    views), then ``place`` once for every job that moved."""
+
+    def keep(self, st: JobState, choice: Choice) -> None:
+        """Same allocation as now (a waiting job: still none); a new batch may come."""
+
+    def vacate(self, st: JobState) -> None:
+        """The job holds GPUs and gets none."""
+
+    def move(self, st: JobState, choice: Choice) -> None:
+        """The job gets another (non-zero) allocation: release what it holds."""
+
+    def place(self, moves: Sequence[tuple[Choice, JobState]]) -> None:
+        """Every moved job, after all were released."""
 
 
 def keep_in_order(order: Sequence[int], gpus: Callable[[int], int], capacity: int) -> set[int]:
@@ -34,6 +60,11 @@ def keep_in_order(order: Sequence[int], gpus: Callable[[int], int], capacity: in
             keep.add(jid)
             budget -= g
     return keep
+
+
+def usable_gpus(topology: Topology) -> int:
+    """The largest gang the cluster can ever run: each GPU needs one CPU core."""
+    return sum(min(s.num_devices, s.cpu_cores) for s in topology.servers)
 
 
 def oversize_reason(gpus: int, capacity: int, usable: int) -> str:
@@ -57,34 +88,55 @@ class Arrival:
 
 
 class SchedulerCore:
+    """The scheduler every engine shares: admission, the waiting queue, the fill pass, the
+    preemptive and the elastic round, every job's state (``states``), attained service and
+    the run's series (``result``). It decides; the engine that owns it applies."""
+
     def __init__(self, topology: Topology, ordering: OrderingPolicy,
-                 placement: PlacementPolicy, admission: AdmissionPolicy | None = None) -> None:
+                 placement: PlacementPolicy, admission: AdmissionPolicy | None = None,
+                 elastic: ElasticPolicy | None = None) -> None:
         self.topology = topology
         self.ordering, self.placement = ordering, placement
-        self.admission = admission if admission is not None else AcceptAll()
+        self.admission = admission       # None: accept every job that fits
+        self.elastic = elastic
         self.cluster = ClusterState(topology)
         self.waiting: dict[int, JobState] = {}
+        self.states: dict[int, JobState] = {}    # every admitted job
+        self.result = SimResult([], [], capacity=self.cluster.capacity)
         self.fragmentation_blocked = 0       # placements refused although GPUs were free
         self._gangs: dict[int, int] = {}     # waiting jobs per gang size
         self._outstanding: dict[str, int] = {}
         self._order: tuple[int, ...] = ()
         self._order_stale = True
         self._order_until = math.inf
+        self._last_sample = (-1, -1)
         # every device of a gang needs at least one CPU core of its server
-        self.usable = sum(min(s.num_devices, s.cpu_cores) for s in topology.servers)
+        self.usable = usable_gpus(topology)
 
     # ------------------------------------------------------------------ queue
     def arrive(self, spec: JobSpec, now: float) -> Arrival:
         reason = oversize_reason(spec.gpus, self.cluster.capacity, self.usable)
         if reason:
             return Arrival(None, reason, oversize=True)
-        decision = self.admission.admit(spec, self.cluster, self._outstanding)
-        if not decision.accept:
-            return Arrival(None, decision.reason)
+        if self.admission is not None:
+            decision = self.admission.admit(spec, self.cluster, self._outstanding)
+            if not decision.accept:
+                return Arrival(None, decision.reason)
         st = JobState(spec, remaining=spec.work, waiting_since=now, last_update=now)
         self.enqueue(st)
         self._outstanding[spec.vc] = self._outstanding.get(spec.vc, 0) + spec.gpus
         return Arrival(st)
+
+    def submit(self, spec: JobSpec, now: float) -> JobState | None:
+        """A job arrives: its state once admitted, else None (the rejection and its reason
+        are in ``result``)."""
+        arrival = self.arrive(spec, now)
+        if arrival.state is None:
+            self.result.rejected.append((spec, arrival.reason))
+            self.result.oversize += arrival.oversize
+            return None
+        self.states[spec.id] = arrival.state
+        return arrival.state
 
     def enqueue(self, st: JobState) -> None:
         self.waiting[st.spec.id] = st
@@ -152,3 +204,88 @@ class SchedulerCore:
             self._order_until = self.ordering.stable_until(waiting, now)
             self._order_stale = False
         self.try_start(self._order, start)
+
+    # ------------------------------------------------------------------ the rounds
+    def preemptive_round(self, running: Sequence[JobState], now: float, stop: StopFn,
+                         start: StartFn | None) -> set[int] | None:
+        """The round of a time-sliced ordering: order every active job, keep the first
+        that fit the cluster's GPUs (running jobs that cannot be preempted first), ``stop``
+        the running rest, ``start`` the kept waiting ones in order where they fit now
+        (None: the engine starts them in its own fill pass). The kept jobs' ids; None when
+        nothing is active."""
+        running = list(running)
+        active = tuple(running) + tuple(self.waiting.values())
+        if not active:
+            return None
+        order = self.ordering.order(active, now)
+        pinned = {st.spec.id for st in running if st.spec.not_preemptible}
+        if pinned:
+            order = [j for j in order if j in pinned] + [j for j in order if j not in pinned]
+        gpus = {st.spec.id: st.spec.gpus for st in active}
+        keep = keep_in_order(order, gpus.__getitem__, self.cluster.capacity)
+        for st in [s for s in running if s.spec.id not in keep]:
+            stop(st)
+        if start is not None:
+            self.try_start([j for j in order if j in keep], start)
+        return keep
+
+    def elastic_round(self, views: Sequence[JobView], capacity: int, now: float,
+                      engine: ElasticEngine) -> None:
+        """The round of an elastic policy: ask it what each job gets now (GPUs, batch,
+        servers), then hand the engine the difference: jobs whose allocation is unchanged,
+        jobs that lose their GPUs, jobs that move; the moved ones are placed last, so
+        that growing jobs find the GPUs the shrinking ones left."""
+        if not views:
+            return
+        assert self.elastic is not None
+        choice = self.elastic.allocate(tuple(views), capacity, now)
+        moves = []
+        for v in views:
+            c = choice[v.id]
+            if v.limit and c.gpus > v.limit:
+                c = dataclasses.replace(c, gpus=v.limit)
+            st = self.states[v.id]
+            if c.servers == v.placement if c.servers else c.gpus == v.gpus:
+                engine.keep(st, c)
+            elif c.gpus == 0:
+                engine.vacate(st)
+            else:
+                engine.move(st, c)
+                moves.append((c, st))
+        engine.place(moves)
+
+    # ------------------------------------------------------------------ bookkeeping
+    @staticmethod
+    def serve(st: JobState, seconds: float, gpus: int) -> None:
+        """``st`` ran ``seconds`` on ``gpus`` GPUs (what LAS and Tiresias order by)."""
+        st.executed += seconds
+        st.attained += seconds * gpus
+
+    def catch_up(self, st: JobState, now: float) -> bool:
+        """Attained service of a running job up to ``now``; False if none was due."""
+        dt = now - st.last_update
+        if dt <= 0:
+            return False
+        self.serve(st, dt, st.spec.gpus)
+        st.last_update = now
+        return True
+
+    def sample(self, now: float, every: bool = False) -> None:
+        """One point of the series (busy GPUs, queue, fragmentation): when either changed,
+        or at ``every`` call (the interval engine's boundaries)."""
+        c, res = self.cluster, self.result
+        key = (c.busy, len(self.waiting))
+        if every or key != self._last_sample:
+            self._last_sample = key
+            res.times.append(now)
+            res.busy.append(c.busy)
+            res.queue.append(len(self.waiting))
+            res.frag.append(c.fragmentation)
+
+    def finish(self, specs: Sequence[JobSpec], wall_s: float) -> SimResult:
+        """The run's result: every admitted job's state in ``specs`` order."""
+        res = self.result
+        res.jobs = [self.states[s.id] for s in specs if s.id in self.states]
+        res.fragmentation_blocked = self.fragmentation_blocked
+        res.wall_s = wall_s
+        return res

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 from phalanx.cluster.core.jobs import JobState
 from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.core.view import Choice, job_view
 from phalanx.cluster.live.engines.base import Executor
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.launch_plan import resumable
@@ -50,7 +51,6 @@ from phalanx.cluster.live.resize_ps import refusal
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.model.learned import AppFacts, JobKnowledge
 from phalanx.cluster.policies import FIFO, PlacementPolicy
-from phalanx.cluster.policies.goodput import JobView
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
@@ -73,6 +73,10 @@ def describe(k: JobKnowledge, name: str) -> str:
 
 
 class ElasticLiveCluster(LiveCluster):
+    """The live engine under the learned goodput policy: observes each job's steps and
+    gradient noise, and applies the core's elastic round by stopping a job and resuming it
+    from its checkpoint rewritten for its new size (its strategy's resize hook)."""
+
     def __init__(self, topology: Topology, jobs: Sequence[LiveJob],
                  placement: PlacementPolicy, config: LiveConfig, interval_s: float,
                  restart_s: float = 30.0, horizon_s: float = 1800.0,
@@ -84,9 +88,11 @@ class ElasticLiveCluster(LiveCluster):
         cap = topology.num_devices
         self.why_fixed = {j.spec.id: self._why_fixed(j) for j in self.jobs}
         elastic = [j for j in self.jobs if not self.why_fixed[j.spec.id]]
-        self.policy = LearnedGoodputPolicy({j.spec.name: job_facts(j, cap) for j in elastic},
+        self.policy = LearnedGoodputPolicy({j.spec.application: job_facts(j, cap)
+                                            for j in elastic},
                                            node_gpus=max(topology.server_size),
                                            restart_s=restart_s, horizon_s=horizon_s)
+        self.core.elastic = self.policy
         # CPU jobs' ranks share their machines' cores (``cores``: None, never crowded)
         self.cores = cores
         self.on_cpu = {j.spec.id: parse_device(RunConfig.from_mapping(
@@ -146,7 +152,7 @@ class ElasticLiveCluster(LiveCluster):
             # times are taken in per whole core (divided by the slowdown), predictions
             # times the slowdown where they apply
             ready, fresh = obs.read(nodes, self._slowdown_now(jid))
-            k = self.policy.learner.knowledge(jid, run.state.spec.name)
+            k = self.policy.learner.knowledge(jid, run.state.spec.application)
             for w in fresh:
                 # a window measured after the model was fitted to its set-up: the fit's
                 # prediction, held out in time, against what was measured
@@ -158,10 +164,11 @@ class ElasticLiveCluster(LiveCluster):
 
     def _learn(self, st: JobState, obs: JobObserver, o: Observation) -> None:
         name = st.spec.name
-        facts = self.policy.learner.facts[name]
-        self.policy.learner.observe(st.spec.id, name, o.gpus, o.nodes, o.batch, o.step_s,
+        app = st.spec.application
+        facts = self.policy.learner.facts[app]
+        self.policy.learner.observe(st.spec.id, app, o.gpus, o.nodes, o.batch, o.step_s,
                                     o.sync_s, obs.grad(facts.init_batch), replace=True)
-        k = self.policy.learner.knowledge(st.spec.id, name)
+        k = self.policy.learner.knowledge(st.spec.id, app)
         key = (o.gpus, o.nodes, o.batch)
         x = self._slowdown_now(st.spec.id)
         fit, measured = k.predict(o.gpus, o.nodes, o.batch) * x, o.step_s * x
@@ -193,35 +200,53 @@ class ElasticLiveCluster(LiveCluster):
 
     # ------------------------------------------------------------------ decisions
     def _round(self) -> None:
+        """The core's elastic round over the resizable jobs, on the devices the others
+        leave; its answer is applied by ``keep`` / ``vacate`` / ``move`` (a stop is
+        asynchronous: a stopped job is resized to its target when its ranks are gone, and
+        the fill pass starts the waiting jobs that are not benched)."""
         self._account()
         self._observe()
-        live = {jid: r for jid, r in self.runs.items() if not r.stop}
+        live = {jid for jid, r in self.runs.items() if not r.stop}
         pinned = sum(r.state.spec.gpus for jid, r in self.runs.items()
                      if jid not in self.observers)
-        views = [JobView(st.spec.id, st.spec.name, st.spec.submit, 0, None,
-                         st.spec.gpus if st.spec.id in live else 0, st.attained)
+        views = [job_view(st, self.topology, self.policy, held=st.spec.id in live,
+                          epoch=self.observers[st.spec.id].epoch, remaining=None,
+                          # a parameter-server driver starts every worker on its first
+                          # node (launch_plan.rank_slots): more workers than a node's
+                          # devices would share them
+                          limit=0 if self.plans[st.spec.id].per_rank else self.policy.node_gpus)
                  for st in self._elastic_states()]
         if not views:
             return
-        capacity = self.core.cluster.capacity - pinned
-        choice = self.policy.allocate(views, capacity, self.now)
         self.benched = set()
-        for v in views:
-            n = choice[v.id].gpus
-            if not self.plans[v.id].per_rank:
-                # a parameter-server driver starts every worker on its first node
-                # (launch_plan.rank_slots): more workers than a node's devices would share
-                n = min(n, self.policy.node_gpus)
-            self.target[v.id] = n
-            run = live.get(v.id)
-            if run is None and v.id in self.runs:
-                continue    # still stopping: it is resized to the target when it is gone
-            if run is not None and n != run.state.spec.gpus:
-                self._stop(run, "preempt")
-            elif run is None and n == 0:
-                self.benched.add(v.id)
-            elif run is None and n != self.states[v.id].spec.gpus:
-                self._regang_waiting(self.states[v.id], n)
+        self.core.elastic_round(views, self.core.cluster.capacity - pinned, self.now, self)
+
+    # the elastic round's answer, applied (``ElasticEngine``)
+    def _stopping(self, st: JobState) -> bool:
+        run = self.runs.get(st.spec.id)
+        return run is not None and bool(run.stop)
+
+    def keep(self, st: JobState, c: Choice) -> None:
+        self.target[st.spec.id] = c.gpus
+        if c.gpus == 0 and st.spec.id not in self.runs:
+            self.benched.add(st.spec.id)
+
+    def vacate(self, st: JobState) -> None:
+        self.target[st.spec.id] = 0
+        if not self._stopping(st):
+            self._stop(self.runs[st.spec.id], "preempt")
+
+    def move(self, st: JobState, c: Choice) -> None:
+        # a job still stopping is resized to the target when its ranks are gone
+        self.target[st.spec.id] = c.gpus
+        run = self.runs.get(st.spec.id)
+        if run is not None and not run.stop:
+            self._stop(run, "preempt")
+        elif run is None and c.gpus != st.spec.gpus:
+            self._regang_waiting(st, c.gpus)
+
+    def place(self, moves: Sequence[tuple[Choice, JobState]]) -> None:
+        """Nothing here: the fill pass starts the moved jobs once their devices are free."""
 
     def _elastic_states(self) -> list[JobState]:
         running = [r.state for r in self.runs.values() if r.state.spec.id in self.observers]
@@ -243,9 +268,9 @@ class ElasticLiveCluster(LiveCluster):
 
     def _resize(self, st: JobState, n: int) -> bool:
         """Rewrite the stopped job's run folder for ``n`` workers (False: it cannot be)."""
-        k = self.policy.learner.knowledge(st.spec.id, st.spec.name)
+        k = self.policy.learner.knowledge(st.spec.id, st.spec.application)
         nodes = -(-n // self.policy.node_gpus)
-        batch = self.policy.learner.batch_config(st.spec.id, st.spec.name, nodes, n).atomic
+        batch = self.policy.learner.batch_config(st.spec.id, st.spec.application, nodes, n).atomic
         run_dir = self.config.out / "jobs" / st.spec.name
         if not resumable(self._by_id[st.spec.id], run_dir):
             return True      # nothing on disk yet: it starts anew at the new size

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from phalanx.cluster.core.jobs import JobSpec
+from phalanx.cluster.core.scheduler import oversize_reason, usable_gpus
 from phalanx.cluster.core.topology import Topology
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError, DataError
@@ -178,8 +179,11 @@ def check_settings(jobs: list[LiveJob], source: str) -> None:
 
 
 def check_fits(jobs: list[LiveJob], topology: Topology, source: str) -> None:
-    """Refuse a gang larger than the cluster: it could never start."""
+    """Refuse a gang the cluster can never hold (the scheduler's own rule,
+    :func:`~phalanx.cluster.core.scheduler.oversize_reason`): it could never start."""
+    usable = usable_gpus(topology)
     for job in jobs:
-        if job.spec.gpus > topology.num_devices:
-            raise DataError(f"job list {source}: {job.spec.name}: gpus {job.spec.gpus} is more "
-                            f"than the cluster's {topology.num_devices} slot(s)")
+        reason = oversize_reason(job.spec.gpus, topology.num_devices, usable)
+        if reason:
+            raise DataError(f"job list {source}: {job.spec.name}: gpus {job.spec.gpus}: "
+                            f"{reason}")

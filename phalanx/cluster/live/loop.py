@@ -32,13 +32,13 @@ from pathlib import Path
 
 from phalanx.cluster.core.allocator import Placement
 from phalanx.cluster.core.jobs import JobState
-from phalanx.cluster.core.scheduler import SchedulerCore, keep_in_order
+from phalanx.cluster.core.result import SimResult
+from phalanx.cluster.core.scheduler import SchedulerCore
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.engines.base import Executor, Gang, LocalExecutor
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.launch_plan import JobPlan, build_gang, plan_of, resumable
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
-from phalanx.cluster.sim.event import SimResult
 from phalanx.errors import ConfigError
 
 
@@ -95,8 +95,10 @@ def last_error_line(path: Path) -> str:
 
 
 class LiveCluster:
-    """Runs a job list through an executor; ``run()`` returns the simulator's
-    ``SimResult``."""
+    """The live engine: owns the wall clock, each job's gang and its executor (start, stop
+    with a grace period, poll), and what a stop means (back to the queue to resume, or
+    done). The queue, the fill pass and the rounds are the ``SchedulerCore``'s; ``run()``
+    returns the simulator's ``SimResult``."""
 
     def __init__(self, topology: Topology, jobs: Sequence[LiveJob], ordering: OrderingPolicy,
                  placement: PlacementPolicy, config: LiveConfig,
@@ -104,14 +106,17 @@ class LiveCluster:
                  executor: Executor | None = None) -> None:
         self.topology, self.config = topology, config
         self.plans: dict[int, JobPlan] = {j.spec.id: plan_of(j) for j in jobs}
+        # each entry declares its own application facts (its batch): for an elastic policy a
+        # live job is its own application
         self.jobs = [dataclasses.replace(j, spec=dataclasses.replace(
-            j.spec, not_preemptible=self.plans[j.spec.id].why_not)) for j in jobs]
+            j.spec, not_preemptible=self.plans[j.spec.id].why_not,
+            app=j.spec.app or j.spec.name)) for j in jobs]
         self.ordering = ordering
         self.executor: Executor = executor if executor is not None else LocalExecutor(
             config.python)
         self.core = SchedulerCore(topology, ordering, placement, admission)
         self.runs: dict[int, _Run] = {}
-        self.states: dict[int, JobState] = {}
+        self.states: dict[int, JobState] = self.core.states
         self.benched: set[int] = set()      # not kept by the last round: wait for the next
         self.stops: list[StopRecord] = []
         self.decisions: list[float] = []    # seconds each round / fill pass took
@@ -154,12 +159,7 @@ class LiveCluster:
         """Executed time and attained GPU-seconds of running jobs, up to now (LAS and
         Tiresias order by them)."""
         for run in self.runs.values():
-            st = run.state
-            dt = self.now - st.last_update
-            if dt > 0:
-                st.executed += dt
-                st.attained += dt * st.spec.gpus
-                st.last_update = self.now
+            self.core.catch_up(run.state, self.now)
 
     def _stop(self, run: _Run, why: str) -> None:
         if run.stop:
@@ -212,22 +212,15 @@ class LiveCluster:
 
     # ------------------------------------------------------------------ decisions
     def _round(self) -> None:
-        """Keep the first jobs of the order that fit (non-preemptible running jobs first),
-        stop the other running ones."""
+        """The core's preemptive round: the running jobs it does not keep are stopped (they
+        leave when their ranks are gone); the waiting ones it does not keep wait for the
+        next round. The kept ones start in the fill pass that follows."""
         self._account()
-        live = [r for r in self.runs.values() if not r.stop]
-        active = tuple(r.state for r in live) + tuple(self.core.waiting.values())
-        if not active:
-            return
-        order = self.ordering.order(active, self.now)
-        pinned = {r.state.spec.id for r in live if r.state.spec.not_preemptible}
-        first = [j for j in order if j in pinned] + [j for j in order if j not in pinned]
-        keep = keep_in_order(first, lambda jid: self.states[jid].spec.gpus,
-                             self.core.cluster.capacity)
-        for r in live:
-            if r.state.spec.id not in keep:
-                self._stop(r, "preempt")
-        self.benched = {j for j in self.core.waiting if j not in keep}
+        live = [r.state for r in self.runs.values() if not r.stop]
+        keep = self.core.preemptive_round(
+            live, self.now, lambda st: self._stop(self.runs[st.spec.id], "preempt"), None)
+        if keep is not None:
+            self.benched = {j for j in self.core.waiting if j not in keep}
 
     def _fill(self) -> None:
         if not self.round_s:
@@ -248,26 +241,18 @@ class LiveCluster:
             path = out / "configs" / f"{job.spec.name}.json"
             path.write_text(json.dumps(job.config, indent=2) + "\n")
         self._by_id = {j.spec.id: j for j in self.jobs}
-        res = SimResult([], [], capacity=self.core.cluster.capacity)
+        res = self.core.result
         pending = sorted(self.jobs, key=lambda j: (j.spec.submit, j.spec.id))
         round_s = self.round_s
         next_round = round_s if round_s else float("inf")
         t0 = time.monotonic()
         wall0 = time.perf_counter()
-        last = (-1, -1)
-        c = self.core.cluster
         try:
             while True:
                 self.now = time.monotonic() - t0
                 while pending and pending[0].spec.submit <= self.now:
-                    spec = pending.pop(0).spec
                     res.events += 1
-                    arrival = self.core.arrive(spec, self.now)
-                    if arrival.state is None:
-                        res.rejected.append((spec, arrival.reason))
-                        res.oversize += arrival.oversize
-                    else:
-                        self.states[spec.id] = arrival.state
+                    self.core.submit(pending.pop(0).spec, self.now)
                 res.events += self._reap()
                 t = time.perf_counter()
                 if self.now >= next_round:
@@ -276,12 +261,7 @@ class LiveCluster:
                     next_round = self.now + round_s
                 self._fill()
                 self.decisions.append(time.perf_counter() - t)
-                if (c.busy, len(self.core.waiting)) != last:
-                    last = (c.busy, len(self.core.waiting))
-                    res.times.append(self.now)
-                    res.busy.append(c.busy)
-                    res.queue.append(len(self.core.waiting))
-                    res.frag.append(c.fragmentation)
+                self.core.sample(self.now)
                 if not self.runs and not pending:
                     break   # done (anything still waiting could not start on an idle cluster)
                 wait = self.config.poll_s
@@ -291,7 +271,4 @@ class LiveCluster:
         finally:
             # interrupted (Ctrl-C) or failed: never leave training processes behind
             self.executor.close()
-        res.jobs = [self.states[j.spec.id] for j in self.jobs if j.spec.id in self.states]
-        res.fragmentation_blocked = self.core.fragmentation_blocked
-        res.wall_s = time.perf_counter() - wall0
-        return res
+        return self.core.finish([j.spec for j in self.jobs], time.perf_counter() - wall0)

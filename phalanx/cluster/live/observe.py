@@ -79,6 +79,7 @@ class JobObserver:
     parts: dict[int, dict[int, dict]] = field(default_factory=dict)
     noise: NoiseScale = field(default_factory=NoiseScale)
     warm: int = 0       # perf windows still to drop: the first after every (re)start
+    epoch: int = 0      # the last epoch the job reported (train, eval, checkpoint events)
 
     def read(self, nodes: int, slowdown: float = 1.0) -> tuple[list[Observation], list[Window]]:
         """Take in new events (the job runs on ``nodes`` nodes now); return the set-ups
@@ -92,6 +93,8 @@ class JobObserver:
         ready, fresh = [], []
         for e in self.tail.new():
             kind = e.get("kind")
+            if isinstance(e.get("epoch"), int):
+                self.epoch = e["epoch"]
             if kind == "noise":
                 self.g2, self.s = float(e.get("g2") or math.nan), float(e.get("s") or math.nan)
             elif kind == "noise_part":

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from phalanx.cluster.core.view import Choice, JobView
 from phalanx.cluster.model.learned import Facts, Learner
-from phalanx.cluster.policies.goodput import Choice, JobView, check_goodput_flags, greedy
+from phalanx.cluster.policies.goodput import check_goodput_flags, greedy
 from phalanx.errors import ConfigError
 
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from phalanx.cluster.core.view import Choice, JobView
 from phalanx.cluster.model.learned import Facts, Learner
-from phalanx.cluster.policies.goodput import Choice, JobView, greedy
+from phalanx.cluster.policies.goodput import greedy
 from phalanx.cluster.policies.pollux_ga import Problem, fronts, nsga2
 from phalanx.errors import ConfigError
 

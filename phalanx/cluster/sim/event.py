@@ -19,11 +19,12 @@ import heapq
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from phalanx.cluster.core.allocator import Placement
 from phalanx.cluster.core.jobs import JobSpec, JobState
-from phalanx.cluster.core.scheduler import SchedulerCore, keep_in_order
+from phalanx.cluster.core.result import SimResult
+from phalanx.cluster.core.scheduler import SchedulerCore
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.model.perf import PerfModel, Shape
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
@@ -42,21 +43,6 @@ class SimConfig:
     def __post_init__(self) -> None:
         if not (0 <= self.checkpoint_cost_s < math.inf):
             raise ConfigError(f"--checkpoint-cost must be >= 0, got {self.checkpoint_cost_s}")
-
-
-@dataclass
-class SimResult:
-    jobs: list[JobState]
-    rejected: list[tuple[JobSpec, str]]
-    times: list[float] = field(default_factory=list)      # series: at each change
-    busy: list[int] = field(default_factory=list)
-    queue: list[int] = field(default_factory=list)
-    frag: list[float] = field(default_factory=list)
-    events: int = 0
-    wall_s: float = 0.0
-    fragmentation_blocked: int = 0
-    capacity: int = 0
-    oversize: int = 0       # rejected because the gang can never fit this cluster
 
 
 def allocation_shape(topology: Topology, perf: PerfModel, spec: JobSpec, p: Placement
@@ -98,6 +84,11 @@ class _Running:
 
 
 class Simulator:
+    """The event engine: owns the clock (a heap of arrivals, completions and rounds), each
+    running job's rate under the perf model (re-rated when a neighbour starts or stops)
+    and its completion. Queue, admission, the fill pass and the preemptive round are the
+    ``SchedulerCore``'s."""
+
     def __init__(self, topology: Topology, jobs: Sequence[JobSpec], ordering: OrderingPolicy,
                  placement: PlacementPolicy, perf: PerfModel,
                  admission: AdmissionPolicy | None = None, config: SimConfig | None = None
@@ -112,7 +103,7 @@ class Simulator:
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
-        self.states: dict[int, JobState] = {}
+        self.states: dict[int, JobState] = self.core.states
         self.running: dict[int, JobState] = {}
         self._run_info: dict[int, _Running] = {}
         self._server_jobs: list[dict[int, None]] = [{} for _ in topology.servers]
@@ -126,15 +117,11 @@ class Simulator:
 
     # ------------------------------------------------------------------ progress
     def _advance(self, st: JobState) -> None:
-        now = self.now
-        dt = now - st.last_update
-        if dt > 0:
-            st.executed += dt
-            st.attained += dt * st.spec.gpus
-            start = max(st.last_update, st.progress_from)
+        now, before = self.now, st.last_update
+        if self.core.catch_up(st, now):
+            start = max(before, st.progress_from)
             if now > start:
                 st.remaining -= st.rate * (now - start)
-            st.last_update = now
 
     def _crowding(self, info: _Running) -> float:
         c = self.cluster
@@ -229,23 +216,15 @@ class Simulator:
         self.core.fill(self.now, self._start)
 
     def _round(self) -> None:
-        active = tuple(self.running.values()) + tuple(self.waiting.values())
-        if not active:
-            return
         for st in self.running.values():
             self._advance(st)      # attained service must be current for LAS / Tiresias
-        order = self.ordering.order(active, self.now)
-        keep = keep_in_order(order, lambda jid: self.states[jid].spec.gpus,
-                             self.cluster.capacity)
-        for st in [s for s in self.running.values() if s.spec.id not in keep]:
-            self._preempt(st)
-        self.core.try_start([j for j in order if j in keep], self._start)
+        self.core.preemptive_round(self.running.values(), self.now, self._preempt, self._start)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> SimResult:
         t0 = time.perf_counter()
         c = self.cluster
-        self.result = res = SimResult([], [], capacity=c.capacity)
+        self.result = res = self.core.result
         for spec in self.specs:
             self._push(spec.submit, _ARRIVE, spec.id)
         pending_arrivals = len(self.specs)
@@ -256,7 +235,6 @@ class Simulator:
         progress = Progress(len(self.specs), "simulate", enabled=self.config.progress)
         done = 0
         heap = self._heap
-        last = (-1, -1)
         while heap:
             self.now = now = heap[0][0]
             do_round = False
@@ -271,7 +249,7 @@ class Simulator:
                     done += 1
                 elif kind == _ARRIVE:
                     pending_arrivals -= 1
-                    self._arrive(by_id[jid])
+                    self.core.submit(by_id[jid], now)
                 else:
                     do_round = True
             if do_round:
@@ -283,25 +261,9 @@ class Simulator:
                 self._push(now + round_s, _ROUND, -1)
             if self.config.check_invariants:
                 c.check_invariants()
-            if (c.busy, len(self.waiting)) != last:
-                last = (c.busy, len(self.waiting))
-                res.times.append(now)
-                res.busy.append(c.busy)
-                res.queue.append(len(self.waiting))
-                res.frag.append(c.fragmentation)
+            self.core.sample(now)
             if done % 512 == 0:
                 progress.update(done + len(res.rejected), clock_h=now / 3600)
         progress.update(len(self.specs))
         progress.close()
-        res.jobs = [self.states[s.id] for s in self.specs if s.id in self.states]
-        res.fragmentation_blocked = self.core.fragmentation_blocked
-        res.wall_s = time.perf_counter() - t0
-        return res
-
-    def _arrive(self, spec: JobSpec) -> None:
-        arrival = self.core.arrive(spec, self.now)
-        if arrival.state is None:
-            self.result.rejected.append((spec, arrival.reason))
-            self.result.oversize += arrival.oversize
-            return
-        self.states[spec.id] = arrival.state
+        return self.core.finish(self.specs, time.perf_counter() - t0)

@@ -29,15 +29,16 @@ from dataclasses import dataclass, replace
 
 from phalanx.cluster.core.allocator import Placement
 from phalanx.cluster.core.jobs import JobSpec, JobState
-from phalanx.cluster.core.scheduler import SchedulerCore, keep_in_order
+from phalanx.cluster.core.result import SimResult
+from phalanx.cluster.core.scheduler import SchedulerCore
 from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.core.view import Choice, ElasticPolicy, job_view
 from phalanx.cluster.model.learned import Learner
 from phalanx.cluster.model.perf import PerfModel
 from phalanx.cluster.model.profiles import BatchConfig, PolluxApplication
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, Pack, PlacementPolicy
-from phalanx.cluster.policies.goodput import ElasticPolicy, JobView
 from phalanx.cluster.policies.placement import place_on
-from phalanx.cluster.sim.event import SimResult, allocation_shape
+from phalanx.cluster.sim.event import allocation_shape
 from phalanx.errors import ConfigError
 from phalanx.metrics import Progress
 
@@ -152,6 +153,12 @@ def _counts_in_order(topology: Topology, p: Placement) -> tuple[int, ...]:
 
 
 class IntervalSimulator:
+    """The interval engine: owns the clock (fixed boundaries, arrivals and completions seen
+    there), each job's progress (Pollux applications epoch by epoch, at the batch its
+    allocation gives it), restart costs, and how an allocation is applied (``_start``,
+    ``_stop``; for an elastic policy the ``ElasticEngine`` hooks ``keep`` / ``vacate`` /
+    ``move`` / ``place``). The rounds themselves are the ``SchedulerCore``'s."""
+
     def __init__(self, topology: Topology, jobs: Sequence[JobSpec], ordering: OrderingPolicy,
                  placement: PlacementPolicy, perf: PerfModel,
                  admission: AdmissionPolicy | None = None,
@@ -161,9 +168,9 @@ class IntervalSimulator:
         self.ordering, self.placement = ordering, placement
         self.perf, self.config = perf, config if config is not None else IntervalConfig()
         self.elastic = elastic
-        self.core = SchedulerCore(topology, ordering, placement, admission)
+        self.core = SchedulerCore(topology, ordering, placement, admission, elastic)
         self.cluster = self.core.cluster
-        self.states: dict[int, JobState] = {}
+        self.states: dict[int, JobState] = self.core.states
         self.runs: dict[int, _Run] = {}
         self.running: dict[int, JobState] = {}
         self.now = 0.0
@@ -216,61 +223,38 @@ class IntervalSimulator:
 
     # ------------------------------------------------------------------ policies
     def _round(self) -> None:
-        """Non-elastic: the round of ``Simulator`` at every boundary."""
-        core = self.core
+        """Non-elastic: the core's preemptive round at every boundary (a FIFO-like
+        ordering only fills)."""
         if not self.ordering.preemptive:
-            core.fill(self.now, self._start)
+            self.core.fill(self.now, self._start)
             return
-        active = tuple(self.running.values()) + tuple(core.waiting.values())
-        if not active:
-            return
-        order = self.ordering.order(active, self.now)
-        keep = keep_in_order(order, lambda jid: self.states[jid].spec.gpus,
-                             self.cluster.capacity)
-        for st in [s for s in self.running.values() if s.spec.id not in keep]:
-            self._preempt(st)
-        core.try_start([j for j in order if j in keep], self._start)
-
-    def _view(self, jid: int, st: JobState) -> JobView:
-        run = self.runs[jid]
-        held: dict[int, int] = {}
-        if st.running:
-            for d in st.placements[-1][1]:
-                s = self.topology.device_server[d]
-                held[s] = held.get(s, 0) + 1
-        # remaining work only for a policy that declares it uses it
-        remaining = run.remaining(st.spec) if self.elastic.uses_remaining else None
-        return JobView(jid, st.spec.model, st.spec.submit, run.epoch, remaining,
-                       sum(run.counts) if st.running else 0, st.attained,
-                       st.spec.batch_size, tuple(sorted(held.items())),
-                       max(len(st.placements) - 1, 0))
+        self.core.preemptive_round(self.running.values(), self.now, self._preempt,
+                                   self._start)
 
     def _elastic_round(self) -> None:
-        pol = self.elastic
-        views = [self._view(jid, st) for jid, st in
-                 list(self.running.items()) + list(self.core.waiting.items())]
-        if not views:
-            return
-        choice = pol.allocate(tuple(views), self.cluster.capacity, self.now)
-        # shrink / stop first, so the growing jobs find the GPUs
-        moves = []
-        for v in views:
-            c = choice[v.id]
-            st, run = self.states[v.id], self.runs[v.id]
-            same = c.servers == v.placement if c.servers else c.gpus == v.gpus
-            if same:
-                if c.gpus and c.config is not None and c.config != run.cfg:
-                    # a new batch on the same GPUs: re-scaled between steps, no restart
-                    run.cfg = c.config
-                    run.step_t = run.app.config_step_time(run.counts, c.config)
-                continue
-            if v.gpus:
-                if c.gpus == 0:
-                    self._preempt(st)
-                    continue
-                self._stop(st)
-                self.core.enqueue(st)
-            moves.append((c, st))
+        views = [job_view(st, self.topology, self.elastic, held=st.running,
+                          epoch=self.runs[jid].epoch,
+                          remaining=self.runs[jid].remaining(st.spec))
+                 for jid, st in list(self.running.items()) + list(self.core.waiting.items())]
+        self.core.elastic_round(views, self.cluster.capacity, self.now, self)
+
+    # the elastic round's answer, applied (``ElasticEngine``)
+    def keep(self, st: JobState, c: Choice) -> None:
+        run = self.runs[st.spec.id]
+        if c.gpus and c.config is not None and c.config != run.cfg:
+            # a new batch on the same GPUs: re-scaled between steps, no restart
+            run.cfg = c.config
+            run.step_t = run.app.config_step_time(run.counts, c.config)
+
+    def vacate(self, st: JobState) -> None:
+        self._preempt(st)
+
+    def move(self, st: JobState, c: Choice) -> None:
+        if st.running:
+            self._stop(st)
+            self.core.enqueue(st)
+
+    def place(self, moves: Sequence[tuple[Choice, JobState]]) -> None:
         pack = Pack()
         for c, st in sorted(moves, key=lambda m: (-m[0].gpus, m[1].spec.submit, m[1].id)):
             if c.servers:
@@ -285,7 +269,7 @@ class IntervalSimulator:
         t0 = time.perf_counter()
         c, cfg = self.cluster, self.config
         step = cfg.interval_s
-        res = SimResult([], [], capacity=c.capacity)
+        res = self.core.result
         specs, nxt = self.specs, 0
         progress = Progress(len(specs), "simulate", enabled=cfg.progress)
         done = 0
@@ -296,8 +280,7 @@ class IntervalSimulator:
                 run = self.runs[jid]
                 end = run.advance(self.now, step)
                 held = step if end is None else end - self.now
-                st.executed += held
-                st.attained += held * len(st.placements[-1][1])
+                self.core.serve(st, held, len(st.placements[-1][1]))
                 st.service_marks.append((self.now + step, st.attained))
                 if end is not None:
                     st.end = end
@@ -313,7 +296,7 @@ class IntervalSimulator:
                 done += 1
             # 2. arrivals up to this boundary
             while nxt < len(specs) and specs[nxt].submit <= self.now:
-                self._arrive(specs[nxt], res)
+                self._arrive(specs[nxt])
                 nxt += 1
             # 3. the policy's next allocation
             if self.elastic is not None:
@@ -322,10 +305,7 @@ class IntervalSimulator:
                 self._round()
             if cfg.check_invariants:
                 c.check_invariants()
-            res.times.append(self.now)
-            res.busy.append(c.busy)
-            res.queue.append(len(self.core.waiting))
-            res.frag.append(c.fragmentation)
+            self.core.sample(self.now, every=True)
             if done % 64 == 0:
                 progress.update(done + len(res.rejected), clock_h=self.now / 3600)
             if not self.running:
@@ -337,23 +317,16 @@ class IntervalSimulator:
                     self.now = max(self.now, k * step)
         progress.update(len(specs))
         progress.close()
-        res.jobs = [self.states[s.id] for s in self.specs if s.id in self.states]
+        res = self.core.finish(self.specs, time.perf_counter() - t0)
         res.jobs.sort(key=lambda st: st.spec.id)
-        res.fragmentation_blocked = self.core.fragmentation_blocked
-        res.wall_s = time.perf_counter() - t0
         return res
 
-    def _arrive(self, spec: JobSpec, res: SimResult) -> None:
+    def _arrive(self, spec: JobSpec) -> None:
         if self.elastic is not None:
             # the elastic policy picks the GPU count: the trace's gang size is ignored
             spec = replace(spec, gpus=1)
-        arrival = self.core.arrive(spec, self.now)
-        if arrival.state is None:
-            res.rejected.append((spec, arrival.reason))
-            res.oversize += arrival.oversize
+        if self.core.submit(spec, self.now) is None:
             return
-        st = arrival.state
-        self.states[spec.id] = st
         app = self.perf.pollux.get(spec.model) if self.perf.is_step_based(spec) else None
         learner = getattr(self.elastic, "learner", None) if app is not None else None
         self.runs[spec.id] = _Run(app, spec.work, learner, spec.id)

@@ -7,10 +7,13 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from phalanx.cluster.core.clusters import resolve_cluster
+from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.report import Summary, summarise
+from phalanx.cluster.core.result import SimResult
+from phalanx.cluster.core.scheduler import usable_gpus
 from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.core.view import ElasticPolicy
 from phalanx.cluster.model.perf import PerfModel, PerfOptions
 from phalanx.cluster.model.profiles import load_pollux_apps, load_profiles
 from phalanx.cluster.policies import (
@@ -22,11 +25,11 @@ from phalanx.cluster.policies import (
     make_placement,
     parse_quota,
 )
-from phalanx.cluster.policies.goodput import ElasticPolicy, GoodputPolicy
+from phalanx.cluster.policies.goodput import GoodputPolicy
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy, LearnedOptions
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S
 from phalanx.cluster.policies.pollux import PolluxPolicy
-from phalanx.cluster.sim.event import SimConfig, SimResult, Simulator
+from phalanx.cluster.sim.event import SimConfig, Simulator
 from phalanx.cluster.sim.interval import MIN_INTERVAL_S, IntervalConfig, IntervalSimulator
 from phalanx.cluster.sim.traces import Trace, TraceOptions, load_trace
 from phalanx.errors import ConfigError
@@ -34,11 +37,6 @@ from phalanx.errors import ConfigError
 ELASTIC = "goodput"     # the elastic policy's name (interval engine only)
 ELASTICS = (ELASTIC, "pollux")   # elastic policies: GPUs (and batch) per job
 PROFILES = ("learned", "oracle")
-
-
-def default_data_dir() -> Path:
-    """``../shared/data`` next to the repository root (where CI has it too)."""
-    return (Path(__file__).resolve().parents[3] / ".." / "shared" / "data").resolve()
 
 
 @dataclass(frozen=True)
@@ -183,11 +181,6 @@ def apply_preset(name: str, given: dict[str, object]) -> dict[str, object]:
     out.update(given)
     out["preset"] = name
     return out
-
-
-def usable_gpus(topology: Topology) -> int:
-    """The largest gang the cluster can ever run: each GPU needs one CPU core."""
-    return sum(min(s.num_devices, s.cpu_cores) for s in topology.servers)
 
 
 def check_fits(inputs: Inputs) -> int:
