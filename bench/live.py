@@ -50,7 +50,7 @@ import _common
 
 from phalanx.cluster.core.clusters import resolve_cluster
 from phalanx.cluster.core.topology import Topology
-from phalanx.cluster.live.engines.base import LocalExecutor
+from phalanx.cluster.live.engines.local import LocalExecutor
 from phalanx.cluster.live.engines.ray import RayExecutor, ray_cluster
 from phalanx.cluster.live.engines.slurm.executor import SlurmExecutor
 from phalanx.cluster.live.engines.slurm.local import check_installed, slurm_cluster

@@ -16,19 +16,18 @@ import argparse
 import contextlib
 from pathlib import Path
 
+from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
 from phalanx.cluster.core.report import summarise, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.core.result import SimResult
-from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.elastic import ElasticLiveCluster
-from phalanx.cluster.live.engines.base import Executor, LocalExecutor
-from phalanx.cluster.live.engines.ray import RayExecutor, ray_cluster
-from phalanx.cluster.live.engines.slurm.executor import SlurmExecutor
-from phalanx.cluster.live.engines.slurm.local import slurm_cluster
+from phalanx.cluster.live.engines import ENGINES
+from phalanx.cluster.live.engines.base import EngineOptions
 from phalanx.cluster.live.joblist import check_fits, check_settings, load_job_list
 from phalanx.cluster.live.loop import LiveCluster, LiveConfig
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
+from phalanx.cluster.policies.ordering import parse_thresholds
 from phalanx.errors import ConfigError
 
 
@@ -42,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", default="uniform:1,1,1,2",
                    help="the devices as a topology: uniform:Z,R,S,G or a YAML configuration "
                         "set (default uniform:1,1,1,2 = 2 devices on one server)")
-    p.add_argument("--engine", default="local", choices=("local", "ray", "slurm"),
+    p.add_argument("--engine", default="local", choices=ENGINES.names(),
                    help="local: every device is a slot on this machine; ray: one Ray node "
                         "per server; slurm: one Slurm node per server (default local)")
     p.add_argument("--ray-address", default="",
@@ -84,16 +83,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_schedule)
 
 
-def _thresholds(text: str) -> tuple[float, ...] | None:
-    if not text:
-        return None
-    try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--tiresias-thresholds {text!r}: not a comma list of numbers"
-                          ) from None
-
-
 def _cmd_schedule(args: argparse.Namespace) -> int:
     if args.policy not in (*ORDERINGS, "goodput"):
         raise ConfigError(f"--policy {args.policy}: unknown (choose from "
@@ -102,11 +91,12 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         raise ConfigError("--ray-address: only with --engine ray")
     if args.slurm_partition and args.engine != "slurm":
         raise ConfigError("--slurm-partition: only with --engine slurm")
-    if not 0 <= args.restart_cost < float("inf"):
-        raise ConfigError(f"--restart-cost must be a finite number >= 0, got {args.restart_cost}")
+    cadence = Cadence(args.interval, args.restart_cost)
+    thresholds = (parse_thresholds(args.tiresias_thresholds) if args.tiresias_thresholds
+                  else None)
     elastic = args.policy == "goodput"
     ordering = make_ordering("fifo" if elastic else args.policy, args.slot,
-                             _thresholds(args.tiresias_thresholds), args.starvation)
+                             thresholds, args.starvation)
     placement = make_placement(args.placement, args.threshold, args.hysteresis)
     config = LiveConfig(Path(args.out).absolute(), poll_s=args.poll, job_timeout_s=args.job_timeout,
                         grace_s=args.grace)
@@ -120,16 +110,18 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     except OSError:
         raise ConfigError(f"--out {out}: cannot create a folder there") from None
     with contextlib.ExitStack() as stack:
-        executor = _executor(args, topology, config, stack)
+        # the engine's executor; a cluster it starts here is stopped when ``stack`` closes
+        executor = ENGINES.get(args.engine)(topology, EngineOptions(
+            python=config.python, ray_address=args.ray_address,
+            slurm_partition=args.slurm_partition), stack)
         if elastic:
             # a cluster started here has this machine's cores under every server; an
             # existing one has the cores its topology declares per server
             cores = (CoreShare.per_server(topology)
                      if args.ray_address or args.slurm_partition
                      else CoreShare.this_machine(topology))
-            live = ElasticLiveCluster(topology, jobs, placement, config, args.interval,
-                                      args.restart_cost, args.goodput_horizon, executor,
-                                      cores)
+            live = ElasticLiveCluster(topology, jobs, placement, config, cadence,
+                                      args.goodput_horizon, executor, cores)
             for job in live.jobs:
                 why = live.why_fixed[job.spec.id]
                 if why:
@@ -142,18 +134,6 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         res = live.run()
     _report(args, res, placement.name, topology.name, out)
     return 0
-
-
-def _executor(args: argparse.Namespace, topology: Topology, config: LiveConfig,
-              stack: contextlib.ExitStack) -> Executor:
-    """The engine's executor; a cluster it starts here is stopped when ``stack`` closes."""
-    if args.engine == "ray":
-        address = stack.enter_context(ray_cluster(topology, args.ray_address))
-        return RayExecutor(topology, address, config.python)
-    if args.engine == "slurm":
-        target = stack.enter_context(slurm_cluster(topology, args.slurm_partition))
-        return SlurmExecutor(topology, target, config.python)
-    return LocalExecutor(config.python)
 
 
 def _report(args: argparse.Namespace, res: SimResult, placement: str, cluster: str,

@@ -17,8 +17,9 @@ from pathlib import Path
 from phalanx.cluster.cli.schedule import register as register_schedule
 from phalanx.cluster.core.report import Summary, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
+from phalanx.cluster.policies.ordering import parse_thresholds
 from phalanx.cluster.sim.run import (
-    ELASTICS,
+    ELASTIC,
     PRESETS,
     PROFILES,
     SimulateOptions,
@@ -29,7 +30,7 @@ from phalanx.cluster.sim.run import (
     simulate,
     with_policy,
 )
-from phalanx.cluster.studies.pollux import run_study
+from phalanx.cluster.studies import STUDIES, run_study
 from phalanx.errors import ConfigError
 
 
@@ -43,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "configuration set (default philly-2048; preset pollux-artifact: "
                         "pollux-64)")
     p.add_argument("--policy", default="fifo",
-                   help=f"ordering: {', '.join(ORDERINGS)}; or elastic ({', '.join(ELASTICS)}: "
+                   help=f"ordering: {', '.join(ORDERINGS)}; or elastic ({', '.join(ELASTIC)}: "
                         f"GPUs and batch per job, interval engine; pollux = the Pollux "
                         f"artifact's policy)")
     p.add_argument("--placement", default=None,
@@ -52,11 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", default="",
                    help="comma list of orderings (or ORDERING:PLACEMENT) to run on the same "
                         "input; prints one table")
-    p.add_argument("--study", choices=("pollux", "pollux-ablation", "load"), default=None,
-                   help="pollux: mean JCT table on the 8 Pollux workloads (artifact, our "
-                        "pollux, goodput); pollux-ablation: the learned policies' "
-                        "ablations; load: "
-                        "pack/spread/load-adaptive at three Philly load levels")
+    p.add_argument("--study", choices=STUDIES.names(), default=None,
+                   help="; ".join(f"{n}: {STUDIES.help(n)}" for n in STUDIES))
     p.add_argument("--threshold", type=float, default=0.5,
                    help="load-adaptive: spread below this utilisation (default 0.5)")
     p.add_argument("--hysteresis", type=float, default=None,
@@ -129,14 +127,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_schedule(sub)
 
 
-def _thresholds(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--tiresias-thresholds {text!r}: not a comma list of numbers"
-                          ) from None
-
-
 def _options(args: argparse.Namespace) -> SimulateOptions:
     given: dict[str, object] = dict(
         trace=args.trace, ordering=args.policy, threshold=args.threshold, slot_s=args.slot,
@@ -156,7 +146,7 @@ def _options(args: argparse.Namespace) -> SimulateOptions:
                     restart_first=(None if args.restart_first is None
                                    else args.restart_first == "yes"),
                     tiresias_thresholds=(None if args.tiresias_thresholds is None
-                                         else _thresholds(args.tiresias_thresholds)),
+                                         else parse_thresholds(args.tiresias_thresholds)),
                     interference=False if args.no_interference else None)
     given.update({k: v for k, v in optional.items() if v is not None})
     return SimulateOptions(**apply_preset(args.preset or "", given))
@@ -164,7 +154,7 @@ def _options(args: argparse.Namespace) -> SimulateOptions:
 
 def _check_policies(pairs: list[tuple[str, str]]) -> None:
     for o, p in pairs:
-        if o not in ORDERINGS and o not in ELASTICS:
+        if o not in ORDERINGS and o not in ELASTIC:
             raise ConfigError(f"policy {o!r}: unknown ordering (choose from "
                               f"{', '.join(ORDERINGS)})")
         if p not in PLACEMENTS:

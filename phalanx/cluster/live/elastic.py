@@ -38,6 +38,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
+from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.jobs import JobState
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.core.view import Choice, job_view
@@ -78,20 +79,19 @@ class ElasticLiveCluster(LiveCluster):
     from its checkpoint rewritten for its new size (its strategy's resize hook)."""
 
     def __init__(self, topology: Topology, jobs: Sequence[LiveJob],
-                 placement: PlacementPolicy, config: LiveConfig, interval_s: float,
-                 restart_s: float = 30.0, horizon_s: float = 1800.0,
-                 executor: Executor | None = None, cores: CoreShare | None = None) -> None:
-        if not 0 < interval_s < float("inf"):
-            raise ConfigError(f"--interval must be a finite number > 0, got {interval_s}")
+                 placement: PlacementPolicy, config: LiveConfig, cadence: Cadence,
+                 horizon_s: float = 1800.0, executor: Executor | None = None,
+                 cores: CoreShare | None = None) -> None:
         super().__init__(topology, jobs, FIFO(), placement, config, executor=executor)
-        self.round_s = interval_s
+        self.round_s = cadence.interval_s
         cap = topology.num_devices
         self.why_fixed = {j.spec.id: self._why_fixed(j) for j in self.jobs}
         elastic = [j for j in self.jobs if not self.why_fixed[j.spec.id]]
         self.policy = LearnedGoodputPolicy({j.spec.application: job_facts(j, cap)
                                             for j in elastic},
                                            node_gpus=max(topology.server_size),
-                                           restart_s=restart_s, horizon_s=horizon_s)
+                                           restart_s=cadence.restart_cost_s,
+                                           horizon_s=horizon_s)
         self.core.elastic = self.policy
         # CPU jobs' ranks share their machines' cores (``cores``: None, never crowded)
         self.cores = cores

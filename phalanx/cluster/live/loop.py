@@ -35,7 +35,8 @@ from phalanx.cluster.core.jobs import JobState
 from phalanx.cluster.core.result import SimResult
 from phalanx.cluster.core.scheduler import SchedulerCore
 from phalanx.cluster.core.topology import Topology
-from phalanx.cluster.live.engines.base import Executor, Gang, LocalExecutor
+from phalanx.cluster.live.engines.base import Executor, Gang
+from phalanx.cluster.live.engines.local import LocalExecutor
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.launch_plan import JobPlan, build_gang, plan_of, resumable
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy

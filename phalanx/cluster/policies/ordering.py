@@ -177,6 +177,24 @@ class RoundRobin:
             jobs, key=lambda j: (j.last_start, j.spec.submit, j.spec.id)))
 
 
+def check_thresholds(t: tuple[float, ...]) -> None:
+    """``--tiresias-thresholds``: finite GPU-seconds > 0, strictly increasing."""
+    if not t or any(not 0 < x < math.inf for x in t) or list(t) != sorted(set(t)):
+        raise ConfigError(f"--tiresias-thresholds must be finite GPU-seconds > 0, "
+                          f"strictly increasing, got {','.join(map(str, t))}")
+
+
+def parse_thresholds(text: str) -> tuple[float, ...]:
+    """``--tiresias-thresholds`` as typed: a comma list of GPU-seconds."""
+    try:
+        t = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--tiresias-thresholds {text!r}: not a comma list of numbers"
+                          ) from None
+    check_thresholds(t)
+    return t
+
+
 def _tiresias(slot_s: float, thresholds: tuple[float, ...] | None,
               starvation: float | None) -> OrderingPolicy:
     d = Tiresias()

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from phalanx.cluster.core.allocator import Placement
+from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.jobs import JobSpec, JobState
 from phalanx.cluster.core.result import SimResult
 from phalanx.cluster.core.scheduler import SchedulerCore
@@ -42,26 +43,13 @@ from phalanx.cluster.sim.event import allocation_shape
 from phalanx.errors import ConfigError
 from phalanx.metrics import Progress
 
-# a scheduler decides every few seconds at the fastest; a smaller step only multiplies the
-# rounds (a 1e-9 s interval never ended)
-MIN_INTERVAL_S = 1.0
-
 
 @dataclass(frozen=True)
-class IntervalConfig:
-    interval_s: float = 60.0
-    restart_cost_s: float = 30.0
-    restart_first: bool = True     # the first start pays the restart cost too
+class IntervalConfig(Cadence):
+    """The engine's cadence (checked by ``Cadence``) and its run switches."""
+
     progress: bool = False
     check_invariants: bool = False
-
-    def __post_init__(self) -> None:
-        if not MIN_INTERVAL_S <= self.interval_s < math.inf:
-            raise ConfigError(f"--interval must be a finite number >= {MIN_INTERVAL_S:g} seconds, "
-                              f"got {self.interval_s}")
-        if not 0 <= self.restart_cost_s < math.inf:
-            raise ConfigError(f"--restart-cost must be a finite number >= 0 seconds, "
-                              f"got {self.restart_cost_s}")
 
 
 class _Run:

@@ -4,9 +4,12 @@ dataclass in, a summary and the raw result out."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from phalanx.catalog import Catalog
+from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.report import Summary, summarise
@@ -25,17 +28,16 @@ from phalanx.cluster.policies import (
     make_placement,
     parse_quota,
 )
-from phalanx.cluster.policies.goodput import GoodputPolicy
+from phalanx.cluster.policies.goodput import GoodputPolicy, check_goodput_flags
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy, LearnedOptions
-from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S
+from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S, check_thresholds
+from phalanx.cluster.policies.placement import PlacementOptions
 from phalanx.cluster.policies.pollux import PolluxPolicy
 from phalanx.cluster.sim.event import SimConfig, Simulator
-from phalanx.cluster.sim.interval import MIN_INTERVAL_S, IntervalConfig, IntervalSimulator
+from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.sim.traces import Trace, TraceOptions, load_trace
 from phalanx.errors import ConfigError
 
-ELASTIC = "goodput"     # the elastic policy's name (interval engine only)
-ELASTICS = (ELASTIC, "pollux")   # elastic policies: GPUs (and batch) per job
 PROFILES = ("learned", "oracle")
 
 
@@ -84,23 +86,14 @@ class SimulateOptions:
 
     def __post_init__(self) -> None:
         # flags are checked here, before any file is read or any run starts
-        if self.interval_s is not None and not MIN_INTERVAL_S <= self.interval_s < math.inf:
-            raise ConfigError(f"--interval must be a finite number >= {MIN_INTERVAL_S:g} seconds, "
-                              f"got {self.interval_s}")
-        if not 0.0 <= self.restart_cost_s < math.inf:
-            raise ConfigError(f"--restart-cost must be a finite number >= 0 seconds, "
-                              f"got {self.restart_cost_s}")
+        # (each section checks its own flags, once)
+        self.cadence()
         if self.tiresias_thresholds is not None:
-            t = self.tiresias_thresholds
-            if (not t or any(not 0 < x < math.inf for x in t) or list(t) != sorted(set(t))):
-                raise ConfigError(f"--tiresias-thresholds must be finite GPU-seconds > 0, "
-                                  f"strictly increasing, got {','.join(map(str, t))}")
+            check_thresholds(self.tiresias_thresholds)
         if self.starvation is not None and not 0.0 <= self.starvation < math.inf:
             raise ConfigError(f"--starvation must be a finite number >= 0 (0 = off), "
                               f"got {self.starvation}")
-        if self.goodput_priority not in ("srpt", "las", "none"):
-            raise ConfigError(f"--goodput-priority {self.goodput_priority}: unknown (choose "
-                              f"from srpt, las, none)")
+        check_goodput_flags(self.goodput_priority, self.goodput_horizon_s)
         if self.goodput_batch not in ("adaptive", "fixed"):
             raise ConfigError(f"--goodput-batch {self.goodput_batch}: unknown (choose from "
                               f"adaptive, fixed)")
@@ -117,14 +110,7 @@ class SimulateOptions:
         if not 1 <= self.pollux_generations <= 10000:
             raise ConfigError(f"--pollux-generations must be an integer in 1..10000, "
                               f"got {self.pollux_generations}")
-        if not 0.0 < self.goodput_horizon_s < math.inf:
-            raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
-                              f"got {self.goodput_horizon_s}")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ConfigError(f"--threshold must be in [0, 1], got {self.threshold}")
-        if self.hysteresis is not None and not 0.0 <= self.hysteresis <= self.threshold:
-            raise ConfigError(f"--hysteresis must be in [0, threshold={self.threshold}], "
-                              f"got {self.hysteresis}")
+        PlacementOptions(threshold=self.threshold, hysteresis=self.hysteresis)
         if not 0.0 <= self.interference_scale < math.inf:
             raise ConfigError(f"--interference-scale must be a finite number >= 0, "
                               f"got {self.interference_scale}")
@@ -136,6 +122,11 @@ class SimulateOptions:
         if not 0.0 <= self.checkpoint_cost_s < math.inf:
             raise ConfigError(f"--checkpoint-cost must be a finite number >= 0, "
                               f"got {self.checkpoint_cost_s}")
+
+    def cadence(self) -> Cadence:
+        """The interval engine's cadence (60 s when only an elastic policy asks for it)."""
+        return Cadence(60.0 if self.interval_s is None else self.interval_s,
+                       self.restart_cost_s, self.restart_first)
 
     def trace_options(self) -> TraceOptions:
         return TraceOptions(self.data_dir, seed=self.seed, skip_bad_rows=self.skip_bad_rows,
@@ -204,17 +195,18 @@ def perf_options(opts: SimulateOptions) -> PerfOptions:
                        k_server=base.k_server * opts.interference_scale)
 
 
-def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
-    """The elastic policy of ``opts.ordering`` with what ``opts.profiles`` lets it know."""
-    servers = inputs.topology.servers
-    if opts.ordering == "pollux":
-        if opts.profiles != "learned":
-            raise ConfigError("--policy pollux: learns its throughput model; --profiles "
-                              "oracle is for --policy goodput")
-        return PolluxPolicy(inputs.perf.pollux, tuple(s.num_devices for s in servers),
-                            seed=opts.seed, generations=opts.pollux_generations,
-                            search=opts.pollux_search)
-    node_gpus = max(s.num_devices for s in servers)
+def _pollux(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
+    if opts.profiles != "learned":
+        raise ConfigError("--policy pollux: learns its throughput model; --profiles "
+                          "oracle is for --policy goodput")
+    return PolluxPolicy(inputs.perf.pollux, tuple(s.num_devices for s in inputs.topology.servers),
+                        seed=opts.seed, generations=opts.pollux_generations,
+                        search=opts.pollux_search)
+
+
+def _goodput(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
+    """``--profiles learned``: what Pollux knows; ``oracle``: every measured profile."""
+    node_gpus = max(s.num_devices for s in inputs.topology.servers)
     if opts.profiles == "learned":
         if opts.goodput_batch == "fixed":
             raise ConfigError("--goodput-batch fixed: an ablation of the oracle policy; "
@@ -231,6 +223,19 @@ def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
                          fixed_batch=opts.goodput_batch == "fixed")
 
 
+# every elastic --policy (GPUs and batch per job, interval engine): adding one is its class
+# and one line here; an entry makes the policy from the run's options and inputs
+ElasticFactory = Callable[["SimulateOptions", Inputs], ElasticPolicy]
+ELASTIC: Catalog[ElasticFactory] = Catalog("elastic policy", "--policy")
+ELASTIC.add("goodput", _goodput, "GPUs and batch per job by goodput (learned or oracle)")
+ELASTIC.add("pollux", _pollux, "the Pollux artifact's policy")
+
+
+def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
+    """The elastic policy of ``opts.ordering`` with what ``opts.profiles`` lets it know."""
+    return ELASTIC.get(opts.ordering)(opts, inputs)
+
+
 def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
              jobs: tuple[JobSpec, ...] | None = None,
              placement: PlacementPolicy | None = None,
@@ -243,7 +248,7 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
     if placement is None:
         placement = make_placement(opts.placement, opts.threshold, opts.hysteresis)
     specs = jobs if jobs is not None else inputs.trace.jobs
-    elastic = opts.ordering in ELASTICS
+    elastic = opts.ordering in ELASTIC
     if opts.interval_s is not None or elastic:
         interval = opts.interval_s if opts.interval_s is not None else 60.0
         if ordering is None:

@@ -1,15 +1,11 @@
-"""Studies behind ``reports/cluster/``:
-
-* ``pollux`` — (1) under ``--preset pollux-artifact`` (``pollux_study.py``): the preset's
-  Tiresias, every non-elastic policy and the goodput policy beside the Pollux artifact's
-  published numbers; (2) under our default conditions (event engine, 40-min slots,
-  interference): mean JCT on the 8 Pollux workloads (64 GPUs, 16 servers x 4) for FIFO,
-  SJF, LAS and Tiresias with pack / spread / load-adaptive / topology-aware placement.
-* ``load`` — see ``load_study.py``: when does load-adaptive placement beat always-pack and
-  always-spread?
+"""The ``pollux`` study behind ``reports/cluster/``: (1) under ``--preset pollux-artifact``
+(:mod:`~phalanx.cluster.studies.pollux_preset`): the preset's Tiresias, every non-elastic
+policy and the goodput policy beside the Pollux artifact's published numbers; (2) under our
+default conditions (event engine, 40-min slots, interference): mean JCT on the 8 Pollux
+workloads (64 GPUs, 16 servers x 4) for FIFO, SJF, LAS and Tiresias with pack / spread /
+load-adaptive / topology-aware placement.
 
     phalanx simulate --study pollux --out reports/cluster
-    phalanx simulate --study load --out reports/cluster
 """
 
 from __future__ import annotations
@@ -22,10 +18,7 @@ import numpy as np
 
 from phalanx.cluster.core.report import Summary
 from phalanx.cluster.sim.run import SimulateOptions, load_inputs, simulate
-from phalanx.cluster.studies.load import load_study
-from phalanx.cluster.studies.pollux_ablation import ablation_study
 from phalanx.cluster.studies.pollux_preset import preset_study
-from phalanx.errors import ConfigError
 
 POLLUX_ORDERINGS = ("fifo", "sjf", "las", "tiresias")
 POLLUX_PLACEMENTS = ("pack", "spread", "load-adaptive", "topology")
@@ -93,15 +86,7 @@ def pollux_study(base: SimulateOptions, out: Path) -> list[Summary]:
     return rows
 
 
-def run_study(name: str, base: SimulateOptions, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    if name == "pollux":
-        preset_study(base, out)
-        pollux_study(base, out)
-    elif name == "pollux-ablation":
-        ablation_study(base, out)
-    elif name == "load":
-        load_study(base, out)
-    else:
-        raise ConfigError(f"--study {name}: unknown (pollux, pollux-ablation, load)")
-    print(f"wrote {out}/")
+def pollux_studies(base: SimulateOptions, out: Path) -> None:
+    """Both Pollux tables: under the artifact's preset, and under our conditions."""
+    preset_study(base, out)
+    pollux_study(base, out)

@@ -1,4 +1,5 @@
-"""The executor interface the live loop drives, and the local backend.
+"""The executor interface the live loop drives, and what every engine shares (a rank's
+process, its environment, a gang's exit).
 
 The live loop (:mod:`phalanx.cluster.live.loop`) decides; an executor carries out: ``start`` a
 gang on the placement the scheduler chose, ``stop`` it (SIGTERM to every rank, SIGKILL
@@ -15,24 +16,28 @@ A gang is launched in one of two ways (:class:`Gang`):
 * **driver**: one ``python -m phalanx.cli train`` process that starts its own ranks on the
   node of the gang's first device (single-process strategies, the parameter server).
 
-Backends: :class:`LocalExecutor` (this machine; each device of the topology is a slot) and
-``RayExecutor`` (:mod:`phalanx.cluster.live.engines.ray`). Both reuse :class:`RankProcess` for
+Engines (one catalog, :data:`phalanx.cluster.live.engines.ENGINES`): local
+(:mod:`~phalanx.cluster.live.engines.local`: this machine, each device of the topology a
+slot), Ray (:mod:`~phalanx.cluster.live.engines.ray`) and Slurm
+(:mod:`~phalanx.cluster.live.engines.slurm`). Local and Ray reuse :class:`RankProcess` for
 the process of one rank, so stopping, exit codes and process groups behave the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from phalanx.cluster.core.topology import Topology
 from phalanx.runtime.preempt import PREEMPTED_EXIT
 
 KILLED = -int(signal.SIGKILL)   # Popen's code for a process that SIGKILL ended
@@ -180,50 +185,16 @@ class Executor(Protocol):
         """Kill whatever still runs and free the engine's resources."""
 
 
-class LocalExecutor:
-    """Every slot is on this machine: ranks are children of the scheduler, and a slot's
-    global device id is its CUDA device number (``uniform:1,1,2,2`` on a 4-GPU host)."""
+@dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+    """What an engine is built from: the ranks' Python, and where an existing cluster is
+    (``--ray-address``, ``--slurm-partition``; empty: the engine builds a local one)."""
 
-    name = "local"
+    python: str = sys.executable
+    ray_address: str = ""
+    slurm_partition: str = ""
 
-    def __init__(self, python: str = sys.executable) -> None:
-        self.python = python
-        self.gangs: dict[str, list[RankProcess]] = {}
 
-    def start(self, gang: Gang) -> None:
-        master = ("127.0.0.1", free_port())
-        lw = local_world(gang, master[0])
-        procs: list[RankProcess] = []
-        slots = gang.ranks if gang.per_rank else gang.ranks[:1]
-        try:
-            for slot in slots:
-                procs.append(RankProcess(self.python, gang.argv,
-                                         rank_env(gang, slot, master, slot.node, lw,
-                                                  slot.devices), gang.log, gang.per_rank))
-        except OSError:
-            for p in procs:
-                p.kill()
-            raise
-        self.gangs[gang.job] = procs
-
-    def poll(self, job: str) -> int | None:
-        procs = self.gangs[job]
-        codes = [p.poll() for p in procs]
-        if failed_rank(codes):
-            for p, c in zip(procs, codes):
-                if c is None:
-                    p.stop(2.0)
-        rc = gang_exit(codes)
-        if rc is not None:
-            del self.gangs[job]
-        return rc
-
-    def stop(self, job: str, grace_s: float) -> None:
-        for p in self.gangs.get(job, []):
-            p.stop(grace_s)
-
-    def close(self) -> None:
-        for procs in self.gangs.values():
-            for p in procs:
-                p.kill()
-        self.gangs.clear()
+# an engine: its executor for a topology; a cluster it starts is stopped when the stack
+# closes
+EngineFactory = Callable[[Topology, EngineOptions, contextlib.ExitStack], Executor]

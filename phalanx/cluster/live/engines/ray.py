@@ -43,6 +43,8 @@ from typing import Any
 
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.engines.base import (
+    EngineOptions,
+    Executor,
     Gang,
     RankProcess,
     failed_rank,
@@ -349,3 +351,10 @@ class RayExecutor:
         self.gangs.clear()
         for d in list(self.devices):
             self._drop(d)
+
+
+def ray_engine(topology: Topology, options: EngineOptions,
+               stack: contextlib.ExitStack) -> Executor:
+    """``--ray-address``'s cluster, or a local Ray cluster built from ``topology``."""
+    address = stack.enter_context(ray_cluster(topology, options.ray_address))
+    return RayExecutor(topology, address, options.python)
