@@ -36,6 +36,17 @@ from phalanx.errors import ConfigError
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="trace-driven simulation of the cluster scheduler")
+    _input_flags(p)
+    _policy_flags(p)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", default=None, help="output folder")
+    _interval_flags(p.add_argument_group("interval engine and presets (docs/cluster.md)"))
+    p.set_defaults(func=_cmd_simulate)
+    register_schedule(sub)
+
+
+def _input_flags(p: argparse.ArgumentParser) -> None:
+    """The trace, the cluster and how the trace is read."""
     p.add_argument("--trace", default="philly",
                    help="philly | pollux:N | synthetic[:jobs=,rate=,median=,max_gpus=] | a CSV "
                         "(default philly)")
@@ -43,6 +54,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="philly-2048 | pollux-64 | alibaba | uniform:Z,R,S,G[,SW] | a YAML "
                         "configuration set (default philly-2048; preset pollux-artifact: "
                         "pollux-64)")
+    p.add_argument("--data-dir", default=None,
+                   help="data folder (default ../shared/data next to the repo)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=0, help="use the first N jobs (0 = all)")
+    p.add_argument("--load-scale", type=float, default=1.0,
+                   help="divide inter-arrival times by this (more load)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="skip malformed trace rows (counted) instead of failing")
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    """The policies, their placement options and the perf model's."""
     p.add_argument("--policy", default="fifo",
                    help=f"ordering: {', '.join(ORDERINGS)}; or elastic ({', '.join(ELASTIC)}: "
                         f"GPUs and batch per job, interval engine; pollux = the Pollux "
@@ -71,17 +94,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                "e.g. vc1=64,*=128 (default: accept all)")
     p.add_argument("--no-interference", action="store_true",
                    help="turn off PCIe co-location interference in the perf model")
-    p.add_argument("--data-dir", default=None,
-                   help="data folder (default ../shared/data next to the repo)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, default=0, help="use the first N jobs (0 = all)")
-    p.add_argument("--load-scale", type=float, default=1.0,
-                   help="divide inter-arrival times by this (more load)")
-    p.add_argument("--skip-bad-rows", action="store_true",
-                   help="skip malformed trace rows (counted) instead of failing")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--out", default=None, help="output folder")
-    g = p.add_argument_group("interval engine and presets (docs/cluster.md)")
+
+
+def _interval_flags(g: argparse._ArgumentGroup) -> None:
+    """The interval engine, its presets and the elastic policies' options."""
     g.add_argument("--preset", default=None, choices=PRESETS,
                    help="pollux-artifact: the Pollux artifact's simulator conditions "
                         "(--interval 60 --restart-cost 30 --restart-first yes "
@@ -121,10 +137,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--goodput-batch", default=None, choices=("adaptive", "fixed"),
                    help="goodput policy: choose each job's batch (adaptive, default) or keep "
                         "the trace's (fixed: GPU counts only, an ablation)")
-    p.set_defaults(func=_cmd_simulate)
-
-
-    register_schedule(sub)
 
 
 def _options(args: argparse.Namespace) -> SimulateOptions:

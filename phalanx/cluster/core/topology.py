@@ -245,10 +245,7 @@ def _bounded(v: int, where: str, key: str, high: int = MAX_DEVICES) -> int:
     return v
 
 
-def topology_from_mapping(data: Any, source: str = "cluster") -> Topology:
-    """Validate a configuration set and build the topology; errors name the exact entry."""
-    _check_keys(data, {"name", "device_types", "zones"}, source)
-    name = str(data.get("name", Path(source).stem))
+def _device_types(data: Any, source: str) -> list[DeviceType]:
     types: list[DeviceType] = []
     for i, t in enumerate(_list(data, "device_types", source)):
         where = f"{source}: device_types[{i}]"
@@ -256,9 +253,53 @@ def topology_from_mapping(data: Any, source: str = "cluster") -> Topology:
         types.append(DeviceType(str(_field(t, "name", where, str)),
                                 float(_field(t, "speed", where, float, 1.0, positive=True)),
                                 float(_field(t, "memory_gib", where, float, 16.0, positive=True))))
-    type_names = {t.name for t in types}
-    if len(type_names) != len(types):
+    if len({t.name for t in types}) != len(types):
         raise ConfigError(f"{source}: device_types: duplicate names")
+    return types
+
+
+@dataclass(frozen=True)
+class _ServerEntry:
+    """One ``servers`` entry of a rack, checked."""
+
+    name: str
+    device_type: str
+    devices: int
+    switches: list[int]
+    cores: int
+    memory_gib: float
+    repeat: int
+
+
+def _server_entry(s: Any, sw: str, type_names: set[str]) -> _ServerEntry:
+    _check_keys(s, {"name", "repeat", "device_type", "devices", "pcie_switches",
+                    "cpu_cores", "memory_gib"}, sw)
+    dtype = _field(s, "device_type", sw, str)
+    if dtype not in type_names:
+        raise ConfigError(f"{sw}.device_type: {dtype!r} is not one of "
+                          f"device_types ({', '.join(sorted(type_names))})")
+    n = _bounded(_field(s, "devices", sw, int, positive=True), sw, "devices", MAX_SERVER_DEVICES)
+    switches = s.get("pcie_switches", [n])
+    if (not isinstance(switches, list) or not switches
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                       for x in switches)):
+        raise ConfigError(f"{sw}.pcie_switches: expected a list of positive "
+                          f"device counts, got {switches!r}")
+    if sum(switches) != n:
+        raise ConfigError(f"{sw}.pcie_switches: {switches} holds {sum(switches)} "
+                          f"devices but devices is {n}")
+    cores = _field(s, "cpu_cores", sw, int, positive=True)
+    mem = float(_field(s, "memory_gib", sw, float, 64.0, positive=True))
+    srep = _bounded(_field(s, "repeat", sw, int, 1, positive=True), sw, "repeat")
+    return _ServerEntry(str(_field(s, "name", sw, str)), dtype, n, switches, cores, mem, srep)
+
+
+def topology_from_mapping(data: Any, source: str = "cluster") -> Topology:
+    """Validate a configuration set and build the topology; errors name the exact entry."""
+    _check_keys(data, {"name", "device_types", "zones"}, source)
+    name = str(data.get("name", Path(source).stem))
+    types = _device_types(data, source)
+    type_names = {t.name for t in types}
     b = TopologyBuilder(name, types)
     seen: set[str] = set()
 
@@ -282,37 +323,17 @@ def topology_from_mapping(data: Any, source: str = "cluster") -> Topology:
                 b.begin_rack()
                 for si, s in enumerate(_list(r, "servers", rw)):
                     sw = f"{rw}.servers[{si}]"
-                    _check_keys(s, {"name", "repeat", "device_type", "devices", "pcie_switches",
-                                    "cpu_cores", "memory_gib"}, sw)
-                    dtype = _field(s, "device_type", sw, str)
-                    if dtype not in type_names:
-                        raise ConfigError(f"{sw}.device_type: {dtype!r} is not one of "
-                                          f"device_types ({', '.join(sorted(type_names))})")
-                    n = _bounded(_field(s, "devices", sw, int, positive=True), sw, "devices",
-                                 MAX_SERVER_DEVICES)
-                    switches = s.get("pcie_switches", [n])
-                    if (not isinstance(switches, list) or not switches
-                            or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
-                                       for x in switches)):
-                        raise ConfigError(f"{sw}.pcie_switches: expected a list of positive "
-                                          f"device counts, got {switches!r}")
-                    if sum(switches) != n:
-                        raise ConfigError(f"{sw}.pcie_switches: {switches} holds {sum(switches)} "
-                                          f"devices but devices is {n}")
-                    cores = _field(s, "cpu_cores", sw, int, positive=True)
-                    mem = float(_field(s, "memory_gib", sw, float, 64.0, positive=True))
-                    srep = _bounded(_field(s, "repeat", sw, int, 1, positive=True), sw,
-                                    "repeat")
-                    total_devices += rrep * srep * n if rk == 0 else 0
+                    e = _server_entry(s, sw, type_names)
+                    total_devices += rrep * e.repeat * e.devices if rk == 0 else 0
                     if total_devices > MAX_DEVICES:
                         raise ConfigError(f"{sw}: the cluster would hold more than "
                                           f"{MAX_DEVICES} devices")
-                    base = str(_field(s, "name", sw, str))
-                    for k in range(srep):
-                        sname = base if srep == 1 else f"{base}{k}"
+                    for k in range(e.repeat):
+                        sname = e.name if e.repeat == 1 else f"{e.name}{k}"
                         if rrep > 1:
                             sname = f"{r.get('name', 'rack')}{rk}-{sname}"
-                        b.add_server(unique(sname, sw), dtype, switches, cores, mem)
+                        b.add_server(unique(sname, sw), e.device_type, e.switches, e.cores,
+                                     e.memory_gib)
                 rname = str(r.get("name", f"rack{ri}"))
                 rname = rname if rrep == 1 else f"{rname}{rk}"
                 if rname in racks:
