@@ -15,6 +15,9 @@ from phalanx.cluster.core.result import SimResult
 
 @dataclass(frozen=True)
 class Summary:
+    """One run's figures (JCT, queueing, makespan, utilisation, fragmentation,
+    preemptions): a row of summary.json and of every table."""
+
     ordering: str
     placement: str
     cluster: str

@@ -10,6 +10,9 @@ from phalanx.cluster.core.jobs import JobSpec, JobState
 
 @dataclass
 class SimResult:
+    """What a run returns, simulated or live: every admitted job's state, the rejected ones
+    with their reason, and the series (busy GPUs, queue, fragmentation) at each change."""
+
     jobs: list[JobState]
     rejected: list[tuple[JobSpec, str]]
     times: list[float] = field(default_factory=list)      # series: at each change

@@ -36,6 +36,8 @@ from phalanx.errors import ConfigError
 
 @dataclass(frozen=True)
 class DeviceType:
+    """A GPU model: its name, its speed relative to the reference device, its memory."""
+
     name: str
     speed: float = 1.0          # throughput relative to the reference device (v100 = 1.0)
     memory_gib: float = 16.0
@@ -43,6 +45,9 @@ class DeviceType:
 
 @dataclass(frozen=True)
 class Server:
+    """One server: its devices (dense ids), PCIe switches, CPU cores, memory and device
+    type."""
+
     name: str
     index: int
     rack: int
@@ -62,6 +67,8 @@ class Server:
 
 @dataclass(frozen=True)
 class Rack:
+    """The servers of one rack."""
+
     name: str
     index: int
     zone: int
@@ -70,6 +77,8 @@ class Rack:
 
 @dataclass(frozen=True)
 class Zone:
+    """The racks of one zone (an InfiniBand domain)."""
+
     name: str
     index: int
     racks: range

@@ -49,6 +49,9 @@ class JobView:
 
 @dataclass(frozen=True)
 class Choice:
+    """An elastic policy's answer for one job: its GPUs, the batch it trains at (None: the
+    job picks), and optionally the exact servers."""
+
     gpus: int
     config: BatchConfig | None     # None when gpus == 0 or when the job picks its batch
     servers: tuple[tuple[int, int], ...] = ()   # (server, GPUs): exact placement, if set

@@ -53,6 +53,9 @@ MAX_ARRIVAL_S = 30 * 86400.0
 
 @dataclass(frozen=True)
 class LiveJob:
+    """One entry of a job list: the scheduler's ``JobSpec`` and the training settings its
+    run gets."""
+
     spec: JobSpec                  # submit = arrival offset (s), gpus = gang size
     config: dict[str, Any]         # RunConfig settings (values checked by the run itself)
 

@@ -30,6 +30,9 @@ from phalanx.parallel.registry import spec
 
 @dataclass(frozen=True)
 class JobPlan:
+    """How a job's gang starts: as ranks (one process per device) or as one driver; whether
+    it can be preempted, and why not."""
+
     per_rank: bool
     preemptible: bool
     why_not: str = ""          # why a job is not preemptible ('' when it is)

@@ -45,6 +45,9 @@ from phalanx.errors import ConfigError
 
 @dataclass(frozen=True)
 class LiveConfig:
+    """The live loop's settings (output folder, poll period, job timeout, grace before
+    SIGKILL), checked once."""
+
     out: Path
     poll_s: float = 0.05            # how often exits and arrivals are checked
     job_timeout_s: float = 0.0      # stop a job running longer than this (0 = never)

@@ -52,6 +52,9 @@ class EventTail:
 
 @dataclass(frozen=True)
 class Observation:
+    """A set-up's measured step and sync time (medians over its windows): what the learner
+    is fed."""
+
     gpus: int
     nodes: int
     batch: int          # per-GPU batch
@@ -62,6 +65,8 @@ class Observation:
 
 @dataclass(frozen=True)
 class Window:
+    """One perf window of a set-up (10 steps): its index and step time."""
+
     key: tuple[int, int, int]   # (GPUs, nodes, per-GPU batch)
     index: int                  # 0 for the set-up's first window
     step_s: float

@@ -67,6 +67,9 @@ class Facts(Protocol):
 
 @dataclass(frozen=True)
 class AppFacts:
+    """What an application declares (as Pollux's jobs do): its initial batch, its batch
+    limits, its epochs."""
+
     name: str
     init_batch: int
     max_batch: int

@@ -46,6 +46,8 @@ class Shape:
 
 @dataclass(frozen=True)
 class PerfOptions:
+    """The perf model's switches: interference and its weights, shared cores."""
+
     interference: bool = True
     cpu: bool = True
     k_switch: float = 0.3
@@ -75,6 +77,9 @@ def ideal_shape(gpus: int, topology: Topology) -> tuple[tuple[int, ...], int, in
 
 
 class PerfModel:
+    """A job's rate under an allocation: locality (measured profiles), device type, CPU
+    share and interference."""
+
     def __init__(self, profiles: Mapping[str, ModelProfile],
                  pollux: Mapping[str, PolluxApplication] | None = None,
                  options: PerfOptions = PerfOptions()) -> None:

@@ -44,6 +44,9 @@ CPU_SENSITIVITY = {"ResNet-18": 0.5, "ResNet-50": 0.5, "CycleGAN": 0.5, "A3C": 1
 
 @dataclass(frozen=True)
 class ModelProfile:
+    """A model family's measured figures: spread penalty, speed per device type, co-
+    location sensitivity, CPU sensitivity."""
+
     name: str
     spread_penalty: float                      # a: step-time growth when spread over nodes
     interference: float                        # sensitivity to co-located jobs (0..1)

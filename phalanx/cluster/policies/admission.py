@@ -13,11 +13,15 @@ from phalanx.errors import ConfigError
 
 @dataclass(frozen=True)
 class AdmissionDecision:
+    """Whether a job is admitted, and why not."""
+
     accept: bool
     reason: str = ""
 
 
 class AdmissionPolicy(Protocol):
+    """Decides on arrival whether a job may join the queue."""
+
     name: str
 
     def admit(self, job: JobSpec, cluster: ClusterState,
@@ -26,6 +30,8 @@ class AdmissionPolicy(Protocol):
 
 @dataclass(frozen=True)
 class AcceptAll:
+    """Admits every job (the default)."""
+
     name: str = "accept-all"
 
     def admit(self, job: JobSpec, cluster: ClusterState,

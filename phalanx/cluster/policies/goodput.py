@@ -55,6 +55,9 @@ def packed_counts(n: int, node_gpus: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class GoodputPolicy:
+    """The oracle goodput policy (``--profiles oracle``, an ablation): GPUs and batch per
+    job from every measured profile."""
+
     apps: Mapping[str, PolluxApplication]
     node_gpus: int = 4
     restart_s: float = 30.0

@@ -43,6 +43,9 @@ from phalanx.errors import ConfigError
 
 @dataclass(frozen=True)
 class LearnedOptions:
+    """The learned goodput policy's ablation switches (exploration, a shared model per
+    application, minimum gain, units, growth, multistart)."""
+
     explore: float = 0.0
     share: bool = False
     min_gain: float = 0.1         # a change must raise the value by 10% (hysteresis)
@@ -61,6 +64,10 @@ class LearnedOptions:
 
 @dataclass
 class LearnedGoodputPolicy:
+    """The goodput policy on what Pollux knows: throughput fitted to the set-ups each job
+    ran, gradient statistics at its batch. Used by the interval engine and the live elastic
+    engine alike."""
+
     facts: Mapping[str, Facts]
     node_gpus: int = 4
     restart_s: float = 30.0

@@ -21,6 +21,9 @@ DEFAULT_SLOT_S = 2400.0   # 40 min: DL jobs run long, so time slots are 40 min t
 
 
 class OrderingPolicy(Protocol):
+    """Orders the active jobs (first = most deserving); ``preemptive`` orderings run the
+    core's preemptive round every ``round_s``."""
+
     name: str
     preemptive: bool
     round_s: float | None

@@ -18,6 +18,9 @@ from phalanx.errors import ConfigError
 
 
 class PlacementPolicy(Protocol):
+    """Finds devices for a gang on the ``ClusterState`` (None: it does not fit now); never
+    mutates it."""
+
     name: str
 
     def place(self, job: JobSpec, cluster: ClusterState) -> Placement | None: ...

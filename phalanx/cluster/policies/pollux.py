@@ -30,6 +30,9 @@ from phalanx.errors import ConfigError
 
 @dataclass
 class PolluxPolicy:
+    """The Pollux artifact's policy: fitted throughput, speedup at the fair share, power-
+    mean objective, genetic (or greedy) search."""
+
     facts: Mapping[str, Facts]
     node_sizes: tuple[int, ...]          # GPUs of each server, server order
     seed: int = 0

@@ -36,6 +36,9 @@ _COMPLETE, _ARRIVE, _ROUND = 0, 1, 2   # same time: free devices first, then arr
 
 @dataclass(frozen=True)
 class SimConfig:
+    """The event engine's settings: a resumed job's checkpoint cost, progress, invariant
+    checks."""
+
     checkpoint_cost_s: float = 60.0   # a preempted job's restore time when it resumes
     progress: bool = False
     check_invariants: bool = False    # verify the bitmaps after every event (tests)

@@ -43,6 +43,9 @@ PROFILES = ("learned", "oracle")
 
 @dataclass(frozen=True)
 class SimulateOptions:
+    """Everything a simulation run is given (the CLI's flags, the studies' grids); each
+    section of it is checked once, by the class that owns it."""
+
     trace: str = "philly"
     cluster: str = "philly-2048"
     ordering: str = "fifo"
@@ -135,6 +138,9 @@ class SimulateOptions:
 
 @dataclass(frozen=True)
 class Inputs:
+    """What a run reads once and several runs share: the topology, the trace, the perf
+    model."""
+
     topology: Topology
     trace: Trace
     perf: PerfModel

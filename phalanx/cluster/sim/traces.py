@@ -31,6 +31,8 @@ MAX_DURATION_S = 1e8  # ~3 years of one job (Philly's longest is ~60 days)
 
 @dataclass(frozen=True)
 class TraceOptions:
+    """How a trace is read: data folder, seed, bad rows, limit, load scale."""
+
     data_dir: Path
     seed: int = 0
     skip_bad_rows: bool = False
@@ -52,6 +54,8 @@ class TraceOptions:
 
 @dataclass(frozen=True)
 class Trace:
+    """A loaded trace: its jobs, where they came from, how many rows were skipped."""
+
     jobs: tuple[JobSpec, ...]
     source: str
     skipped: int = 0
@@ -211,6 +215,8 @@ SYNTHETIC_MAX = {"jobs": 1e6, "rate": 1e9, "median": 1e9, "max_gpus": MAX_GANG}
 
 @dataclass(frozen=True)
 class SyntheticSpec:
+    """A synthetic trace's shape: jobs, arrival rate, median duration, largest gang."""
+
     jobs: int = 200
     rate_per_h: float = 30.0          # Poisson arrivals
     median_s: float = 3600.0          # log-normal durations (sigma 1.5, Philly-like tail)

@@ -76,6 +76,8 @@ def placement_for(name: str, threshold: float = 0.5) -> PlacementPolicy:
 
 @dataclass(frozen=True)
 class Task:
+    """One run of the load study's grid."""
+
     mix: str
     cluster: str
     level: str
@@ -88,6 +90,8 @@ class Task:
 
 @dataclass(frozen=True)
 class Row:
+    """One run's result in ``load.json``."""
+
     mix: str
     cluster: str
     level: str

@@ -39,6 +39,8 @@ ELASTIC_RUNS: tuple[tuple[str, str, dict[str, object]], ...] = (
 
 @dataclass(frozen=True)
 class Row:
+    """One run's result in ``pollux_preset.csv``."""
+
     workload: int
     policy: str          # ordering or goodput
     variant: str         # placement, or the goodput priority

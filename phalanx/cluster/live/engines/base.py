@@ -170,6 +170,9 @@ def failed_rank(codes: list[int | None]) -> bool:
 
 
 class Executor(Protocol):
+    """What an engine carries out for the live loop: start a gang on the devices the
+    scheduler chose, stop it with a grace period, poll it, close."""
+
     name: str
 
     def start(self, gang: Gang) -> None:

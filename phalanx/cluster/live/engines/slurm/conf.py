@@ -57,6 +57,8 @@ def gres_lines(topology: Topology, dev_dir: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class LocalPorts:
+    """The ports of a local Slurm cluster's daemons (slurmctld and one slurmd per node)."""
+
     controller: int
     nodes: tuple[int, ...]       # one per server, in server order
 
