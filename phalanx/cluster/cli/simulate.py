@@ -17,11 +17,12 @@ from pathlib import Path
 from phalanx.cluster.cli.schedule import register as register_schedule
 from phalanx.cluster.core.report import Summary, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
+from phalanx.cluster.policies.goodput import BATCHES, PRIORITIES, PROFILES
 from phalanx.cluster.policies.ordering import parse_thresholds
+from phalanx.cluster.policies.pollux import SEARCHES
 from phalanx.cluster.sim.run import (
     ELASTIC,
     PRESETS,
-    PROFILES,
     SimulateOptions,
     apply_preset,
     check_fits,
@@ -117,7 +118,7 @@ def _interval_flags(g: argparse._ArgumentGroup) -> None:
                         "3600,36000)")
     g.add_argument("--starvation", type=float, default=None,
                    help="Tiresias starvation factor, 0 = no promotion (default 4)")
-    g.add_argument("--goodput-priority", default=None, choices=("srpt", "las", "none"),
+    g.add_argument("--goodput-priority", default=None, choices=PRIORITIES,
                    help="goodput policy: weight of a job's goodput (default none; las: "
                         "1 / (attained GPU-s + 3600); srpt: 1 / remaining progress, from "
                         "the epochs users declare)")
@@ -131,10 +132,10 @@ def _interval_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--pollux-generations", type=int, default=None,
                    help="--policy pollux: generations of its genetic search per interval "
                         "(default 30; the artifact runs 100)")
-    g.add_argument("--pollux-search", default=None, choices=("ga", "greedy"),
+    g.add_argument("--pollux-search", default=None, choices=SEARCHES,
                    help="--policy pollux: its genetic search (ga, default) or a greedy "
                         "search of the same objective")
-    g.add_argument("--goodput-batch", default=None, choices=("adaptive", "fixed"),
+    g.add_argument("--goodput-batch", default=None, choices=BATCHES,
                    help="goodput policy: choose each job's batch (adaptive, default) or keep "
                         "the trace's (fixed: GPU counts only, an ablation)")
 

@@ -38,14 +38,40 @@ from phalanx.errors import ConfigError
 PRIORITIES = ("srpt", "las", "none")
 
 
+PROFILES = ("learned", "oracle")
+BATCHES = ("adaptive", "fixed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GoodputOptions:
+    """The goodput policies' section, learned and oracle alike (``--goodput-priority``,
+    ``--goodput-horizon``, ``--goodput-batch``, ``--profiles``), checked here once."""
+
+    priority: str = "none"
+    horizon_s: float = 1800.0
+    batch: str = "adaptive"     # or "fixed": each job keeps its own batch (ablation)
+    # what the policy knows of throughput: "learned" (fitted to the set-ups each job has
+    # run, as Pollux) or "oracle" (every measured profile: an ablation)
+    profiles: str = "learned"
+
+    def __post_init__(self) -> None:
+        if self.priority not in PRIORITIES:
+            raise ConfigError(f"--goodput-priority {self.priority}: unknown (choose from "
+                              f"{', '.join(PRIORITIES)})")
+        if not 0 < self.horizon_s < math.inf:
+            raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
+                              f"got {self.horizon_s}")
+        if self.batch not in BATCHES:
+            raise ConfigError(f"--goodput-batch {self.batch}: unknown (choose from "
+                              f"{', '.join(BATCHES)})")
+        if self.profiles not in PROFILES:
+            raise ConfigError(f"--profiles {self.profiles}: unknown (choose from "
+                              f"{', '.join(PROFILES)})")
+
+
 def check_goodput_flags(priority: str, horizon_s: float) -> None:
-    """The goodput policies' own flags (learned and oracle alike)."""
-    if priority not in PRIORITIES:
-        raise ConfigError(f"--goodput-priority {priority}: unknown (choose from "
-                          f"{', '.join(PRIORITIES)})")
-    if not 0 < horizon_s < math.inf:
-        raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
-                          f"got {horizon_s}")
+    """The goodput policies' own flags (learned and oracle alike): their section's check."""
+    GoodputOptions(priority=priority, horizon_s=horizon_s)
 
 
 def packed_counts(n: int, node_gpus: int) -> tuple[int, ...]:

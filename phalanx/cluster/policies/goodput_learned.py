@@ -58,8 +58,8 @@ class LearnedOptions:
             raise ConfigError(f"goodput: growth must be a finite number >= 1, got "
                               f"{self.growth}")
         if not 0.0 <= self.explore < math.inf or not 0.0 <= self.min_gain < math.inf:
-            raise ConfigError(f"goodput: explore and min_gain must be finite >= 0, got "
-                              f"{self.explore}, {self.min_gain}")
+            raise ConfigError(f"--goodput-explore and --goodput-min-gain must be finite "
+                              f"numbers >= 0, got {self.explore}, {self.min_gain}")
 
 
 @dataclass

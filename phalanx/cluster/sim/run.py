@@ -28,17 +28,15 @@ from phalanx.cluster.policies import (
     make_placement,
     parse_quota,
 )
-from phalanx.cluster.policies.goodput import GoodputPolicy, check_goodput_flags
+from phalanx.cluster.policies.goodput import GoodputOptions, GoodputPolicy
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy, LearnedOptions
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S, check_thresholds
 from phalanx.cluster.policies.placement import PlacementOptions
-from phalanx.cluster.policies.pollux import PolluxPolicy
+from phalanx.cluster.policies.pollux import PolluxOptions, PolluxPolicy
 from phalanx.cluster.sim.event import SimConfig, Simulator
 from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.sim.traces import Trace, TraceOptions, load_trace
 from phalanx.errors import ConfigError
-
-PROFILES = ("learned", "oracle")
 
 
 @dataclass(frozen=True)
@@ -96,24 +94,10 @@ class SimulateOptions:
         if self.starvation is not None and not 0.0 <= self.starvation < math.inf:
             raise ConfigError(f"--starvation must be a finite number >= 0 (0 = off), "
                               f"got {self.starvation}")
-        check_goodput_flags(self.goodput_priority, self.goodput_horizon_s)
-        if self.goodput_batch not in ("adaptive", "fixed"):
-            raise ConfigError(f"--goodput-batch {self.goodput_batch}: unknown (choose from "
-                              f"adaptive, fixed)")
-        if self.profiles not in PROFILES:
-            raise ConfigError(f"--profiles {self.profiles}: unknown (choose from "
-                              f"{', '.join(PROFILES)})")
-        if not (0.0 <= self.goodput_explore < math.inf
-                and 0.0 <= self.goodput_min_gain < math.inf):
-            raise ConfigError(f"--goodput-explore and --goodput-min-gain must be finite "
-                              f"numbers >= 0, got {self.goodput_explore}, "
-                              f"{self.goodput_min_gain}")
-        if self.pollux_search not in ("ga", "greedy"):
-            raise ConfigError(f"--pollux-search {self.pollux_search}: unknown (ga, greedy)")
-        if not 1 <= self.pollux_generations <= 10000:
-            raise ConfigError(f"--pollux-generations must be an integer in 1..10000, "
-                              f"got {self.pollux_generations}")
-        PlacementOptions(threshold=self.threshold, hysteresis=self.hysteresis)
+        self.goodput()
+        self.learned()
+        self.pollux()
+        self.placing()
         if not 0.0 <= self.interference_scale < math.inf:
             raise ConfigError(f"--interference-scale must be a finite number >= 0, "
                               f"got {self.interference_scale}")
@@ -125,6 +109,22 @@ class SimulateOptions:
         if not 0.0 <= self.checkpoint_cost_s < math.inf:
             raise ConfigError(f"--checkpoint-cost must be a finite number >= 0, "
                               f"got {self.checkpoint_cost_s}")
+
+    # the sections, each owned (and checked) by its engine or policy
+    def goodput(self) -> GoodputOptions:
+        return GoodputOptions(priority=self.goodput_priority, horizon_s=self.goodput_horizon_s,
+                              batch=self.goodput_batch, profiles=self.profiles)
+
+    def learned(self) -> LearnedOptions:
+        return LearnedOptions(self.goodput_explore, self.goodput_share, self.goodput_min_gain,
+                              self.goodput_speedup_units, self.goodput_growth,
+                              self.goodput_multistart)
+
+    def pollux(self) -> PolluxOptions:
+        return PolluxOptions(generations=self.pollux_generations, search=self.pollux_search)
+
+    def placing(self) -> PlacementOptions:
+        return PlacementOptions(threshold=self.threshold, hysteresis=self.hysteresis)
 
     def cadence(self) -> Cadence:
         """The interval engine's cadence (60 s when only an elastic policy asks for it)."""
@@ -205,28 +205,23 @@ def _pollux(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
     if opts.profiles != "learned":
         raise ConfigError("--policy pollux: learns its throughput model; --profiles "
                           "oracle is for --policy goodput")
+    o = opts.pollux()
     return PolluxPolicy(inputs.perf.pollux, tuple(s.num_devices for s in inputs.topology.servers),
-                        seed=opts.seed, generations=opts.pollux_generations,
-                        search=opts.pollux_search)
+                        seed=opts.seed, generations=o.generations, search=o.search)
 
 
 def _goodput(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
     """``--profiles learned``: what Pollux knows; ``oracle``: every measured profile."""
     node_gpus = max(s.num_devices for s in inputs.topology.servers)
-    if opts.profiles == "learned":
-        if opts.goodput_batch == "fixed":
+    g = opts.goodput()
+    if g.profiles == "learned":
+        if g.batch == "fixed":
             raise ConfigError("--goodput-batch fixed: an ablation of the oracle policy; "
                               "add --profiles oracle")
         return LearnedGoodputPolicy(inputs.perf.pollux, node_gpus, opts.restart_cost_s,
-                                    opts.goodput_horizon_s, opts.goodput_priority,
-                                    LearnedOptions(opts.goodput_explore, opts.goodput_share,
-                                                   opts.goodput_min_gain,
-                                                   opts.goodput_speedup_units,
-                                                   opts.goodput_growth,
-                                                   opts.goodput_multistart))
-    return GoodputPolicy(inputs.perf.pollux, node_gpus, opts.restart_cost_s,
-                         opts.goodput_horizon_s, opts.goodput_priority,
-                         fixed_batch=opts.goodput_batch == "fixed")
+                                    g.horizon_s, g.priority, opts.learned())
+    return GoodputPolicy(inputs.perf.pollux, node_gpus, opts.restart_cost_s, g.horizon_s,
+                         g.priority, fixed_batch=g.batch == "fixed")
 
 
 # every elastic --policy (GPUs and batch per job, interval engine): adding one is its class
