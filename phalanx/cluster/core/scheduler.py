@@ -144,6 +144,12 @@ class SchedulerCore:
         self.cluster.queued_gpus += st.spec.gpus
         self._order_stale = True
 
+    def preempted(self, st: JobState, now: float) -> None:
+        """A job a round stopped (its devices released) waits in the queue again."""
+        st.preemptions += 1
+        st.waiting_since = now
+        self.enqueue(st)
+
     def _dequeue(self, st: JobState) -> None:
         del self.waiting[st.spec.id]
         g = st.spec.gpus

@@ -210,9 +210,7 @@ class Simulator:
 
     def _preempt(self, st: JobState) -> None:
         self._stop(st)
-        st.preemptions += 1
-        st.waiting_since = self.now
-        self.core.enqueue(st)
+        self.core.preempted(st, self.now)
 
     # ------------------------------------------------------------------ scheduling
     def _fill(self) -> None:

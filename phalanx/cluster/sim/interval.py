@@ -205,9 +205,7 @@ class IntervalSimulator:
 
     def _preempt(self, st: JobState) -> None:
         self._stop(st)
-        st.preemptions += 1
-        st.waiting_since = self.now
-        self.core.enqueue(st)
+        self.core.preempted(st, self.now)
 
     # ------------------------------------------------------------------ policies
     def _round(self) -> None:
