@@ -352,5 +352,6 @@ PLACEMENTS.add("count", lambda o: MostFreeFirst(), "by GPU count, most free serv
 def make_placement(name: str, threshold: float = 0.5,
                    hysteresis: float | None = None) -> PlacementPolicy:
     """A fresh policy object (load-adaptive keeps its mode: one object per run)."""
-    factory = PLACEMENTS.get(name)
-    return factory(PlacementOptions(threshold=threshold, hysteresis=hysteresis))
+    if name not in PLACEMENTS:
+        raise ConfigError(f"--placement {name}: unknown (choose from {', '.join(PLACEMENTS)})")
+    return PLACEMENTS.get(name)(PlacementOptions(threshold=threshold, hysteresis=hysteresis))
