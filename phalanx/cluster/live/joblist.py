@@ -186,7 +186,10 @@ def check_fits(jobs: list[LiveJob], topology: Topology, source: str) -> None:
     :func:`~phalanx.cluster.core.scheduler.oversize_reason`): it could never start."""
     usable = usable_gpus(topology)
     for job in jobs:
-        reason = oversize_reason(job.spec.gpus, topology.num_devices, usable)
-        if reason:
-            raise DataError(f"job list {source}: {job.spec.name}: gpus {job.spec.gpus}: "
-                            f"{reason}")
+        g = job.spec.gpus
+        if g > topology.num_devices:
+            raise DataError(f"job list {source}: {job.spec.name}: gpus {g} is more than the "
+                            f"cluster's {topology.num_devices} slot(s)")
+        reason = oversize_reason(g, topology.num_devices, usable)
+        if reason:   # enough slots, not enough with a free CPU core each
+            raise DataError(f"job list {source}: {job.spec.name}: gpus {g}: {reason}")
