@@ -48,18 +48,18 @@ from pathlib import Path
 
 import _common
 
-from phalanx.cluster.clusters import resolve_cluster
-from phalanx.cluster.executor import LocalExecutor
-from phalanx.cluster.joblist import LiveJob, load_job_list
-from phalanx.cluster.live import LiveCluster, LiveConfig
-from phalanx.cluster.perf import PerfModel, PerfOptions
+from phalanx.cluster.core.clusters import resolve_cluster
+from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.live.engines.local import LocalExecutor
+from phalanx.cluster.live.engines.ray import RayExecutor, ray_cluster
+from phalanx.cluster.live.engines.slurm.executor import SlurmExecutor
+from phalanx.cluster.live.engines.slurm.local import check_installed, slurm_cluster
+from phalanx.cluster.live.joblist import LiveJob, load_job_list
+from phalanx.cluster.live.loop import LiveCluster, LiveConfig
+from phalanx.cluster.model.perf import PerfModel, PerfOptions
+from phalanx.cluster.model.profiles import ModelProfile
 from phalanx.cluster.policies import make_ordering, make_placement
-from phalanx.cluster.profiles import ModelProfile
-from phalanx.cluster.ray_executor import RayExecutor, ray_cluster
-from phalanx.cluster.simulator import SimConfig, Simulator
-from phalanx.cluster.slurm_executor import SlurmExecutor
-from phalanx.cluster.slurm_local import check_installed, slurm_cluster
-from phalanx.cluster.topology import Topology
+from phalanx.cluster.sim.event import SimConfig, Simulator
 from phalanx.errors import ConfigError
 from phalanx.runtime import rank_record
 

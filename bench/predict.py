@@ -12,7 +12,7 @@ Two models, fitted to the same measurements:
 * ``pollux``: the Pollux artifact's model (``learned.fit_perf_params``) on the measured
   times, as the policy used it before;
 * ``cores``: the same model on times divided by the slowdown the ranks had for want of
-  cores, and its predictions times the slowdown at S (:mod:`phalanx.cluster.core_share`;
+  cores, and its predictions times the slowdown at S (:mod:`phalanx.cluster.model.core_share`;
   ``ranks / cores`` where ranks outnumber this machine's cores). It reads the core count,
   never a measured speed of S.
 
@@ -41,9 +41,9 @@ from pathlib import Path
 import _common
 import numpy as np
 
-from phalanx.cluster.core_share import CoreShare
-from phalanx.cluster.learned import fit_perf_params, predict_step_time
-from phalanx.cluster.topology import uniform
+from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.model.core_share import CoreShare
+from phalanx.cluster.model.learned import fit_perf_params, predict_step_time
 
 
 def measure(workers: int, batch: int, steps: int, out: Path) -> tuple[float, float]:

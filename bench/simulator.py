@@ -38,7 +38,7 @@ import numpy as np
 
 from phalanx.cluster.policies import make_ordering
 from phalanx.cluster.policies.ordering import ResortEveryEvent
-from phalanx.cluster.run import SimulateOptions, apply_preset, load_inputs, simulate
+from phalanx.cluster.sim.run import SimulateOptions, apply_preset, load_inputs, simulate
 
 FULL_JOBS = 82247
 TARGET_S = 60.0

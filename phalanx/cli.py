@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from phalanx import __version__
-from phalanx.cluster import cli as cluster_cli
+from phalanx.cluster.cli import simulate as cluster_cli
 from phalanx.config import RunConfig
 from phalanx.entry.api import train
 from phalanx.entry.flags import _Parser, add_run_config_flags, config_from_args, one_line

@@ -23,7 +23,6 @@ from phalanx.settings import (  # noqa: F401 - SECTIONS, Range: read through pha
 )
 
 LINE_SEARCHES = ("backtracking", "none")  # sandblaster L-BFGS
-SCHEDULES = ("constant", "step", "cosine")
 BACKENDS = ("auto", "nccl", "gloo")  # collectives' backend (phalanx.runtime.placement)
 DATA_ON_DEVICE = ("auto", "yes", "no")
 ALLREDUCES = ("ring", "native", "main")
@@ -105,8 +104,8 @@ class RunConfig:
     weight_decay: float = setting(
         0.0, 'weight decay: L2 added to every gradient (adamw: decoupled, p -= lr wd p)',
         section="optim", rule=Range(0), limit=(0, 1e6))
-    schedule: str = setting("constant", 'learning-rate schedule over the run', choices=SCHEDULES,
-        section="optim")
+    schedule: str = setting("constant", 'learning-rate schedule over the run',
+        section="optim")  # its names: phalanx.rules.SCHEDULES
     warmup_steps: int = setting(0, 'linear learning-rate warm-up over this many steps',
         section="optim", rule=Range(0), limit=(0, 10**12))
     step_size: int = setting(

@@ -18,14 +18,15 @@ from phalanx.errors import ConfigError
 from phalanx.models import MODELS as MODEL_NAMES
 from phalanx.parallel.registry import NAMES, check_config, option_owners
 from phalanx.ps.consistency import MODELS
-from phalanx.rules import RULES
+from phalanx.rules import RULES, SCHEDULES
 
 
 # choices that live in registries above the config layer (the config's own tuples are in
 # each field's metadata)
 def _registry_choices() -> dict[str, tuple[str, ...]]:
     return {"model": tuple(MODEL_NAMES), "data": DATASETS.names(), "strategy": NAMES,
-            "rule": RULES.names(), "compress": tuple(CODECS.help(n) or n for n in CODECS),
+            "rule": RULES.names(), "schedule": SCHEDULES.names(),
+            "compress": tuple(CODECS.help(n) or n for n in CODECS),
             "consistency": tuple(MODELS)}
 
 

@@ -127,8 +127,10 @@ def _worker_tx(m: Measured) -> float:
     return max(m.tx_per_step[r] for r in ranks)
 
 
-def report(out: Path, results: list[Measured], s: Setting, seed: int) -> Path:
-    by = {(m.strategy, m.n, m.rate): m for m in results}
+Results = dict[tuple[str, int, float], Measured]   # (strategy, N, Mbit/s) -> run
+
+
+def _table(by: Results, s: Setting) -> str:
     rows = [f"| N | link | strategy | samples/s | time to acc {s.target:.2f} (s) | final acc "
             "| busiest worker host tx / step (MB) | root / shard host tx+rx / step (MB) |",
             "|---|---|---|---|---|---|---|---|"]
@@ -142,7 +144,11 @@ def report(out: Path, results: list[Measured], s: Setting, seed: int) -> Path:
                 rows.append(f"| {n} | {rate:g} Mbit/s | {strategy} | {m.samples_per_s:.0f} | "
                             f"{t} | {m.accuracy:.3f} | {_worker_tx(m) / 1e6:.2f} | "
                             + (f"{hub[strategy] / 1e6:.2f}" if strategy in hub else "") + " |")
-    biggest = max(s.sizes)
+    return "\n".join(rows)
+
+
+def _plots(out: Path, by: Results, s: Setting) -> None:
+    biggest, slow = max(s.sizes), min(s.rates)
     series = {st: ([r for r in s.rates], [by[(st, biggest, r)].samples_per_s for r in s.rates])
               for st in STRATEGIES}
     plots.line_plot(out / "throughput.png", series, xlabel="link Mbit/s (log)",
@@ -154,7 +160,6 @@ def report(out: Path, results: list[Measured], s: Setting, seed: int) -> Path:
     plots.line_plot(out / "time_to_target.png", {k: v for k, v in ttt.items() if v[0]},
                     xlabel="link Mbit/s (log)", ylabel=f"seconds to accuracy {s.target}",
                     title=f"Time to accuracy {s.target} vs bandwidth, N={biggest}", logx=True)
-    slow = min(s.rates)
     traffic = {"ring, busiest worker tx": (list(s.sizes), [
         _worker_tx(by[("ring", n, slow)]) / 1e6 for n in s.sizes]),
         "main node, root tx": (list(s.sizes), [
@@ -162,6 +167,11 @@ def report(out: Path, results: list[Measured], s: Setting, seed: int) -> Path:
     plots.line_plot(out / "traffic_vs_n.png", traffic, xlabel="workers N",
                     ylabel="MB sent per step (kernel)", title="Per-host traffic vs N")
 
+
+def _verdicts(by: Results, s: Setting) -> list[str]:
+    """The three claims' blocks: ring traffic flat in N; averaging and ASP gain most on
+    slow links."""
+    biggest, slow, fast = max(s.sizes), min(s.rates), max(s.rates)
     ring_tx = [_worker_tx(by[("ring", n, slow)]) for n in s.sizes]
     main_tx = [by[("main", n, slow)].tx_per_step[0] for n in s.sizes]
     ring_growth, main_growth = ring_tx[-1] / ring_tx[0], main_tx[-1] / main_tx[0]
@@ -175,8 +185,6 @@ def report(out: Path, results: list[Measured], s: Setting, seed: int) -> Path:
              f"{2 * x_bytes / 1e6:.2f} MB); main node's root "
              + ", ".join(f"{b / 1e6:.2f}" for b in main_tx) + f" MB (x{main_growth:.2f}).")
 
-    fast = max(s.rates)
-
     def gain(st: str, rate: float) -> float:
         return by[(st, biggest, rate)].samples_per_s / by[("ring", biggest, rate)].samples_per_s
 
@@ -188,6 +196,20 @@ def report(out: Path, results: list[Measured], s: Setting, seed: int) -> Path:
         return (f"{st} / sync ring samples/s at N={biggest}: x{gf:.2f} at {fast:g} Mbit/s, "
                 f"x{gs:.2f} at {slow:g} Mbit/s; its busiest worker host sends {tx:.2f} MB "
                 f"per step (ring: {ring_tx[-1] / 1e6:.2f} MB).")
+
+    return [
+        verdict_block("ring allreduce's per-worker traffic stays flat as N grows while the "
+                      "main node's grows", text1, claim1),
+        verdict_block("model averaging gains most on slow links", gain_text("average"),
+                      gains["average"][1] > gains["average"][0]),
+        verdict_block("asynchronous training (ASP) gains most on slow links", gain_text("asp"),
+                      gains["asp"][1] > gains["asp"][0]),
+    ]
+
+
+def report(out: Path, results: list[Measured], s: Setting, seed: int) -> Path:
+    by: Results = {(m.strategy, m.n, m.rate): m for m in results}
+    _plots(out, by, s)
     cmd = "phalanx experiments run bandwidth" + (" --quick" if s.quick else "")
     parts = [
         "# Bandwidth: sync ring, main node, ASP and averaging on shaped links",
@@ -197,19 +219,14 @@ def report(out: Path, results: list[Measured], s: Setting, seed: int) -> Path:
         "shards on two more hosts; averaging every 8 steps; links shaped with tc tbf in both "
         "directions. One seed: time-to-accuracy figures carry no interval; the byte and "
         "throughput ratios are what the verdicts rest on.",
-        verdict_block("ring allreduce's per-worker traffic stays flat as N grows while the "
-                      "main node's grows", text1, claim1),
-        verdict_block("model averaging gains most on slow links", gain_text("average"),
-                      gains["average"][1] > gains["average"][0]),
-        verdict_block("asynchronous training (ASP) gains most on slow links", gain_text("asp"),
-                      gains["asp"][1] > gains["asp"][0]),
+        *_verdicts(by, s),
         "Why: averaging every 8 steps sends 1/8 of the ring's bytes, so the slower the link "
         "the larger its lead. ASP removes the wait for the slowest worker but not the bytes: "
         "each worker pushes a gradient (X) and then pulls the weights (X) every step, one "
         "after the other, and each of the two shard hosts carries N·X/2 in and N·X/2 out per "
         "round of pushes (2X each way at N=4, against a ring worker's 1.5X): the shard links "
         "are the bottleneck, so on a slow link ASP is bandwidth-bound like sync.",
-        "\n".join(rows),
+        _table(by, s),
         "![throughput](throughput.png)\n\n![time to target](time_to_target.png)\n\n"
         "![traffic](traffic_vs_n.png)",
         "Notes: 2 CPU cores are shared by every process of a run (up to 6) and by other work "

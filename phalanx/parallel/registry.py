@@ -30,7 +30,7 @@ from phalanx.parallel import (
 )
 from phalanx.parallel.spec import FEATURES, StrategySpec
 from phalanx.ps.consistency import MODELS, model_class
-from phalanx.rules import RULES
+from phalanx.rules import RULES, SCHEDULES
 from phalanx.runtime.faults import check_fault_flags
 
 _SPECS: tuple[StrategySpec, ...] = (
@@ -92,6 +92,7 @@ def resolve_rule(cfg: RunConfig, s: StrategySpec) -> None:
     batch; L-BFGS's step 1. Else the rule's own start. A learning rate already set (the
     user's, or this check's on an earlier call) stands."""
     rule = RULES.get(cfg.rule)  # a known rule (one line naming --rule otherwise)
+    SCHEDULES.get(cfg.schedule)  # a known schedule (likewise)
     if cfg.lr is not None:
         return
     recipe = RECIPES.get(cfg.model)

@@ -117,17 +117,22 @@ RULES.add("adamw", RuleKind(lambda c, lr: adamw(lr, c.weight_decay), 0.001),
           "Adam with decoupled weight decay (--weight-decay)")
 
 
+# every learning-rate schedule --schedule offers: adding one is its function and one line
+# here; an entry makes it from (the run configuration, the starting rate, the run's steps)
+ScheduleFactory = Callable[[Any, float, int], Schedule]
+SCHEDULES: Catalog[ScheduleFactory] = Catalog("learning-rate schedule", "--schedule")
+SCHEDULES.add("constant", lambda c, lr, steps: constant_schedule(lr), "the same rate throughout")
+SCHEDULES.add("step", lambda c, lr, steps: step_decay_schedule(lr, c.step_size, c.gamma),
+              "x --gamma every --step-size steps")
+SCHEDULES.add("cosine", lambda c, lr, steps: cosine_schedule(lr, steps),
+              "cosine decay to 0 over the run")
+
+
 def make_schedule(cfg, total_steps: int) -> Schedule:
     """The learning-rate schedule a :class:`~phalanx.config.RunConfig` asks for (``--lr``
     left out: the rule's own start)."""
     lr = cfg.lr if cfg.lr is not None else RULES.get(cfg.rule).default_lr
-    if cfg.schedule == "step":
-        base = step_decay_schedule(lr, cfg.step_size, cfg.gamma)
-    elif cfg.schedule == "cosine":
-        base = cosine_schedule(lr, total_steps)
-    else:
-        base = constant_schedule(lr)
-    return warmup(base, cfg.warmup_steps)
+    return warmup(SCHEDULES.get(cfg.schedule)(cfg, lr, total_steps), cfg.warmup_steps)
 
 
 def make_rule(cfg, total_steps: int = 0, *, prefix: tuple[UpdateRule, ...] = ()) -> UpdateRule:

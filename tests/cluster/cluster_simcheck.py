@@ -1,6 +1,6 @@
 """The checks every simulation must pass (used by the property and conformance suites)."""
 
-from phalanx.cluster.simulator import SimResult
+from phalanx.cluster.core.result import SimResult
 
 
 def check_result(res: SimResult, n_jobs: int, capacity: int) -> None:

@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx.cluster.allocator import AllocationError, ClusterState, Placement
-from phalanx.cluster.jobs import JobSpec
+from phalanx.cluster.core.allocator import AllocationError, ClusterState, Placement
+from phalanx.cluster.core.jobs import JobSpec
+from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.policies import make_placement
 from phalanx.cluster.policies.placement import PLACEMENTS
-from phalanx.cluster.topology import uniform
 
 
 def snapshot(c: ClusterState):

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from phalanx.cli import main
-from phalanx.cluster.jobs import JobSpec
+from phalanx.cluster.core.jobs import JobSpec
+from phalanx.cluster.core.topology import topology_from_mapping, uniform
 from phalanx.cluster.policies import ORDERINGS, make_ordering, make_placement
-from phalanx.cluster.simulator import SimConfig, Simulator
-from phalanx.cluster.topology import topology_from_mapping, uniform
+from phalanx.cluster.sim.event import SimConfig, Simulator
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PHILLY = str(FIXTURES / "philly_small.csv")

@@ -5,11 +5,11 @@ slowdown of the set-up asked about)."""
 import numpy as np
 import pytest
 
-from phalanx.cluster.core_share import CoreShare
-from phalanx.cluster.learned import AppFacts
-from phalanx.cluster.policies.goodput import JobView
+from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.core.view import JobView
+from phalanx.cluster.model.core_share import CoreShare
+from phalanx.cluster.model.learned import AppFacts
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
-from phalanx.cluster.topology import uniform
 
 
 @pytest.fixture

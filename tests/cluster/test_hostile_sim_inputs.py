@@ -8,8 +8,8 @@ import time
 import pytest
 
 from phalanx.cli import main
-from phalanx.cluster.topology import load_topology
-from phalanx.cluster.traces import TraceOptions, read_philly, read_pollux
+from phalanx.cluster.core.topology import load_topology
+from phalanx.cluster.sim.traces import TraceOptions, read_philly, read_pollux
 from phalanx.errors import ConfigError, DataError
 
 POLLUX = "name,time,application,num_replicas,batch_size\n"
@@ -86,14 +86,14 @@ def test_binary_cluster_file_is_one_line(tmp_path):
     ("synthetic:median=nan", "median must be > 0"), ("synthetic:max_gpus=99999999", "max_gpus"),
 ])
 def test_synthetic_trace_spec_is_bounded(spec, match):
-    from phalanx.cluster.traces import SyntheticSpec
+    from phalanx.cluster.sim.traces import SyntheticSpec
 
     with pytest.raises(ConfigError, match=match):
         SyntheticSpec.parse(spec)
 
 
 def test_a_slot_under_a_second_is_refused():
-    from phalanx.cluster.run import SimulateOptions
+    from phalanx.cluster.sim.run import SimulateOptions
 
     with pytest.raises(ConfigError, match="--slot must be .* at least 1"):
         SimulateOptions(slot_s=1e-300)

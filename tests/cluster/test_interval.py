@@ -5,7 +5,7 @@ Tiresias, fidelity to the artifact's published numbers, and the options' validat
 import pytest
 from test_bad_input import run_cli
 
-from phalanx.cluster.run import (
+from phalanx.cluster.sim.run import (
     PRESETS,
     SimulateOptions,
     apply_preset,
@@ -67,10 +67,10 @@ def test_tiresias_demotes_at_the_threshold_and_never_promotes(tmp_path, data_dir
 
 
 def test_count_placement_fills_the_most_free_node_first(data_dir):
-    from phalanx.cluster.allocator import ClusterState
-    from phalanx.cluster.jobs import JobSpec
+    from phalanx.cluster.core.allocator import ClusterState
+    from phalanx.cluster.core.jobs import JobSpec
+    from phalanx.cluster.core.topology import uniform
     from phalanx.cluster.policies import make_placement
-    from phalanx.cluster.topology import uniform
 
     c = ClusterState(uniform(racks=1, servers=3, devices=4))
     c.allocate(99, make_placement("count").place(JobSpec(99, "x", 0, 1, 1, 1, "bert"), c))
@@ -125,7 +125,7 @@ def test_bad_preset_options_are_one_line(args, text, capsys):
 
 def test_preset_study_outputs(tmp_path):
     """The study's table and plot from rows (the runs themselves are the study's)."""
-    from phalanx.cluster.pollux_study import (
+    from phalanx.cluster.studies.pollux_preset import (
         ARTIFACT_POLLUX,
         ELASTIC_RUNS,
         NON_ELASTIC,

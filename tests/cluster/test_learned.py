@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from phalanx.cluster.interval import IntervalConfig, IntervalSimulator
-from phalanx.cluster.learned import (
+from phalanx.cluster.core.view import JobView, UndeclaredRead
+from phalanx.cluster.model.learned import (
     AppFacts,
     JobKnowledge,
     Learner,
@@ -20,11 +20,11 @@ from phalanx.cluster.learned import (
     optimize_batch,
     predict_step_time,
 )
-from phalanx.cluster.perf import PerfModel
+from phalanx.cluster.model.perf import PerfModel
+from phalanx.cluster.model.profiles import load_pollux_apps
 from phalanx.cluster.policies import make_ordering, make_placement
-from phalanx.cluster.policies.goodput import JobView, UndeclaredRead
-from phalanx.cluster.profiles import load_pollux_apps
-from phalanx.cluster.run import SimulateOptions, apply_preset, load_inputs, make_elastic
+from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
+from phalanx.cluster.sim.run import SimulateOptions, apply_preset, load_inputs, make_elastic
 
 TRUE = PerfParams(0.05, 0.002, 0.3, 0.01, 0.04, 0.002, 2.0)
 SETUPS = [(1, 1, 32), (1, 1, 128), (1, 4, 64), (1, 2, 32), (2, 8, 64), (4, 16, 32),

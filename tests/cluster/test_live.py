@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from phalanx.cli import main
-from phalanx.cluster.joblist import load_job_list
-from phalanx.cluster.live import LiveCluster, LiveConfig
+from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.live.joblist import load_job_list
+from phalanx.cluster.live.loop import LiveCluster, LiveConfig
 from phalanx.cluster.policies import Pack, make_ordering
-from phalanx.cluster.topology import uniform
 from phalanx.errors import ConfigError, DataError
 from phalanx.runtime import rank_record
 from phalanx.runtime.preempt import PREEMPTED_EXIT

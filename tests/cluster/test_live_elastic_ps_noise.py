@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from phalanx.cluster.observe import EventTail, JobObserver
+from phalanx.cluster.live.observe import EventTail, JobObserver
 from phalanx.comm.wire import Header, Kind
 from phalanx.metrics.noise import two_batch_estimate
 from phalanx.ps.consistency import Asynchronous, BulkSynchronous

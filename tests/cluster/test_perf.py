@@ -4,12 +4,12 @@ import csv
 
 import pytest
 
-from phalanx.cluster.allocator import ClusterState
-from phalanx.cluster.jobs import JobSpec
-from phalanx.cluster.perf import PerfModel, PerfOptions, Shape
+from phalanx.cluster.core.allocator import ClusterState
+from phalanx.cluster.core.jobs import JobSpec
+from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.model.perf import PerfModel, PerfOptions, Shape
+from phalanx.cluster.model.profiles import load_pollux_apps, load_profiles, min_rotation
 from phalanx.cluster.policies import Pack, Spread
-from phalanx.cluster.profiles import load_pollux_apps, load_profiles, min_rotation
-from phalanx.cluster.topology import uniform
 
 
 def test_min_rotation():
@@ -61,7 +61,7 @@ def test_work_per_job_follows_the_artifacts_formula(tmp_path):
     """Work = sum over epochs of (progress in the epoch / gain) steps, each step at the
     measured time of the batch actually trained (yolov3: per-GPU cap 8 -> accumulation;
     ncf: a 1-GPU job above the initial batch always accumulates once)."""
-    from phalanx.cluster.profiles import PolluxApplication
+    from phalanx.cluster.model.profiles import PolluxApplication
 
     _fake_app(tmp_path, "yolov3", 50, (8, 64),
               [("1", 4, 0.5, 0.1), ("1", 16, 1.5, 0.1), ("4", 4, 0.6, 0.2), ("4", 16, 1.8, 0.2)])
@@ -129,7 +129,7 @@ def test_generic_rates(data_dir, perf):
 def test_pack_vs_spread_interference_with_neighbours(perf):
     """Spread keeps a 1-GPU job away from a busy server; pack puts it next to it."""
     from phalanx.cluster.policies import FIFO
-    from phalanx.cluster.simulator import Simulator
+    from phalanx.cluster.sim.event import Simulator
 
     topo = uniform(servers=2, devices=4, switches=1, cpu_cores=16)
     jobs = [JobSpec(0, "a", 0, 2, 1000, 1000, "ResNet-50"),

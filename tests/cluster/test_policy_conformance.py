@@ -9,8 +9,9 @@ from dataclasses import replace
 import pytest
 from cluster_simcheck import check_result, rows
 
-from phalanx.cluster.allocator import ClusterState, Placement
-from phalanx.cluster.jobs import JobSpec, JobState
+from phalanx.cluster.core.allocator import ClusterState, Placement
+from phalanx.cluster.core.jobs import JobSpec, JobState
+from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.policies import (
     ORDERINGS,
     PLACEMENTS,
@@ -25,9 +26,8 @@ from phalanx.cluster.policies import (
 )
 from phalanx.cluster.policies.ordering import ResortEveryEvent
 from phalanx.cluster.policies.placement import SpreadKeepEmpty
-from phalanx.cluster.simulator import SimConfig, Simulator
-from phalanx.cluster.topology import uniform
-from phalanx.cluster.traces import SyntheticSpec, TraceOptions, synthetic
+from phalanx.cluster.sim.event import SimConfig, Simulator
+from phalanx.cluster.sim.traces import SyntheticSpec, TraceOptions, synthetic
 from phalanx.errors import ConfigError
 
 
@@ -224,7 +224,7 @@ def test_tiresias_order_expires_at_the_next_promotion():
 # ------------------------------------------------------------------ elastic: goodput
 
 def _views():
-    from phalanx.cluster.policies.goodput import JobView
+    from phalanx.cluster.core.view import JobView
 
     return (JobView(0, "bert", 0.0, 0, 500.0, 0, 0.0),
             JobView(1, "cifar10", 5.0, 3, 1e5, 8, 3600.0),
@@ -239,8 +239,8 @@ def _views():
 def test_goodput_contract(priority, capacity, data_dir):
     """GPU counts within the cluster and each application's limits, batches within the
     validated range and per-GPU limits, input untouched, input order irrelevant."""
+    from phalanx.cluster.model.profiles import load_pollux_apps
     from phalanx.cluster.policies.goodput import GoodputPolicy
-    from phalanx.cluster.profiles import load_pollux_apps
 
     apps = load_pollux_apps(data_dir)
     pol = GoodputPolicy(apps, priority=priority)
@@ -268,11 +268,11 @@ def test_goodput_contract(priority, capacity, data_dir):
 def test_goodput_simulates_within_limits(data_dir):
     """The elastic policy through the interval engine (bitmaps checked every interval):
     every job finishes, no allocation exceeds the cluster or the job's limit."""
-    from phalanx.cluster.interval import IntervalConfig, IntervalSimulator
-    from phalanx.cluster.perf import PerfModel
+    from phalanx.cluster.model.perf import PerfModel
+    from phalanx.cluster.model.profiles import load_pollux_apps, load_profiles
     from phalanx.cluster.policies.goodput import GoodputPolicy
-    from phalanx.cluster.profiles import load_pollux_apps, load_profiles
-    from phalanx.cluster.traces import load_trace
+    from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
+    from phalanx.cluster.sim.traces import load_trace
 
     apps = load_pollux_apps(data_dir)
     topo = uniform(racks=1, servers=4, devices=4)
@@ -294,8 +294,8 @@ def test_goodput_fixed_batch_keeps_each_jobs_batch(data_dir):
     of per-GPU batch and accumulation), never on more GPUs than its batch can feed."""
     from dataclasses import replace as dc_replace
 
+    from phalanx.cluster.model.profiles import load_pollux_apps
     from phalanx.cluster.policies.goodput import GoodputPolicy
-    from phalanx.cluster.profiles import load_pollux_apps
 
     apps = load_pollux_apps(data_dir)
     pol = GoodputPolicy(apps, fixed_batch=True)

@@ -9,8 +9,8 @@ import pytest
 from test_bad_input import run_cli
 
 from phalanx.cluster.policies.pollux_ga import Problem, crowding, fronts, nsga2
-from phalanx.cluster.pollux_study import ARTIFACT_POLLUX
-from phalanx.cluster.run import SimulateOptions, apply_preset, simulate
+from phalanx.cluster.sim.run import SimulateOptions, apply_preset, simulate
+from phalanx.cluster.studies.pollux_preset import ARTIFACT_POLLUX
 
 
 def _problem(n_jobs=3, n_nodes=2, age=1000.0):
@@ -110,8 +110,12 @@ def test_bad_elastic_options_are_one_line(args, text, capsys):
 
 
 def test_ablation_table(tmp_path):
-    from phalanx.cluster.pollux_ablation import SEED_WORKLOADS, VARIANTS, write_ablation_table
-    from phalanx.cluster.pollux_study import Row
+    from phalanx.cluster.studies.pollux_ablation import (
+        SEED_WORKLOADS,
+        VARIANTS,
+        write_ablation_table,
+    )
+    from phalanx.cluster.studies.pollux_preset import Row
 
     rows = [Row(w, p, v, 2000.0 + 100 * i, 160, 0, 1.0)
             for i, (p, v, _) in enumerate(VARIANTS) for w in range(1, 9)

@@ -26,8 +26,8 @@ from live_procs import LOOPBACK, ranks_where_placed  # noqa: E402
 from live_procs import listeners as _listeners  # noqa: E402
 from live_procs import pids_with as _pids_with  # noqa: E402
 
-from phalanx.cluster.clusters import resolve_cluster  # noqa: E402
-from phalanx.cluster.ray_executor import ray_cluster  # noqa: E402
+from phalanx.cluster.core.clusters import resolve_cluster  # noqa: E402
+from phalanx.cluster.live.engines.ray import ray_cluster  # noqa: E402
 from phalanx.runtime import rank_record  # noqa: E402
 from phalanx.runtime.checkpoint import load_checkpoint  # noqa: E402
 

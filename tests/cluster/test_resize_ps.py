@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from phalanx.cluster.resize import resize_run, run_config
-from phalanx.cluster.resize_ps import default_lr, resized_settings
+from phalanx.cluster.live.resize import resize_run, run_config
+from phalanx.cluster.live.resize_ps import default_lr, resized_settings
 from phalanx.comm.wire import Header, Kind
 from phalanx.config import RunConfig
 from phalanx.entry.api import make_job

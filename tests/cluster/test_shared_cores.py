@@ -3,12 +3,12 @@ simulator slows every running job when more devices are busy than there are core
 
 import pytest
 
-from phalanx.cluster.jobs import JobSpec
-from phalanx.cluster.perf import PerfModel, PerfOptions
+from phalanx.cluster.core.jobs import JobSpec
+from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.model.perf import PerfModel, PerfOptions
+from phalanx.cluster.model.profiles import ModelProfile
 from phalanx.cluster.policies import FIFO, FirstFit
-from phalanx.cluster.profiles import ModelProfile
-from phalanx.cluster.simulator import Simulator
-from phalanx.cluster.topology import uniform
+from phalanx.cluster.sim.event import Simulator
 from phalanx.errors import ConfigError
 
 

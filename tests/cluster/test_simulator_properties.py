@@ -6,10 +6,10 @@ from cluster_simcheck import check_result, rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx.cluster.jobs import JobSpec
+from phalanx.cluster.core.jobs import JobSpec
+from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
-from phalanx.cluster.simulator import SimConfig, Simulator
-from phalanx.cluster.topology import uniform
+from phalanx.cluster.sim.event import SimConfig, Simulator
 
 MODELS = ["ResNet-50", "bert", "LM", "A3C"]
 

@@ -24,9 +24,15 @@ from pathlib import Path
 import pytest
 from live_procs import LOOPBACK, listeners, pids_with, ranks_where_placed
 
-from phalanx.cluster.clusters import resolve_cluster
-from phalanx.cluster.slurm_executor import SlurmExecutor
-from phalanx.cluster.slurm_local import CLIENTS, DAEMONS, MARKER, marked_pids, slurm_cluster
+from phalanx.cluster.core.clusters import resolve_cluster
+from phalanx.cluster.live.engines.slurm.executor import SlurmExecutor
+from phalanx.cluster.live.engines.slurm.local import (
+    CLIENTS,
+    DAEMONS,
+    MARKER,
+    marked_pids,
+    slurm_cluster,
+)
 from phalanx.runtime import rank_record
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from phalanx.cli import main
-from phalanx.cluster.executor import KILLED
-from phalanx.cluster.slurm_conf import LocalPorts, gres_lines, gres_request, local_conf
-from phalanx.cluster.slurm_executor import batch_script, decode
-from phalanx.cluster.topology import uniform
+from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.live.engines.base import KILLED
+from phalanx.cluster.live.engines.slurm.conf import LocalPorts, gres_lines, gres_request, local_conf
+from phalanx.cluster.live.engines.slurm.executor import batch_script, decode
 from phalanx.runtime.preempt import PREEMPTED_EXIT
 
 

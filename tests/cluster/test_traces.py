@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.cluster.traces import SyntheticSpec, TraceOptions, load_trace, read_philly, synthetic
+from phalanx.cluster.sim.traces import (
+    SyntheticSpec,
+    TraceOptions,
+    load_trace,
+    read_philly,
+    synthetic,
+)
 from phalanx.errors import ConfigError, DataError
 
 FIXTURES = Path(__file__).parent / "fixtures"

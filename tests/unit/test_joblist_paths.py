@@ -3,7 +3,7 @@ cause 2: a job whose config held ``resume: <another run>`` rewrote that run)."""
 
 import pytest
 
-from phalanx.cluster.joblist import load_job_list
+from phalanx.cluster.live.joblist import load_job_list
 from phalanx.errors import DataError
 
 

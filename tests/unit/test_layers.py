@@ -167,6 +167,66 @@ def _package_reexport(component: list[str]) -> bool:
                                       for m in component)
 
 
+# the scheduler's house (docs/architecture.md): its packages bottom up; a package may import
+# its own or a lower one. ``sim`` and ``live`` share a floor and never import each other.
+CLUSTER = [("core",), ("model",), ("policies",), ("sim", "live"), ("studies",), ("cli",)]
+# the training side: only ``phalanx.cluster.live`` (and the CLI above it) may import it
+TRAINING = ("torch", "phalanx.data", "phalanx.models", "phalanx.rules", "phalanx.runtime",
+            "phalanx.comm", "phalanx.ps", "phalanx.parallel", "phalanx.entry")
+
+
+def cluster_package(module: str) -> str:
+    parts = module.split(".")
+    assert parts[:2] == ["phalanx", "cluster"] and len(parts) > 2, module
+    return parts[2]
+
+
+def cluster_floor(module: str) -> int:
+    pkg = cluster_package(module)
+    for i, names in enumerate(CLUSTER):
+        if pkg in names:
+            return i
+    raise AssertionError(f"{module} is in no package of the scheduler: add it to CLUSTER")
+
+
+def _every_import() -> list[tuple[str, str, int]]:
+    """Like ``imports()``, plus third-party top-level imports (for torch)."""
+    found = [(src, dst, line) for src, dst, line, _ in imports()]
+    for path in sorted((ROOT / "cluster").rglob("*.py")):
+        source = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found += [(source, a.name, node.lineno) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.append((source, node.module, node.lineno))
+    return found
+
+
+def test_cluster_packages_point_one_way() -> None:
+    bad = []
+    for src, dst, line, _ in imports():
+        if not (src.startswith("phalanx.cluster.") and dst.startswith("phalanx.cluster.")):
+            continue
+        a, b = cluster_package(src), cluster_package(dst)
+        if cluster_floor(dst) > cluster_floor(src) or {a, b} == {"sim", "live"}:
+            bad.append(f"{src}:{line} imports {dst}")
+    assert not bad, "the scheduler's packages import up or across:\n" + "\n".join(bad)
+
+
+def test_only_live_touches_the_training_side() -> None:
+    bad = [f"{src}:{line} imports {dst}" for src, dst, line in _every_import()
+           if src.startswith("phalanx.cluster")
+           and cluster_package(src + ".x") not in ("live", "cli")
+           and any(dst == t or dst.startswith(t + ".") for t in TRAINING)]
+    assert not bad, "only phalanx.cluster.live imports training code:\n" + "\n".join(bad)
+
+
+def test_the_cluster_checker_sees_a_crossing() -> None:
+    assert cluster_floor("phalanx.cluster.sim.run") == cluster_floor("phalanx.cluster.live.loop")
+    assert cluster_floor("phalanx.cluster.core.jobs") < cluster_floor("phalanx.cluster.policies")
+    assert cluster_floor("phalanx.cluster.studies.load") > cluster_floor("phalanx.cluster.sim.run")
+
+
 def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     """The walker is not blind: the layer map ranks a known upward edge as one."""
     assert layer_of("phalanx.config") < layer_of("phalanx.runtime.faults")

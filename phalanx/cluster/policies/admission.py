@@ -6,18 +6,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from phalanx.cluster.allocator import ClusterState
-from phalanx.cluster.jobs import JobSpec
+from phalanx.cluster.core.allocator import ClusterState
+from phalanx.cluster.core.jobs import JobSpec
 from phalanx.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class AdmissionDecision:
+    """Whether a job is admitted, and why not."""
+
     accept: bool
     reason: str = ""
 
 
 class AdmissionPolicy(Protocol):
+    """Decides on arrival whether a job may join the queue."""
+
     name: str
 
     def admit(self, job: JobSpec, cluster: ClusterState,
@@ -26,6 +30,8 @@ class AdmissionPolicy(Protocol):
 
 @dataclass(frozen=True)
 class AcceptAll:
+    """Admits every job (the default)."""
+
     name: str = "accept-all"
 
     def admit(self, job: JobSpec, cluster: ClusterState,

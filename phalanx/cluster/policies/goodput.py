@@ -30,71 +30,48 @@ import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from phalanx.cluster.profiles import BatchConfig, PolluxApplication
+from phalanx.cluster.core.view import Choice, JobView
+from phalanx.cluster.model.profiles import BatchConfig, PolluxApplication
 from phalanx.errors import ConfigError
 
 PRIORITIES = ("srpt", "las", "none")
 
 
-class UndeclaredRead(RuntimeError):
-    """A policy read what it declared it does not use (a job's remaining work)."""
+PROFILES = ("learned", "oracle")
+BATCHES = ("adaptive", "fixed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GoodputOptions:
+    """The goodput policies' section, learned and oracle alike (``--goodput-priority``,
+    ``--goodput-horizon``, ``--goodput-batch``, ``--profiles``), checked here once."""
+
+    priority: str = "none"
+    horizon_s: float = 1800.0
+    batch: str = "adaptive"     # or "fixed": each job keeps its own batch (ablation)
+    # what the policy knows of throughput: "learned" (fitted to the set-ups each job has
+    # run, as Pollux) or "oracle" (every measured profile: an ablation)
+    profiles: str = "learned"
+
+    def __post_init__(self) -> None:
+        if self.priority not in PRIORITIES:
+            raise ConfigError(f"--goodput-priority {self.priority}: unknown (choose from "
+                              f"{', '.join(PRIORITIES)})")
+        if not 0 < self.horizon_s < math.inf:
+            raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
+                              f"got {self.horizon_s}")
+        if self.batch not in BATCHES:
+            raise ConfigError(f"--goodput-batch {self.batch}: unknown (choose from "
+                              f"{', '.join(BATCHES)})")
+        if self.profiles not in PROFILES:
+            raise ConfigError(f"--profiles {self.profiles}: unknown (choose from "
+                              f"{', '.join(PROFILES)})")
 
 
 def check_goodput_flags(priority: str, horizon_s: float) -> None:
-    """The goodput policies' own flags (learned and oracle alike)."""
-    if priority not in PRIORITIES:
-        raise ConfigError(f"--goodput-priority {priority}: unknown (choose from "
-                          f"{', '.join(PRIORITIES)})")
-    if not 0 < horizon_s < math.inf:
-        raise ConfigError(f"--goodput-horizon must be a finite number > 0 seconds, "
-                          f"got {horizon_s}")
-
-
-@dataclass(frozen=True)
-class JobView:
-    """What the elastic policy sees of one active job. ``remaining`` (progress still to
-    make, from the epochs the user declared) is there only for a policy that declares it
-    uses it (``uses_remaining``); reading it otherwise raises ``UndeclaredRead``."""
-
-    id: int
-    app: str
-    submit: float
-    epoch: int
-    remaining_work: float | None   # None: not given to this policy
-    gpus: int                 # GPUs held now (0: waiting)
-    attained: float           # GPU-seconds so far
-    batch: int = 0            # the job's own total batch (used with ``fixed_batch``)
-    placement: tuple[tuple[int, int], ...] = ()   # (server, GPUs) held now, server order
-    restarts: int = 0         # allocations after its first
-
-    @property
-    def remaining(self) -> float:
-        if self.remaining_work is None:
-            raise UndeclaredRead(f"job {self.id}: remaining work read by a policy that "
-                                 f"does not declare it (uses_remaining=False)")
-        return self.remaining_work
-
-
-@dataclass(frozen=True)
-class Choice:
-    gpus: int
-    config: BatchConfig | None     # None when gpus == 0 or when the job picks its batch
-    servers: tuple[tuple[int, int], ...] = ()   # (server, GPUs): exact placement, if set
-
-
-class ElasticPolicy(Protocol):
-    """What the interval engine asks of an elastic policy. ``uses_remaining``: it is
-    given jobs' remaining work (from their declared epochs). ``adapts_batch``: each job
-    picks its own batch (through the policy's ``learner``) when the choice has none."""
-
-    name: str
-    uses_remaining: bool
-    adapts_batch: bool
-
-    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
-                 ) -> dict[int, Choice]: ...
+    """The goodput policies' own flags (learned and oracle alike): their section's check."""
+    GoodputOptions(priority=priority, horizon_s=horizon_s)
 
 
 def packed_counts(n: int, node_gpus: int) -> tuple[int, ...]:
@@ -104,6 +81,9 @@ def packed_counts(n: int, node_gpus: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class GoodputPolicy:
+    """The oracle goodput policy (``--profiles oracle``, an ablation): GPUs and batch per
+    job from every measured profile."""
+
     apps: Mapping[str, PolluxApplication]
     node_gpus: int = 4
     restart_s: float = 30.0

@@ -35,13 +35,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phalanx.cluster.learned import Facts, Learner
-from phalanx.cluster.policies.goodput import Choice, JobView, check_goodput_flags, greedy
+from phalanx.cluster.core.view import Choice, JobView
+from phalanx.cluster.model.learned import Facts, Learner
+from phalanx.cluster.policies.goodput import check_goodput_flags, greedy
 from phalanx.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class LearnedOptions:
+    """The learned goodput policy's ablation switches (exploration, a shared model per
+    application, minimum gain, units, growth, multistart)."""
+
     explore: float = 0.0
     share: bool = False
     min_gain: float = 0.1         # a change must raise the value by 10% (hysteresis)
@@ -54,12 +58,16 @@ class LearnedOptions:
             raise ConfigError(f"goodput: growth must be a finite number >= 1, got "
                               f"{self.growth}")
         if not 0.0 <= self.explore < math.inf or not 0.0 <= self.min_gain < math.inf:
-            raise ConfigError(f"goodput: explore and min_gain must be finite >= 0, got "
-                              f"{self.explore}, {self.min_gain}")
+            raise ConfigError(f"--goodput-explore and --goodput-min-gain must be finite "
+                              f"numbers >= 0, got {self.explore}, {self.min_gain}")
 
 
 @dataclass
 class LearnedGoodputPolicy:
+    """The goodput policy on what Pollux knows: throughput fitted to the set-ups each job
+    ran, gradient statistics at its batch. Used by the interval engine and the live elastic
+    engine alike."""
+
     facts: Mapping[str, Facts]
     node_gpus: int = 4
     restart_s: float = 30.0

@@ -14,13 +14,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from phalanx.catalog import Catalog
-from phalanx.cluster.jobs import JobState
+from phalanx.cluster.core.jobs import JobState
 from phalanx.errors import ConfigError
 
 DEFAULT_SLOT_S = 2400.0   # 40 min: DL jobs run long, so time slots are 40 min to 1 h
 
 
 class OrderingPolicy(Protocol):
+    """Orders the active jobs (first = most deserving); ``preemptive`` orderings run the
+    core's preemptive round every ``round_s``."""
+
     name: str
     preemptive: bool
     round_s: float | None
@@ -175,6 +178,24 @@ class RoundRobin:
     def order(self, jobs: Sequence[JobState], now: float) -> tuple[int, ...]:
         return tuple(j.spec.id for j in sorted(
             jobs, key=lambda j: (j.last_start, j.spec.submit, j.spec.id)))
+
+
+def check_thresholds(t: tuple[float, ...]) -> None:
+    """``--tiresias-thresholds``: finite GPU-seconds > 0, strictly increasing."""
+    if not t or any(not 0 < x < math.inf for x in t) or list(t) != sorted(set(t)):
+        raise ConfigError(f"--tiresias-thresholds must be finite GPU-seconds > 0, "
+                          f"strictly increasing, got {','.join(map(str, t))}")
+
+
+def parse_thresholds(text: str) -> tuple[float, ...]:
+    """``--tiresias-thresholds`` as typed: a comma list of GPU-seconds."""
+    try:
+        t = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--tiresias-thresholds {text!r}: not a comma list of numbers"
+                          ) from None
+    check_thresholds(t)
+    return t
 
 
 def _tiresias(slot_s: float, thresholds: tuple[float, ...] | None,

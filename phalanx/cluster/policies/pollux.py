@@ -21,14 +21,37 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phalanx.cluster.learned import Facts, Learner
-from phalanx.cluster.policies.goodput import Choice, JobView, greedy
+from phalanx.cluster.core.view import Choice, JobView
+from phalanx.cluster.model.learned import Facts, Learner
+from phalanx.cluster.policies.goodput import greedy
 from phalanx.cluster.policies.pollux_ga import Problem, fronts, nsga2
 from phalanx.errors import ConfigError
+
+SEARCHES = ("ga", "greedy")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolluxOptions:
+    """``--policy pollux``'s section (``--pollux-generations``, ``--pollux-search``),
+    checked here once."""
+
+    generations: int = 30
+    search: str = "ga"          # or "greedy": the same objective, no GA
+
+    def __post_init__(self) -> None:
+        if self.search not in SEARCHES:
+            raise ConfigError(f"--pollux-search {self.search}: unknown "
+                              f"({', '.join(SEARCHES)})")
+        if not 1 <= self.generations <= 10000:
+            raise ConfigError(f"--pollux-generations must be an integer in 1..10000, "
+                              f"got {self.generations}")
 
 
 @dataclass
 class PolluxPolicy:
+    """The Pollux artifact's policy: fitted throughput, speedup at the fair share, power-
+    mean objective, genetic (or greedy) search."""
+
     facts: Mapping[str, Facts]
     node_sizes: tuple[int, ...]          # GPUs of each server, server order
     seed: int = 0
@@ -40,11 +63,9 @@ class PolluxPolicy:
     uses_remaining: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        if self.search not in ("ga", "greedy"):
-            raise ConfigError(f"--pollux-search {self.search}: unknown (ga, greedy)")
-        if self.generations < 1 or self.pop_size < 2:
-            raise ConfigError(f"--pollux-generations must be >= 1 and the population >= 2, "
-                              f"got {self.generations}, {self.pop_size}")
+        PolluxOptions(generations=self.generations, search=self.search)
+        if self.pop_size < 2:
+            raise ConfigError(f"pollux: the population must be >= 2, got {self.pop_size}")
         self.learner = Learner(dict(self.facts))
         self._rng = np.random.default_rng(self.seed)
         self._prev: tuple[np.ndarray, list[int]] | None = None

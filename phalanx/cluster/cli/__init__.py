@@ -1,0 +1,1 @@
+"""The scheduler's commands: ``phalanx simulate`` and ``phalanx schedule``."""

@@ -1,0 +1,154 @@
+"""``phalanx schedule``: live mode — run a job list of real training runs with the
+simulator's policies, on local slots, a Ray cluster or a Slurm cluster.
+
+    phalanx schedule --jobs jobs.yaml --cluster uniform:1,1,2,2 --policy fifo \\
+        --placement pack --out runs/schedule
+    phalanx schedule --jobs jobs.yaml --cluster uniform:1,2,2,2 --policy tiresias \\
+        --slot 20 --tiresias-thresholds 30 --engine ray          # a local 4-node Ray cluster
+    phalanx schedule ... --engine ray --ray-address HEAD:6379    # an existing Ray cluster
+    phalanx schedule ... --engine slurm                          # a local Slurm cluster (root)
+    phalanx schedule ... --engine slurm --slurm-partition gpu    # an existing Slurm cluster
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+
+from phalanx.cluster.core.cadence import Cadence
+from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
+from phalanx.cluster.core.report import summarise, write_jobs_csv, write_plots, write_summary
+from phalanx.cluster.core.result import SimResult
+from phalanx.cluster.live.elastic import ElasticLiveCluster
+from phalanx.cluster.live.engines import ENGINES
+from phalanx.cluster.live.engines.base import EngineOptions
+from phalanx.cluster.live.joblist import check_fits, check_settings, load_job_list
+from phalanx.cluster.live.loop import LiveCluster, LiveConfig
+from phalanx.cluster.model.core_share import CoreShare
+from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
+from phalanx.cluster.policies.ordering import parse_thresholds
+from phalanx.errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("schedule", help="live mode: run a job list of phalanx training runs "
+                                        "on local slots, a Ray or a Slurm cluster with a "
+                                        "scheduling policy")
+    p.add_argument("--jobs", required=True,
+                   help="job list (.yaml or .csv): name, arrival (s), gpus (gang size = "
+                        "workers), training settings")
+    p.add_argument("--cluster", default="uniform:1,1,1,2",
+                   help="the devices as a topology: uniform:Z,R,S,G or a YAML configuration "
+                        "set (default uniform:1,1,1,2 = 2 devices on one server)")
+    p.add_argument("--engine", default="local", choices=ENGINES.names(),
+                   help="local: every device is a slot on this machine; ray: one Ray node "
+                        "per server; slurm: one Slurm node per server (default local)")
+    p.add_argument("--ray-address", default="",
+                   help="with --engine ray: an existing cluster's address (HOST:PORT); "
+                        "without it a local Ray cluster is built from --cluster")
+    p.add_argument("--slurm-partition", default="",
+                   help="with --engine slurm: a partition of an existing Slurm cluster (found "
+                        "through SLURM_CONF as Slurm's commands find it); without it a local "
+                        "Slurm cluster is built from --cluster (root)")
+    p.add_argument("--policy", default="fifo",
+                   help=f"ordering: {', '.join(ORDERINGS)}; or goodput (elastic: the learned "
+                        "goodput policy resizes sync, average and parameter-server jobs every "
+                        "--interval)")
+    p.add_argument("--interval", type=float, default=60.0,
+                   help="goodput: seconds between allocations (default 60)")
+    p.add_argument("--restart-cost", type=float, default=30.0,
+                   help="goodput: seconds a resize is assumed to cost (default 30)")
+    p.add_argument("--goodput-horizon", type=float, default=1800.0,
+                   help="goodput: a resize must pay its restart back within this many "
+                        "seconds (default 1800)")
+    p.add_argument("--placement", default="pack", help=f"placement: {', '.join(PLACEMENTS)}")
+    p.add_argument("--slot", type=float, default=60.0,
+                   help="seconds between rounds of a time-sliced policy (las, tiresias, rr; "
+                        "default 60)")
+    p.add_argument("--tiresias-thresholds", default="",
+                   help="Tiresias queue thresholds in GPU-seconds, comma list "
+                        "(default 3600,36000)")
+    p.add_argument("--starvation", type=float, default=None,
+                   help="Tiresias starvation factor, 0 = no promotion (default 4)")
+    p.add_argument("--grace", type=float, default=30.0,
+                   help="seconds a stopped job has to checkpoint before SIGKILL (default 30)")
+    p.add_argument("--threshold", type=float, default=0.5, help="load-adaptive threshold")
+    p.add_argument("--hysteresis", type=float, default=None, help="load-adaptive hysteresis")
+    p.add_argument("--job-timeout", type=float, default=0.0,
+                   help="stop a job that runs longer than this many seconds (0 = never)")
+    p.add_argument("--poll", type=float, default=0.05,
+                   help="seconds between checks for exits and arrivals (default 0.05)")
+    p.add_argument("--out", default="runs/schedule", help="output folder")
+    p.set_defaults(func=_cmd_schedule)
+
+
+def _cmd_schedule(args: argparse.Namespace) -> int:
+    if args.policy not in (*ORDERINGS, "goodput"):
+        raise ConfigError(f"--policy {args.policy}: unknown (choose from "
+                          f"{', '.join(ORDERINGS)}, goodput)")
+    if args.ray_address and args.engine != "ray":
+        raise ConfigError("--ray-address: only with --engine ray")
+    if args.slurm_partition and args.engine != "slurm":
+        raise ConfigError("--slurm-partition: only with --engine slurm")
+    cadence = Cadence(args.interval, args.restart_cost)
+    thresholds = (parse_thresholds(args.tiresias_thresholds) if args.tiresias_thresholds
+                  else None)
+    elastic = args.policy == "goodput"
+    ordering = make_ordering("fifo" if elastic else args.policy, args.slot,
+                             thresholds, args.starvation)
+    placement = make_placement(args.placement, args.threshold, args.hysteresis)
+    config = LiveConfig(Path(args.out).absolute(), poll_s=args.poll, job_timeout_s=args.job_timeout,
+                        grace_s=args.grace)
+    topology = resolve_cluster(args.cluster, default_data_dir())
+    jobs = load_job_list(args.jobs)
+    check_fits(jobs, topology, args.jobs)  # the cheap check first
+    check_settings(jobs, args.jobs)
+    out = config.out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        raise ConfigError(f"--out {out}: cannot create a folder there") from None
+    with contextlib.ExitStack() as stack:
+        # the engine's executor; a cluster it starts here is stopped when ``stack`` closes
+        executor = ENGINES.get(args.engine)(topology, EngineOptions(
+            python=config.python, ray_address=args.ray_address,
+            slurm_partition=args.slurm_partition), stack)
+        if elastic:
+            # a cluster started here has this machine's cores under every server; an
+            # existing one has the cores its topology declares per server
+            cores = (CoreShare.per_server(topology)
+                     if args.ray_address or args.slurm_partition
+                     else CoreShare.this_machine(topology))
+            live = ElasticLiveCluster(topology, jobs, placement, config, cadence,
+                                      args.goodput_horizon, executor, cores)
+            for job in live.jobs:
+                why = live.why_fixed[job.spec.id]
+                if why:
+                    print(f"  {job.spec.name}: runs at its {job.spec.gpus} GPU(s), not "
+                          f"resized: {why}")
+        else:
+            live = LiveCluster(topology, jobs, ordering, placement, config, executor=executor)
+        print(f"scheduling {len(jobs)} job(s) from {args.jobs} on {topology.num_devices} "
+              f"device(s), engine {args.engine} ({args.policy}, {placement.name})", flush=True)
+        res = live.run()
+    _report(args, res, placement.name, topology.name, out)
+    return 0
+
+
+def _report(args: argparse.Namespace, res: SimResult, placement: str, cluster: str,
+            out: Path) -> None:
+    """summary.json, jobs.csv, the plots, and a line per job."""
+    summary = summarise(res, args.policy, placement, cluster, str(args.jobs))
+    write_summary(summary, out / "summary.json")
+    write_jobs_csv(res, out / "jobs.csv")
+    write_plots([(f"{args.policy}/{placement}", res)], out)
+    for st in res.jobs:
+        status = f"failed ({st.failure})" if st.failure else (
+            "finished" if st.end >= 0 else "never started")
+        print(f"  {st.spec.name:20s} gpus {st.spec.gpus}  start {st.start:7.2f} s  "
+              f"end {st.end:7.2f} s  preempted {st.preemptions}  {status}")
+    for spec, reason in res.rejected:
+        print(f"  {spec.name:20s} rejected: {reason}")
+    print(f"{summary.finished} finished, {summary.failed} failed, {summary.rejected} rejected; "
+          f"wrote {out}/ (summary.json, jobs.csv, jobs/, logs/, ranks/)")

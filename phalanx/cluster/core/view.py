@@ -1,0 +1,90 @@
+"""What an elastic policy sees of a job (``JobView``) and what it answers (``Choice``),
+filled the same way by every engine (:func:`job_view`): the simulated and the live cluster
+give a policy the same facts. Policies read views and never write them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from phalanx.cluster.core.jobs import JobState
+from phalanx.cluster.core.topology import Topology
+
+if TYPE_CHECKING:
+    from phalanx.cluster.model.profiles import BatchConfig
+
+
+class UndeclaredRead(RuntimeError):
+    """A policy read what it declared it does not use (a job's remaining work)."""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the elastic policy sees of one active job. ``remaining`` (progress still to
+    make, from the epochs the user declared) is there only for a policy that declares it
+    uses it (``uses_remaining``); reading it otherwise raises ``UndeclaredRead``."""
+
+    id: int
+    app: str
+    submit: float
+    epoch: int
+    remaining_work: float | None   # None: not given to this policy
+    gpus: int                 # GPUs held now (0: waiting)
+    attained: float           # GPU-seconds so far
+    batch: int = 0            # the job's own total batch (used with ``fixed_batch``)
+    placement: tuple[tuple[int, int], ...] = ()   # (server, GPUs) held now, server order
+    restarts: int = 0         # allocations after its first
+    # the most GPUs the engine can give the job now (0: no limit beyond the cluster); the
+    # round clips a choice to it (a parameter-server driver starts its workers on one node)
+    limit: int = 0
+
+    @property
+    def remaining(self) -> float:
+        if self.remaining_work is None:
+            raise UndeclaredRead(f"job {self.id}: remaining work read by a policy that "
+                                 f"does not declare it (uses_remaining=False)")
+        return self.remaining_work
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An elastic policy's answer for one job: its GPUs, the batch it trains at (None: the
+    job picks), and optionally the exact servers."""
+
+    gpus: int
+    config: BatchConfig | None     # None when gpus == 0 or when the job picks its batch
+    servers: tuple[tuple[int, int], ...] = ()   # (server, GPUs): exact placement, if set
+
+
+class ElasticPolicy(Protocol):
+    """What a round asks of an elastic policy. ``uses_remaining``: it is
+    given jobs' remaining work (from their declared epochs). ``adapts_batch``: each job
+    picks its own batch (through the policy's ``learner``) when the choice has none."""
+
+    name: str
+    uses_remaining: bool
+    adapts_batch: bool
+
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
+                 ) -> dict[int, Choice]: ...
+
+
+def job_view(st: JobState, topology: Topology, policy: ElasticPolicy, *, held: bool,
+             epoch: int, remaining: float | None, limit: int = 0) -> JobView:
+    """The view of ``st`` that every engine gives ``policy``: ``held``, whether it holds
+    its last placement now (a job being stopped holds nothing it can keep); ``remaining``
+    work (None: the engine does not know it) is passed on only to a policy that declares
+    it uses it."""
+    placement: tuple[tuple[int, int], ...] = ()
+    gpus = 0
+    if held:
+        per_server: dict[int, int] = {}
+        devices = st.placements[-1][1]
+        for d in devices:
+            s = topology.device_server[d]
+            per_server[s] = per_server.get(s, 0) + 1
+        placement, gpus = tuple(sorted(per_server.items())), len(devices)
+    return JobView(st.spec.id, st.spec.application, st.spec.submit, epoch,
+                   remaining if policy.uses_remaining else None, gpus, st.attained,
+                   st.spec.batch_size, placement, max(len(st.placements) - 1, 0), limit)

@@ -1,0 +1,402 @@
+"""The Ray backend: each rank is a Ray actor, pinned by a placement group to the node of the
+device the scheduler gave it, that starts the rank's process itself.
+
+* **Placement is ours.** Every node declares one custom resource per device it holds,
+  ``phx_dev_<global device id>`` = 1 (a local cluster is built that way from the
+  topology; a real cluster's nodes are started with ``ray start --resources``, see
+  docs/cluster.md). Each device gets a placement group of one bundle holding exactly its
+  resource, so Ray can put it on one node only: the device's; the device's actor lives in
+  it and runs every rank the scheduler puts on that device. Ray decides nothing; the gang
+  is all-or-nothing in our allocator.
+* **Devices are ours.** The rank's process gets ``CUDA_VISIBLE_DEVICES`` from the devices
+  we assigned, numbered on their node; the actor asks Ray for no GPU (Ray would renumber
+  them and set its own ``CUDA_VISIBLE_DEVICES``).
+* **Processes are ours.** The actor starts ``python -m phalanx.entry.torchrun ...`` in a
+  new process group (:class:`~phalanx.cluster.live.engines.base.RankProcess`) and stops it itself
+  (SIGTERM to the group, SIGKILL after the grace period) before the actor is killed: Ray
+  can leave an actor's children behind. Actors run several calls at once
+  (``max_concurrency``) so ``stop`` is answered while ``wait`` blocks on the rank.
+* The node a rank ran on is what Ray reports to the actor (its node's
+  ``phalanx.server`` label), handed to the rank, which records it (rank records).
+
+``ray`` is an optional extra (``pip install -e '.[ray]'``); it is imported only when
+``--engine ray`` is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.live.engines.base import (
+    EngineOptions,
+    Executor,
+    Gang,
+    RankProcess,
+    failed_rank,
+    free_port,
+    gang_exit,
+    local_world,
+    rank_env,
+)
+from phalanx.errors import ConfigError
+
+DEVICE = "phx_dev_{}"                # custom resource of one device (global id)
+LABELS = ("phalanx.zone", "phalanx.rack", "phalanx.server")
+NODE_LABEL = "phalanx.server"
+OBJECT_STORE = 80 * 2**20            # Ray's minimum is 75 MiB; ranks pass no objects
+START_TIMEOUT_S = 120.0
+LOCAL_ENV = ("RAY_USAGE_STATS_ENABLED", "RAY_TMPDIR", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+
+
+NO_RAY = "--engine ray needs Ray: install the 'ray' extra (pip install -e '.[ray]')"
+
+
+def import_ray() -> ModuleType:
+    try:
+        return importlib.import_module("ray")
+    except ImportError:
+        raise ConfigError(NO_RAY) from None
+
+
+def have_ray() -> bool:
+    """Is Ray installed (without importing it: its settings are read at import)."""
+    if "ray" in sys.modules:
+        return sys.modules["ray"] is not None
+    return importlib.util.find_spec("ray") is not None
+
+
+def node_resources(topology: Topology, server: int) -> dict[str, float]:
+    s = topology.servers[server]
+    return {DEVICE.format(d): 1.0 for d in range(s.first_device,
+                                                 s.first_device + s.num_devices)}
+
+
+def node_labels(topology: Topology, server: int) -> dict[str, str]:
+    s = topology.servers[server]
+    return dict(zip(LABELS, (str(s.zone), str(s.rack), s.name)))
+
+
+# Ray's longest socket path below its temp root: "/ray/session_<date>_<time>_<us>_<pid>"
+# (<= 48 bytes) + "/sockets/plasma_store" (21); an AF_UNIX path holds at most 107 bytes
+RAY_SOCKET_TAIL = 69
+AF_UNIX_MAX = 107
+PROBE_S = 5.0  # seconds to wait for --ray-address to answer
+
+
+def ray_temp_root() -> str:
+    """Where the local cluster's temp folder goes: the temp folder (``TMPDIR``) when Ray's
+    socket paths fit under it, else /tmp (users' TMPDIRs are often long); a one-line error
+    when neither can hold them."""
+    folder = len("/phalanx-ray-") + 8  # mkdtemp's name
+    root = tempfile.gettempdir()
+    for candidate in (root, "/tmp"):
+        if (len(os.fsencode(candidate)) + folder + RAY_SOCKET_TAIL <= AF_UNIX_MAX
+                and os.access(candidate, os.W_OK)):
+            return candidate
+    raise ConfigError(f"TMPDIR {root}: too long for Ray's socket paths ({AF_UNIX_MAX} bytes "
+                      f"at most; give a temp folder of at most "
+                      f"{AF_UNIX_MAX - folder - RAY_SOCKET_TAIL} bytes) and /tmp is not "
+                      "writable")
+
+
+def check_address(address: str, timeout_s: float = PROBE_S) -> None:
+    """``--ray-address HOST:PORT`` must answer before Ray is asked to join it (``ray.init``
+    retries an address where nothing listens for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--ray-address {address!r}: expected HOST:PORT of a Ray head "
+                          "(ray start --head --port PORT)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        why = (f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError)
+               else (e.strerror or str(e)).lower())
+        raise ConfigError(f"--ray-address {address}: nothing answers there ({why}); start "
+                          "the head with ray start --head") from None
+
+
+@contextlib.contextmanager
+def ray_cluster(topology: Topology, address: str = "") -> Iterator[str]:
+    """The address of the cluster to schedule on: ``address`` as given, or a local cluster
+    with one Ray node per server of ``topology``, all on 127.0.0.1, no dashboard, its
+    temp folder removed afterwards."""
+    if address:
+        check_address(address)
+        if address.split(":")[0] in ("127.0.0.1", "localhost"):
+            # a one-machine cluster: keep Ray from resolving loopback to a network address
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        yield address
+        return
+    if not have_ray():
+        raise ConfigError(NO_RAY)
+    tmp = tempfile.mkdtemp(prefix="phalanx-ray-", dir=ray_temp_root())
+    saved = {k: os.environ.get(k) for k in LOCAL_ENV}
+    # Nothing leaves this machine. Every file Ray writes (sessions, sockets, the address
+    # file it would put in /tmp/ray) goes to our folder, removed below. Ray resolves a
+    # 127.0.0.1 cluster address to this host's network address unless it believes it runs
+    # a one-machine (Windows / macOS style) cluster: read when ray is imported, so set first
+    os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=tmp,
+                      RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    import_ray()
+    from ray.cluster_utils import Cluster  # noqa: PLC0415 - the optional extra
+
+    cluster = None
+    try:
+        def args(server: int) -> dict[str, Any]:
+            return dict(num_cpus=0, num_gpus=0, node_ip_address="127.0.0.1",
+                        include_dashboard=False, object_store_memory=OBJECT_STORE,
+                        resources=node_resources(topology, server),
+                        labels=node_labels(topology, server))
+
+        cluster = Cluster(initialize_head=True, head_node_args=args(0))
+        for s in range(1, len(topology.servers)):
+            cluster.add_node(**args(s))
+        yield cluster.address
+    finally:
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        # Ray's workers leave a moment after their raylet and may make the folder again
+        # on the way out: remove it once no process of this cluster is left
+        wait_gone(f"RAY_TMPDIR={tmp}".encode())
+        shutil.rmtree(tmp, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def wait_gone(marker: bytes, timeout_s: float = 15.0) -> None:
+    """Wait until no other process has ``marker`` in its environment (Linux /proc)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = False
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                if marker in (proc / "environ").read_bytes():
+                    alive = True
+                    break
+            except OSError:
+                continue
+        if not alive:
+            return
+        time.sleep(0.1)
+
+
+class RankActor:
+    """One rank (made a Ray actor by :class:`RayExecutor`)."""
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self.proc: RankProcess | None = None
+
+    def node(self) -> tuple[str, str]:
+        """(the node's ``phalanx.server`` label, or its Ray id; its IP address)."""
+        ray = import_ray()
+        ctx = ray.get_runtime_context()
+        labels = ctx.get_node_labels() or {}
+        return labels.get(NODE_LABEL, ctx.get_node_id()), ray.util.get_node_ip_address()
+
+    def free_port(self, addr: str) -> int:
+        return free_port(addr)
+
+    def start(self, argv: tuple[str, ...], env: dict[str, str], log: str, cwd: str,
+              hold_term: bool) -> int:
+        os.chdir(cwd)   # the scheduler's folder: relative paths in a job's settings hold
+        self.proc = RankProcess(self.python, tuple(argv), env, Path(log), hold_term)
+        return self.proc.pid
+
+    def wait(self) -> int:
+        """Blocks (in one of the actor's threads) until the rank's process is gone."""
+        assert self.proc is not None
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                return rc
+            time.sleep(0.05)
+
+    def stop(self, grace_s: float, pid: int) -> None:
+        """Stop rank ``pid`` (a late stop for an earlier rank of this device is ignored:
+        calls to a threaded actor may run out of order)."""
+        if self.proc is not None and self.proc.pid == pid:
+            self.proc.stop(grace_s)   # ``wait``'s polling sends SIGKILL after the grace
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+
+
+def kill_rank_here(pid: int) -> None:
+    """SIGKILL the process group of rank ``pid`` if it is a phalanx rank on this host."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if b"phalanx.entry.scheduled" in cmd:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+class _RayGang:
+    def __init__(self, actors: list[Any], pids: list[int], waits: list[Any]) -> None:
+        self.actors, self.pids, self.waits = actors, pids, waits
+        self.codes: list[int | None] = [None] * len(actors)
+
+
+@dataclass
+class _Device:
+    """A device's actor, in a one-bundle placement group that holds the device's resource
+    (so on the device's node), kept for every later rank on that device."""
+
+    actor: Any
+    group: Any
+    node: str = ""
+    ip: str = ""
+
+
+class RayExecutor:
+    """Gangs as Ray actors on the nodes the scheduler chose: one actor per device, created
+    the first time a rank runs there and kept (a restart on the same devices then costs two
+    calls, not new worker processes)."""
+
+    name = "ray"
+
+    def __init__(self, topology: Topology, address: str, python: str) -> None:
+        self.ray = ray = import_ray()
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     namespace="phalanx", logging_level=logging.WARNING)
+        have = ray.cluster_resources()
+        missing = [DEVICE.format(d) for d in range(topology.num_devices)
+                   if have.get(DEVICE.format(d), 0) < 1]
+        if missing:
+            raise ConfigError(
+                f"--ray-address {address}: the cluster lacks device resources for --cluster "
+                f"{topology.name} ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}"
+                "); start each node with ray start --resources (docs/cluster.md)")
+        self.python = python
+        self.actor = ray.remote(RankActor)
+        self.devices: dict[int, _Device] = {}
+        self.gangs: dict[str, _RayGang] = {}
+
+    def _pinned(self, devices: list[int]) -> list[_Device]:
+        """The actors of ``devices``, created (all at once) where missing."""
+        from ray.util.placement_group import placement_group  # noqa: PLC0415
+        from ray.util.scheduling_strategies import (  # noqa: PLC0415
+            PlacementGroupSchedulingStrategy,
+        )
+
+        ray = self.ray
+        new = [d for d in dict.fromkeys(devices) if d not in self.devices]
+        for d in new:
+            group = placement_group([{DEVICE.format(d): 1.0}])
+            actor = self.actor.options(
+                num_cpus=0, num_gpus=0, max_concurrency=4,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=0)).remote(self.python)
+            self.devices[d] = _Device(actor, group)
+        try:
+            where = ray.get([self.devices[d].actor.node.remote() for d in new],
+                            timeout=START_TIMEOUT_S)
+        except Exception:
+            for d in new:
+                self._drop(d)
+            raise
+        for d, (node, ip) in zip(new, where):
+            self.devices[d].node, self.devices[d].ip = node, ip
+        return [self.devices[d] for d in devices]
+
+    def start(self, gang: Gang) -> None:
+        ray = self.ray
+        slots = gang.ranks if gang.per_rank else gang.ranks[:1]
+        actors: list[Any] = []
+        try:
+            pinned = self._pinned([s.devices[0] for s in slots])
+            actors = [p.actor for p in pinned]
+            ip0 = pinned[0].ip
+            master = (ip0, ray.get(actors[0].free_port.remote(ip0), timeout=START_TIMEOUT_S))
+            lw = local_world(gang, master[0])
+            cwd = os.getcwd()
+            pids = ray.get([p.actor.start.remote(gang.argv, rank_env(gang, s, master, p.node,
+                                                                     lw, s.local),
+                                                 str(gang.log), cwd, gang.per_rank)
+                            for p, s in zip(pinned, slots)], timeout=START_TIMEOUT_S)
+        except Exception as e:   # noqa: BLE001 - any Ray failure: nothing may stay behind
+            self._kill_ranks(actors)
+            raise OSError(f"ray: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+        self.gangs[gang.job] = _RayGang(actors, pids, [a.wait.remote() for a in actors])
+
+    def poll(self, job: str) -> int | None:
+        g = self.gangs[job]
+        pending = [w for w, c in zip(g.waits, g.codes) if c is None]
+        ready, _ = self.ray.wait(pending, num_returns=len(pending), timeout=0)
+        for w in ready:
+            g.codes[g.waits.index(w)] = self.ray.get(w)
+        if failed_rank(g.codes):
+            for a, pid, c in zip(g.actors, g.pids, g.codes):
+                if c is None:
+                    a.stop.remote(2.0, pid)
+        rc = gang_exit(g.codes)
+        if rc is not None:
+            del self.gangs[job]
+        return rc
+
+    def stop(self, job: str, grace_s: float) -> None:
+        g = self.gangs.get(job)
+        if g is not None:
+            for a, pid in zip(g.actors, g.pids):
+                a.stop.remote(grace_s, pid)
+
+    def _kill_ranks(self, actors: list[Any]) -> None:
+        """Our processes first: Ray can leave an actor's children behind."""
+        with contextlib.suppress(Exception):
+            self.ray.get([a.kill.remote() for a in actors], timeout=30)
+
+    def _drop(self, device: int) -> None:
+        from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
+
+        dev = self.devices.pop(device)
+        with contextlib.suppress(Exception):
+            self.ray.kill(dev.actor)
+        with contextlib.suppress(Exception):
+            remove_placement_group(dev.group)
+
+    def close(self) -> None:
+        # a Ctrl-C from a terminal also reaches a local cluster's raylets: if they died
+        # first, their actors cannot stop our ranks; on this host, stop them ourselves
+        for g in self.gangs.values():
+            for pid in g.pids:
+                kill_rank_here(pid)
+        self._kill_ranks([d.actor for d in self.devices.values()])
+        self.gangs.clear()
+        for d in list(self.devices):
+            self._drop(d)
+
+
+def ray_engine(topology: Topology, options: EngineOptions,
+               stack: contextlib.ExitStack) -> Executor:
+    """``--ray-address``'s cluster, or a local Ray cluster built from ``topology``."""
+    address = stack.enter_context(ray_cluster(topology, options.ray_address))
+    return RayExecutor(topology, address, options.python)

@@ -1,0 +1,100 @@
+"""What a Slurm cluster must declare for ``phalanx schedule --engine slurm`` to pin ranks:
+the node and GRES lines of a topology, and the whole configuration of a local cluster.
+
+* **One node per server**, named as the topology names it (``--nodelist`` pins a rank's node).
+* **One typed GRES per device**: ``gpu`` of type ``phx<global device id>`` (``GRES_TYPE``),
+  each node's devices listed in their local order, so ``--gres=gpu:phx5:1`` can only be
+  device 5, and the index Slurm reports for it (``SLURM_JOB_GPUS``) is its number on its
+  node. A type must not look like a count (``gpu:5`` asks for five GPUs), hence the prefix.
+* A local cluster's devices are character devices that we make (major 195, NVIDIA's, minor
+  = the global id) in its own folder: Slurm's GRES needs a device file per GPU, nothing
+  opens them.
+
+:func:`local_conf` writes the rest of a local cluster (one ``slurmctld`` and one ``slurmd``
+per server on this host, each on its own 127.0.0.1 port; munge with our own key and socket).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx.cluster.core.topology import Server, Topology
+
+GRES_TYPE = "phx{}"              # the GRES type of global device id N
+PARTITION = "phalanx"            # the local cluster's partition
+DEVICE_MAJOR = 195               # NVIDIA's character-device major number
+MAX_LOCAL_SERVERS = 16           # one slurmd each, all on this machine
+
+
+def gres_type(device: int) -> str:
+    return GRES_TYPE.format(device)
+
+
+def device_file(folder: Path, device: int) -> Path:
+    return folder / f"nvidia{device}"
+
+
+def gres_request(devices: tuple[int, ...]) -> str:
+    """``--gres`` that asks for exactly ``devices`` (all on one node)."""
+    return ",".join(f"gpu:{gres_type(d)}:1" for d in devices)
+
+
+def node_line(server: Server, port: int = 0, addr: str = "") -> str:
+    """A ``slurm.conf`` NodeName line: the server's cores and its typed GRES."""
+    gres = ",".join(f"gpu:{gres_type(d)}:1" for d in server.devices)
+    where = f" NodeHostname=localhost NodeAddr={addr} Port={port}" if port else ""
+    # at least one CPU per device: every rank asks for one core
+    cpus = max(server.cpu_cores, server.num_devices)
+    return f"NodeName={server.name}{where} CPUs={cpus} Gres={gres} State=UNKNOWN"
+
+
+def gres_lines(topology: Topology, dev_dir: Path) -> list[str]:
+    """``gres.conf``: one typed GPU per device file, in local order on each node."""
+    return [f"NodeName={s.name} Name=gpu Type={gres_type(d)} File={device_file(dev_dir, d)}"
+            for s in topology.servers for d in s.devices]
+
+
+@dataclass(frozen=True)
+class LocalPorts:
+    """The ports of a local Slurm cluster's daemons (slurmctld and one slurmd per node)."""
+
+    controller: int
+    nodes: tuple[int, ...]       # one per server, in server order
+
+
+def local_conf(topology: Topology, folder: Path, ports: LocalPorts) -> str:
+    """``slurm.conf`` of a one-host cluster in ``folder``: every daemon on 127.0.0.1, every
+    file it writes (state, spool, logs, pid files) under ``folder``."""
+    f = folder
+    lines = [
+        "ClusterName=phalanx",
+        "SlurmctldHost=localhost(127.0.0.1)",
+        f"SlurmctldPort={ports.controller}",
+        "SlurmUser=root",
+        # munge with our own key, through our own socket
+        "AuthType=auth/munge", f"AuthInfo=socket={f}/munge/munge.socket", "CredType=cred/munge",
+        # bind each daemon's address (127.0.0.1), never all interfaces
+        "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
+        f"StateSaveLocation={f}/state",
+        f"SlurmdSpoolDir={f}/spool/%n",           # %n: each slurmd its own (multiple slurmd)
+        f"SlurmctldPidFile={f}/slurmctld.pid", f"SlurmdPidFile={f}/slurmd-%n.pid",
+        f"SlurmctldLogFile={f}/log/slurmctld.log", f"SlurmdLogFile={f}/log/slurmd-%n.log",
+        # no cgroups: ranks stay in their process group, which a signal reaches
+        "ProctrackType=proctrack/pgid", "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none", "SwitchType=switch/none", "MpiDefault=none",
+        "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+        "GresTypes=gpu",
+        # the nodes' CPUs are the topology's, not this machine's
+        "SlurmdParameters=config_overrides",
+        "ReturnToService=2",
+        # start a submitted job at once (the default waits up to 3 s to batch submissions)
+        "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
+        "KillWait=5", "MinJobAge=600", "MailProg=/bin/true",
+    ]
+    lines += [node_line(s, port, "127.0.0.1") for s, port in zip(topology.servers, ports.nodes)]
+    nodes = ",".join(s.name for s in topology.servers)
+    lines.append(f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE "
+                 "State=UP OverSubscribe=NO")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,101 @@
+"""How a live job runs: one process per rank or one driver, whether it can be preempted,
+and the command and rank slots of each start (:class:`~phalanx.cluster.live.engines.base.Gang`).
+
+* **Ranks** when the strategy runs under ``torchrun`` (a ``process_main``) with one rank
+  per device (``world_size == gpus``: sync, average). Each rank gets exactly one device of
+  the placement, in device order, so a 2-server gang is 2 nodes' ranks.
+* **Driver** otherwise: ``phalanx train`` on the node of the gang's first device, holding
+  that node's devices of the gang (the parameter server's shards and a single process
+  cannot be split over nodes by the scheduler).
+
+Preemptible: the strategy can resume (``StrategySpec.can_resume``) and a stop loses
+nothing it cannot redo: ranks checkpoint on SIGTERM (sync, average); a driver's ranks die
+with it, so it resumes from its last periodic checkpoint and needs ``checkpoint_every``.
+Everything else is non-preemptible: the policy keeps it running once started, and
+``jobs.csv`` says why.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.live.engines.base import Gang, RankSlot
+from phalanx.cluster.live.joblist import LiveJob
+from phalanx.config import RunConfig
+from phalanx.parallel.registry import spec
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """How a job's gang starts: as ranks (one process per device) or as one driver; whether
+    it can be preempted, and why not."""
+
+    per_rank: bool
+    preemptible: bool
+    why_not: str = ""          # why a job is not preemptible ('' when it is)
+    strategy: str = ""
+
+
+def plan_of(job: LiveJob) -> JobPlan:
+    cfg = RunConfig.from_mapping({**job.config, "workers": job.spec.gpus},
+                                 source=f"job {job.spec.name}")
+    s = spec(cfg.strategy)
+    per_rank = s.process_main is not None and s.world_size(cfg) == job.spec.gpus
+    if s.check_resume is None:
+        return JobPlan(per_rank, False, f"--strategy {cfg.strategy} cannot resume", s.name)
+    if not per_rank and cfg.checkpoint_every == 0:
+        return JobPlan(per_rank, False, "no periodic checkpoint (set checkpoint_every)", s.name)
+    return JobPlan(per_rank, True, "", s.name)
+
+
+def resumable(job: LiveJob, run_dir: Path) -> bool:
+    """A stopped job's folder holds what its strategy resumes from (else it starts anew:
+    it was stopped before its first checkpoint)."""
+    if not (run_dir / "config.json").is_file():
+        return False
+    cfg = RunConfig.from_mapping({**job.config, "workers": job.spec.gpus, "out": str(run_dir)},
+                                 source=f"job {job.spec.name}")
+    can = spec(cfg.strategy).can_restart
+    return can is not None and can(cfg)
+
+
+def rank_slots(topology: Topology, devices: tuple[int, ...], per_rank: bool
+               ) -> tuple[RankSlot, ...]:
+    """One slot per device (ranks), or one slot with the first server's devices (driver)."""
+    t = topology
+    devs = sorted(devices)
+
+    def slot(rank: int, ds: list[int]) -> RankSlot:
+        server = t.servers[t.device_server[ds[0]]]
+        return RankSlot(rank, server.index, server.name, tuple(ds),
+                        tuple(d - server.first_device for d in ds))
+
+    if per_rank:
+        return tuple(slot(r, [d]) for r, d in enumerate(devs))
+    first = t.device_server[devs[0]]
+    return (slot(0, [d for d in devs if t.device_server[d] == first]),)
+
+
+def build_gang(job: LiveJob, plan: JobPlan, topology: Topology, devices: tuple[int, ...],
+               start: int, out: Path, resume: bool, workers: int | None = None) -> Gang:
+    """The command of start number ``start`` (``resume``: continue from the run folder's
+    checkpoint with the settings of its ``config.json``)."""
+    name = job.spec.name
+    run_dir = out / "jobs" / name
+    module = ("-m", "phalanx.entry.scheduled") if plan.per_rank else ("-m", "phalanx.cli",
+                                                                     "train")
+    if resume:
+        argv = (*module, "--resume", str(run_dir), "--no-progress")
+    else:
+        argv = (*module, "--config", str(out / "configs" / f"{name}.json"), "--out",
+                str(run_dir), "--workers", str(workers or job.spec.gpus), "--threads", "1",
+                "--no-progress")
+    # the ranks import the same phalanx as the scheduler, whatever their folder
+    root = str(Path(__file__).resolve().parents[3])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return Gang(name, start, argv, rank_slots(topology, devices, plan.per_rank),
+                plan.per_rank, plan.preemptible, out / "logs" / f"{name}.log",
+                out / "ranks" / f"{name}.jsonl", {"PYTHONPATH": path})

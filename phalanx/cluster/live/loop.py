@@ -1,0 +1,278 @@
+"""Live mode: the scheduler runs real training jobs through an executor (local slots or a
+Ray cluster) with the simulator's policies.
+
+The queue, admission and the fill pass are the simulator's (``SchedulerCore``), with the
+same ordering and placement objects on the same ``ClusterState``; only the clock (wall time
+since start) and execution differ. A placed job becomes a gang (:mod:`launch_plan`) that
+the executor (:mod:`executor`) starts on exactly the devices the placement chose.
+
+Time-sliced orderings (``las``, ``tiresias``, ``rr``) run a *round* every ``round_s``
+seconds, as in the simulator: order every active job, keep the first that fit (a running
+job that cannot be preempted is always kept), stop the other running ones. A stop is
+SIGTERM to every rank: ranks checkpoint at one step and exit (:mod:`phalanx.runtime.preempt`);
+the job's devices are free once its ranks are gone, it re-enters the queue and a later
+start resumes it from its checkpoint on whatever placement the policy then gives. Until the
+next round, jobs the round did not keep wait (no job stopped by a round restarts at once).
+
+Outputs are the simulator's ``summary.json`` and ``jobs.csv`` (real times, seconds after
+start; every placement; preemptible or why not) plus each job's run folder
+(``OUT/jobs/NAME``), log (``OUT/logs/NAME.log``) and rank records (``OUT/ranks/NAME.jsonl``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx.cluster.core.allocator import Placement
+from phalanx.cluster.core.jobs import JobState
+from phalanx.cluster.core.result import SimResult
+from phalanx.cluster.core.scheduler import SchedulerCore
+from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.live.engines.base import Executor, Gang
+from phalanx.cluster.live.engines.local import LocalExecutor
+from phalanx.cluster.live.joblist import LiveJob
+from phalanx.cluster.live.launch_plan import JobPlan, build_gang, plan_of, resumable
+from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
+from phalanx.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """The live loop's settings (output folder, poll period, job timeout, grace before
+    SIGKILL), checked once."""
+
+    out: Path
+    poll_s: float = 0.05            # how often exits and arrivals are checked
+    job_timeout_s: float = 0.0      # stop a job running longer than this (0 = never)
+    grace_s: float = 30.0           # SIGTERM -> SIGKILL: time to write a checkpoint
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        if not 0 < self.poll_s <= 5:
+            raise ConfigError(f"--poll must be in (0, 5] seconds, got {self.poll_s}")
+        if not 0 <= self.job_timeout_s < float("inf"):
+            raise ConfigError(f"--job-timeout must be a finite number >= 0, "
+                              f"got {self.job_timeout_s}")
+        if not 0 < self.grace_s <= 3600:
+            raise ConfigError(f"--grace must be in (0, 3600] seconds, got {self.grace_s}")
+
+
+@dataclass
+class _Run:
+    """One start of a job."""
+
+    state: JobState
+    gang: Gang
+    since: float
+    stop: str = ""                  # why we stopped it: '' running, 'preempt', 'timeout'
+    asked: float = 0.0              # when
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    """A preemption as the loop saw it (what bench/live.py times)."""
+
+    job: str
+    asked: float                    # seconds after start: SIGTERM sent
+    exited: float                   # every rank gone, devices free
+    code: int
+
+
+def last_error_line(path: Path) -> str:
+    """The line that says why a run failed: its ``phalanx: error:`` line, else the last."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines()
+                 if ln.strip()]
+    except OSError:
+        return "no log"
+    for ln in reversed(lines):
+        if "error" in ln.lower():
+            return ln[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+class LiveCluster:
+    """The live engine: owns the wall clock, each job's gang and its executor (start, stop
+    with a grace period, poll), and what a stop means (back to the queue to resume, or
+    done). The queue, the fill pass and the rounds are the ``SchedulerCore``'s; ``run()``
+    returns the simulator's ``SimResult``."""
+
+    def __init__(self, topology: Topology, jobs: Sequence[LiveJob], ordering: OrderingPolicy,
+                 placement: PlacementPolicy, config: LiveConfig,
+                 admission: AdmissionPolicy | None = None,
+                 executor: Executor | None = None) -> None:
+        self.topology, self.config = topology, config
+        self.plans: dict[int, JobPlan] = {j.spec.id: plan_of(j) for j in jobs}
+        # each entry declares its own application facts (its batch): for an elastic policy a
+        # live job is its own application
+        self.jobs = [dataclasses.replace(j, spec=dataclasses.replace(
+            j.spec, not_preemptible=self.plans[j.spec.id].why_not,
+            app=j.spec.app or j.spec.name)) for j in jobs]
+        self.ordering = ordering
+        self.executor: Executor = executor if executor is not None else LocalExecutor(
+            config.python)
+        self.core = SchedulerCore(topology, ordering, placement, admission)
+        self.runs: dict[int, _Run] = {}
+        self.states: dict[int, JobState] = self.core.states
+        self.benched: set[int] = set()      # not kept by the last round: wait for the next
+        self.stops: list[StopRecord] = []
+        self.decisions: list[float] = []    # seconds each round / fill pass took
+        self.start_s: list[tuple[str, float]] = []   # seconds each executor.start took
+        self.round_times: list[float] = []  # seconds each round (the policy's decision) took
+        self.round_s = ordering.round_s if ordering.preemptive else None
+        self.now = 0.0
+
+    # ------------------------------------------------------------------ execution
+    def _start(self, st: JobState, p: Placement) -> None:
+        self.core.allocate(st, p)
+        job = self._by_id[st.spec.id]
+        plan = self.plans[st.spec.id]
+        out = self.config.out
+        run_dir = out / "jobs" / job.spec.name
+        resume = st.preemptions > 0 and resumable(job, run_dir)
+        if st.preemptions > 0 and not resume:
+            shutil.rmtree(run_dir, ignore_errors=True)   # stopped before it began: anew
+        gang = build_gang(job, plan, self.topology, p.devices, len(st.placements), out, resume,
+                          workers=st.spec.gpus)
+        t = time.perf_counter()
+        try:
+            self.executor.start(gang)
+        except OSError as e:
+            self.core.release(st)
+            st.end = self.now
+            st.failure = f"cannot start ({e.strerror or e})"
+            self.core.done(st.spec)
+            return
+        # the engine's own cost of a start (the ranks' Python start-up runs after it)
+        self.start_s.append((job.spec.name, time.perf_counter() - t))
+        st.running = True
+        if st.start < 0:
+            st.start = self.now
+        st.last_start = st.last_update = self.now
+        st.placements.append((self.now, p.devices))
+        self.runs[st.spec.id] = _Run(st, gang, self.now)
+
+    def _account(self) -> None:
+        """Executed time and attained GPU-seconds of running jobs, up to now (LAS and
+        Tiresias order by them)."""
+        for run in self.runs.values():
+            self.core.catch_up(run.state, self.now)
+
+    def _stop(self, run: _Run, why: str) -> None:
+        if run.stop:
+            return
+        run.stop = why
+        run.asked = self.now
+        self.executor.stop(run.gang.job, self.config.grace_s)
+
+    def _reap(self) -> int:
+        limit = self.config.job_timeout_s
+        ended = 0
+        for jid, run in list(self.runs.items()):
+            st = run.state
+            if limit and not run.stop and self.now - st.start > limit:
+                self._stop(run, "timeout")
+            rc = self.executor.poll(run.gang.job)
+            if rc is None:
+                continue
+            ended += 1
+            self._account()
+            del self.runs[jid]
+            self.core.release(st)
+            st.running = False
+            if run.stop:
+                self.stops.append(StopRecord(st.spec.name, run.asked, self.now, rc))
+            # stopped just as it finished (a driver's exit code is SIGTERM's when the signal
+            # came after its summary was written): done, nothing is left to resume
+            finished = run.stop == "preempt" and (
+                self.config.out / "jobs" / st.spec.name / "summary.json").is_file()
+            if run.stop == "preempt" and rc != 0 and not finished:
+                # stopped on request (a checkpoint written, or killed before one was due):
+                # back to the queue; the next start resumes from what is on disk
+                st.preemptions += 1
+                st.waiting_since = self.now
+                self._requeue(st, rc)
+                continue
+            self.core.done(st.spec)
+            st.end = self.now
+            st.remaining = 0.0
+            if run.stop == "timeout":
+                st.failure = f"timed out after {limit:g} s"
+            elif rc != 0 and not finished:
+                st.failure = f"exit {rc}: {last_error_line(run.gang.log)}"
+        return ended
+
+    def _requeue(self, st: JobState, rc: int) -> None:
+        """A job stopped on request goes back to the queue (and waits for a round)."""
+        self.core.enqueue(st)
+        self.benched.add(st.spec.id)
+
+    # ------------------------------------------------------------------ decisions
+    def _round(self) -> None:
+        """The core's preemptive round: the running jobs it does not keep are stopped (they
+        leave when their ranks are gone); the waiting ones it does not keep wait for the
+        next round. The kept ones start in the fill pass that follows."""
+        self._account()
+        live = [r.state for r in self.runs.values() if not r.stop]
+        keep = self.core.preemptive_round(
+            live, self.now, lambda st: self._stop(self.runs[st.spec.id], "preempt"), None)
+        if keep is not None:
+            self.benched = {j for j in self.core.waiting if j not in keep}
+
+    def _fill(self) -> None:
+        if not self.round_s:
+            self.core.fill(self.now, self._start)
+            return
+        if not self.runs:
+            self.benched.clear()    # nothing runs: no reason to wait for the next round
+        waiting = [st for jid, st in self.core.waiting.items() if jid not in self.benched]
+        if waiting:
+            self.core.try_start(self.ordering.order(waiting, self.now), self._start)
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> SimResult:
+        out = self.config.out
+        for sub in ("configs", "jobs", "logs", "ranks"):
+            (out / sub).mkdir(parents=True, exist_ok=True)
+        for job in self.jobs:
+            path = out / "configs" / f"{job.spec.name}.json"
+            path.write_text(json.dumps(job.config, indent=2) + "\n")
+        self._by_id = {j.spec.id: j for j in self.jobs}
+        res = self.core.result
+        pending = sorted(self.jobs, key=lambda j: (j.spec.submit, j.spec.id))
+        round_s = self.round_s
+        next_round = round_s if round_s else float("inf")
+        t0 = time.monotonic()
+        wall0 = time.perf_counter()
+        try:
+            while True:
+                self.now = time.monotonic() - t0
+                while pending and pending[0].spec.submit <= self.now:
+                    res.events += 1
+                    self.core.submit(pending.pop(0).spec, self.now)
+                res.events += self._reap()
+                t = time.perf_counter()
+                if self.now >= next_round:
+                    self._round()
+                    self.round_times.append(time.perf_counter() - t)
+                    next_round = self.now + round_s
+                self._fill()
+                self.decisions.append(time.perf_counter() - t)
+                self.core.sample(self.now)
+                if not self.runs and not pending:
+                    break   # done (anything still waiting could not start on an idle cluster)
+                wait = self.config.poll_s
+                if pending and not self.runs:
+                    wait = max(0.0, min(wait, pending[0].spec.submit - self.now))
+                time.sleep(wait)
+        finally:
+            # interrupted (Ctrl-C) or failed: never leave training processes behind
+            self.executor.close()
+        return self.core.finish([j.spec for j in self.jobs], time.perf_counter() - wall0)

@@ -1,0 +1,318 @@
+"""Interval engine: the clock of the Pollux artifact's simulator (petuum/adaptdl,
+osdi21-artifact, ``simulator/simulator.py``), reimplemented.
+
+Time moves in fixed steps of ``interval_s`` from 0. At each boundary ``k x interval``
+(k >= 1) the engine, in order:
+1. advances every job that holds GPUs through the interval just ended (a job that
+   finishes inside it records its exact completion time, but its GPUs stay held until
+   the boundary);
+2. admits the jobs submitted up to the boundary (arrivals are seen only there);
+3. asks the policy for the next allocation: a non-elastic ordering + placement (the
+   round of ``Simulator``: keep the first jobs of the order that fit by GPU count,
+   preempt the rest, place the kept ones that wait), or an elastic policy that returns
+   each job's GPU count and batch;
+4. charges ``restart_cost_s`` (no progress) to every job whose allocation changed,
+   including its first start when ``restart_first``.
+
+Pollux jobs progress in iterations at the application's initial batch, epoch by epoch, at
+``gain(batch, epoch) / step_time`` (``PolluxApplication``); like the artifact, the time
+to the end of each epoch is rounded to whole seconds. Other jobs (Philly, synthetic)
+progress at the perf model's isolated rate (no interference in this engine).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from phalanx.cluster.core.allocator import Placement
+from phalanx.cluster.core.cadence import Cadence
+from phalanx.cluster.core.jobs import JobSpec, JobState
+from phalanx.cluster.core.result import SimResult
+from phalanx.cluster.core.scheduler import SchedulerCore
+from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.core.view import Choice, ElasticPolicy, job_view
+from phalanx.cluster.model.learned import Learner
+from phalanx.cluster.model.perf import PerfModel
+from phalanx.cluster.model.profiles import BatchConfig, PolluxApplication
+from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, Pack, PlacementPolicy
+from phalanx.cluster.policies.placement import place_on
+from phalanx.cluster.sim.event import allocation_shape
+from phalanx.errors import ConfigError
+from phalanx.metrics import Progress
+
+
+@dataclass(frozen=True)
+class IntervalConfig(Cadence):
+    """The engine's cadence (checked by ``Cadence``) and its run switches."""
+
+    progress: bool = False
+    check_invariants: bool = False
+
+
+class _Run:
+    """Progress of one admitted job (kept across preemptions)."""
+
+    __slots__ = ("app", "work", "epoch", "progress", "cfg", "step_t", "rate", "restart_left",
+                 "counts", "learner", "jid")
+
+    def __init__(self, app: PolluxApplication | None, work: float, learner: Learner | None = None,
+                 jid: int = -1) -> None:
+        self.app = app
+        self.work = work           # non-Pollux jobs: work units
+        self.epoch = 0
+        self.progress = 0.0        # Pollux: iterations at the initial batch; else work
+        self.cfg: BatchConfig | None = None
+        self.step_t = 0.0
+        self.rate = 0.0            # non-Pollux jobs: work units per second
+        self.restart_left = 0.0
+        self.counts: tuple[int, ...] = ()
+        # a job that learns (the policy's ``learner``): it reports every stretch it trains
+        # and re-picks its batch after it, as an AdaptDL job does
+        self.learner = learner
+        self.jid = jid
+
+    def _report(self) -> None:
+        """The set-up just run, its true step and sync time, and the gradient statistics
+        at its batch and epoch (``simulator.py:Job.step`` -> ``update_params``)."""
+        app, cfg = self.app, self.cfg
+        step, sync = app.throughput(self.counts, cfg.atomic)
+        self.learner.observe(self.jid, app.name, sum(self.counts), len(self.counts),
+                             cfg.atomic, step, sync, app.grad_stats(cfg.batch, self.epoch))
+
+    def rebatch(self) -> None:
+        """The batch the job picks for its GPUs now (``Job.update_local_bsz``)."""
+        if self.learner is None or self.epoch >= self.app.epochs:
+            return
+        self.cfg = self.learner.batch_config(self.jid, self.app.name, len(self.counts),
+                                             sum(self.counts))
+        self.step_t = self.app.config_step_time(self.counts, self.cfg)
+
+    def remaining(self, spec: JobSpec) -> float:
+        if self.app is None:
+            return self.work - self.progress
+        return float(self.app.epoch_end[-1] - self.progress)
+
+    def advance(self, t: float, dt: float) -> float | None:
+        """Run ``dt`` seconds from ``t``; the completion time if the job ends."""
+        d = min(self.restart_left, dt)
+        self.restart_left -= d
+        t, dt = t + d, dt - d
+        if self.app is None:
+            if dt <= 0:
+                return None
+            need = (self.work - self.progress) / self.rate
+            if need <= dt:
+                self.progress += need * self.rate
+                return t + need
+            self.progress += dt * self.rate
+            return None
+        app = self.app
+        while dt > 0:
+            if self.learner is not None:
+                self._report()
+            g = app.gain(self.cfg.batch, self.epoch) / self.step_t
+            nxt = float(app.epoch_end[self.epoch + 1])
+            if self.progress + g * dt < nxt:
+                self.progress += g * dt
+                self.rebatch()
+                return None
+            # the artifact rounds the time to each epoch's end to whole seconds
+            delta = min(float(round((nxt - self.progress) / g)), dt)
+            self.progress = nxt
+            self.epoch += 1
+            t, dt = t + delta, dt - delta
+            if self.epoch >= app.epochs:
+                return t
+            self.rebatch()
+        return None
+
+
+def _counts_in_order(topology: Topology, p: Placement) -> tuple[int, ...]:
+    """GPUs per server in the order the placement took them (the artifact keys a
+    placement by this order's smallest rotation)."""
+    seen: dict[int, int] = {}
+    for d in p.devices:
+        s = topology.device_server[d]
+        seen[s] = seen.get(s, 0) + 1
+    return tuple(seen.values())
+
+
+class IntervalSimulator:
+    """The interval engine: owns the clock (fixed boundaries, arrivals and completions seen
+    there), each job's progress (Pollux applications epoch by epoch, at the batch its
+    allocation gives it), restart costs, and how an allocation is applied (``_start``,
+    ``_stop``; for an elastic policy the ``ElasticEngine`` hooks ``keep`` / ``vacate`` /
+    ``move`` / ``place``). The rounds themselves are the ``SchedulerCore``'s."""
+
+    def __init__(self, topology: Topology, jobs: Sequence[JobSpec], ordering: OrderingPolicy,
+                 placement: PlacementPolicy, perf: PerfModel,
+                 admission: AdmissionPolicy | None = None,
+                 config: IntervalConfig | None = None,
+                 elastic: ElasticPolicy | None = None) -> None:
+        self.topology, self.specs = topology, sorted(jobs, key=lambda s: (s.submit, s.id))
+        self.ordering, self.placement = ordering, placement
+        self.perf, self.config = perf, config if config is not None else IntervalConfig()
+        self.elastic = elastic
+        self.core = SchedulerCore(topology, ordering, placement, admission, elastic)
+        self.cluster = self.core.cluster
+        self.states: dict[int, JobState] = self.core.states
+        self.runs: dict[int, _Run] = {}
+        self.running: dict[int, JobState] = {}
+        self.now = 0.0
+        if elastic is not None:
+            bad = sorted({s.model for s in jobs if not perf.is_step_based(s)})
+            if bad:
+                raise ConfigError(f"--policy {elastic.name}: needs Pollux applications (with "
+                                  f"placement and validation profiles), not {', '.join(bad)}")
+
+    # ------------------------------------------------------------------ start / stop
+    def _set_speed(self, st: JobState, run: _Run, p: Placement, cfg: BatchConfig | None
+                   ) -> None:
+        run.counts = _counts_in_order(self.topology, p)
+        if run.app is not None and run.learner is not None and cfg is None:
+            # the job picks its batch for the new GPUs (``Job.reallocate``)
+            run.cfg = run.learner.batch_config(st.spec.id, run.app.name, len(run.counts),
+                                               len(p.devices))
+            run.step_t = run.app.config_step_time(run.counts, run.cfg)
+        elif run.app is not None:
+            run.cfg = cfg or run.app.batch_config(len(p.devices), st.spec.batch_size)
+            run.step_t = run.app.config_step_time(run.counts, run.cfg)
+        else:
+            shape, _ = allocation_shape(self.topology, self.perf, st.spec, p)
+            run.rate = self.perf.isolated_rate(st.spec, shape, self.topology)
+
+    def _start(self, st: JobState, p: Placement, cfg: BatchConfig | None = None) -> None:
+        self.core.allocate(st, p)
+        run = self.runs[st.spec.id]
+        self._set_speed(st, run, p, cfg)
+        first = st.start < 0
+        run.restart_left = (self.config.restart_cost_s
+                            if (self.config.restart_first or not first) else 0.0)
+        if first:
+            st.start = self.now
+        st.running = True
+        st.last_start = self.now
+        self.running[st.spec.id] = st
+        st.placements.append((self.now, p.devices))
+
+    def _stop(self, st: JobState) -> None:
+        self.core.release(st)
+        del self.running[st.spec.id]
+        st.running = False
+
+    def _preempt(self, st: JobState) -> None:
+        self._stop(st)
+        self.core.preempted(st, self.now)
+
+    # ------------------------------------------------------------------ policies
+    def _round(self) -> None:
+        """Non-elastic: the core's preemptive round at every boundary (a FIFO-like
+        ordering only fills)."""
+        if not self.ordering.preemptive:
+            self.core.fill(self.now, self._start)
+            return
+        self.core.preemptive_round(self.running.values(), self.now, self._preempt,
+                                   self._start)
+
+    def _elastic_round(self) -> None:
+        views = [job_view(st, self.topology, self.elastic, held=st.running,
+                          epoch=self.runs[jid].epoch,
+                          remaining=self.runs[jid].remaining(st.spec))
+                 for jid, st in list(self.running.items()) + list(self.core.waiting.items())]
+        self.core.elastic_round(views, self.cluster.capacity, self.now, self)
+
+    # the elastic round's answer, applied (``ElasticEngine``)
+    def keep(self, st: JobState, c: Choice) -> None:
+        run = self.runs[st.spec.id]
+        if c.gpus and c.config is not None and c.config != run.cfg:
+            # a new batch on the same GPUs: re-scaled between steps, no restart
+            run.cfg = c.config
+            run.step_t = run.app.config_step_time(run.counts, c.config)
+
+    def vacate(self, st: JobState) -> None:
+        self._preempt(st)
+
+    def move(self, st: JobState, c: Choice) -> None:
+        if st.running:
+            self._stop(st)
+            self.core.enqueue(st)
+
+    def place(self, moves: Sequence[tuple[Choice, JobState]]) -> None:
+        pack = Pack()
+        for c, st in sorted(moves, key=lambda m: (-m[0].gpus, m[1].spec.submit, m[1].id)):
+            if c.servers:
+                p = place_on(self.cluster, st.spec, c.servers)
+            else:
+                p = pack.place(replace(st.spec, gpus=c.gpus), self.cluster)
+            if p is not None:
+                self._start(st, p, c.config)
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> SimResult:
+        t0 = time.perf_counter()
+        c, cfg = self.cluster, self.config
+        step = cfg.interval_s
+        res = self.core.result
+        specs, nxt = self.specs, 0
+        progress = Progress(len(specs), "simulate", enabled=cfg.progress)
+        done = 0
+        while True:
+            # 1. the interval just ended
+            finished = []
+            for jid, st in self.running.items():
+                run = self.runs[jid]
+                end = run.advance(self.now, step)
+                held = step if end is None else end - self.now
+                self.core.serve(st, held, len(st.placements[-1][1]))
+                st.service_marks.append((self.now + step, st.attained))
+                if end is not None:
+                    st.end = end
+                    finished.append(st)
+            self.now += step
+            res.events += 1
+            for st in finished:
+                self._stop(st)
+                st.remaining = 0.0
+                self.core.done(st.spec)
+                if self.runs[st.spec.id].learner is not None:
+                    self.runs[st.spec.id].learner.forget(st.spec.id)
+                done += 1
+            # 2. arrivals up to this boundary
+            while nxt < len(specs) and specs[nxt].submit <= self.now:
+                self._arrive(specs[nxt])
+                nxt += 1
+            # 3. the policy's next allocation
+            if self.elastic is not None:
+                self._elastic_round()
+            else:
+                self._round()
+            if cfg.check_invariants:
+                c.check_invariants()
+            self.core.sample(self.now, every=True)
+            if done % 64 == 0:
+                progress.update(done + len(res.rejected), clock_h=self.now / 3600)
+            if not self.running:
+                if nxt >= len(specs):
+                    break    # nothing runs, nothing will arrive: waiting jobs never fit
+                if not self.core.waiting:
+                    # idle: jump to the boundary of the next arrival
+                    k = math.ceil(specs[nxt].submit / step) - 1
+                    self.now = max(self.now, k * step)
+        progress.update(len(specs))
+        progress.close()
+        res = self.core.finish(self.specs, time.perf_counter() - t0)
+        res.jobs.sort(key=lambda st: st.spec.id)
+        return res
+
+    def _arrive(self, spec: JobSpec) -> None:
+        if self.elastic is not None:
+            # the elastic policy picks the GPU count: the trace's gang size is ignored
+            spec = replace(spec, gpus=1)
+        if self.core.submit(spec, self.now) is None:
+            return
+        app = self.perf.pollux.get(spec.model) if self.perf.is_step_based(spec) else None
+        learner = getattr(self.elastic, "learner", None) if app is not None else None
+        self.runs[spec.id] = _Run(app, spec.work, learner, spec.id)
