@@ -11,7 +11,7 @@ import time
 import pytest
 
 from phalanx.cli import main
-from phalanx.cluster import ray_executor as R
+from phalanx.cluster.live.engines import ray as R
 from phalanx.errors import ConfigError
 
 
