@@ -172,3 +172,26 @@ def test_a_job_list_is_checked_as_phalanx_train_checks_a_run(tmp_path, capsys, g
     assert capsys.readouterr().err.strip().splitlines() == [
         f"phalanx: error: job list {jobs}: bad: {line}"]
     assert not (out / "jobs").exists()  # nothing started
+
+
+@pytest.mark.parametrize("args,line", [
+    (["schedule", "--jobs", "never-read.yaml", "--interval", "5", "--policy", "fifo"],
+     "--interval: --policy fifo does not use it (only goodput: its round); drop it"),
+    (["schedule", "--jobs", "never-read.yaml", "--slot", "10"],
+     "--slot: --policy fifo does not use it (only las, tiresias, rr); drop it"),
+    (["schedule", "--jobs", "never-read.yaml", "--policy", "las", "--starvation", "2"],
+     "--starvation: --policy las does not use it (only tiresias); drop it"),
+    (["schedule", "--jobs", "never-read.yaml", "--hysteresis", "0.1"],
+     "--hysteresis: --placement pack does not use it (only load-adaptive, "
+     "load-adaptive-demand); drop it"),
+    (["simulate", "--policy", "tiresias", "--profiles", "oracle"],
+     "--profiles: --policy tiresias does not use it (only goodput, pollux); drop it"),
+    (["simulate", "--policy", "fifo", "--goodput-batch", "fixed"],
+     "--goodput-batch: --policy fifo does not use it (only goodput); drop it"),
+    (["simulate", "--compare", "fifo,sjf", "--pollux-search", "greedy"],
+     "--pollux-search: --policy fifo, sjf does not use it (only pollux); drop it"),
+])
+def test_a_flag_the_chosen_policy_does_not_read_is_refused(tmp_path, capsys, args, line):
+    assert main([*args, "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"phalanx: error: {line}"]
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

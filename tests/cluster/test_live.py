@@ -134,7 +134,8 @@ def test_schedule_bad_flags_are_one_line(tmp_path, capsys, monkeypatch):
                        (["--placement", "random"], "--placement random"),
                        (["--poll", "0"], "--poll must be"),
                        (["--grace", "0"], "--grace must be"),
-                       (["--tiresias-thresholds", "x"], "not a comma list"),
+                       (["--policy", "tiresias", "--tiresias-thresholds", "x"],
+                        "not a comma list"),
                        (["--ray-address", "127.0.0.1:1"], "only with --engine ray"),
                        (["--jobs", str(tmp_path / "none.yaml")], "cannot read")):
         argv = ["schedule", "--jobs", str(jobs), "--out", str(tmp_path / "o"), *args]

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 from pathlib import Path
 
+from phalanx.cluster.cli import LOAD_ADAPTIVE, ROUND_ORDERINGS, refuse_unread, remember_defaults
 from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
 from phalanx.cluster.core.report import summarise, write_jobs_csv, write_plots, write_summary
@@ -81,6 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds between checks for exits and arrivals (default 0.05)")
     p.add_argument("--out", default="runs/schedule", help="output folder")
     p.set_defaults(func=_cmd_schedule)
+    remember_defaults(p)
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
@@ -91,6 +93,18 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         raise ConfigError("--ray-address: only with --engine ray")
     if args.slurm_partition and args.engine != "slurm":
         raise ConfigError("--slurm-partition: only with --engine slurm")
+    goodput = (lambda: args.policy == "goodput",
+               f"--policy {args.policy} does not use it (only goodput: its round)")
+    tiresias = (lambda: args.policy == "tiresias",
+                f"--policy {args.policy} does not use it (only tiresias)")
+    refuse_unread(args, [
+        ("interval", *goodput), ("restart_cost", *goodput), ("goodput_horizon", *goodput),
+        ("slot", lambda: args.policy in ROUND_ORDERINGS,
+         f"--policy {args.policy} does not use it (only {', '.join(ROUND_ORDERINGS)})"),
+        ("tiresias_thresholds", *tiresias), ("starvation", *tiresias),
+        *((flag, lambda: args.placement in LOAD_ADAPTIVE,
+           f"--placement {args.placement} does not use it (only {', '.join(LOAD_ADAPTIVE)})")
+          for flag in ("threshold", "hysteresis"))])
     cadence = Cadence(args.interval, args.restart_cost)
     thresholds = (parse_thresholds(args.tiresias_thresholds) if args.tiresias_thresholds
                   else None)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from phalanx.cluster.cli import LOAD_ADAPTIVE, ROUND_ORDERINGS, refuse_unread, remember_defaults
 from phalanx.cluster.cli.schedule import register as register_schedule
 from phalanx.cluster.core.report import Summary, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
@@ -43,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output folder")
     _interval_flags(p.add_argument_group("interval engine and presets (docs/cluster.md)"))
     p.set_defaults(func=_cmd_simulate)
+    remember_defaults(p)
     register_schedule(sub)
 
 
@@ -165,6 +168,32 @@ def _options(args: argparse.Namespace) -> SimulateOptions:
     return SimulateOptions(**apply_preset(args.preset or "", given))
 
 
+def _check_read(args: argparse.Namespace, pairs: list[tuple[str, str]]) -> None:
+    """A policy flag none of the simulated policies reads is refused (a study runs the
+    policies it names, so it is not checked here)."""
+    orderings = {o for o, _ in pairs}
+    placements = {p for _, p in pairs}
+    policies = ", ".join(sorted(orderings))
+
+    def reads(*names: str) -> tuple[Callable[[], bool], str]:
+        return (lambda: bool(orderings & set(names)),
+                f"--policy {policies} does not use it (only {', '.join(names)})")
+
+    refuse_unread(args, [
+        ("slot", *reads(*ROUND_ORDERINGS)),
+        ("tiresias_thresholds", *reads("tiresias")),
+        ("starvation", *reads("tiresias")),
+        ("goodput_priority", *reads("goodput")),
+        ("goodput_horizon", *reads("goodput")),
+        ("goodput_batch", *reads("goodput")),
+        ("profiles", *reads(*ELASTIC.names())),
+        ("pollux_generations", *reads("pollux")),
+        ("pollux_search", *reads("pollux")),
+        *((flag, lambda: bool(placements & set(LOAD_ADAPTIVE)),
+           f"--placement {', '.join(sorted(placements))} does not use it (only "
+           f"{', '.join(LOAD_ADAPTIVE)})") for flag in ("threshold", "hysteresis"))])
+
+
 def _check_policies(pairs: list[tuple[str, str]]) -> None:
     for o, p in pairs:
         if o not in ORDERINGS and o not in ELASTIC:
@@ -219,6 +248,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     else:
         pairs = [(opts.ordering, opts.placement)]
     _check_policies(pairs)
+    _check_read(args, pairs)
     out = _out_dir(args.out)
     inputs = load_inputs(opts)
     if inputs.trace.skipped:
