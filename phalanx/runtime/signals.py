@@ -93,17 +93,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def make_run_tempdir(prefix: str) -> str:
-    """A temp folder named ``PREFIX<pid>-...`` (so a later run can tell it is stale)."""
-    sweep_stale_dirs(prefix)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+def make_run_tempdir(prefix: str, root: str | None = None) -> str:
+    """A temp folder named ``PREFIX<pid>-...`` (so a later run can tell it is stale), in
+    ``root`` (default: the temp folder; shared-memory rings: ``/dev/shm``)."""
+    sweep_stale_dirs(prefix, root)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root)
 
 
-def sweep_stale_dirs(prefix: str) -> int:
-    """Remove this user's ``PREFIX<pid>-*`` temp folders whose pid is gone; returns how
-    many were removed."""
+def sweep_stale_dirs(prefix: str, root: str | None = None) -> int:
+    """Remove this user's ``PREFIX<pid>-*`` temp folders (in ``root``) whose pid is gone;
+    returns how many were removed."""
     removed = 0
-    for path in Path(tempfile.gettempdir()).glob(f"{prefix}*-*"):
+    for path in Path(root or tempfile.gettempdir()).glob(f"{prefix}*-*"):
         pid_s = path.name[len(prefix):].partition("-")[0]
         try:
             if not pid_s.isdigit() or path.stat().st_uid != os.getuid() or _alive(int(pid_s)):
