@@ -1,4 +1,4 @@
-"""Parameter server benchmarks, in one run (real processes over gloo):
+"""Parameter server benchmarks, in one run (real processes, over shared memory and gloo):
 
 1. pushes/s one shard absorbs for a 1M-parameter model (2 pushing processes, ASP, SGD
    applied on the server) against the same messages sent over the raw transport and
@@ -10,7 +10,12 @@
 2. samples/s of ASP with N = 1, 2, 4 workers (1 shard) against the single-worker loop
    (``phalanx.parallel.single``) on the same model and data -> ratios ``asp{N}_over_single``.
    Throughput is read from the runs' own "train" events (samples / wall seconds, summed
-   over workers), so process start-up is not counted for either side.
+   over workers), so process start-up is not counted for either side. ``asp1_gloo``:
+   the same with ``--transport gloo``, beside it.
+3. the click model's sparse rows (``--model ctr``, 26 fields x 65,536 rows x 16): the
+   bytes of each pull and push of a real shard and client over shm, against the formula
+   (row values rows x dim x 4, 8 per row id, the dense part, a header a message) and the
+   table moved whole -> ``ctr_bytes_equal_formula``, ``ctr_table_over_push`` / ``_pull``.
 
 This machine has 2 shared cores: ASP with N workers plus a server is N + 1 processes on
 them, so the N > 1 ratios measure contention as much as the protocol. Medians of repeats;
@@ -32,12 +37,15 @@ import torch
 
 from phalanx.comm.shm import SHM_PREFIX, SHM_ROOT, ShmTransport
 from phalanx.comm.transport import GlooTransport
-from phalanx.comm.wire import Header, Kind
+from phalanx.comm.wire import HEADER_BYTES, Header, Kind
 from phalanx.config import RunConfig
-from phalanx.entry.api import train
+from phalanx.entry.api import make_job, train
+from phalanx.models.ctr import table_rows
+from phalanx.parallel.loop import batch_stream
+from phalanx.parallel.ps import make_shard
 from phalanx.ps.client import PSClient
 from phalanx.ps.consistency import Asynchronous
-from phalanx.ps.partition import Partition
+from phalanx.ps.partition import Partition, partition, trainable
 from phalanx.ps.server import Layout, serve
 from phalanx.ps.shard import ShardState
 from phalanx.rules import sgd
@@ -148,6 +156,72 @@ def state_pushes_per_s(pushes: int) -> float:
     return pushes / spent
 
 
+CTR = {"model": "ctr", "data": "ctr-synthetic", "ctr_rows": 65536, "ctr_dim": 16,
+       "batch_size": 256, "train_limit": 20_000, "test_limit": 500, "strategy": "asp",
+       "workers": 1, "servers": 1}
+CTR_STEPS = 10
+
+
+def _sparse_bytes(rank: int, world: int, out: str, shm: str) -> None:
+    """A real shard and a worker's client over shm, the click model's batches: the bytes
+    of each pull (request, answer) and push, from the transport's counters."""
+    torch.set_num_threads(1)
+    job = make_job(RunConfig.from_mapping(CTR).validate())
+    layout = Layout(1, 1)
+    transport = ShmTransport(rank, world, shm)
+    if rank == 0:
+        serve(make_shard(job, 0), transport, layout, timeout_s=120)
+        return
+    model = job.build_model()
+    part = partition(model, 1)
+    client = PSClient(transport, part, layout, 0, 120)
+    flat = torch.zeros(part.dense_numel)
+    table = trainable(model)[part.table.param].detach().clone()
+    dim = part.table.dim
+    c, steps = transport.counter, []
+    batches = batch_stream(job.shard(0, 1), CTR["batch_size"], job.config.seed)
+    for step, (_, idx) in zip(range(CTR_STEPS), batches):
+        rows = table_rows(model, job.train.x[idx]).cpu()
+        sent, received = c.sent, c.received
+        client.pull(step, flat, rows, table)
+        pull_sent, pull_received = c.sent - sent, c.received - received
+        sent = c.sent
+        client.push(step, torch.zeros(part.dense_numel), None, rows,
+                    torch.zeros(len(rows), dim))
+        steps.append({"rows": len(rows), "pull_request": pull_sent,
+                      "pull_answer": pull_received, "push": c.sent - sent})
+    client.done(CTR_STEPS, torch.zeros(7, dtype=torch.float64))
+    Path(out).write_text(json.dumps({"dense": part.dense_numel, "dim": dim,
+                                     "table_rows": part.table.rows, "steps": steps}))
+
+
+def sparse_bytes() -> dict:
+    """The CTR model's sparse traffic per step against the formula (rows x dim x 4 for the
+    row values, 8 per row id, the dense part and one header per message) and against the
+    dense table moved whole."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "r.json")
+        shm = make_run_tempdir(SHM_PREFIX, SHM_ROOT)
+        try:
+            spawn(_sparse_bytes, 2, (out, shm))
+        finally:
+            shutil.rmtree(shm, ignore_errors=True)
+        r = json.loads(Path(out).read_text())
+    dense, dim, h = r["dense"], r["dim"], HEADER_BYTES
+    exact = all(s["pull_request"] == h + 8 * s["rows"]
+                and s["pull_answer"] == h + 4 * dense + s["rows"] * dim * 4
+                and s["push"] == h + 4 * dense + 8 * s["rows"] + s["rows"] * dim * 4
+                for s in r["steps"])
+    table = r["table_rows"] * dim * 4
+    rows = _common.median([s["rows"] for s in r["steps"]])
+    return {"table_bytes": table, "dense_part_bytes": 4 * dense, "rows_per_step": rows,
+            "push_bytes_per_step": _common.median([s["push"] for s in r["steps"]]),
+            "pull_bytes_per_step": _common.median([s["pull_request"] + s["pull_answer"]
+                                                   for s in r["steps"]]),
+            "row_value_bytes_per_step": rows * dim * 4, "formula_exact": exact,
+            "steps": r["steps"]}
+
+
 def throughput(run_dir: Path) -> float:
     """Samples/s summed over workers, from each worker's last "train" event."""
     last: dict[int, dict] = {}
@@ -204,6 +278,7 @@ def main() -> None:
             "asp", 1, steps, args.model, args.data, pull_ahead=True, transport=args.transport))
         rates["asp1_gloo"].append(samples_per_s("asp", 1, steps, args.model, args.data,
                                                 transport="gloo"))
+    sparse = sparse_bytes()
     med = {k: _common.median(v) for k, v in rates.items()}
     m_shard, m_raw = _common.median(shard), _common.median(raw)
     ratios = {"shard_over_raw_transport": m_shard / m_raw,
@@ -212,6 +287,10 @@ def main() -> None:
     # --pull-ahead: the pull's round trip overlaps the step's compute (one push staler)
     ratios["asp1_pull_ahead_over_single"] = med["asp1_pull_ahead"] / med["single"]
     ratios["asp1_gloo_over_single"] = med["asp1_gloo"] / med["single"]
+    # the click model: the table moved whole over what a step's push and pull move
+    ratios["ctr_table_over_push"] = sparse["table_bytes"] / sparse["push_bytes_per_step"]
+    ratios["ctr_table_over_pull"] = sparse["table_bytes"] / sparse["pull_bytes_per_step"]
+    ratios["ctr_bytes_equal_formula"] = float(sparse["formula_exact"])
     _common.emit(
         "ps",
         {"load_1min_before": round(load_before, 2),
@@ -225,13 +304,13 @@ def main() -> None:
          # the rest of the loop, CPU of the whole process
          "per_message_ms": {kind: {k: round(_common.median([p[k] for p in runs]), 3)
                                    for k in runs[0]} for kind, runs in phases.items()},
-         "samples_per_s": med,
+         "samples_per_s": med, "ctr_sparse": sparse,
          "all": {"shard": shard, "raw": raw, "raw_gloo": raw_gloo, **rates}},
         ratios,
         # one shard should absorb 90% of what the bare transport carries (issue 36); ASP
         # with one worker should keep most of single-worker speed (a pull and a push a step)
         {"shard_over_raw_transport": 0.9, "asp1_over_single": 0.6,
-         "asp1_pull_ahead_over_single": 0.6},
+         "asp1_pull_ahead_over_single": 0.6, "ctr_bytes_equal_formula": 1.0},
     )
 
 

@@ -22,9 +22,11 @@ validated on receipt, never unpickled. What changes is the road:
   :meth:`Header.decode`, or whose payload does not match what the header announced
   raises :class:`WireError` (the caller counts it) and is skipped; a length that cannot
   be trusted empties that ring (nothing reliable says where the next frame starts).
-* **A peer's death**: every rank leaves its pid in the folder. A receiver that has waited
-  a while checks its peers; one whose process is gone and whose ring is drained raises
-  :class:`PeerLost` naming it, once (gloo's broken pair).
+* **A peer's death**: every rank leaves its pid in the folder. A receive from one peer
+  that has waited a while checks it; a peer whose process is gone and whose ring is
+  drained raises :class:`PeerLost` naming it, once (gloo's broken pair). A receive from
+  any source never does: as over gloo, a peer that exited (a worker after DONE) is no
+  error there, and a dead worker is named by its heartbeats' silence.
 
 The folder is the launcher's: it makes it (named after its pid, under ``/dev/shm``),
 removes it on every exit, and a run after a ``kill -9`` of the launcher sweeps it
@@ -283,15 +285,17 @@ class ShmTransport:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 raise TransportTimeout(f"rank {self.rank}: nothing arrived in {timeout_s} s")
-            if now - checked >= _CHECK_PEERS_S:
+            if src is not None and now - checked >= _CHECK_PEERS_S:
+                # waiting for one peer (a worker for its shard): its death ends the wait.
+                # From any source, as over gloo, a peer that exited is no error (a worker
+                # that sent DONE, a finished shard): a dead worker is the heartbeats' to name
                 checked = now
-                for peer in peers:
-                    if peer not in self._dead and not self._alive(peer):
-                        ring = self._in.get((peer, control))
-                        if ring is None or not ring.used():
-                            self._dead.add(peer)
-                            raise PeerLost(f"rank {self.rank}: rank {peer} exited or died",
-                                           rank=peer)
+                if src not in self._dead and not self._alive(src):
+                    ring = self._in.get((src, control))
+                    if ring is None or not ring.used():
+                        self._dead.add(src)
+                        raise PeerLost(f"rank {self.rank}: rank {src} exited or died",
+                                       rank=src)
             wait = _CHECK_PEERS_S if deadline is None else min(_CHECK_PEERS_S, deadline - now)
             # sleep until a sender's wake-up byte (every ring was empty just now; a frame
             # published since then came with a byte, so nothing is missed)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.comm.shm import _META, SHM_PREFIX, SHM_ROOT, ShmTransport
-from phalanx.comm.transport import HEADER_TAG, GlooTransport
+from phalanx.comm.transport import HEADER_TAG, GlooTransport, PeerLost
 from phalanx.comm.wire import HEADER_BYTES, MAGIC, Header, Kind, WireError
 from phalanx.config import RunConfig
 from phalanx.entry.api import make_job, train
@@ -118,6 +119,22 @@ def test_malformed_frames_are_rejected_and_the_next_message_arrives(shm_dir):
         assert msg.header.kind == Kind.PULL and torch.equal(msg.tensors[0], torch.arange(3))
     with pytest.raises(TimeoutError):
         server.recv(timeout_s=0.05)  # nothing else was left over
+
+
+def test_a_dead_peer_ends_a_receive_from_it_but_not_one_from_any_source(shm_dir):
+    server = ShmTransport(0, 3, shm_dir)
+    dead = subprocess.Popen(["true"])  # a pid that is gone
+    dead.wait()
+    (Path(shm_dir) / "pid-1").write_text(str(dead.pid))
+    worker = ShmTransport(2, 3, shm_dir)
+    worker.send(0, Header(Kind.DONE, worker=1))
+    # from any source: the dead rank 1 is no error (as over gloo); rank 2's message comes
+    assert server.recv(timeout_s=5).src == 2
+    with pytest.raises(TimeoutError):
+        server.recv(timeout_s=0.6)
+    with pytest.raises(PeerLost) as lost:  # from rank 1 itself: its death ends the wait
+        server.recv(src=1, timeout_s=30)
+    assert lost.value.rank == 1
 
 
 def _rogue(rank: int, world: int, job: Job, shm: str | None) -> None:
