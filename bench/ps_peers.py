@@ -24,9 +24,13 @@ workers at once: phalanx's ``PSClient.push`` + ``pull``; Ray's ``ray.get(ps.appl
 .remote(grads))`` (the docs' server answers a push with the weights); for RPC an
 ``rpc_sync`` to the server's ``update_and_fetch_model`` as PyTorch's batch-RPC
 parameter-server tutorial writes it (the first tutorial moves no weights at all: its model
-never leaves the server). Ratios: phalanx over the faster peer at each N, in this run.
+never leaves the server). Ratios: phalanx over each peer at each N, ours measured just
+before that peer's run (a shared machine's load drifts), and over the faster peer (the
+smaller of the two ratios); ``samples_per_s`` of phalanx is the median of those runs.
 
 The machine has 2 shared cores; N workers + a server (+ Ray's own daemons) share them.
+Ray's actors are made once (a server and 4 workers; N = 1, 2 use the first N), as each is
+a process importing torch; the RPC ranks are forked from this process for the same reason.
 """
 
 from __future__ import annotations
@@ -157,7 +161,9 @@ def set_gradients(model, gradients):
             p.grad = torch.from_numpy(g)
 
 
-def ray_peer(args, counts: list[int]) -> dict[int, dict[str, float]]:
+def ray_peer(args, counts: list[int], beside) -> dict[int, dict[str, float]]:
+    """The Ray peer at each N; ``beside(n)`` runs just before each (ours, measured next to
+    it in time: a shared machine's load drifts)."""
     import ray
 
     # an actor takes a CPU to be placed (Ray's default, kept): enough slots for the server
@@ -209,12 +215,18 @@ def ray_peer(args, counts: list[int]) -> dict[int, dict[str, float]]:
                     set_weights(self.model, ray.get(ps.apply_gradients.remote(grads)))
                 return (time.perf_counter() - t0) / n
 
+        # one server and max(counts) workers for the whole run (each actor is a process
+        # that imports torch: made once, so --quick stays under a minute); N = 1, 2 use
+        # the first N workers, each on its quarter of the data
         out = {}
+        size = max(counts)
+        ps = ParameterServer.remote(LR, size)
+        every = [DataWorker.remote(w, size) for w in range(size)]
+        ray.get([ps.get_weights.remote()] + [w.compute_gradients.remote(
+            ps.get_weights.remote()) for w in every])  # actors up, one warm-up step
         for n in counts:
-            ps = ParameterServer.remote(LR, n)
-            workers = [DataWorker.remote(w, n) for w in range(n)]
-            ray.get([ps.get_weights.remote()] + [w.compute_gradients.remote(
-                ps.get_weights.remote()) for w in workers])  # actors up, one warm-up step
+            beside(n)
+            workers = every[:n]
             rt = statistics.mean(ray.get([w.round_trips.remote(ps, args.round_trips)
                                           for w in workers]))
             # the docs' asynchronous loop
@@ -233,8 +245,6 @@ def ray_peer(args, counts: list[int]) -> dict[int, dict[str, float]]:
             wall = time.perf_counter() - t0
             ray.get(list(gradients))  # the steps in flight past the count (not counted)
             out[n] = {"samples_per_s": args.steps * n * BATCH / wall, "round_trip_s": rt}
-            for a in (ps, *workers):
-                ray.kill(a)
         return out
     finally:
         ray.shutdown()
@@ -338,8 +348,10 @@ def rpc_peer(args, workers: int) -> dict[str, float]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as out:
+        # forked from this process (torch already imported): a spawned interpreter per
+        # rank would spend seconds importing it again
         mp.start_processes(_rpc_rank, args=(workers + 1, args, port, out), nprocs=workers + 1,
-                           start_method="spawn")
+                           start_method="fork")
         runs = [json.loads(p.read_text()) for p in Path(out).iterdir()]
     return {"samples_per_s": workers * args.steps * BATCH / max(r["wall"] for r in runs),
             "round_trip_s": statistics.mean(r["round_trip_s"] for r in runs)}
@@ -358,32 +370,38 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     peers = [p for p in args.peers.split(",") if p]
     results: dict[str, dict[int, dict[str, float]]] = {"phalanx": {}}
+    # ours is measured next to each peer (just before it), and each ratio uses that run
+    beside: dict[str, dict[int, float]] = {p: {} for p in peers}
     spent: dict[str, float] = {}
     t0 = time.perf_counter()
     for n in counts:
-        results["phalanx"][n] = {"samples_per_s": phalanx_samples_per_s(args, n),
-                                 "round_trip_s": phalanx_round_trip_s(args, n)}
-    spent["phalanx"] = time.perf_counter() - t0
-    if "rpc" in peers:
-        t0 = time.perf_counter()
-        results["rpc"] = {n: rpc_peer(args, n) for n in counts}
-        spent["rpc"] = time.perf_counter() - t0
+        results["phalanx"][n] = {"round_trip_s": phalanx_round_trip_s(args, n)}
+        if "rpc" in peers:  # forked ranks: before Ray starts its threads in this process
+            beside["rpc"][n] = phalanx_samples_per_s(args, n)
+            results.setdefault("rpc", {})[n] = rpc_peer(args, n)
+    spent["phalanx_and_rpc"] = time.perf_counter() - t0
     if "ray" in peers:
         t0 = time.perf_counter()
-        results["ray"] = ray_peer(args, list(counts))
-        spent["ray"] = time.perf_counter() - t0
+        results["ray"] = ray_peer(args, list(counts), lambda n: beside["ray"].__setitem__(
+            n, phalanx_samples_per_s(args, n)))
+        spent["phalanx_and_ray"] = time.perf_counter() - t0
+    for n in counts:
+        runs = [beside[p][n] for p in peers] or [phalanx_samples_per_s(args, n)]
+        results["phalanx"][n]["samples_per_s"] = statistics.median(runs)
+        results["phalanx"][n]["samples_per_s_beside"] = {p: beside[p][n] for p in peers}
     ratios, targets = {}, {}
     for n in counts:
-        ours = results["phalanx"][n]
-        others = [results[p][n] for p in peers]
-        if not others:
+        if not peers:
             continue
-        best = max(others, key=lambda r: r["samples_per_s"])
-        ratios[f"samples_per_s_n{n}_over_faster_peer"] = ours["samples_per_s"] / best[
-            "samples_per_s"]
-        fastest_rt = min(r["round_trip_s"] for r in others)
-        # a ratio above 1 means ours is faster: the peer's round trip over ours
-        ratios[f"round_trip_n{n}_speedup_over_faster_peer"] = fastest_rt / ours["round_trip_s"]
+        # the faster peer is the one ours leads by less, each against ours measured beside it
+        ratio = {p: beside[p][n] / results[p][n]["samples_per_s"] for p in peers}
+        ratios[f"samples_per_s_n{n}_over_faster_peer"] = min(ratio.values())
+        for p in peers:
+            ratios[f"samples_per_s_n{n}_over_{p}"] = ratio[p]
+        fastest_rt = min(results[p][n]["round_trip_s"] for p in peers)
+        # above 1: ours is faster (the faster peer's round trip over ours)
+        ratios[f"round_trip_n{n}_speedup_over_faster_peer"] = (
+            fastest_rt / results["phalanx"][n]["round_trip_s"])
         targets[f"samples_per_s_n{n}_over_faster_peer"] = 1.5
     _common.emit(
         "ps_peers",

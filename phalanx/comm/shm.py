@@ -55,6 +55,7 @@ from phalanx.comm.transport import (
     _with_payload,
 )
 from phalanx.comm.wire import DTYPES, HEADER_BYTES, HEADER_LEN, Header, WireError
+from phalanx.runtime.signals import pid_alive
 
 SHM_ROOT = "/dev/shm"
 SHM_PREFIX = "phalanx-shm-"
@@ -366,13 +367,7 @@ class ShmTransport:
                 pid = self._pids[peer] = int((self.dir / f"pid-{peer}").read_text())
             except (OSError, ValueError):
                 return True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return _not_zombie(pid)
+        return pid_alive(pid) and _not_zombie(pid)
 
 
 def _not_zombie(pid: int) -> bool:
