@@ -24,9 +24,10 @@ workers at once: phalanx's ``PSClient.push`` + ``pull``; Ray's ``ray.get(ps.appl
 .remote(grads))`` (the docs' server answers a push with the weights); for RPC an
 ``rpc_sync`` to the server's ``update_and_fetch_model`` as PyTorch's batch-RPC
 parameter-server tutorial writes it (the first tutorial moves no weights at all: its model
-never leaves the server). Ratios: phalanx over each peer at each N, ours measured just
-before that peer's run (a shared machine's load drifts), and over the faster peer (the
-smaller of the two ratios); ``samples_per_s`` of phalanx is the median of those runs.
+never leaves the server). Ratios: phalanx over each peer at each N, ours measured
+just after the RPC peer's run and just before Ray's (a shared machine's load drifts), and
+over the faster peer (the smaller of the two ratios); ``samples_per_s`` of phalanx is the
+median of those runs.
 
 The machine has 2 shared cores; N workers + a server (+ Ray's own daemons) share them.
 Ray's actors are made once (a server and 4 workers; N = 1, 2 use the first N), as each is
@@ -370,15 +371,16 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     peers = [p for p in args.peers.split(",") if p]
     results: dict[str, dict[int, dict[str, float]]] = {"phalanx": {}}
-    # ours is measured next to each peer (just before it), and each ratio uses that run
+    # ours is measured next to each peer (just after RPC's run, just before Ray's), and
+    # each ratio uses that run
     beside: dict[str, dict[int, float]] = {p: {} for p in peers}
     spent: dict[str, float] = {}
     t0 = time.perf_counter()
     for n in counts:
         results["phalanx"][n] = {"round_trip_s": phalanx_round_trip_s(args, n)}
         if "rpc" in peers:  # forked ranks: before Ray starts its threads in this process
-            beside["rpc"][n] = phalanx_samples_per_s(args, n)
             results.setdefault("rpc", {})[n] = rpc_peer(args, n)
+            beside["rpc"][n] = phalanx_samples_per_s(args, n)
     spent["phalanx_and_rpc"] = time.perf_counter() - t0
     if "ray" in peers:
         t0 = time.perf_counter()

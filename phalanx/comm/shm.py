@@ -309,6 +309,9 @@ class ShmTransport:
     def _take(self, src: int, ring: _Ring) -> Message:
         """The frame at the ring's head, validated; the head moves past it either way."""
         head, tail = ring.words[_HEAD], ring.words[_TAIL]
+        if not _FRAME_MIN <= tail - head <= ring.capacity:
+            ring.words[_HEAD] = tail  # a tail nobody could have published
+            raise WireError(f"shared-memory ring from rank {src} is corrupt")
         prefix = torch.empty(2, dtype=torch.int64)
         ring.get(head, _bytes(prefix))
         frame_len, spill = prefix.tolist()

@@ -88,13 +88,14 @@ def test_malformed_frames_are_rejected_and_the_next_message_arrives(shm_dir):
     good = Header(Kind.PUSH, worker=0, clock=1, seq=1)
     ring = Path(shm_dir) / "d-1-0"
 
-    def corrupt_next_frame(word: int, value: int) -> None:
-        """Write a frame, then overwrite one of its int64 words in the ring."""
+    def corrupt_next_frame(word: int, value: int, in_frame: bool = True) -> None:
+        """Write a frame, then overwrite one of its int64 words in the ring (or, not
+        ``in_frame``, the ring's own word ``word``: 8 is the tail)."""
         worker.send(0, good, [torch.ones(4)])
         with open(ring, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
             words = memoryview(mm).cast("q")
             head = words[0] % (len(mm) - _META)
-            words[(_META + head) // 8 + word] = value
+            words[(_META + head) // 8 + word if in_frame else word] = value
             del words
 
     cases = [
@@ -102,6 +103,7 @@ def test_malformed_frames_are_rejected_and_the_next_message_arrives(shm_dir):
         (lambda: corrupt_next_frame(3, 99), "unknown message kind"),
         (lambda: corrupt_next_frame(0, 3), "bad length"),  # frame length out of range
         (lambda: corrupt_next_frame(0, 1 << 40), "bad length"),
+        (lambda: corrupt_next_frame(8, 1 << 40, in_frame=False), "corrupt"),  # the tail
         # a length in range but not the header's: a payload that is not what it announced
         (lambda: worker.send_raw(0, Header(Kind.PUSH, worker=0, payload=((1, 4),)).encode(),
                                  [torch.ones(4)], frame_len=16 + 96),
