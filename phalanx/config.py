@@ -30,6 +30,8 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 
 
 WORKER_LOSS = ("continue", "stop")
+# parameter-server messages: shared memory when every rank is on one host (auto), gloo
+TRANSPORTS = ("auto", "shm", "gloo")
 TOKENS = ("char", "byte")  # phalanx.data.text
 TEXT_SETS = ("shakespeare", "text")  # the data sets --context and --tokens cut
 
@@ -201,6 +203,9 @@ class RunConfig:
         False,
         "ASP / Downpour: ask for the next weights before this step's compute (hides the "
         'pull; one more push of staleness)', section="ps")
+    transport: str = setting(
+        "auto", "parameter server: how messages travel (auto: shm when every rank is on "
+        "this host, else gloo)", choices=TRANSPORTS, section="ps")
     # the consistency model (phalanx.ps.consistency.MODELS: bsp, asp, ssp, softsync);
     # "" = the one the parameter-server strategy is a preset of
     consistency: str = setting(

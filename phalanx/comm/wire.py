@@ -33,8 +33,8 @@ DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 
 
 class Kind(IntEnum):
-    """Message kinds. Worker -> server: PULL, PUSH, DONE, HEARTBEAT (I am alive; sent by
-    a worker's background thread, also while it waits). Server -> worker: PARAMS.
+    """Message kinds. Worker -> server: PULL, PUSH, PUSH_PULL, DONE, HEARTBEAT (I am
+    alive; sent by a worker's background thread, also while it waits). Server -> worker: PARAMS.
     Server -> server 0 at the end: FINAL (its parameters and counters)."""
 
     PULL = 1
@@ -45,6 +45,7 @@ class Kind(IntEnum):
     HEARTBEAT = 6
     VECTOR = 7  # Sandblaster: coordinator <-> shard vector command / its partial scalars
     TASK = 8  # Sandblaster: coordinator <-> worker portion of a batch / its result
+    PUSH_PULL = 9  # a PUSH, then a PULL of the dense slice at the next clock (one message)
 
 
 class WireError(ValueError):

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from phalanx.comm.exchange import pull_deltas_for
+from phalanx.comm.shm import SHM_PREFIX, SHM_ROOT, ShmTransport
 from phalanx.comm.transport import GlooTransport, Transport
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError, PhalanxError
@@ -62,6 +64,7 @@ from phalanx.runtime.faults import (
 )
 from phalanx.runtime.launch import spawn
 from phalanx.runtime.placement import DeviceSupport, setup_rank, spawn_backend
+from phalanx.runtime.signals import make_run_tempdir
 
 __all__ = ["SPECS", "assemble", "check_config", "check_resume", "make_shard", "process_main",
            "run", "server_main", "steps_per_worker", "world_size", "worker_main"]
@@ -135,17 +138,40 @@ def run(job: Job, log: EventLog) -> Outcome:
     if job.config.resume:
         check_resume(job.config)
     servers = job.config.servers
+    # every rank is on this host: messages go through shared memory unless told otherwise.
+    # The rings' folder is ours: removed on every exit (a kill -9: by the next run's sweep)
+    shm = (make_run_tempdir(SHM_PREFIX, SHM_ROOT) if job.config.transport != "gloo"
+           else None)
+    try:
+        _spawn(job, servers, shm)
+    finally:
+        if shm is not None:
+            shutil.rmtree(shm, ignore_errors=True)
+    return read_result(job)
+
+
+def _spawn(job: Job, servers: int, shm: str | None) -> None:
     # a worker that dies (crash, kill -9, OOM) is the servers' to detect by its heartbeats
-    spawn(process_main, world_size(job.config), (job,),
+    spawn(process_main, world_size(job.config), (job, shm),
           timeout_s=max(120.0, 2 * job.config.ps_timeout),
           survivable=lambda rank: rank >= servers,
           name=lambda rank: f"server {rank}" if rank < servers else f"worker {rank - servers}",
           stand_ins=job.config.on_worker_loss == "continue",  # else a loss ends it at once
           backend=spawn_backend(job.config, world_size(job.config), DEVICE))
-    return read_result(job)
 
 
-def process_main(rank: int, world: int, job: Job) -> None:
+def make_transport(cfg: RunConfig, rank: int, world: int, shm: str | None) -> Transport:
+    """``--transport``: shared memory in ``shm`` (the launcher's folder: every rank on one
+    host), else gloo (``auto`` under torchrun, which may span hosts)."""
+    if shm is not None and cfg.transport != "gloo":
+        return ShmTransport(rank, world, shm)
+    if cfg.transport == "shm":
+        raise PhalanxError("--transport shm: needs the ranks started by phalanx train on one "
+                           "host; use --transport gloo (or auto) under torchrun")
+    return GlooTransport(rank, world)
+
+
+def process_main(rank: int, world: int, job: Job, shm: str | None = None) -> None:
     cfg = job.config
     check_config(cfg)
     layout = Layout(cfg.servers, cfg.workers)
@@ -157,7 +183,7 @@ def process_main(rank: int, world: int, job: Job) -> None:
     place = setup_rank(cfg, rank, world, DEVICE, on_cpu=server,
                        compute_rank=None if server else rank - layout.servers,
                        compute_ranks=layout.workers, data_bytes=train_bytes(job))
-    transport = GlooTransport(rank, world)
+    transport = make_transport(cfg, rank, world, shm)
     role = "server" if server else "worker"
     tb = job.run_dir / "tensorboard" if cfg.tensorboard else None
     with EventLog(job.run_dir / "events.jsonl", rank=rank, role=role, tensorboard_dir=tb) as log:
@@ -325,7 +351,8 @@ _SUMMARY = {
 _OPTIONS = {"downpour": ("nfetch", "npush", "downpour_local_steps"),
             "dc-asgd": ("dc_lambda", "dc_adaptive", "dc_momentum")}
 # read by every parameter-server strategy (--pull-ahead: the spec's check says which)
-_SHARED_OPTIONS = ("servers", "ps_timeout", "heartbeat_s", "on_worker_loss", "pull_ahead")
+_SHARED_OPTIONS = ("servers", "ps_timeout", "heartbeat_s", "on_worker_loss", "pull_ahead",
+                   "transport")
 
 SPECS = tuple(
     StrategySpec(name=name, summary=_SUMMARY[name], run=run, process_main=process_main,

@@ -118,6 +118,9 @@ class PSWorker(Hooks):
         # their round trip hides behind it; `ahead` holds the requests in flight
         self.pulls_ahead = cfg.pull_ahead and self.table is None
         self.ahead: list | None = None
+        # the pull sent with the push (PUSH_PULL) where nothing the pull needs comes later
+        self.merge_pulls = (self.table is None and self.client.compression is None
+                            and self.dropper is None and not self.pulls_ahead)
         # Downpour's local steps (only a fetch period longer than one step has any)
         self.local_steps = cfg.downpour_local_steps and cfg.nfetch > 1
         self.local_lr = make_schedule(cfg, self.total)
@@ -281,9 +284,17 @@ class PSWorker(Hooks):
         ids = row_grads = None
         if self.table is not None:
             ids, row_grads = _coalesce(self.acc_rows, self.acc_row_grads)
+        # the pull of the next step travels with this push when nothing comes between
+        # them that the pull depends on: no rows to ask for (they depend on the next
+        # batch), no compression (its checksum cadence), no lossy link, no pull ahead
+        with_pull = (self.merge_pulls and self.step < self.total
+                     and self.step % self.cfg.nfetch == 0)
         # a fresh host copy per push (no reused buffer): the send is asynchronous
-        self.client.push(self.clock, to_host(self.acc_dense), self.acc_versions, ids,
-                         to_host(row_grads) if row_grads is not None else None)
+        asked = self.client.push(self.clock, to_host(self.acc_dense), self.acc_versions, ids,
+                                 to_host(row_grads) if row_grads is not None else None,
+                                 pull=with_pull)
+        if with_pull:
+            self.ahead = asked  # collected by the next step's pull
         self.clock += 1
         self.acc_dense = self.acc_versions = None
         self.acc_rows, self.acc_row_grads = [], []

@@ -122,9 +122,18 @@ class PSClient:
             self.server_clocks[k] = h.clock
 
     def push(self, clock: int, dense_grad: torch.Tensor, versions: list[int] | None = None,
-             rows: torch.Tensor | None = None, row_grads: torch.Tensor | None = None) -> None:
+             rows: torch.Tensor | None = None, row_grads: torch.Tensor | None = None,
+             pull: bool = False) -> list:
         """Send each shard its slice of the gradient (and its rows' gradients). No reply:
-        the next pull from a shard is answered after this push (per-pair order)."""
+        the next pull from a shard is answered after this push (per-pair order).
+
+        ``pull``: each push also asks for the dense slice the next step trains on (a
+        PUSH_PULL: the pull sent with the push); returns what :meth:`collect` needs to
+        receive the answers. Only for dense, uncompressed, lossless pushes."""
+        if pull and (rows is not None or self.compression is not None
+                     or self.dropper is not None):
+            raise ValueError("a push with its pull: dense, uncompressed and lossless only")
+        asked = []
         versions = versions if versions is not None else self.versions
         per_shard = self.part.split_rows(rows) if rows is not None else None
         for k in range(self.part.shards):
@@ -143,10 +152,14 @@ class PSClient:
                 flags |= HAS_ROWS
             if self.dropper is not None and self.dropper.drop():
                 continue  # a lossy link: the shard will see the gap in the sequence numbers
+            with_pull = pull and b > a
             self.transport.send(self.layout.server_rank(k),
-                                Header(Kind.PUSH, worker=self.worker, clock=clock,
-                                       version=versions[k], shard=k, seq=clock, flags=flags),
-                                tensors)
+                                Header(Kind.PUSH_PULL if with_pull else Kind.PUSH,
+                                       worker=self.worker, clock=clock, version=versions[k],
+                                       shard=k, seq=clock, flags=flags), tensors)
+            if with_pull:
+                asked.append((k, True, None))
+        return asked
 
     def done(self, clock: int, stats: torch.Tensor, extra: list[torch.Tensor] = ()) -> None:
         """Tell every shard this worker is finished (with its counters for the summary)."""

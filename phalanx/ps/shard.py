@@ -164,6 +164,13 @@ class ShardState:
             return self._on_pull(worker, header, tensors)
         if header.kind == Kind.PUSH:
             return self._on_push(worker, header, tensors)
+        if header.kind == Kind.PUSH_PULL:
+            # exactly a PUSH followed by the worker's next PULL (dense, at clock seq + 1):
+            # one message and one receive fewer per step
+            out = self._on_push(worker, header, tensors)
+            pull = Header(Kind.PULL, worker=worker, clock=header.seq + 1, shard=self.shard,
+                          flags=WANT_DENSE)
+            return out + self._on_pull(worker, pull, [])
         if header.kind == Kind.DONE:
             return self._on_done(worker, header, tensors)
         if header.kind == Kind.HEARTBEAT:

@@ -60,7 +60,7 @@ def restore(previous: dict[int, object]) -> None:
 
 def _watch_parent(parent_pid: int) -> None:
     while True:
-        if not _alive(parent_pid) or os.getppid() == 1:
+        if not pid_alive(parent_pid) or os.getppid() == 1:
             os._exit(1)
         time.sleep(0.5)
 
@@ -77,13 +77,14 @@ def child_setup(parent_pid: int) -> None:
         pass
     # a rank forked by the fork server (runtime.supervise) is the server's child, and the
     # server ends when the driver does: the death signal then comes through it
-    if not _alive(parent_pid) or os.getppid() == 1:  # the driver died before prctl took effect
+    if not pid_alive(parent_pid) or os.getppid() == 1:  # the driver died before prctl took effect
         os._exit(1)
     if not armed or os.getppid() != parent_pid:
         threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie not yet reaped still does)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -93,20 +94,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def make_run_tempdir(prefix: str) -> str:
-    """A temp folder named ``PREFIX<pid>-...`` (so a later run can tell it is stale)."""
-    sweep_stale_dirs(prefix)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+def make_run_tempdir(prefix: str, root: str | None = None) -> str:
+    """A temp folder named ``PREFIX<pid>-...`` (so a later run can tell it is stale), in
+    ``root`` (default: the temp folder; shared-memory rings: ``/dev/shm``)."""
+    sweep_stale_dirs(prefix, root)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root)
 
 
-def sweep_stale_dirs(prefix: str) -> int:
-    """Remove this user's ``PREFIX<pid>-*`` temp folders whose pid is gone; returns how
-    many were removed."""
+def sweep_stale_dirs(prefix: str, root: str | None = None) -> int:
+    """Remove this user's ``PREFIX<pid>-*`` temp folders (in ``root``) whose pid is gone;
+    returns how many were removed."""
     removed = 0
-    for path in Path(tempfile.gettempdir()).glob(f"{prefix}*-*"):
+    for path in Path(root or tempfile.gettempdir()).glob(f"{prefix}*-*"):
         pid_s = path.name[len(prefix):].partition("-")[0]
         try:
-            if not pid_s.isdigit() or path.stat().st_uid != os.getuid() or _alive(int(pid_s)):
+            if not pid_s.isdigit() or path.stat().st_uid != os.getuid() or pid_alive(int(pid_s)):
                 continue
         except OSError:
             continue

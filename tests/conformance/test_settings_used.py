@@ -57,7 +57,7 @@ SAMPLE = {
     "progress": False, "tensorboard": False, "overwrite": True,
     "tokens": "byte", "context": 16, "gpt_layers": 2, "gpt_heads": 2, "gpt_dim": 32,
     "dropout": 0.1, "clip_grad_norm": 0.5,
-    "ctr_rows": 1000, "ctr_dim": 8, "sparse_allreduce": True,
+    "ctr_rows": 1000, "ctr_dim": 8, "sparse_allreduce": True, "transport": "gloo",
 }
 FIELDS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "strategy"]
 
@@ -71,6 +71,8 @@ ACTS_ONLY_ON = {
     "threads": "the machine's threads (tests/unit/test_placement.py)",
     "worker_threads": "the machine's threads (tests/unit/test_placement.py)",
     "backend": "the transport; gloo is what auto picks on a CPU host",
+    "transport": "the road a message takes, not what it carries (tests/distributed/"
+                 "test_ps_shm.py: the same counters and weights over shm and gloo)",
     "data_on_device": "a GPU (tests/gpu)",
     "progress": "the terminal (tests/unit/test_progress.py)",
     "out": "where the run folder is",

@@ -5,6 +5,10 @@
   no child traceback, no process left, no temp folder left, checkpoints kept;
 * ``kill -9`` of the driver: its children die with it (quietly), and the next run removes
   the temp folder it left.
+
+The parameter server's messages go through shared memory here (``--transport auto`` on one
+host): no ``/dev/shm`` folder is left after SIGTERM / SIGINT, and the one a ``kill -9`` of
+the driver leaves is removed by the next run.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.comm.shm import SHM_PREFIX, SHM_ROOT
 from phalanx.runtime.signals import sweep_stale_dirs
 
 ASP = ["train", "--strategy", "asp", "--workers", "2", "--data", "synthetic", "--model", "mlp",
@@ -33,6 +38,11 @@ START_S = 240.0  # start-up of 3 processes importing torch, on a loaded 2-core m
 def start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "phalanx.cli", *args], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def shm_dirs(pid: int) -> list[Path]:
+    """The shared-memory folders of the driver ``pid``."""
+    return list(Path(SHM_ROOT).glob(f"{SHM_PREFIX}{pid}-*"))
 
 
 def children(pid: int) -> list[int]:
@@ -119,6 +129,7 @@ def test_sigterm_and_sigint_to_the_driver_stop_the_run_cleanly(tmp_path, sig):
     assert f"--resume {out}" in lines[0]
     wait_for(lambda: not any(alive(c) for c in children), 5, "the children to exit")
     assert not list(Path(tempfile.gettempdir()).glob(f"phalanx-spawn-{p.pid}-*"))
+    assert not shm_dirs(p.pid)  # the rings went with the run
     assert (out / "ps_shard0.ckpt").exists()
 
 
@@ -127,6 +138,8 @@ def test_kill9_of_the_driver_takes_its_children_and_the_next_run_sweeps_its_temp
     p = start(*ASP, "--max-steps", "100000", "--out", str(out))
     wait_for(lambda: worker_events(out) >= 1, START_S, "the workers to train", p)
     children = ranks(p.pid)
+    rings = shm_dirs(p.pid)
+    assert len(rings) == 1 and list(rings[0].glob("d-*"))  # messages go through /dev/shm
     p.kill()
     _, err = p.communicate(timeout=30)
     wait_for(lambda: not any(alive(c) for c in children), 5, "the children to exit")
@@ -135,6 +148,12 @@ def test_kill9_of_the_driver_takes_its_children_and_the_next_run_sweeps_its_temp
     assert len(left) == 1  # nobody could remove it ...
     sweep_stale_dirs("phalanx-spawn-")  # ... so the next run does, first thing
     assert not left[0].exists()
+    assert rings[0].exists()  # the rings too: the next parameter-server run sweeps them
+    nxt = subprocess.run([sys.executable, "-m", "phalanx.cli", *ASP, "--max-steps", "2",
+                          "--out", str(tmp_path / "next")], capture_output=True, text=True,
+                         timeout=START_S)
+    assert nxt.returncode == 0, nxt.stderr
+    assert not rings[0].exists()
 
 
 @pytest.mark.slow  # ~30 s: --ps-timeout plus the launcher's grace for left-over workers

@@ -425,3 +425,35 @@ def test_updates_overlapped_on_their_thread_equal_the_inline_ones_bit_for_bit(mo
     for a, b in zip(state_tensors(inline.dense_state), state_tensors(overlapped.dense_state)):
         assert torch.equal(a, b)
     assert not torch.equal(inline.dense, start)  # the pushes did move the weights
+
+
+@pytest.mark.parametrize("model", [Asynchronous(), BulkSynchronous(), StaleSynchronous(1)])
+def test_a_push_with_its_pull_is_a_push_then_a_pull(model):
+    """PUSH_PULL (the pull sent with the push) releases the same replies and leaves the same
+    state as the PUSH followed by the worker's next PULL, on a random schedule of 2 workers
+    (a bad push, a NaN, held-back pulls included)."""
+    gen = torch.Generator().manual_seed(0)
+    apart, merged = (make(model, rule=dc_asgd(0.5), keep_backups=True) for _ in range(2))
+    for s in (apart, merged):
+        for w in (0, 1):
+            pull(s, w)
+    replies: dict[str, list] = {"apart": [], "merged": []}
+    for step in range(40):
+        w = int(torch.randint(2, (1,), generator=gen))
+        g = torch.randn(4, generator=gen)
+        if step == 7:
+            g[1] = float("nan")
+        if step == 11:
+            g = torch.ones(3)
+        c = apart.clocks[w]
+        h = Header(Kind.PUSH, worker=w, clock=c, seq=c, version=apart.version)
+        replies["apart"] += apart.handle(w, h, [g.clone()]) + pull(apart, w, c + 1)
+        h = Header(Kind.PUSH_PULL, worker=w, clock=c, seq=c, version=merged.version)
+        replies["merged"] += merged.handle(w, h, [g.clone()])
+    assert torch.equal(apart.dense, merged.dense)
+    assert apart.clocks == merged.clocks and apart.version == merged.version
+    assert apart.stats == merged.stats
+    assert len(replies["apart"]) == len(replies["merged"]) > 0
+    for a, b in zip(replies["apart"], replies["merged"]):
+        assert a.worker == b.worker and a.header == b.header
+        assert all(torch.equal(x, y) for x, y in zip(a.tensors, b.tensors))
