@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import numpy as np
-import scipy.optimize
 from threadpoolctl import threadpool_limits
 
 from phalanx.cluster.model.profiles import BatchConfig
@@ -174,6 +173,8 @@ def fit_perf_params(nodes: np.ndarray, replicas: np.ndarray, atomic: np.ndarray,
     if not np.any(replicas > 2):
         x0[3] = upper[3] = lower[3]
         x0[5] = upper[5] = lower[5]
+    import scipy.optimize  # noqa: PLC0415 - ~0.8 s at import: every CLI would pay it
+
     # one thread: L-BFGS-B's BLAS pool spinning on a loaded 2-core machine made each
     # iteration cost ~0.6 ms instead of microseconds
     best = None
