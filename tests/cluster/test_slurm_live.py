@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from live_procs import LOOPBACK, listeners, pids_with, ranks_where_placed
 
 from phalanx.cluster.core.clusters import resolve_cluster
@@ -34,6 +35,7 @@ from phalanx.cluster.live.engines.slurm.local import (
     slurm_cluster,
 )
 from phalanx.runtime import rank_record
+from phalanx.runtime.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 HAVE_SLURM = all(shutil.which(n) for n in CLIENTS + DAEMONS)
@@ -47,8 +49,11 @@ SYNC = "{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: 
 # fill 2 of the 3 devices: A is preempted (SIGTERM through Slurm: checkpoint, exit 75), C
 # takes a. A comes back from its checkpoint at a later round, once 2 devices are free. (A
 # cannot end before round 1: its ranks' start-up alone takes > 1.5 s, its steps > 3 s.)
+# A is compressed (PowerSGD rank 1, warm start, error feedback): its preemption checkpoint
+# carries each rank's residuals, PowerSGD's generator and warm Q, so the preempted run ends
+# with an uninterrupted compressed run's parameters, bit for bit (issue 33)
 JOBS = f"""jobs:
-  - {{name: A, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 1500}}}}
+  - {{name: A, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 1500, compress: 'powersgd:1,warm'}}}}
   - {{name: B, arrival: 0, gpus: 1, config: {SYNC}, max_steps: 1200}}}}
   - {{name: C, arrival: 1, gpus: 1, config: {SYNC}, max_steps: 600}}}}
 """
@@ -116,6 +121,20 @@ def test_tiresias_preempts_and_resumes_on_slurm(cluster, tmp_path):
     ranks_where_placed(out, rows, topology, "ABC")
     first_a = {x.node for x in rank_record.read(out / "ranks" / "A.jsonl") if x.start == 0}
     assert len(first_a) == 2, "A's first start is not a 2-node gang"
+
+    # the preempted compressed job ends with an uninterrupted compressed run's parameters
+    ref_jobs = tmp_path / "ref.yaml"
+    ref_jobs.write_text("jobs:\n" + next(ln for ln in JOBS.splitlines() if "name: A" in ln)
+                        + "\n")
+    ref = tmp_path / "ref"
+    subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(ref_jobs),
+                    "--cluster", "uniform:1,1,1,2", "--out", str(ref)], check=True,
+                   env=_env(), capture_output=True, timeout=120)
+    got = load_checkpoint(out / "jobs" / "A" / "checkpoint.pt")
+    want = load_checkpoint(ref / "jobs" / "A" / "checkpoint.pt")
+    assert len(got["comm"]) == 2 and got["comm"][0][3].abs().sum() > 0  # residuals saved
+    for k in want["model"]:
+        assert torch.equal(got["model"][k], want["model"][k]), k
 
     # nothing listened beyond loopback; no rank is left, and the cluster has no job
     assert seen and seen <= LOOPBACK, seen
