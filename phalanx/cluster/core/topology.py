@@ -361,15 +361,21 @@ def load_topology(path: str | Path) -> Topology:
         raise ConfigError(f"cluster file {p}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"cluster file {p}: not UTF-8 text (byte {e.start})") from None
+    return topology_from_mapping(read_yaml(text, f"cluster file {p}", ConfigError),
+                                 source=str(p))
+
+
+def read_yaml(text: str, what: str, error: type[Exception]) -> object:
+    """``text`` as YAML; ``error`` (one line naming ``what``) for a syntax error (with its
+    line) or nesting too deep to read (100,000 brackets: a RecursionError)."""
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except RecursionError:
-        raise ConfigError(f"cluster file {p}: nested too deeply to read") from None
+        raise error(f"{what}: nested too deeply to read") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"cluster file {p}: invalid YAML{at}") from None
-    return topology_from_mapping(data, source=str(p))
+        raise error(f"{what}: invalid YAML{at}") from None
 
 
 def save_topology(topology: Topology, path: str | Path) -> None:

@@ -30,11 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.scheduler import oversize_reason, usable_gpus
-from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.core.topology import Topology, read_yaml
 from phalanx.config import RunConfig
 from phalanx.data import DataOptions, load_data
 from phalanx.errors import ConfigError, DataError
@@ -150,14 +148,7 @@ def load_job_list(path: str | Path) -> list[LiveJob]:
         raise DataError(f"job list {p}: cannot read ({getattr(e, 'strerror', None) or e})"
                         ) from None
     if p.suffix in (".yaml", ".yml"):
-        try:
-            data = yaml.safe_load(text)
-        except RecursionError:
-            raise DataError(f"job list {p}: nested too deeply to read") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise DataError(f"job list {p}: invalid YAML{at}") from None
+        data = read_yaml(text, f"job list {p}", DataError)
         if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
             raise DataError(f"job list {p}: expected a mapping with a 'jobs' list")
         entries = [(f"jobs[{i}]", e) for i, e in enumerate(data["jobs"])]
