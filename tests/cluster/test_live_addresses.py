@@ -1,0 +1,84 @@
+"""Issue 33: every rank binds where the others connect. An engine (Ray) hands a gang the
+node's network address as MASTER_ADDR even when all its ranks share one machine; rank 0's
+store and gloo must then listen there, not on loopback. And a rank 0 handed an address that
+is not its host's ends at once with one line."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.live.engines.local import LocalExecutor
+from phalanx.cluster.live.joblist import load_job_list
+from phalanx.cluster.live.loop import LiveCluster, LiveConfig
+from phalanx.cluster.policies import Pack, make_ordering
+from phalanx.runtime import netif
+from phalanx.runtime.checkpoint import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+SYNC = ("{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false, "
+        "seed: 5, max_steps: 30}")
+
+
+def own_address() -> str:
+    for _, name in socket.if_nameindex():
+        addr = netif.iface_addr(name)
+        if addr and not addr.startswith("127."):
+            return addr
+    pytest.skip("this host has no non-loopback IPv4 address")
+
+
+def run_gang(tmp_path: Path, master: str, name: str) -> tuple[dict, Path]:
+    jobs = tmp_path / f"{name}.yaml"
+    jobs.write_text(f"jobs:\n  - {{name: {name}, arrival: 0, gpus: 2, config: {SYNC}}}\n")
+    out = tmp_path / f"out-{name}"
+    live = LiveCluster(uniform(servers=1, devices=2), load_job_list(jobs),
+                       make_ordering("fifo"), Pack(), LiveConfig(out, poll_s=0.02),
+                       executor=LocalExecutor(master_addr=master))
+    res = live.run()
+    return {j.spec.name: j for j in res.jobs}[name], out
+
+
+def test_two_rank_gang_told_the_node_address_trains(tmp_path):
+    """The user's failure: both ranks on one machine, MASTER_ADDR the node's own network
+    address (what Ray reports). Before the fix rank 0's store listened on 127.0.0.1 only and
+    rank 1 waited 120 s for it at MASTER_ADDR; now it trains to the loopback run's params."""
+    addr = own_address()
+    st, out = run_gang(tmp_path, addr, "node")
+    assert st.failure == "", st.failure
+    ref, ref_out = run_gang(tmp_path, "127.0.0.1", "lo")
+    assert ref.failure == "", ref.failure
+    got = load_checkpoint(out / "jobs" / "node" / "checkpoint.pt")["model"]
+    want = load_checkpoint(ref_out / "jobs" / "lo" / "checkpoint.pt")["model"]
+    assert got.keys() == want.keys() and got
+    for k in got:
+        assert torch.equal(got[k], want[k]), k
+
+
+def test_rank_0_told_a_foreign_master_fails_in_seconds_with_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "0", "WORLD_SIZE": "2",
+           "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "192.0.2.77", "MASTER_PORT": "29999",
+           "TORCHELASTIC_USE_AGENT_STORE": "False"}
+    env.pop("GLOO_SOCKET_IFNAME", None)
+    if "192.0.2.77" in netif.local_addrs():
+        pytest.skip("192.0.2.77 is this host's")
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "phalanx.entry.scheduled", "--strategy", "sync",
+                        "--workers", "2", "--model", "mlp", "--data", "synthetic",
+                        "--max-steps", "5", "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+                       check=False)
+    took = time.monotonic() - t
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and lines[0].startswith(
+        "phalanx: error: rank 0 serves the group at MASTER_ADDR 192.0.2.77 (192.0.2.77), "
+        "which is not an address of this host (have "), r.stderr
+    assert took < 5, took
+
