@@ -3,6 +3,7 @@ node's network address as MASTER_ADDR even when all its ranks share one machine;
 store and gloo must then listen there, not on loopback. And a rank 0 handed an address that
 is not its host's ends at once with one line."""
 
+import csv
 import os
 import socket
 import subprocess
@@ -13,11 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from phalanx.cluster.core.report import write_jobs_csv
 from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.live.engines.local import LocalExecutor
 from phalanx.cluster.live.joblist import load_job_list
 from phalanx.cluster.live.loop import LiveCluster, LiveConfig
 from phalanx.cluster.policies import Pack, make_ordering
+from phalanx.parallel.dp_checkpoint import KILLED_EXIT
 from phalanx.runtime import netif
 from phalanx.runtime.checkpoint import load_checkpoint
 
@@ -82,3 +85,51 @@ def test_rank_0_told_a_foreign_master_fails_in_seconds_with_one_line(tmp_path):
         "which is not an address of this host (have "), r.stderr
     assert took < 5, took
 
+
+# ---------------------------------------------------------------- fail fast (issue 33)
+
+def run_failing(tmp_path: Path, master: str, config: str, restarts: int):
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  - {{name: f, arrival: 0, gpus: 2, config: {config}}}\n")
+    out = tmp_path / "out"
+    live = LiveCluster(uniform(servers=1, devices=2), load_job_list(jobs),
+                       make_ordering("fifo"), Pack(),
+                       LiveConfig(out, poll_s=0.02, max_job_restarts=restarts),
+                       executor=LocalExecutor(master_addr=master))
+    t = time.monotonic()
+    res = live.run()
+    took = time.monotonic() - t
+    write_jobs_csv(res, out / "jobs.csv")
+    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    return {j.spec.name: j for j in res.jobs}["f"], rows["f"], took, out
+
+
+def test_a_rank_that_cannot_join_fails_its_job_in_seconds_then_restarts(tmp_path):
+    """Rank 0 handed an address that is not its host's: it ends at once, rank 1 (waiting
+    for rank 0's store) is stopped, the job starts again once (--max-job-restarts 1) and
+    then fails, with one line in jobs.csv naming the rank and the cause."""
+    if "192.0.2.77" in netif.local_addrs():
+        pytest.skip("192.0.2.77 is this host's")
+    st, row, took, out = run_failing(tmp_path, "192.0.2.77", SYNC, restarts=1)
+    assert st.restarts == 1 and len(st.placements) == 2 and st.preemptions == 0
+    assert row["status"] == (
+        "failed: rank 0 exit 2: phalanx: error: rank 0 serves the group at MASTER_ADDR "
+        "192.0.2.77 (192.0.2.77), which is not an address of this host (have "
+        + ", ".join(f"{a} ({n})" for a, n in netif.local_addrs().items())
+        + ") (after 1 restart)"), row
+    assert "\n" not in row["status"] and "Traceback" not in row["status"]
+    # two starts (each: two interpreters importing torch, rank 1 stopped 2 s after rank 0
+    # ended), never the 120 s store timeout
+    assert took < 30, took
+
+
+def test_a_rank_that_dies_fails_its_job_with_its_line(tmp_path):
+    """Rank 1 dies mid-training (an injected fault): rank 0, blocked in a collective, is
+    stopped; with --max-job-restarts 0 the job fails at once, its line names rank 1 and
+    what it said, not rank 0's consequence."""
+    config = SYNC[:-1] + ", kill_worker: '1@5'}"
+    st, row, took, out = run_failing(tmp_path, "127.0.0.1", config, restarts=0)
+    assert st.restarts == 0 and len(st.placements) == 1
+    assert row["status"] == (f"failed: rank 1 exit {KILLED_EXIT}: phalanx: fault injection: "
+                             "worker 1 killed at step 5"), row
+    assert took < 20, took

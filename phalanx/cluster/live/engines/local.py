@@ -16,6 +16,7 @@ from phalanx.cluster.live.engines.base import (
     free_port,
     gang_exit,
     local_world,
+    note_failure,
     rank_env,
 )
 
@@ -31,6 +32,7 @@ class LocalExecutor:
         # hands out the node's network address even when every rank is on one machine)
         self.python, self.master_addr = python, master_addr
         self.gangs: dict[str, list[RankProcess]] = {}
+        self.failed: dict[str, tuple[int, int]] = {}
 
     def start(self, gang: Gang) -> None:
         try:
@@ -55,6 +57,7 @@ class LocalExecutor:
     def poll(self, job: str) -> int | None:
         procs = self.gangs[job]
         codes = [p.poll() for p in procs]
+        note_failure(self.failed, job, codes)
         if failed_rank(codes):
             for p, c in zip(procs, codes):
                 if c is None:
