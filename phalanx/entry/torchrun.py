@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         binding = netif.choose(os.environ.get("MASTER_ADDR", "127.0.0.1"),
                                multi_host=world > local_world, iface=args.iface,
                                env_iface=os.environ.get("GLOO_SOCKET_IFNAME", ""),
+                               at_master=own,
                                serves=own and os.environ.get("RANK", "0") == "0")
         _run_attempt(_main, (cfg, time.perf_counter()), attempt, args.timeout, binding)
     except preempt.Preempted as e:  # checkpoint on disk: the scheduler resumes it later

@@ -10,8 +10,9 @@ Gloo then binds that interface's address only, never all interfaces.
 
 Order of precedence: ``--iface`` > ``GLOO_SOCKET_IFNAME`` already in the environment > the
 route to the master address. A single-host run (every rank on this machine) binds ``lo``
-when its master address is loopback, else the interface holding the master address (the
-address the other ranks connect to).
+when its master address is loopback or the group meets through torchrun's agent; one whose
+ranks meet at the master address itself (``phalanx schedule``) binds the interface holding
+it (the address the other ranks connect to).
 """
 
 from __future__ import annotations
@@ -82,17 +83,20 @@ def local_addrs() -> dict[str, str]:
 
 
 def choose(master: str, *, multi_host: bool, iface: str = "", env_iface: str = "",
-           serves: bool = False) -> Binding:
+           at_master: bool = False, serves: bool = False) -> Binding:
     """The interface for gloo: see the module docstring for the precedence.
 
     ``multi_host``: the run spans several machines (torchrun's WORLD_SIZE > LOCAL_WORLD_SIZE).
     A multi-host run whose master address is loopback cannot work (the other machines would
     be told 127.0.0.1), so it fails here with what to change, instead of hanging later.
 
-    Every rank binds where the others will connect: a master address that is one of this
-    host's non-loopback addresses (what an engine such as Ray hands out: the node's IP) is
-    bound on its interface even when every rank is on this host. ``serves``: this rank hosts
-    the group's store at the master address (rank 0 under ``phalanx schedule``): a master
+    ``at_master``: the group meets at the master address itself (rank 0's store there, no
+    torchrun agent: ``phalanx schedule``). Every rank then binds where the others will
+    connect: a master address that is one of this host's non-loopback addresses (what an
+    engine such as Ray hands out: the node's IP) is bound on its interface even when every
+    rank is on this host. (Under torchrun's agent a single-host group's own store is
+    published through the agent's: loopback serves it.) ``serves``: this rank hosts the
+    group's store at the master address (rank 0 under ``phalanx schedule``): a master
     address this host does not hold is an error at once, not a peer's timeout later.
     """
     if iface or env_iface:
@@ -119,7 +123,8 @@ def choose(master: str, *, multi_host: bool, iface: str = "", env_iface: str = "
             f"({master_ip}): give torchrun --local-addr <this machine's address> (torchrun "
             "advertises rank 0's host name, which resolves to loopback here)")
     mine = local_addrs()
-    if master_ip in mine:  # the others connect to this host at the master address
+    if master_ip in mine and (at_master or serves or multi_host):
+        # the others connect to this host at the master address
         return Binding(mine[master_ip], master_ip, f"MASTER_ADDR {master_ip} is this host's")
     if serves:
         have = ", ".join(f"{a} ({n})" for a, n in mine.items())

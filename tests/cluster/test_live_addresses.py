@@ -5,7 +5,6 @@ is not its host's ends at once with one line."""
 
 import csv
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -30,11 +29,11 @@ SYNC = ("{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard:
 
 
 def own_address() -> str:
-    for _, name in socket.if_nameindex():
-        addr = netif.iface_addr(name)
-        if addr and not addr.startswith("127."):
-            return addr
-    pytest.skip("this host has no non-loopback IPv4 address")
+    """One of this host's non-loopback addresses (what Ray reports as a node's address)."""
+    addr = next((a for a in netif.local_addrs() if not a.startswith("127.")), None)
+    if addr is None:
+        pytest.skip("this host has no non-loopback IPv4 address")
+    return addr
 
 
 def run_gang(tmp_path: Path, master: str, name: str) -> tuple[dict, Path]:

@@ -12,11 +12,10 @@ from phalanx.runtime.nodes import NodeTable, RankPlace
 
 
 def _own_addr() -> str:
-    for _, n in socket.if_nameindex():
-        a = netif.iface_addr(n)
-        if a and not a.startswith("127."):
-            return a
-    pytest.skip("no non-loopback IPv4 interface here")
+    addr = next((a for a in netif.local_addrs() if not a.startswith("127.")), None)
+    if addr is None:
+        pytest.skip("no non-loopback IPv4 interface here")
+    return addr
 
 
 def test_single_host_binds_loopback_for_a_loopback_or_foreign_master() -> None:
@@ -27,11 +26,15 @@ def test_single_host_binds_loopback_for_a_loopback_or_foreign_master() -> None:
 
 
 def test_single_host_with_a_master_of_this_host_binds_its_interface() -> None:
-    # issue 33: Ray hands out the node's address even when every rank is on this host
+    # issue 33: Ray hands out the node's address even when every rank is on this host; the
+    # group meets there (phalanx schedule), so every rank binds it
     addr = _own_addr()
     for serves in (False, True):
-        b = netif.choose(addr, multi_host=False, serves=serves)
+        b = netif.choose(addr, multi_host=False, at_master=True, serves=serves)
         assert b.addr == addr and netif.iface_addr(b.iface) == addr and b.iface != "lo"
+    # under torchrun's agent the group's own store is published there: loopback
+    b = netif.choose(addr, multi_host=False)
+    assert (b.iface, b.addr) == ("lo", "127.0.0.1")
 
 
 def test_rank_0_handed_a_foreign_master_is_a_one_line_error() -> None:
