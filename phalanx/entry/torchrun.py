@@ -156,9 +156,14 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.timeout > 0):
             raise PhalanxError(f"--timeout {args.timeout:g}: must be > 0")
         cfg = config_from_args(args)
+        # without torchrun's agent (phalanx schedule), rank 0 serves the group's store at
+        # MASTER_ADDR itself: it must be one of this host's addresses
+        own = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "True") != "True"
         binding = netif.choose(os.environ.get("MASTER_ADDR", "127.0.0.1"),
                                multi_host=world > local_world, iface=args.iface,
-                               env_iface=os.environ.get("GLOO_SOCKET_IFNAME", ""))
+                               env_iface=os.environ.get("GLOO_SOCKET_IFNAME", ""),
+                               at_master=own,
+                               serves=own and os.environ.get("RANK", "0") == "0")
         _run_attempt(_main, (cfg, time.perf_counter()), attempt, args.timeout, binding)
     except preempt.Preempted as e:  # checkpoint on disk: the scheduler resumes it later
         sys.stderr.write(f"phalanx: {e}\n")

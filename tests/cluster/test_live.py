@@ -71,7 +71,8 @@ def test_schedule_runs_real_jobs_on_two_slots(tmp_path):
     assert (s["jobs"], s["finished"], s["failed"], s["rejected"],
             s["rejected_oversize"]) == (4, 3, 1, 0, 0)
     rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
-    assert rows["bad"]["status"].startswith("failed: exit 2: phalanx: error: "), rows["bad"]
+    assert rows["bad"]["status"].startswith("failed: rank 0 exit 2: phalanx: error: "), rows["bad"]
+    assert rows["bad"]["status"].endswith(" (after 1 restart)"), rows["bad"]
     assert "train-images-idx3-ubyte" in rows["bad"]["status"], rows["bad"]
     t = {n: (float(rows[n]["start"]), float(rows[n]["end"])) for n in ("a", "b", "bad", "c")}
     # FIFO on 2 slots: a and b at once; bad takes the first freed slot, c the second
@@ -134,6 +135,7 @@ def test_schedule_bad_flags_are_one_line(tmp_path, capsys, monkeypatch):
                        (["--placement", "random"], "--placement random"),
                        (["--poll", "0"], "--poll must be"),
                        (["--grace", "0"], "--grace must be"),
+                       (["--max-job-restarts", "-1"], "--max-job-restarts must be in [0, 1000]"),
                        (["--policy", "tiresias", "--tiresias-thresholds", "x"],
                         "not a comma list"),
                        (["--ray-address", "127.0.0.1:1"], "only with --engine ray"),

@@ -11,9 +11,38 @@ from phalanx.runtime import netif
 from phalanx.runtime.nodes import NodeTable, RankPlace
 
 
-def test_single_host_binds_loopback_whatever_the_master() -> None:
-    b = netif.choose("10.1.2.3", multi_host=False)
-    assert (b.iface, b.addr, b.reason) == ("lo", "127.0.0.1", "single host")
+def _own_addr() -> str:
+    addr = next((a for a in netif.local_addrs() if not a.startswith("127.")), None)
+    if addr is None:
+        pytest.skip("no non-loopback IPv4 interface here")
+    return addr
+
+
+def test_single_host_binds_loopback_for_a_loopback_or_foreign_master() -> None:
+    # a foreign master under torchrun's agent: the group's own store is rank 0's, on lo
+    for master in ("10.1.2.3", "127.0.0.1"):
+        b = netif.choose(master, multi_host=False)
+        assert (b.iface, b.addr, b.reason) == ("lo", "127.0.0.1", "single host")
+
+
+def test_single_host_with_a_master_of_this_host_binds_its_interface() -> None:
+    # issue 33: Ray hands out the node's address even when every rank is on this host; the
+    # group meets there (phalanx schedule), so every rank binds it
+    addr = _own_addr()
+    for serves in (False, True):
+        b = netif.choose(addr, multi_host=False, at_master=True, serves=serves)
+        assert b.addr == addr and netif.iface_addr(b.iface) == addr and b.iface != "lo"
+    # under torchrun's agent the group's own store is published there: loopback
+    b = netif.choose(addr, multi_host=False)
+    assert (b.iface, b.addr) == ("lo", "127.0.0.1")
+
+
+def test_rank_0_handed_a_foreign_master_is_a_one_line_error() -> None:
+    with pytest.raises(PhalanxError, match=r"^rank 0 serves the group at MASTER_ADDR 10\.1\.2"
+                       r"\.3 \(10\.1\.2\.3\), which is not an address of this host \(have "):
+        netif.choose("10.1.2.3", multi_host=False, serves=True)
+    with pytest.raises(PhalanxError, match=r"^--iface lo \(127\.0\.0\.1\) is not MASTER_ADDR"):
+        netif.choose(_own_addr(), multi_host=False, iface="lo", serves=True)
 
 
 def test_iface_flag_beats_the_environment_and_the_route() -> None:

@@ -78,6 +78,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hysteresis", type=float, default=None, help="load-adaptive hysteresis")
     p.add_argument("--job-timeout", type=float, default=0.0,
                    help="stop a job that runs longer than this many seconds (0 = never)")
+    p.add_argument("--max-job-restarts", type=int, default=1,
+                   help="a job whose rank dies or cannot join its group starts again this "
+                        "many times, then fails with one line naming the rank (default 1)")
     p.add_argument("--poll", type=float, default=0.05,
                    help="seconds between checks for exits and arrivals (default 0.05)")
     p.add_argument("--out", default="runs/schedule", help="output folder")
@@ -113,7 +116,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
                              thresholds, args.starvation)
     placement = make_placement(args.placement, args.threshold, args.hysteresis)
     config = LiveConfig(Path(args.out).absolute(), poll_s=args.poll, job_timeout_s=args.job_timeout,
-                        grace_s=args.grace)
+                        grace_s=args.grace, max_job_restarts=args.max_job_restarts)
     topology = resolve_cluster(args.cluster, default_data_dir())
     jobs = load_job_list(args.jobs)
     check_fits(jobs, topology, args.jobs)  # the cheap check first

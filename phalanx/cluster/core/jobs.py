@@ -57,6 +57,7 @@ class JobState:
     version: int = 0                  # invalidates stale completion events
     placements: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
     failure: str = ""                 # live mode: why the job's process failed ('' = it did not)
+    restarts: int = 0                 # live mode: starts again after a failure (--max-job-restarts)
     # interval engine: (boundary time, attained GPU-s) whenever attained grew, so Tiresias
     # can order a queue by when each job entered it (the artifact's demotion order)
     service_marks: list[tuple[float, float]] = field(default_factory=list)

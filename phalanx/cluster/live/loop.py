@@ -21,9 +21,11 @@ start; every placement; preemptible or why not) plus each job's run folder
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -53,6 +55,7 @@ class LiveConfig:
     job_timeout_s: float = 0.0      # stop a job running longer than this (0 = never)
     grace_s: float = 30.0           # SIGTERM -> SIGKILL: time to write a checkpoint
     python: str = sys.executable
+    max_job_restarts: int = 1       # a failed job starts again this many times, then fails
 
     def __post_init__(self) -> None:
         if not 0 < self.poll_s <= 5:
@@ -62,6 +65,9 @@ class LiveConfig:
                               f"got {self.job_timeout_s}")
         if not 0 < self.grace_s <= 3600:
             raise ConfigError(f"--grace must be in (0, 3600] seconds, got {self.grace_s}")
+        if not 0 <= self.max_job_restarts <= 1000:
+            raise ConfigError(f"--max-job-restarts must be in [0, 1000], "
+                              f"got {self.max_job_restarts}")
 
 
 @dataclass
@@ -73,6 +79,7 @@ class _Run:
     since: float
     stop: str = ""                  # why we stopped it: '' running, 'preempt', 'timeout'
     asked: float = 0.0              # when
+    log_from: int = 0               # the gang's log up to here is earlier starts'
 
 
 @dataclass(frozen=True)
@@ -85,17 +92,29 @@ class StopRecord:
     code: int
 
 
-def last_error_line(path: Path) -> str:
-    """The line that says why a run failed: its ``phalanx: error:`` line, else the last."""
+def failure_line(path: Path, offset: int, rank: int, code: int) -> str:
+    """One line for a failed start: the rank that failed first, its exit, and why. A gang's
+    ranks share one log (read from ``offset``: earlier starts wrote what is before it), and
+    the first failure writes first; the others only fail because of it. So the cause is the
+    signal that killed that rank, else the first ``phalanx:`` line of this start (an error
+    or an injected fault), else the last line that mentions an error. Never a traceback."""
     try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines()
-                 if ln.strip()]
+        with open(path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
     except OSError:
-        return "no log"
-    for ln in reversed(lines):
-        if "error" in ln.lower():
-            return ln[:300]
-    return lines[-1][:300] if lines else "no output"
+        text = ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    cause = ""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            cause = f"killed by {signal.Signals(-code).name}"
+    if not cause:
+        cause = next((ln for ln in lines if ln.startswith("phalanx: ")), "")
+    if not cause:
+        cause = next((ln for ln in reversed(lines) if "error" in ln.lower()),
+                     lines[-1] if lines else "no output")
+    return f"rank {rank} exit {code}: {cause[:300]}"
 
 
 class LiveCluster:
@@ -136,11 +155,16 @@ class LiveCluster:
         plan = self.plans[st.spec.id]
         out = self.config.out
         run_dir = out / "jobs" / job.spec.name
-        resume = st.preemptions > 0 and resumable(job, run_dir)
-        if st.preemptions > 0 and not resume:
+        again = st.preemptions > 0 or st.restarts > 0
+        resume = again and resumable(job, run_dir)
+        if again and not resume:
             shutil.rmtree(run_dir, ignore_errors=True)   # stopped before it began: anew
         gang = build_gang(job, plan, self.topology, p.devices, len(st.placements), out, resume,
                           workers=st.spec.gpus)
+        try:
+            log_from = gang.log.stat().st_size
+        except OSError:
+            log_from = 0
         t = time.perf_counter()
         try:
             self.executor.start(gang)
@@ -157,7 +181,7 @@ class LiveCluster:
             st.start = self.now
         st.last_start = st.last_update = self.now
         st.placements.append((self.now, p.devices))
-        self.runs[st.spec.id] = _Run(st, gang, self.now)
+        self.runs[st.spec.id] = _Run(st, gang, self.now, log_from=log_from)
 
     def _account(self) -> None:
         """Executed time and attained GPU-seconds of running jobs, up to now (LAS and
@@ -182,6 +206,7 @@ class LiveCluster:
             rc = self.executor.poll(run.gang.job)
             if rc is None:
                 continue
+            first = getattr(self.executor, "failed", {}).pop(run.gang.job, None)
             ended += 1
             self._account()
             del self.runs[jid]
@@ -200,13 +225,28 @@ class LiveCluster:
                 st.waiting_since = self.now
                 self._requeue(st, rc)
                 continue
+            failed = run.stop != "timeout" and rc != 0 and not finished
+            if failed:
+                rank, code = first if first is not None else (0, rc)
+                line = failure_line(run.gang.log, run.log_from, rank, code)
+                if st.restarts < self.config.max_job_restarts:
+                    # a rank died or could not join: the job starts again (from its
+                    # checkpoint when it has one), on whatever placement it gets then
+                    st.restarts += 1
+                    st.waiting_since = self.now
+                    print(f"phalanx: scheduler: {st.spec.name} failed ({line}); starting "
+                          f"it again ({st.restarts} of {self.config.max_job_restarts})",
+                          flush=True)
+                    self.core.enqueue(st)
+                    continue
             self.core.done(st.spec)
             st.end = self.now
             st.remaining = 0.0
             if run.stop == "timeout":
                 st.failure = f"timed out after {limit:g} s"
-            elif rc != 0 and not finished:
-                st.failure = f"exit {rc}: {last_error_line(run.gang.log)}"
+            elif failed:
+                st.failure = line + (f" (after {st.restarts} restart"
+                                     f"{'s' if st.restarts > 1 else ''})" if st.restarts else "")
         return ended
 
     def _requeue(self, st: JobState, rc: int) -> None:

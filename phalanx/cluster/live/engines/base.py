@@ -163,6 +163,17 @@ def gang_exit(codes: list[int | None]) -> int | None:
     return PREEMPTED_EXIT if PREEMPTED_EXIT in codes else 0
 
 
+def note_failure(failed: dict[str, tuple[int, int]], job: str,
+                 codes: list[int | None]) -> None:
+    """Remember the first rank of ``job`` seen ending badly, with its code (the cause the
+    live loop reports: later ranks only fail because it did)."""
+    if job not in failed:
+        for rank, c in enumerate(codes):
+            if c is not None and c not in (0, PREEMPTED_EXIT):
+                failed[job] = (rank, c)
+                return
+
+
 def failed_rank(codes: list[int | None]) -> bool:
     """A rank ended badly while others run: they would wait for it in a collective."""
     return any(c is not None and c not in (0, PREEMPTED_EXIT) for c in codes) and \
@@ -186,6 +197,9 @@ class Executor(Protocol):
 
     def close(self) -> None:
         """Kill whatever still runs and free the engine's resources."""
+
+    # ``failed``: {job: (rank, exit code)} of the first rank seen failing (:func:`note_failure`);
+    # the live loop takes its entry when the gang has ended
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ from phalanx.cluster.live.engines.base import (
     free_port,
     gang_exit,
     local_world,
+    note_failure,
     rank_env,
 )
 
@@ -26,12 +27,19 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, python: str = sys.executable) -> None:
-        self.python = python
+    def __init__(self, python: str = sys.executable, master_addr: str = "127.0.0.1") -> None:
+        # ``master_addr``: the address rank 0 is told to serve at (an engine such as Ray
+        # hands out the node's network address even when every rank is on one machine)
+        self.python, self.master_addr = python, master_addr
         self.gangs: dict[str, list[RankProcess]] = {}
+        self.failed: dict[str, tuple[int, int]] = {}
 
     def start(self, gang: Gang) -> None:
-        master = ("127.0.0.1", free_port())
+        try:
+            port = free_port(self.master_addr)
+        except OSError:   # not this host's address: rank 0 says so at once (netif)
+            port = free_port("0.0.0.0")
+        master = (self.master_addr, port)
         lw = local_world(gang, master[0])
         procs: list[RankProcess] = []
         slots = gang.ranks if gang.per_rank else gang.ranks[:1]
@@ -49,6 +57,7 @@ class LocalExecutor:
     def poll(self, job: str) -> int | None:
         procs = self.gangs[job]
         codes = [p.poll() for p in procs]
+        note_failure(self.failed, job, codes)
         if failed_rank(codes):
             for p, c in zip(procs, codes):
                 if c is None:

@@ -52,6 +52,7 @@ from phalanx.cluster.live.engines.base import (
     free_port,
     gang_exit,
     local_world,
+    note_failure,
     rank_env,
 )
 from phalanx.errors import ConfigError
@@ -300,6 +301,7 @@ class RayExecutor:
         self.actor = ray.remote(RankActor)
         self.devices: dict[int, _Device] = {}
         self.gangs: dict[str, _RayGang] = {}
+        self.failed: dict[str, tuple[int, int]] = {}
 
     def _pinned(self, devices: list[int]) -> list[_Device]:
         """The actors of ``devices``, created (all at once) where missing."""
@@ -354,6 +356,7 @@ class RayExecutor:
         ready, _ = self.ray.wait(pending, num_returns=len(pending), timeout=0)
         for w in ready:
             g.codes[g.waits.index(w)] = self.ray.get(w)
+        note_failure(self.failed, job, g.codes)
         if failed_rank(g.codes):
             for a, pid, c in zip(g.actors, g.pids, g.codes):
                 if c is None:

@@ -40,6 +40,7 @@ from phalanx.cluster.live.engines.base import (
     free_port,
     gang_exit,
     local_world,
+    note_failure,
     rank_env,
 )
 from phalanx.cluster.live.engines.slurm.conf import gres_request, gres_type
@@ -89,6 +90,7 @@ class SlurmExecutor:
         self.refresh_s, self.pending_s = refresh_s, pending_s
         self.addr = self._check_nodes()
         self.gangs: dict[str, _SlurmGang] = {}
+        self.failed: dict[str, tuple[int, int]] = {}
         self.states: dict[str, tuple[str, int, str]] = {}   # job id -> state, status, reason
         self.refreshed = 0.0
         # every job of this run carries it (--comment): close() finds even one whose sbatch
@@ -224,6 +226,7 @@ class SlurmExecutor:
         g = self.gangs[job]
         g.codes = [c if c is not None else self._code(i) for i, c in zip(g.ids, g.codes)]
         live = [i for i, c in zip(g.ids, g.codes) if c is None]
+        note_failure(self.failed, job, g.codes)
         now = time.monotonic()
         if live and now >= g.kill_at:
             self._cancel(live)
