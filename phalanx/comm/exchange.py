@@ -63,6 +63,12 @@ class Screened:
     values_clipped: int = 0  # values in them beyond the limit
 
 
+def _need(cond: bool, what: str) -> None:
+    """A compression state read back from a checkpoint: ValueError naming what is wrong."""
+    if not cond:
+        raise ValueError(f"compression state: {what}")
+
+
 class Compression:
     """``--compress`` + ``--error-feedback`` for one sender (a worker)."""
 
@@ -178,63 +184,66 @@ class Compression:
     def load_state(self, tensors: list[torch.Tensor], device: torch.device | str = "cpu") -> None:
         """Back from :meth:`state_tensors`, onto ``device`` (read from a checkpoint: every
         shape, dtype and count is checked; raises ValueError naming what does not fit)."""
-        def need(cond: bool, what: str) -> None:
-            if not cond:
-                raise ValueError(f"compression state: {what}")
-
-        need(len(tensors) >= 3, "too short")
+        _need(len(tensors) >= 3, "too short")
         head, table, counters, *rest = tensors
-        need(head.dtype == torch.uint8 and head.dim() == 1, "bad keys")
+        _need(head.dtype == torch.uint8 and head.dim() == 1, "bad keys")
         try:
             keys = json.loads(bytes(head.tolist()).decode())
         except (ValueError, UnicodeDecodeError):
             keys = None
-        need(isinstance(keys, list) and all(isinstance(k, (int, str)) for k in keys)
-             and len(set(keys)) == len(keys), "bad keys")
-        need(table.dtype == torch.int64 and tuple(table.shape) == (len(keys), 5)
-             and bool((table >= 0).all()), "bad key table")
-        need(counters.dtype == torch.int64 and tuple(counters.shape) == (4,)
-             and bool((counters >= 0).all()), "bad counters")
-        need(len(rest) >= len(keys) and all(r.dtype == torch.float32 and r.dim() == 1
-                                            for r in rest[:len(keys)]), "bad residuals")
+        _need(isinstance(keys, list) and all(isinstance(k, (int, str)) for k in keys)
+              and len(set(keys)) == len(keys), "bad keys")
+        _need(table.dtype == torch.int64 and tuple(table.shape) == (len(keys), 5)
+              and bool((table >= 0).all()), "bad key table")
+        _need(counters.dtype == torch.int64 and tuple(counters.shape) == (4,)
+              and bool((counters >= 0).all()), "bad counters")
+        _need(len(rest) >= len(keys) and all(r.dtype == torch.float32 and r.dim() == 1
+                                             for r in rest[:len(keys)]), "bad residuals")
         psgd = self.powersgd
-        need(psgd is not None or not bool(table[:, 3:].any()), "PowerSGD state without "
-             "--compress powersgd")
+        _need(psgd is not None or not bool(table[:, 3:].any()), "PowerSGD state without "
+              "--compress powersgd")
+        rows = table.tolist()
         self.sizes = {k: int(r.numel()) for k, r in zip(keys, rest)}
         self.feedback.residual = {k: r.to(device, copy=True)
-                                  for k, r, row in zip(keys, rest, table.tolist()) if row[0]}
-        self._streak = defaultdict(int, {k: row[1] for k, row in zip(keys, table.tolist())})
-        self._calls = defaultdict(int, {k: row[2] for k, row in zip(keys, table.tolist())})
+                                  for k, r, row in zip(keys, rest, rows) if row[0]}
+        self._streak = defaultdict(int, {k: row[1] for k, row in zip(keys, rows)})
+        self._calls = defaultdict(int, {k: row[2] for k, row in zip(keys, rows)})
         sc = counters.tolist()
         self.screened = Screened(sc[0], sc[1], sc[2])
         self.feedback.dropped = sc[3]
         rest = rest[len(keys):]
         if psgd is None:
-            need(not rest, "too long")
+            _need(not rest, "too long")
             return
-        need(len(rest) >= 2 and rest[0].dtype == torch.int64 and tuple(rest[0].shape) == (624,)
-             and rest[1].dtype == torch.float64 and tuple(rest[1].shape) == (3,),
-             "bad PowerSGD random state")
+        self._load_powersgd(psgd, rest, keys, rows, device)
+
+    @staticmethod
+    def _load_powersgd(psgd: PowerSGD, rest: list[torch.Tensor], keys: list,
+                       table: list[list[int]], device: torch.device | str) -> None:
+        """PowerSGD's part of :meth:`load_state`: its generator, step counts and warm Q."""
+        _need(len(rest) >= 2 and rest[0].dtype == torch.int64 and tuple(rest[0].shape) == (624,)
+              and rest[1].dtype == torch.float64 and tuple(rest[1].shape) == (3,),
+              "bad PowerSGD random state")
         pos, has_gauss, gauss = rest[1].tolist()
         try:
             psgd.rng.set_state(("MT19937", rest[0].numpy().astype(np.uint32), int(pos),
                                 int(has_gauss), gauss))
         except (ValueError, TypeError):
-            need(False, "bad PowerSGD random state")
-        psgd.iters = defaultdict(int, {k: row[3] for k, row in zip(keys, table.tolist())})
+            _need(False, "bad PowerSGD random state")
+        psgd.iters = defaultdict(int, {k: row[3] for k, row in zip(keys, table)})
         qs = rest[2:]
         psgd.q_memory = {}
-        for k, row in zip(keys, table.tolist()):
+        for k, row in zip(keys, table):
             mine = []
             for _ in range(row[4]):
-                need(len(qs) >= 2, "missing warm Q")
+                _need(len(qs) >= 2, "missing warm Q")
                 shape, q, qs = qs[0], qs[1], qs[2:]
-                need(shape.dtype == torch.int64 and shape.tolist() == list(q.shape)
-                     and q.dtype == torch.float32, "bad warm Q")
+                _need(shape.dtype == torch.int64 and shape.tolist() == list(q.shape)
+                      and q.dtype == torch.float32, "bad warm Q")
                 mine.append(q.to(device, copy=True))
             if mine:
                 psgd.q_memory[k] = mine
-        need(not qs, "too long")
+        _need(not qs, "too long")
 
     # ---- the mean over an allreduce group ------------------------------------------------
 

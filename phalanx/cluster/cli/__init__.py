@@ -30,3 +30,12 @@ def refuse_unread(args: argparse.Namespace,
     for dest, is_read, who in readers:
         if given(args, dest) and not is_read():
             raise ConfigError(f"--{dest.replace('_', '-')}: {who}; drop it")
+
+
+def read_by(chosen: set[str], names: Iterable[str],
+            flag: str = "--policy") -> tuple[Callable[[], bool], str]:
+    """(whether any of the ``chosen`` policies / placements is one of ``names``, the
+    message naming who reads the flag): one entry of :func:`refuse_unread`."""
+    names = tuple(names)
+    return (lambda: bool(chosen & set(names)),
+            f"{flag} {', '.join(sorted(chosen))} does not use it (only {', '.join(names)})")

@@ -16,7 +16,13 @@ import argparse
 import contextlib
 from pathlib import Path
 
-from phalanx.cluster.cli import LOAD_ADAPTIVE, ROUND_ORDERINGS, refuse_unread, remember_defaults
+from phalanx.cluster.cli import (
+    LOAD_ADAPTIVE,
+    ROUND_ORDERINGS,
+    read_by,
+    refuse_unread,
+    remember_defaults,
+)
 from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
 from phalanx.cluster.core.report import summarise, write_jobs_csv, write_plots, write_summary
@@ -88,6 +94,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     remember_defaults(p)
 
 
+def _check_read(args: argparse.Namespace) -> None:
+    """A flag the chosen policy or placement does not read is refused."""
+    policy, placement = {args.policy}, {args.placement}
+    goodput = (read_by(policy, ("goodput",))[0],
+               f"--policy {args.policy} does not use it (only goodput: its round)")
+    refuse_unread(args, [
+        ("interval", *goodput), ("restart_cost", *goodput), ("goodput_horizon", *goodput),
+        ("slot", *read_by(policy, ROUND_ORDERINGS)),
+        ("tiresias_thresholds", *read_by(policy, ("tiresias",))),
+        ("starvation", *read_by(policy, ("tiresias",))),
+        *((flag, *read_by(placement, LOAD_ADAPTIVE, "--placement"))
+          for flag in ("threshold", "hysteresis"))])
+
+
 def _cmd_schedule(args: argparse.Namespace) -> int:
     if args.policy not in (*ORDERINGS, "goodput"):
         raise ConfigError(f"--policy {args.policy}: unknown (choose from "
@@ -96,18 +116,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         raise ConfigError("--ray-address: only with --engine ray")
     if args.slurm_partition and args.engine != "slurm":
         raise ConfigError("--slurm-partition: only with --engine slurm")
-    goodput = (lambda: args.policy == "goodput",
-               f"--policy {args.policy} does not use it (only goodput: its round)")
-    tiresias = (lambda: args.policy == "tiresias",
-                f"--policy {args.policy} does not use it (only tiresias)")
-    refuse_unread(args, [
-        ("interval", *goodput), ("restart_cost", *goodput), ("goodput_horizon", *goodput),
-        ("slot", lambda: args.policy in ROUND_ORDERINGS,
-         f"--policy {args.policy} does not use it (only {', '.join(ROUND_ORDERINGS)})"),
-        ("tiresias_thresholds", *tiresias), ("starvation", *tiresias),
-        *((flag, lambda: args.placement in LOAD_ADAPTIVE,
-           f"--placement {args.placement} does not use it (only {', '.join(LOAD_ADAPTIVE)})")
-          for flag in ("threshold", "hysteresis"))])
+    _check_read(args)
     cadence = Cadence(args.interval, args.restart_cost)
     thresholds = (parse_thresholds(args.tiresias_thresholds) if args.tiresias_thresholds
                   else None)

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from phalanx.cluster.cli import LOAD_ADAPTIVE, ROUND_ORDERINGS, refuse_unread, remember_defaults
+from phalanx.cluster.cli import (
+    LOAD_ADAPTIVE,
+    ROUND_ORDERINGS,
+    read_by,
+    refuse_unread,
+    remember_defaults,
+)
 from phalanx.cluster.cli.schedule import register as register_schedule
 from phalanx.cluster.core.report import Summary, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
@@ -173,25 +178,18 @@ def _check_read(args: argparse.Namespace, pairs: list[tuple[str, str]]) -> None:
     policies it names, so it is not checked here)."""
     orderings = {o for o, _ in pairs}
     placements = {p for _, p in pairs}
-    policies = ", ".join(sorted(orderings))
-
-    def reads(*names: str) -> tuple[Callable[[], bool], str]:
-        return (lambda: bool(orderings & set(names)),
-                f"--policy {policies} does not use it (only {', '.join(names)})")
-
     refuse_unread(args, [
-        ("slot", *reads(*ROUND_ORDERINGS)),
-        ("tiresias_thresholds", *reads("tiresias")),
-        ("starvation", *reads("tiresias")),
-        ("goodput_priority", *reads("goodput")),
-        ("goodput_horizon", *reads("goodput")),
-        ("goodput_batch", *reads("goodput")),
-        ("profiles", *reads(*ELASTIC.names())),
-        ("pollux_generations", *reads("pollux")),
-        ("pollux_search", *reads("pollux")),
-        *((flag, lambda: bool(placements & set(LOAD_ADAPTIVE)),
-           f"--placement {', '.join(sorted(placements))} does not use it (only "
-           f"{', '.join(LOAD_ADAPTIVE)})") for flag in ("threshold", "hysteresis"))])
+        ("slot", *read_by(orderings, ROUND_ORDERINGS)),
+        ("tiresias_thresholds", *read_by(orderings, ("tiresias",))),
+        ("starvation", *read_by(orderings, ("tiresias",))),
+        ("goodput_priority", *read_by(orderings, ("goodput",))),
+        ("goodput_horizon", *read_by(orderings, ("goodput",))),
+        ("goodput_batch", *read_by(orderings, ("goodput",))),
+        ("profiles", *read_by(orderings, ELASTIC.names())),
+        ("pollux_generations", *read_by(orderings, ("pollux",))),
+        ("pollux_search", *read_by(orderings, ("pollux",))),
+        *((flag, *read_by(placements, LOAD_ADAPTIVE, "--placement"))
+          for flag in ("threshold", "hysteresis"))])
 
 
 def _check_policies(pairs: list[tuple[str, str]]) -> None:
