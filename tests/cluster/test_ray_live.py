@@ -52,19 +52,18 @@ SYNC = ("{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard:
 # Tiresias, 4 s rounds, one threshold at 6 GPU-s, first-fit placement (lowest free
 # devices). t=0: A (2 GPUs) on nodes a,b; C on c. t=1: B waits. Round 1 (t=4): A has 8
 # GPU-s (queue 1), B and C are in queue 0: A is preempted, B takes a. t=5: Z, which cannot
-# be preempted (model-parallel cannot resume), takes b for about as long as B and C run
-# (60 steps slowed 30x as a straggler: ~30 s at load 4; its step time grows with the load,
-# and 1000 such steps, as before, held b for minutes on a loaded machine): so A,
-# whenever it comes back, can only come back on a and c. D, a second 2-node gang, arrives
-# later. On a loaded machine start-up times shift the rounds, so the test asks for what
-# must hold in any order: some job resumed on other nodes, and every rank where the
-# scheduler put it.
+# be preempted (model-parallel cannot resume), takes b. A needs two free devices: while Z
+# holds b they can only be a and c, so A resumes on other nodes whenever Z outlasts B and
+# C. Every duration here is in steps, so it scales with the machine's speed and load
+# alike: Z's 120 steps slowed 30x are ~3,600 of its ~4 ms steps against B's 1,000 and C's
+# 1,500 steps of about the same cost (a CI run with Z at 60 steps, 1,800, finished Z
+# before C, and A came back on a,b). D, a second 2-node gang, arrives later.
 JOBS = f"""jobs:
   - {{name: A, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 900}}}}
-  - {{name: C, arrival: 0, gpus: 1, config: {SYNC}, max_steps: 2500}}}}
-  - {{name: B, arrival: 1, gpus: 1, config: {SYNC}, max_steps: 1500}}}}
+  - {{name: C, arrival: 0, gpus: 1, config: {SYNC}, max_steps: 1500}}}}
+  - {{name: B, arrival: 1, gpus: 1, config: {SYNC}, max_steps: 1000}}}}
   - {{name: Z, arrival: 5, gpus: 1, config: {{model: mlp, data: synthetic, epochs: 100,
-      strategy: model-parallel, tensorboard: false, max_steps: 60,
+      strategy: model-parallel, tensorboard: false, max_steps: 120,
       slow_workers: '0:30'}}}}
   - {{name: D, arrival: 14, gpus: 2, config: {SYNC}, max_steps: 200}}}}
 """
