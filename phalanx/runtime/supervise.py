@@ -173,7 +173,10 @@ def launch_marks() -> dict[str, float]:
 
 
 def _inherited(env: dict, cwd: str, *streams) -> None:
-    """Unpickled first thing in the rank: take the driver's streams, environment, folder."""
+    """Unpickled first thing in the rank: take the driver's streams, environment, folder;
+    SIGTERM's default action back (the fork server ignores it, runtime/preloaded.py: a rank
+    stopped while it starts must still end at once)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     mark("forked")
     server = sys.modules.get(PRELOADED)  # a fork of the fork server: when it had preloaded
     if server is not None:
@@ -227,15 +230,23 @@ def stop(procs: list, error_dir: str | None, grace_s: float = 3.0) -> None:
         except OSError:
             pass
     live = [p for p in procs if p.exitcode is None]
-    for p in live:
-        p.terminate()
     deadline = time.monotonic() + grace_s
+    while live:
+        # again every moment: a rank still starting (not yet past ``_inherited``) has the
+        # fork server's SIGTERM action, ignore (runtime/preloaded.py); a shard writing its
+        # state only notes a repeated stop
+        for p in live:
+            p.terminate()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        multiprocessing.connection.wait([p.sentinel for p in live], min(left, 0.2))
+        live = [p for p in live if p.exitcode is None]
     for p in live:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in live:
-        if p.exitcode is None:
-            p.kill()
-            p.join(1.0)
+        p.kill()
+        p.join(1.0)
+    for p in procs:
+        p.join(1.0)  # reaped
 
 
 def _joined(error_dir: str, rank: int) -> bool:
