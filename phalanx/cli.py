@@ -28,6 +28,7 @@ from phalanx.models.zoo import MODEL_TASKS
 from phalanx.parallel.registry import check_flags_apply
 from phalanx.runtime.hosts import hosts_down, hosts_up, kept_hosts
 from phalanx.runtime.signals import install_driver_handlers, restore, signal_of
+from phalanx.runtime.stop_flag import PREEMPTED_EXIT
 
 # modules that add sub-commands: each has register(subparsers)
 COMMAND_MODULES = (cluster_cli, experiments_cli)
@@ -39,6 +40,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         check_flags_apply(cfg)  # a flag the strategy would drop silently is an error
         check_out(cfg.out)
     args.interrupt_hint = resume_hint(cfg)
+    args.resume_folder = cfg.resume or cfg.out
     result = train(config=cfg)
     s = result.summary
     rate = "-" if s["samples_per_s"] is None else f"{s['samples_per_s']:.0f}"
@@ -186,8 +188,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as e:
         signum = signal_of(e)
+        name = signal.Signals(signum).name
+        if getattr(e, "saved", False):
+            # every process that holds state wrote it when stopped (a parameter server's
+            # shards): a SIGTERM is a preemption, the run continues from exactly there
+            folder = getattr(args, "resume_folder", "")
+            said = (f"preempted by {name}" if signum == signal.SIGTERM
+                    else f"interrupted by {name}")
+            sys.stderr.write(f"phalanx: {said}: every process of the run stopped; every "
+                             f"shard wrote its state: continue from there with phalanx "
+                             f"train --resume {folder}\n")
+            return PREEMPTED_EXIT if signum == signal.SIGTERM else 128 + signum
         hint = getattr(args, "interrupt_hint", "")
-        sys.stderr.write(f"phalanx: interrupted by {signal.Signals(signum).name}: every "
+        sys.stderr.write(f"phalanx: interrupted by {name}: every "
                          f"process of the run stopped{hint}\n")
         return 128 + signum
     finally:

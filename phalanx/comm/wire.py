@@ -46,6 +46,8 @@ class Kind(IntEnum):
     VECTOR = 7  # Sandblaster: coordinator <-> shard vector command / its partial scalars
     TASK = 8  # Sandblaster: coordinator <-> worker portion of a batch / its result
     PUSH_PULL = 9  # a PUSH, then a PULL of the dense slice at the next clock (one message)
+    LEFT = 10  # server -> worker, the answer to its resume pull: it was dropped as dead
+    #            before the checkpoint the run resumed from, and stays out (ps/checkpoint.py)
 
 
 class WireError(ValueError):

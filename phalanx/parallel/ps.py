@@ -17,10 +17,14 @@ Worker 0 evaluates the current server weights once per epoch (or every ``--eval-
 steps); server 0 assembles the final model and writes the result.
 
 Faults (``docs/faults.md``): workers heartbeat; a dead worker is dropped
-(``--on-worker-loss continue``) or ends the run (``stop``). Shards checkpoint every
-``--checkpoint-every`` updates; ``--resume DIR`` restarts every process, the shards from
-their checkpoints and the workers from the clock the shards restored. Fault injection:
-``--kill-worker``, ``--kill-server``, ``--drop-messages``.
+(``--on-worker-loss continue``) or ends the run (``stop``: at once when the driver sees
+the process die, else when its heartbeats stop). Shards checkpoint every
+``--checkpoint-every`` updates, and, with checkpoints on, when they are stopped (SIGTERM:
+a scheduler's preemption, the driver ending the run, a Ctrl-C) or the run fails on a lost
+worker: the state they hold then, buffered pushes and lost workers included, and exit with
+``PREEMPTED_EXIT``. ``--resume DIR`` restarts every process, the shards from their
+checkpoints and the workers from the clock the shards restored: no update is lost or
+applied twice. Fault injection: ``--kill-worker``, ``--kill-server``, ``--drop-messages``.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from phalanx.ps.partition import flat_dense, partition, trainable, unflatten_int
 from phalanx.ps.server import Layout, ShardResult, gather_final, send_final, serve
 from phalanx.ps.shard import ShardState
 from phalanx.rules import UpdateRule, dc_asgd, make_rule, staleness_scaled
+from phalanx.runtime import preempt, stop_flag
 from phalanx.runtime.faults import (
     KILLED_SERVER_EXIT,
     die,
@@ -72,6 +77,9 @@ __all__ = ["SPECS", "assemble", "check_config", "check_resume", "make_shard", "p
 # shards stay on the CPU; a worker's receive is from its shards only, but a shard receives
 # from any worker (NCCL has no receive-from-any)
 DEVICE = DeviceSupport(nccl=False, host_servers=True)
+# how long a stopped run's driver waits for its shards to write their state (they exit as
+# soon as it is on disk; a scheduler's own grace, --grace, kills the group after its own)
+STOP_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -151,13 +159,20 @@ def run(job: Job, log: EventLog) -> Outcome:
 
 
 def _spawn(job: Job, servers: int, shm: str | None) -> None:
-    # a worker that dies (crash, kill -9, OOM) is the servers' to detect by its heartbeats
-    spawn(process_main, world_size(job.config), (job, shm),
-          timeout_s=max(120.0, 2 * job.config.ps_timeout),
-          survivable=lambda rank: rank >= servers,
+    cfg = job.config
+    goes_on = cfg.on_worker_loss == "continue"
+    # a worker that dies (crash, kill -9, OOM) is the servers' to drop by its heartbeats
+    # under --on-worker-loss continue; under stop its death ends the run at once
+    spawn(process_main, world_size(cfg), (job, shm),
+          timeout_s=max(120.0, 2 * cfg.ps_timeout),
+          survivable=lambda rank: goes_on and rank >= servers,
           name=lambda rank: f"server {rank}" if rank < servers else f"worker {rank - servers}",
-          stand_ins=job.config.on_worker_loss == "continue",  # else a loss ends it at once
-          backend=spawn_backend(job.config, world_size(job.config), DEVICE))
+          stand_ins=goes_on,  # else a loss ends it at once
+          note=lambda rank: "" if rank < servers else "; --on-worker-loss stop ends the run",
+          # stopped, the shards write their state first (a checkpoint of the whole slice)
+          saves_on_stop=(lambda rank: rank < servers) if cfg.checkpoint_every else None,
+          grace_s=STOP_GRACE_S if cfg.checkpoint_every else 3.0,
+          backend=spawn_backend(cfg, world_size(cfg), DEVICE))
 
 
 def make_transport(cfg: RunConfig, rank: int, world: int, shm: str | None) -> Transport:
@@ -253,11 +268,18 @@ class ShardKeeper:
         if self.saved is None:
             self.saved = state.version - state.version % k if k else 0
         if k and not state.buffer and state.version - self.saved >= k:
-            save_shard(state, self.path, servers=self.cfg.servers, strategy=self.cfg.strategy)
-            self.saved = state.version
-            self.log("checkpoint", shard=self.shard, version=state.version)
+            self.save(state)
         if self.kill_at is not None and state.version >= self.kill_at:
             die(self.log, "server", self.shard, f"update {state.version}", KILLED_SERVER_EXIT)
+
+    def save(self, state: ShardState, why: str = "") -> None:
+        """The shard's whole state to its checkpoint now (``why``: not a periodic one; its
+        buffered pushes and lost workers are in it too)."""
+        save_shard(state, self.path, servers=self.cfg.servers, strategy=self.cfg.strategy)
+        self.saved = state.version
+        extra = {"reason": why, "buffered": len(state.buffer),
+                 "clocks": list(state.clocks), "lost": sorted(state.lost_workers)} if why else {}
+        self.log("checkpoint", shard=self.shard, version=state.version, **extra)
 
 
 # ---- server processes ----------------------------------------------------------------
@@ -267,8 +289,19 @@ def server_main(job: Job, transport: Transport, layout: Layout, shard: int,
                 log: EventLog) -> None:
     cfg = job.config
     state = make_shard(job, shard, log.log)
-    serve(state, transport, layout, cfg.ps_timeout, heartbeats=True,
-          on_worker_loss=cfg.on_worker_loss, after_update=ShardKeeper(job, shard, log.log))
+    keeper = ShardKeeper(job, shard, log.log)
+    if cfg.checkpoint_every:
+        stop_flag.arm()  # SIGTERM: write the state, then exit with PREEMPTED_EXIT
+    try:
+        serve(state, transport, layout, cfg.ps_timeout, heartbeats=True,
+              on_worker_loss=cfg.on_worker_loss, after_update=keeper)
+    except stop_flag.Stop:
+        keeper.save(state, "stop")
+        raise preempt.Preempted(state.version, unit="update") from None
+    except PhalanxError:
+        if cfg.checkpoint_every:
+            keeper.save(state, "failure")  # a lost worker under stop: keep what we have
+        raise
     if shard != 0:
         send_final(state, transport, layout)
         return

@@ -177,6 +177,12 @@ class PSWorker(Hooks):
         restored; a shard that is ahead ignores the repeated pushes by sequence number).
         The batches before that step were trained on before the crash."""
         self.pull(None, dense=True, resume=True)
+        if self.client.left:
+            # dropped as dead before the run stopped: the resumed run goes on without it,
+            # as the run it continues did (a shard that had not dropped it yet does so
+            # when its heartbeats stop)
+            self.log.log("left", worker=self.worker, shards=sorted(self.client.left))
+            return
         self.clock = min(self.client.server_clocks)
         self.step = min(self.clock * self.cfg.npush, self.total)
         self.samples = self.step * self.cfg.batch_size * self.cfg.grad_accum
@@ -202,7 +208,8 @@ class PSWorker(Hooks):
             self.train()
         finally:
             self.heartbeat.stop()
-        self.done()
+        if not self.client.left:
+            self.done()
 
     def train(self) -> None:
         cfg, job = self.cfg, self.job
@@ -211,6 +218,8 @@ class PSWorker(Hooks):
                                self.kit.aug is not None)
         if cfg.resume:
             self.resume()
+            if self.client.left:
+                return
         first = self.worker == 0  # shows progress and evaluates the servers' weights
         self.report = StepReporter(cfg, self.log, self.total, cfg.strategy,
                                    shows_progress=first, evaluates=first, shards=cfg.workers)

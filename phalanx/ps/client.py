@@ -44,6 +44,7 @@ class PSClient:
         self.dropper = dropper
         self.versions = [0] * part.shards  # each shard's version at our last pull
         self.server_clocks = [0] * part.shards  # our clock as each shard knew it then
+        self.left: set[int] = set()  # shards that answered a resume pull with LEFT
         self.compression: Compression | None = None  # --compress: pushes and pulls
         self.check_every = CHECK_EVERY
         self.pulls_asked = 0  # compressed dense pulls asked for (the checksum's cadence)
@@ -97,6 +98,9 @@ class PSClient:
         for k, want_dense, ids in asked:
             msg = self._recv(k)
             h, t = msg.header, msg.tensors
+            if h.kind == Kind.LEFT and h.shard == k and h.worker == self.worker and not t:
+                self.left.add(k)  # this worker was dropped before the run stopped
+                continue
             a, b = self.part.dense_range(k)
             delta = want_dense and bool(h.flags & CODEC_MASK)
             ok = (h.kind == Kind.PARAMS and h.shard == k and h.worker == self.worker

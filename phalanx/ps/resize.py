@@ -28,6 +28,11 @@ pushes counts from it) and the counters and staleness histogram (the run's histo
 equals the pushes received, since the clocks were renumbered). DC-ASGD's per-worker
 backup weights are not in a checkpoint: each worker's first pull after the restart
 (a resume pull) sets its backup, as after any resume.
+
+Two things do not carry over, since they name the old workers: the pushes a stop found
+in a shard's buffer (at most one half-collected BSP / SoftSync round; the common clock,
+rounded down, already counts them as not trained) and the workers lost before the stop
+(the new count is the scheduler's choice: every new worker trains).
 """
 
 from __future__ import annotations
@@ -64,4 +69,6 @@ def rewrite_shards(run_dir: Path, payloads: Sequence[dict], workers: int, clock:
     for p in payloads:
         save_checkpoint(shard_path(run_dir, int(p["shard"])), {
             **p, "workers": workers,
-            "clocks": torch.full((workers,), clock, dtype=torch.int64)})
+            "clocks": torch.full((workers,), clock, dtype=torch.int64),
+            "pending": torch.zeros(0, 4, dtype=torch.int64), "pending_tensors": [],
+            "lost": torch.zeros(0, 2, dtype=torch.int64)})

@@ -15,6 +15,11 @@ shard by hand) a worker whose pull is held back is not watched.
 
 A gloo receive that timed out cannot be waited on again, so ``timeout_s`` with no message
 at all ends this loop: with heartbeats it means every remaining worker is dead.
+
+Stops: where the shard's stop flag is armed (:mod:`phalanx.runtime.stop_flag`: a shard
+that checkpoints), a SIGTERM ends this loop with :class:`~phalanx.runtime.stop_flag.Stop`
+between two messages (at once while it waits for one), so the shard's state then holds
+every message it took and none in part.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from phalanx.comm.transport import PeerLost, Transport, TransportTimeout
 from phalanx.comm.wire import HEADER_BYTES, Header, Kind, WireError
 from phalanx.errors import PhalanxError
 from phalanx.ps.shard import Outgoing, ShardState, ShardStats
+from phalanx.runtime import stop_flag
 from phalanx.runtime.memory import keep_freed_memory
 
 
@@ -90,6 +96,8 @@ def serve(state: ShardState, transport: Transport, layout: Layout, timeout_s: fl
     with state.overlapped():  # a push's update runs while the next message is received
         while state.active:
             loop.step()
+            if stop_flag.requested():
+                raise stop_flag.Stop()
 
 
 class _ServeLoop:
@@ -111,7 +119,8 @@ class _ServeLoop:
         """Receive one message and handle it (or the failure to receive one)."""
         state = self.state
         try:
-            msg = self.transport.recv(timeout_s=self.timeout_s)
+            with stop_flag.interruptible():  # a message cut off here was never applied
+                msg = self.transport.recv(timeout_s=self.timeout_s)
         except TransportTimeout:
             self.timed_out()
             return

@@ -154,6 +154,8 @@ class ShardState:
         """Process one message from ``worker``; return the replies it releases. The shard
         takes the message's tensors over (a transport allocated them for this message):
         a pushed gradient may be overwritten by its update."""
+        if worker in self.lost_workers and header.shard == self.shard:
+            return self._on_lost(worker, header)
         if not 0 <= worker < self.workers or worker not in self.active:
             self.reject_message("message from an unknown or finished worker")
             return []
@@ -176,6 +178,18 @@ class ShardState:
         if header.kind == Kind.HEARTBEAT:
             return []  # liveness is the server loop's business
         self.reject_message(f"unexpected message kind {header.kind}")
+        return []
+
+    def _on_lost(self, w: int, h: Header) -> list[Outgoing]:
+        """A message from a worker dropped as dead. Its restarted process (``--resume``
+        of a run that had lost it) asks where it stands: it is told it stays out
+        (ps/checkpoint.py says why). Its heartbeats until then are no error; anything else
+        is (a dead worker sends nothing more)."""
+        if h.kind == Kind.PULL and h.flags & RESUME:
+            return [Outgoing(w, Header(Kind.LEFT, worker=w, clock=self.clocks[w],
+                                       version=self.version, shard=self.shard), [])]
+        if h.kind != Kind.HEARTBEAT:
+            self.reject_message("message from a worker dropped as dead")
         return []
 
     def log_worker_lost(self, w: int, why: str) -> None:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing  # noqa: F401 - registers tensor sharing for spawn
 
 from phalanx.errors import PhalanxError
+from phalanx.runtime import preempt
 from phalanx.runtime.signals import child_setup, make_run_tempdir
 from phalanx.runtime.supervise import (
     ERROR_FILE,
@@ -64,6 +65,8 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
         Path(error_dir, UP_FILE.format(rank=rank)).touch()  # the supervisor reads it
         try:
             fn(rank, world, *args)
+        except preempt.Preempted:
+            raise  # stopped on request, its state on disk: not a failure
         except BaseException as e:
             _record_failure(error_dir, rank, e)  # before our connections close below
             raise
@@ -72,6 +75,10 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - the group may already be broken by a dead peer
                 pass
+    except preempt.Preempted:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(preempt.PREEMPTED_EXIT)  # the driver tells the run's stop in one line
     except BaseException as e:
         _record_failure(error_dir, rank, e)
         # a peer's death or the driver stopping the run is reported once, by the driver
@@ -153,7 +160,9 @@ def _first_failure(error_dir: str) -> tuple[int, str] | None:
 
 def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str = "gloo",
           timeout_s: float = DEFAULT_TIMEOUT_S, survivable: Callable[[int], bool] | None = None,
-          name: Callable[[int], str] = default_name, stand_ins: bool = True) -> None:
+          name: Callable[[int], str] = default_name, stand_ins: bool = True,
+          note: Callable[[int], str] | None = None,
+          saves_on_stop: Callable[[int], bool] | None = None, grace_s: float = 3.0) -> None:
     """Run ``fn(rank, world, *args)`` in ``world`` fresh processes joined in one group.
 
     ``fn`` and ``args`` must be picklable; tensors inside ``args`` travel through shared
@@ -161,7 +170,10 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
     ending the run; ``name(rank)`` names it in messages (see :mod:`phalanx.runtime.supervise`).
     ``stand_ins``: a survivable process that dies before its group formed gets a stand-in
     in the rendezvous (the run goes on without it); False: that death ends the run at once
-    (a run that would stop at the loss anyway need not wait to find out).
+    (a run that would stop at the loss anyway need not wait to find out). ``note(rank)``:
+    said after a killed process's name when its death ends the run. ``saves_on_stop(rank)``:
+    that process answers SIGTERM by writing its state (``PREEMPTED_EXIT``); the driver gives
+    it ``grace_s`` to, and says so when every one did (see :mod:`phalanx.runtime.supervise`).
     """
     # Bind the rendezvous to loopback ourselves: given only a host name, TCPStore listens on
     # every interface (seen with ss -ltnp). Port 0: the OS picks a free one, no races.
@@ -179,7 +191,8 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
         stand_in = functools.partial(_start_stand_in, store, world, timeout_s, backend,
                                      error_dir) if stand_ins else None
         supervise(procs, error_dir, first_failure=_first_failure, fail=WorkerFailed,
-                  survivable=survivable, name=name, stand_in=stand_in)
+                  survivable=survivable, name=name, stand_in=stand_in, note=note,
+                  saves_on_stop=saves_on_stop, grace_s=grace_s)
     finally:
         shutil.rmtree(error_dir, ignore_errors=True)
         del store

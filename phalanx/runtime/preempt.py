@@ -24,15 +24,17 @@ import torch.distributed as dist
 
 from phalanx.errors import PhalanxError
 from phalanx.runtime import stop_flag
+from phalanx.runtime.stop_flag import PREEMPTED_EXIT
 
-PREEMPTED_EXIT = 75      # EX_TEMPFAIL: stopped on request, continue later from the checkpoint
+__all__ = ["PREEMPTED_EXIT", "Preempted", "agreed"]
 
 
 class Preempted(PhalanxError):
-    """Every rank agreed to stop at ``step`` and its checkpoint is on disk."""
+    """Every rank agreed to stop at ``step`` and its checkpoint is on disk (``unit``: what
+    ``step`` counts; a parameter-server shard's are its updates)."""
 
-    def __init__(self, step: int) -> None:
-        super().__init__(f"preempted at step {step}: checkpoint written")
+    def __init__(self, step: int, unit: str = "step") -> None:
+        super().__init__(f"preempted at {unit} {step}: checkpoint written")
         self.step = step
 
 

@@ -21,7 +21,12 @@ Rules, in order, each time a process ends:
   after it).
 
 An interrupt of the driver (Ctrl-C, SIGTERM: see :mod:`phalanx.runtime.signals`) stops
-every child the same way before it propagates, so no process outlives the run.
+every child the same way before it propagates, so no process outlives the run. Processes
+that answer SIGTERM by writing their state (``saves_on_stop``: the parameter server's
+shards) get ``grace_s`` to; when every one of them exited with ``PREEMPTED_EXIT`` the
+interrupt carries ``saved = True`` (the CLI then says the run can continue from there).
+A scheduler that stops the run signals the whole process group: the ranks get SIGTERM at
+the same moment as the driver, and the fork server ignores it (``runtime/preloaded.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import PhalanxError
+from phalanx.runtime.stop_flag import PREEMPTED_EXIT
 
 STOPPING = "stopping"  # file in the error folder: the driver is stopping everyone
 ERROR_FILE = "rank{rank}.err"  # where a child records its first error (launch.py)
@@ -50,6 +56,8 @@ def default_name(rank: int) -> str:
 
 
 def describe_exit(code: int) -> str:
+    if code == PREEMPTED_EXIT:
+        return "was stopped (SIGTERM) and wrote its state"
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
@@ -165,7 +173,10 @@ def launch_marks() -> dict[str, float]:
 
 
 def _inherited(env: dict, cwd: str, *streams) -> None:
-    """Unpickled first thing in the rank: take the driver's streams, environment, folder."""
+    """Unpickled first thing in the rank: take the driver's streams, environment, folder;
+    SIGTERM's default action back (the fork server ignores it, runtime/preloaded.py: a rank
+    stopped while it starts must still end at once)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     mark("forked")
     server = sys.modules.get(PRELOADED)  # a fork of the fork server: when it had preloaded
     if server is not None:
@@ -219,15 +230,23 @@ def stop(procs: list, error_dir: str | None, grace_s: float = 3.0) -> None:
         except OSError:
             pass
     live = [p for p in procs if p.exitcode is None]
-    for p in live:
-        p.terminate()
     deadline = time.monotonic() + grace_s
+    while live:
+        # again every moment: a rank still starting (not yet past ``_inherited``) has the
+        # fork server's SIGTERM action, ignore (runtime/preloaded.py); a shard writing its
+        # state only notes a repeated stop
+        for p in live:
+            p.terminate()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        multiprocessing.connection.wait([p.sentinel for p in live], min(left, 0.2))
+        live = [p for p in live if p.exitcode is None]
     for p in live:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in live:
-        if p.exitcode is None:
-            p.kill()
-            p.join(1.0)
+        p.kill()
+        p.join(1.0)
+    for p in procs:
+        p.join(1.0)  # reaped
 
 
 def _joined(error_dir: str, rank: int) -> bool:
@@ -257,7 +276,7 @@ def _survived(rank: int, code: int, error_dir: str, survivable: Callable[[int], 
 
 
 def _cause(fatal: list[tuple[int, int]], first: Any, error_dir: str,
-           name: Callable[[int], str]) -> str:
+           name: Callable[[int], str], note: Callable[[int], str] | None = None) -> str:
     """What ended the run, in one line, from the fatal ends and the first error recorded."""
     # a death by a signal came from outside (kill, OOM, segfault): it is the cause,
     # and its peers' errors ("connection reset by peer") are its consequences
@@ -267,7 +286,8 @@ def _cause(fatal: list[tuple[int, int]], first: Any, error_dir: str,
         rank, code = killed[0]
         # its peers wait for it in the group's rendezvous: the run cannot go on
         return (f"{name(rank)} {describe_exit(code)}"
-                + ("" if _joined(error_dir, rank) else " before its process group formed"))
+                + ("" if _joined(error_dir, rank) else " before its process group formed")
+                + (note(rank) if note is not None else ""))
     # likewise a process that exited without recording an error (an injected fault,
     # os._exit) caused the errors its peers recorded after it
     silent = [(rank, code) for rank, code in fatal
@@ -283,10 +303,14 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
               fail: Callable[[str], BaseException],
               survivable: Callable[[int], bool] | None = None,
               name: Callable[[int], str] = default_name,
-              stand_in: Callable[[int], Any] | None = None) -> None:
+              stand_in: Callable[[int], Any] | None = None,
+              note: Callable[[int], str] | None = None,
+              saves_on_stop: Callable[[int], bool] | None = None,
+              grace_s: float = 3.0) -> None:
     """Wait for every process; raise ``fail(message)`` at the first fatal end.
     ``stand_in(rank)``: a started process in a dead survivable rank's place in the
-    rendezvous, or None (see the module)."""
+    rendezvous, or None (see the module). ``note(rank)``: said after a killed process that
+    ends the run; ``saves_on_stop`` and ``grace_s``: see the module."""
     procs = list(procs)
     waiting = dict(enumerate(procs))
     orphaned_since: float | None = None
@@ -318,8 +342,11 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
             if not fatal:
                 continue
             first = first_failure(error_dir)
-            stop(procs, error_dir)
-            raise fail(_cause(fatal, first, error_dir, name))
-    except BaseException:
-        stop(procs, error_dir)  # an interrupt of the driver, or the failure above
+            stop(procs, error_dir, grace_s)
+            raise fail(_cause(fatal, first, error_dir, name, note))
+    except BaseException as e:
+        stop(procs, error_dir, grace_s)  # an interrupt of the driver, or the failure above
+        if isinstance(e, KeyboardInterrupt) and saves_on_stop is not None:
+            keepers = [p for rank, p in enumerate(procs) if saves_on_stop(rank)]
+            e.saved = bool(keepers) and all(p.exitcode == PREEMPTED_EXIT for p in keepers)
         raise

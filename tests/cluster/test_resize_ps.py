@@ -38,6 +38,7 @@ from phalanx.ps.resize import common_clock
 from phalanx.ps.shard import WANT_DENSE, ShardState
 from phalanx.rules import sgd
 from phalanx.runtime.checkpoint import load_checkpoint
+from phalanx.runtime.preempt import PREEMPTED_EXIT
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS, EPOCHS, STALENESS = 2, 2, 1
@@ -83,7 +84,8 @@ def story(request, tmp_path_factory):
                    "--workers", "2", "--servers", str(SERVERS), "--batch-size", "64",
                    "--epochs", str(EPOCHS), "--checkpoint-every", "20", "--threads", "1",
                    "--no-tensorboard", "--out", str(run), *extra], run, stop=True)
-    assert first.returncode == 128 + signal.SIGTERM, first.stdout
+    # the shards wrote their state as they stopped: a preemption (PREEMPTED_EXIT)
+    assert first.returncode == PREEMPTED_EXIT, first.stdout
     spare = run.parent / "spare"
     shutil.copytree(run, spare)   # a stopped run for the refusal test
     s = {"strategy": strategy, "run": run, "spare": spare, "steps": []}
@@ -93,7 +95,7 @@ def story(request, tmp_path_factory):
                            run_config(run), len(events(run))))
         last = workers == 1
         r = train(["--resume", str(run)], run, stop=not last)
-        assert r.returncode == (0 if last else 128 + signal.SIGTERM), r.stdout
+        assert r.returncode == (0 if last else PREEMPTED_EXIT), r.stdout
     s["summary"] = json.loads((run / "summary.json").read_text())
     s["n"] = len(make_job(run_config(run)).train)
     return s

@@ -9,8 +9,10 @@ and the command and rank slots of each start (:class:`~phalanx.cluster.live.engi
   cannot be split over nodes by the scheduler).
 
 Preemptible: the strategy can resume (``StrategySpec.can_resume``) and a stop loses
-nothing it cannot redo: ranks checkpoint on SIGTERM (sync, average); a driver's ranks die
-with it, so it resumes from its last periodic checkpoint and needs ``checkpoint_every``.
+nothing it cannot redo: ranks checkpoint on SIGTERM (sync, average); a driver needs
+``checkpoint_every``: a parameter server's shards then write their state on the SIGTERM
+(it reaches the driver's whole process group), other drivers' ranks die with it and
+resume from their last periodic checkpoint.
 Everything else is non-preemptible: the policy keeps it running once started, and
 ``jobs.csv`` says why.
 """
