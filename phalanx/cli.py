@@ -61,7 +61,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if s.get("worse_than_start"):
         stop = f", stop reason: {s['stop_reason']}" if s.get("stop_reason") else ""
         raise PhalanxError(f"the run ended worse than it started: test loss "
-                           f"{s['initial_test_loss']:.4f} -> {s['test_loss']:.4f} after "
+                           f"{s['initial_test_loss']:.4f} -> "
+                           f"{s['start_samples_test_loss']:.4f} on the first "
+                           f"{s['start_samples']} test samples after "
                            f"{s['steps']} steps{stop}; a longer run or another --lr may "
                            f"train (results in {result.out})")
     return 0

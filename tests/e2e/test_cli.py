@@ -156,6 +156,10 @@ def test_a_run_that_ends_worse_than_it_started_exits_2_after_writing(tmp_path, c
     summary = json.loads((out / "summary.json").read_text())
     assert code == 2 and summary["worse_than_start"] is True
     assert summary["test_loss"] > summary["initial_test_loss"] > 2.0
+    # the synthetic test set is 1,000 samples: the comparison's samples are all of it
+    assert summary["start_samples"] == 1000
+    assert summary["start_samples_test_loss"] == summary["test_loss"]
     assert err == [f"phalanx: error: the run ended worse than it started: test loss "
-                   f"{summary['initial_test_loss']:.4f} -> {summary['test_loss']:.4f} after 3 "
-                   f"steps; a longer run or another --lr may train (results in {out})"]
+                   f"{summary['initial_test_loss']:.4f} -> {summary['test_loss']:.4f} on the "
+                   f"first 1000 test samples after 3 steps; a longer run or another --lr may "
+                   f"train (results in {out})"]

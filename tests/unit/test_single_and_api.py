@@ -1,6 +1,7 @@
 """Single-worker training through the Python API: outputs, determinism, the oracle loop."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,3 +161,24 @@ def test_a_folder_without_checkpoint_is_not_offered_for_resume(tmp_path):
         phalanx.train("mlp", "synthetic", strategy="single", out=str(tmp_path))
     assert str(e.value).endswith("not empty (config.json); add overwrite=True to replace that "
                                  "run (it holds no checkpoint to resume)"), str(e.value)
+
+
+def test_start_and_end_are_compared_on_the_same_first_test_samples(tmp_path):
+    """The untrained model is evaluated on the test set's first 1,000 samples only (not all
+    10,000 of Fashion-MNIST: every run pays it), and the trained one on the same samples
+    for ``worse_than_start``; ``test_loss`` stays the whole set's."""
+    from phalanx.entry.api import make_job
+    from phalanx.parallel.base import evaluate
+
+    if not Path("/usr/share/datasets/fashion-mnist").is_dir():
+        pytest.skip("Fashion-MNIST is not installed (dataset-fashion-mnist)")
+    r = phalanx.train("mlp", "fashion-mnist", max_steps=20, lr=0.05, out=str(tmp_path / "r"),
+                      progress=False, tensorboard=False)
+    s = r.summary
+    job = make_job(RunConfig(model="mlp", data="fashion-mnist", out=str(tmp_path / "j")))
+    first = job.test.subset(1000)
+    assert len(job.test) == 10_000 and s["start_samples"] == 1000
+    assert s["initial_test_loss"] == evaluate(job.build_model(), first)[0]
+    assert s["start_samples_test_loss"] == evaluate(r.model, first)[0]
+    assert s["test_loss"] == evaluate(r.model, job.test)[0] != s["start_samples_test_loss"]
+    assert s["start_samples_test_loss"] < s["initial_test_loss"] and not s["worse_than_start"]
