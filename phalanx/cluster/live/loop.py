@@ -17,6 +17,11 @@ next round, jobs the round did not keep wait (no job stopped by a round restarts
 Outputs are the simulator's ``summary.json`` and ``jobs.csv`` (real times, seconds after
 start; every placement; preemptible or why not) plus each job's run folder
 (``OUT/jobs/NAME``), log (``OUT/logs/NAME.log``) and rank records (``OUT/ranks/NAME.jsonl``).
+
+The loop saves its state (``OUT/scheduler-state.json``, :mod:`state`) after every change and
+at least every second; ``--resume OUT`` builds the loop from it (:func:`restart.restore`):
+finished jobs stay finished, the clock goes on from where it stopped, and a job that ran
+when the scheduler died resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from phalanx.cluster.live.engines.base import Executor, Gang
 from phalanx.cluster.live.engines.local import LocalExecutor
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.launch_plan import JobPlan, build_gang, plan_of, resumable
+from phalanx.cluster.live.restart import Saver, restore
+from phalanx.cluster.live.state import SavedState
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
 from phalanx.errors import ConfigError
 
@@ -126,8 +133,9 @@ class LiveCluster:
     def __init__(self, topology: Topology, jobs: Sequence[LiveJob], ordering: OrderingPolicy,
                  placement: PlacementPolicy, config: LiveConfig,
                  admission: AdmissionPolicy | None = None,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, resume: SavedState | None = None) -> None:
         self.topology, self.config = topology, config
+        self.resume = resume            # the state of a killed scheduler to continue
         self.plans: dict[int, JobPlan] = {j.spec.id: plan_of(j) for j in jobs}
         # each entry declares its own application facts (its batch): for an elastic policy a
         # live job is its own application
@@ -155,7 +163,7 @@ class LiveCluster:
         plan = self.plans[st.spec.id]
         out = self.config.out
         run_dir = out / "jobs" / job.spec.name
-        again = st.preemptions > 0 or st.restarts > 0
+        again = st.start >= 0      # preempted, restarted, or running when the scheduler died
         resume = again and resumable(job, run_dir)
         if again and not resume:
             shutil.rmtree(run_dir, ignore_errors=True)   # stopped before it began: anew
@@ -287,9 +295,13 @@ class LiveCluster:
         self._by_id = {j.spec.id: j for j in self.jobs}
         res = self.core.result
         pending = sorted(self.jobs, key=lambda j: (j.spec.submit, j.spec.id))
+        clock = 0.0
+        if self.resume is not None:
+            pending, clock = restore(self, self.resume), self.resume.clock
+        saver = Saver(self)
         round_s = self.round_s
-        next_round = round_s if round_s else float("inf")
-        t0 = time.monotonic()
+        next_round = clock + round_s if round_s else float("inf")
+        t0 = time.monotonic() - clock   # a resumed schedule's clock goes on where it stopped
         wall0 = time.perf_counter()
         try:
             while True:
@@ -307,7 +319,9 @@ class LiveCluster:
                 self.decisions.append(time.perf_counter() - t)
                 self.core.sample(self.now)
                 if not self.runs and not pending:
+                    saver.save(pending, finished=True)
                     break   # done (anything still waiting could not start on an idle cluster)
+                saver.save(pending)
                 wait = self.config.poll_s
                 if pending and not self.runs:
                     wait = max(0.0, min(wait, pending[0].spec.submit - self.now))
