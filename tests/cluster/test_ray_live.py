@@ -19,6 +19,7 @@ its group only if every rank binds where the others connect (issue 33).
 """
 
 import csv
+import json
 import os
 import random
 import shutil
@@ -75,9 +76,12 @@ SCHEDULE = ["--policy", "tiresias", "--slot", "4", "--tiresias-thresholds", "6",
 def _env():
     """Every ``ray start`` and the scheduler: no auth token (a ~/.ray/auth_token of this
     machine makes a joining node fail with InvalidAuthToken), no usage stats, and this
-    tree's phalanx for the actors and the ranks they start."""
+    tree's phalanx for the actors and the ranks they start. The GCS checks its nodes every
+    0.5 s and calls one dead after 4 failed checks (default: 3 s x 5): a killed raylet is
+    noticed in about 2 s."""
     return {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
-            "RAY_USAGE_STATS_ENABLED": "0"}
+            "RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "500",
+            "RAY_health_check_failure_threshold": "4"}
 
 
 def _kill_and_wait(marker: str, timeout_s: float = 20.0) -> bool:
@@ -97,6 +101,45 @@ def _kill_and_wait(marker: str, timeout_s: float = 20.0) -> bool:
     return not _pids_with(marker)
 
 
+class RayTestCluster:
+    """The module's Ray cluster: a node per server of ``three-nodes``, node i in test host
+    i; a node can be killed (its raylet) and started again. Unpacks as (net, address,
+    topology)."""
+
+    def __init__(self, net, topology, marker: str) -> None:
+        self.net, self.topology, self.marker = net, topology, marker
+        self.address = f"{net.hosts[0].addr}:{PORT}"
+        self.temps: list[str] = []          # every node's temp folder (removed at the end)
+        self.node_temp: dict[int, str] = {}
+
+    def __iter__(self):
+        return iter((self.net, self.address, self.topology))
+
+    def start_node(self, i: int) -> None:
+        """``ray start`` in host i, as a user starts node i (short --temp-dir: Ray's
+        AF_UNIX socket paths under it must fit in 107 bytes)."""
+        temp = f"{self.marker}-{len(self.temps)}"
+        self.temps.append(temp)
+        self.node_temp[i] = temp
+        host, server = self.net.hosts[i], self.topology.servers[i]
+        where = (["--head", "--port", str(PORT), "--include-dashboard", "false"] if i == 0
+                 else ["--address", self.address])
+        r = host.run([RAY, "start", *where, "--node-ip-address", host.addr,
+                      "--num-cpus", "2", "--num-gpus", "0",
+                      "--resources", f'{{"phx_dev_{server.first_device}": 1}}',
+                      "--labels", f"phalanx.server={server.name}", "--temp-dir", temp,
+                      "--disable-usage-stats"], env=_env(), timeout=120, check=False)
+        assert r.returncode == 0, f"ray start on host {i}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+
+    def kill_raylet(self, i: int) -> None:
+        """SIGKILL node i's raylet (what a crashed or partitioned node looks like)."""
+        pids = [p for p in _pids_with(self.node_temp[i])
+                if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/raylet")]
+        assert pids, f"no raylet of node {i}"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     why = hosts.unavailable()
@@ -105,31 +148,21 @@ def cluster():
     if not Path(RAY).exists():
         pytest.skip("no ray command next to this Python")
     topology = resolve_cluster(TOPOLOGY, REPO)
-    # short: Ray's AF_UNIX socket paths under it must fit in 107 bytes
     marker = f"/tmp/phxr{os.getpid() % 10**5}{random.randrange(10**4)}"
-    temps = [f"{marker}-{i}" for i in range(len(topology.servers))]
     net = hosts.TestNetwork(len(topology.servers)).__enter__()
+    c = RayTestCluster(net, topology, marker)
     gone = False
     try:
-        head = net.hosts[0].addr
-        for i, (host, server) in enumerate(zip(net.hosts, topology.servers)):
-            where = (["--head", "--port", str(PORT), "--include-dashboard", "false"] if i == 0
-                     else ["--address", f"{head}:{PORT}"])
-            r = host.run([RAY, "start", *where, "--node-ip-address", host.addr,
-                          "--num-cpus", "2", "--num-gpus", "0",
-                          "--resources", f'{{"phx_dev_{server.first_device}": 1}}',
-                          "--labels", f"phalanx.server={server.name}", "--temp-dir",
-                          temps[i], "--disable-usage-stats"],
-                         env=_env(), timeout=120, check=False)
-            assert r.returncode == 0, f"ray start on host {i}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
-        yield net, f"{head}:{PORT}", topology
+        for i in range(len(topology.servers)):
+            c.start_node(i)
+        yield c
     finally:
         gone = _kill_and_wait(marker)
-        for t in temps:
+        for t in c.temps:
             shutil.rmtree(t, ignore_errors=True)
         net.teardown()
     assert gone, "Ray processes of the test cluster were left behind"
-    assert not any(Path(t).exists() for t in temps), "Ray's temp folders were left behind"
+    assert not any(Path(t).exists() for t in c.temps), "Ray's temp folders were left behind"
 
 
 def schedule_in_host0(net, address: str, jobs: Path, out: Path, args: list[str]):
@@ -273,3 +306,81 @@ def test_sigint_mid_run_leaves_no_process(tmp_path):
     for folder in ours:
         assert not _pids_with(str(folder)), "Ray processes left behind"
         assert not folder.exists(), "Ray's temp folder left behind"
+
+
+def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tmp_path):
+    """S (2 devices, first-fit: nodes a and b) checkpoints every 30 steps; node b's raylet
+    is killed while S runs. The scheduler marks b's device lost, S resumes from its
+    checkpoint on a and c (all that is left), and G (3 devices: every node) can run only
+    once b is back (``ray start`` again). Both finish; S ends with the parameters of an
+    uninterrupted run; nothing is left behind."""
+    t_test = time.monotonic()
+    c = cluster
+    net = c.net
+    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 240, "
+              "checkpoint_every: 30}}")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n{s_line}\n  - {{name: G, arrival: 0, gpus: 3, config: {SYNC}, "
+                    "max_steps: 10}}\n")
+    # the uninterrupted reference, on two local slots, beside the scheduled run
+    ref_jobs = tmp_path / "ref.yaml"
+    ref_jobs.write_text("jobs:\n" + s_line + "\n")
+    ref = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                            str(ref_jobs), "--cluster", "uniform:1,1,1,2", "--out",
+                            str(tmp_path / "ref")], env=_env(), cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    out = tmp_path / "out"
+    p = net.hosts[0].popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                            str(jobs), "--cluster", TOPOLOGY, "--engine", "ray",
+                            "--placement", "first-fit", "--ray-address", c.address, "--out",
+                            str(out)], env=_env(), cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    back = False
+    try:
+        ckpt = out / "jobs" / "S" / "checkpoint.pt"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not ckpt.exists() and p.poll() is None:
+            time.sleep(0.05)
+        assert ckpt.exists() and p.poll() is None, "S never checkpointed while running"
+        t_kill = time.monotonic()
+        c.kill_raylet(1)
+        # S's second start: on a and c
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None and not any(
+                x.start == 1 for x in rank_record.read(out / "ranks" / "S.jsonl")):
+            time.sleep(0.1)
+        resumed_after = time.monotonic() - t_kill
+        c.start_node(1)
+        back = True
+        stdout, stderr = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if not back:
+            c.start_node(1)   # the next tests need every node
+    assert p.returncode == 0, stdout + stderr
+    assert "phalanx: scheduler: server b lost" in stdout, stdout
+    assert "phalanx: scheduler: server b is back" in stdout, stdout
+    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    assert rows["S"]["status"] == rows["G"]["status"] == "finished", rows
+    # S: on a,b, then on a,c; neither a failure (no restart charged) nor a preemption
+    assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,2"]
+    assert rows["S"]["preemptions"] == "0"
+    assert "2 finished, 0 failed" in stdout, stdout
+    print("\n".join(ln for ln in stdout.splitlines() if ln.startswith(("phalanx:", "  "))))
+    recs = rank_record.read(out / "ranks" / "S.jsonl")
+    assert sorted((x.start, x.node) for x in recs) == [(0, "a"), (0, "b"), (1, "a"), (1, "c")]
+    events = [json.loads(ln) for ln in (out / "jobs" / "S" / "events.jsonl").open()]
+    assert sorted(e["rank"] for e in events if e["kind"] == "resume") == [0, 1]
+    # G ran on every node: b's device came back into service
+    assert rows["G"]["placements"].split("@")[1] == "0,1,2"
+    assert {x.node for x in rank_record.read(out / "ranks" / "G.jsonl")} == {"a", "b", "c"}
+
+    assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
+    got = load_checkpoint(out / "jobs" / "S" / "checkpoint.pt")["model"]
+    want = load_checkpoint(tmp_path / "ref" / "jobs" / "S" / "checkpoint.pt")["model"]
+    assert got.keys() == want.keys() and got
+    for k in got:
+        assert torch.equal(got[k], want[k]), k
+    assert not _pids_with(str(out)), "rank processes left behind"
+    print(f"S resumed {resumed_after:.1f} s after the kill; test {time.monotonic() - t_test:.1f} s")

@@ -198,6 +198,10 @@ class Executor(Protocol):
     def close(self) -> None:
         """Kill whatever still runs and free the engine's resources."""
 
+    def down(self) -> frozenset[str]:
+        """The servers (topology names) lost now: their node died or left the cluster.
+        Cheap to call at every poll (an engine caches what it asks its cluster)."""
+
     # ``failed``: {job: (rank, exit code)} of the first rank seen failing (:func:`note_failure`);
     # the live loop takes its entry when the gang has ended
 
