@@ -384,3 +384,63 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
         assert torch.equal(got[k], want[k]), k
     assert not _pids_with(str(out)), "rank processes left behind"
     print(f"S resumed {resumed_after:.1f} s after the kill; test {time.monotonic() - t_test:.1f} s")
+
+
+def test_kill_9_of_the_scheduler_then_resume_on_ray(cluster, tmp_path):
+    """``phalanx schedule`` (in host 0) is killed by SIGKILL while S (nodes a, b) runs; its
+    actors die with it (Ray ends a dead driver's actors) and S's ranks with them.
+    ``--resume OUT`` runs S from its checkpoint to the parameters of an uninterrupted run,
+    and nothing is left behind (that a finished job is not run again: test_live_restart)."""
+    t_test = time.monotonic()
+    c = cluster
+    host0 = c.net.hosts[0]
+    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 240, "
+              "checkpoint_every: 30}}")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n{s_line}\n")
+    ref_jobs = tmp_path / "ref.yaml"
+    ref_jobs.write_text("jobs:\n" + s_line + "\n")
+    ref = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                            str(ref_jobs), "--cluster", "uniform:1,1,1,2", "--out",
+                            str(tmp_path / "ref")], env=_env(), cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs), "--cluster",
+            TOPOLOGY, "--engine", "ray", "--placement", "first-fit", "--ray-address",
+            c.address]
+    err = (tmp_path / "err").open("w")
+    p = host0.popen([*argv, "--out", str(out)], env=_env(), cwd=REPO,
+                    stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        ckpt = out / "jobs" / "S" / "checkpoint.pt"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None and not ckpt.exists():
+            time.sleep(0.05)
+        assert p.poll() is None and ckpt.exists(), (tmp_path / "err").read_text()[-2000:]
+        p.kill()   # SIGKILL: ip netns exec became the scheduler itself
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        err.close()
+    state = json.loads((out / "scheduler-state.json").read_text())
+    assert state["jobs"]["S"]["status"] == "running", state["jobs"]
+    t0 = time.monotonic()
+    r = host0.run([*argv, "--resume", str(out)], env=_env(), cwd=REPO, timeout=240,
+                  check=False)
+    resumed_s = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    assert rows["S"]["status"] == "finished", rows
+    assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,1"]
+    events = [json.loads(ln) for ln in (out / "jobs" / "S" / "events.jsonl").open()]
+    assert sorted(e["rank"] for e in events if e["kind"] == "resume") == [0, 1]
+
+    assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
+    got = load_checkpoint(out / "jobs" / "S" / "checkpoint.pt")["model"]
+    want = load_checkpoint(tmp_path / "ref" / "jobs" / "S" / "checkpoint.pt")["model"]
+    assert got.keys() == want.keys() and got
+    for k in got:
+        assert torch.equal(got[k], want[k]), k
+    assert not _pids_with(str(out)), "rank processes left behind"
+    print(f"resumed schedule {resumed_s:.1f} s; test {time.monotonic() - t_test:.1f} s")
