@@ -12,6 +12,7 @@ cluster, so that teardown is checked too. Needs root and Debian's slurm-wlm + mu
 """
 
 import csv
+import json
 import os
 import shutil
 import signal
@@ -31,6 +32,7 @@ from phalanx.cluster.live.engines.slurm.local import (
     CLIENTS,
     DAEMONS,
     MARKER,
+    REAPER,
     marked_pids,
     slurm_cluster,
 )
@@ -66,6 +68,9 @@ def _env(**extra):
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}
 
 
+RESTARTED: list[subprocess.Popen] = []
+
+
 def _ours(folder: str, out: Path) -> list[int]:
     """Every process of a local cluster (daemons by their command line, steps and ranks by
     the marker in their environment) and every rank of the run."""
@@ -79,6 +84,8 @@ def cluster(tmp_path_factory):
     topology = resolve_cluster(topo_path, REPO)
     with slurm_cluster(topology) as target:
         yield target, topo_path, topology
+    for p in RESTARTED:   # slurmd started again by a test: stopped with the cluster
+        p.wait(timeout=30)
     folder = target.folder
     assert not Path(folder).exists(), "the cluster's folder was left behind"
     assert not pids_with(folder), "Slurm daemons were left behind"
@@ -229,3 +236,101 @@ def test_close_cancels_a_job_whose_id_it_never_got(cluster):
             break
         time.sleep(0.2)
     assert q.stdout.split() == ["CANCELLED"], q.stdout + q.stderr
+
+
+def _slurmd_reaper(folder: str, node: str) -> int:
+    """The subreaper process that runs node ``node``'s slurmd of the local cluster."""
+    for pid in pids_with(folder):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (any(a.endswith(b"reaper.py") for a in args) and b"slurmd" in args
+                and args[args.index(b"-N") + 1] == node.encode()):
+            return pid
+    raise AssertionError(f"no slurmd of node {node}")
+
+
+@needs_slurm
+def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tmp_path):
+    """S (2 devices, first-fit: nodes a and b) checkpoints every 30 steps; node b's slurmd
+    is stopped while S runs (its job steps die with it). Once Slurm marks b down
+    (SlurmdTimeout) the scheduler takes b's device out of service, S resumes from its
+    checkpoint on a and c, and G (3 devices) runs only once b's slurmd is back. Both
+    finish; S ends with an uninterrupted run's parameters; nothing is left behind."""
+    t_test = time.monotonic()
+    target, topo_path, topology = cluster
+    env = _env(**target.env)
+    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 240, "
+              "checkpoint_every: 30}}")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n{s_line}\n  - {{name: G, arrival: 0, gpus: 3, config: {SYNC}, "
+                    "max_steps: 10}}\n")
+    ref_jobs = tmp_path / "ref.yaml"
+    ref_jobs.write_text("jobs:\n" + s_line + "\n")
+    ref = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                            str(ref_jobs), "--cluster", "uniform:1,1,1,2", "--out",
+                            str(tmp_path / "ref")], env=_env(), cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
+                          "--cluster", topo_path, "--engine", "slurm", "--placement",
+                          "first-fit", "--slurm-partition", target.partition, "--out",
+                          str(out)], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    back = False
+    conf = target.env["SLURM_CONF"]
+
+    def restart_b() -> None:
+        with open(Path(target.folder) / "log" / "slurmd-b-again.out", "ab") as log:
+            RESTARTED.append(subprocess.Popen(
+                [sys.executable, "-I", str(REAPER), "slurmd", "-D", "-N", "b", "-f", conf],
+                env={**os.environ, **target.env}, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True))
+
+    try:
+        ckpt = out / "jobs" / "S" / "checkpoint.pt"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not ckpt.exists() and p.poll() is None:
+            time.sleep(0.05)
+        assert ckpt.exists() and p.poll() is None, "S never checkpointed while running"
+        t_stop = time.monotonic()
+        os.kill(_slurmd_reaper(target.folder, "b"), signal.SIGTERM)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None and not any(
+                x.start == 1 for x in rank_record.read(out / "ranks" / "S.jsonl")):
+            time.sleep(0.1)
+        resumed_after = time.monotonic() - t_stop
+        restart_b()
+        back = True
+        stdout, stderr = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if not back:
+            restart_b()
+    assert p.returncode == 0, stdout + stderr
+    assert "phalanx: scheduler: server b lost" in stdout, stdout
+    assert "phalanx: scheduler: server b is back" in stdout, stdout
+    assert "2 finished, 0 failed" in stdout, stdout
+    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,2"]
+    assert rows["S"]["preemptions"] == "0"
+    recs = rank_record.read(out / "ranks" / "S.jsonl")
+    assert sorted((x.start, x.node) for x in recs) == [(0, "a"), (0, "b"), (1, "a"), (1, "c")]
+    events = [json.loads(ln) for ln in (out / "jobs" / "S" / "events.jsonl").open()]
+    assert sorted(e["rank"] for e in events if e["kind"] == "resume") == [0, 1]
+    assert rows["G"]["placements"].split("@")[1] == "0,1,2"
+    assert {x.node for x in rank_record.read(out / "ranks" / "G.jsonl")} == {"a", "b", "c"}
+
+    assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
+    got = load_checkpoint(out / "jobs" / "S" / "checkpoint.pt")["model"]
+    want = load_checkpoint(tmp_path / "ref" / "jobs" / "S" / "checkpoint.pt")["model"]
+    assert got.keys() == want.keys() and got
+    for k in got:
+        assert torch.equal(got[k], want[k]), k
+    assert not pids_with(str(out)), "rank processes left behind"
+    q = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env, check=True)
+    assert q.stdout.strip() == ""
+    print(f"S resumed {resumed_after:.1f} s after slurmd b stopped; test "
+          f"{time.monotonic() - t_test:.1f} s")

@@ -280,7 +280,8 @@ class LiveCluster:
             if rc != 0 and not run.stop:
                 self._watch()   # did it end because its server was lost?
             lost = run.stop == "lost" or (
-                rc != 0 and bool(self._servers(st.placements[-1][1]) & self.lost))
+                rc != 0 and run.stop != "timeout"
+                and bool(self._servers(st.placements[-1][1]) & self.lost))
             # stopped just as it finished (a driver's exit code is SIGTERM's when the signal
             # came after its summary was written): done, nothing is left to resume
             finished = (run.stop == "preempt" or lost) and (

@@ -16,6 +16,10 @@ the scheduler chose; Slurm allocates and runs, it decides nothing.
   one ``squeue`` call (cached for ``refresh_s``), decoded as ``Popen`` does (-N: signal N).
 * A rank Slurm keeps pending longer than ``pending_s`` (another user's job holds its
   device on a shared cluster) fails its gang, with Slurm's reason in the job's log.
+* **Lost nodes** (:meth:`SlurmExecutor.down`): a node Slurm marks down, drained or failing
+  (``sinfo``, read at most every :data:`NODES_EVERY_S`), e.g. once its ``slurmd`` has not
+  answered for ``SlurmdTimeout``; its jobs then end as ``NODE_FAIL``. A node that is only
+  late to answer (``idle*``) is not lost yet.
 """
 
 from __future__ import annotations
@@ -51,6 +55,14 @@ TASK = Path(__file__).with_name("task.py")
 RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
            "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
 GRES = re.compile(r"gpu:([^:,()]+):")
+NODES_EVERY_S = 0.5
+LOST_STATES = {"down", "drain", "drained", "draining", "fail", "failing"}
+
+
+def lost(state: str) -> bool:
+    """A node state of ``sinfo -o %T`` (``down*``, ``idle+drain``, ...) that takes the
+    node's devices out of service."""
+    return any(part.rstrip("*~#!%$@^-") in LOST_STATES for part in state.lower().split("+"))
 
 
 def batch_script(python: str, spec: dict) -> str:
@@ -97,6 +109,8 @@ class SlurmExecutor:
         # was interrupted before it told us the job's id
         self.tag = f"phalanx-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.signals: list[subprocess.Popen[bytes]] = []    # scancel calls in flight
+        self._down: frozenset[str] = frozenset()
+        self._nodes_at = -float("inf")
 
     # ------------------------------------------------------------------ the cluster
     def _slurm(self, *cmd: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
@@ -131,6 +145,21 @@ class SlurmExecutor:
                     f"lacks {lack}: each server must be a node of the partition with one GRES "
                     f"gpu:phx<device id> per device (docs/cluster.md, Slurm)")
         return {s.name: have[s.name][0] for s in self.topology.servers}
+
+    def down(self) -> frozenset[str]:
+        """The servers whose node Slurm has taken out of service (:func:`lost`)."""
+        now = time.monotonic()
+        if now - self._nodes_at < NODES_EVERY_S:
+            return self._down
+        self._nodes_at = now
+        r = self._slurm("sinfo", "-h", "-N", "-p", self.target.partition, "-o", "%N|%T",
+                        timeout=10)
+        if r.returncode != 0:
+            return self._down   # the controller did not answer: ask again next time
+        state = dict(ln.split("|", 1) for ln in r.stdout.splitlines() if "|" in ln)
+        self._down = frozenset(s.name for s in self.topology.servers
+                               if lost(state.get(s.name, "down")))
+        return self._down
 
     def _master(self, node: str) -> tuple[str, int]:
         addr = self.addr[node]
