@@ -251,8 +251,12 @@ class LiveCluster:
                 self.core.cluster.release(hold)
             print(f"phalanx: scheduler: server {servers[s].name} is back", flush=True)
         self.lost = lost
+        self._hold_lost()
+
+    def _hold_lost(self) -> None:
+        """Hold what the lost servers' jobs have freed since (before any fill pass)."""
         c = self.core.cluster
-        for s in lost:   # what the lost servers' jobs have freed since
+        for s in self.lost:
             free = c.free_devices(s)
             if free and c.cores_free[s]:
                 hold = next(self._hold_ids)
@@ -376,6 +380,7 @@ class LiveCluster:
                     self.core.submit(pending.pop(0).spec, self.now)
                 self._watch()
                 res.events += self._reap()
+                self._hold_lost()   # what the jobs that just ended freed on lost servers
                 t = time.perf_counter()
                 if self.now >= next_round:
                     self._round()

@@ -16,10 +16,12 @@ the scheduler chose; Slurm allocates and runs, it decides nothing.
   one ``squeue`` call (cached for ``refresh_s``), decoded as ``Popen`` does (-N: signal N).
 * A rank Slurm keeps pending longer than ``pending_s`` (another user's job holds its
   device on a shared cluster) fails its gang, with Slurm's reason in the job's log.
-* **Lost nodes** (:meth:`SlurmExecutor.down`): a node Slurm marks down, drained or failing
-  (``sinfo``, read at most every :data:`NODES_EVERY_S`), e.g. once its ``slurmd`` has not
-  answered for ``SlurmdTimeout``; its jobs then end as ``NODE_FAIL``. A node that is only
-  late to answer (``idle*``) is not lost yet.
+* **Lost nodes** (:meth:`SlurmExecutor.down`): a node Slurm marks not responding (``*``: its
+  ``slurmd`` did not answer the controller's last ping), down, drained or failing (``sinfo``,
+  read at most every :data:`NODES_EVERY_S`). Not responding comes first, seconds after a
+  ``slurmd`` dies (the controller pings every ``SlurmdTimeout`` / 3); down after
+  ``SlurmdTimeout``, when its jobs end as ``NODE_FAIL``. Its devices come back when it
+  answers again.
 """
 
 from __future__ import annotations
@@ -60,9 +62,11 @@ LOST_STATES = {"down", "drain", "drained", "draining", "fail", "failing"}
 
 
 def lost(state: str) -> bool:
-    """A node state of ``sinfo -o %T`` (``down*``, ``idle+drain``, ...) that takes the
-    node's devices out of service."""
-    return any(part.rstrip("*~#!%$@^-") in LOST_STATES for part in state.lower().split("+"))
+    """A node state of ``sinfo -o %T`` (``idle*``, ``down``, ``idle+drain``, ...) that takes
+    the node's devices out of service."""
+    state = state.strip().lower()
+    return state.endswith("*") or any(part.rstrip("*~#!%$@^-") in LOST_STATES
+                                      for part in state.split("+"))
 
 
 def batch_script(python: str, spec: dict) -> str:
