@@ -334,3 +334,70 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
     assert q.stdout.strip() == ""
     print(f"S resumed {resumed_after:.1f} s after slurmd b stopped; test "
           f"{time.monotonic() - t_test:.1f} s")
+
+
+@needs_slurm
+def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
+    """``phalanx schedule`` on the cluster (as an existing one: ``--slurm-partition``) is
+    killed by SIGKILL while S runs: S's batch jobs outlive it. ``--resume OUT`` stops them
+    as a preemption does (they checkpoint at that step), resumes S from there, and S ends
+    with an uninterrupted run's parameters; nothing is left behind."""
+    t_test = time.monotonic()
+    target, topo_path, topology = cluster
+    env = _env(**target.env)
+    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 1500, "
+              "checkpoint_every: 30}}")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n{s_line}\n")
+    ref = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                            str(jobs), "--cluster", "uniform:1,1,1,2", "--out",
+                            str(tmp_path / "ref")], env=_env(), cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs), "--cluster",
+            topo_path, "--engine", "slurm", "--placement", "first-fit", "--slurm-partition",
+            target.partition]
+    p = subprocess.Popen([*argv, "--out", str(out)], env=env, cwd=REPO,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ckpt = out / "jobs" / "S" / "checkpoint.pt"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not ckpt.exists() and p.poll() is None:
+            time.sleep(0.05)
+        assert ckpt.exists() and p.poll() is None, "S never checkpointed while running"
+        p.kill()
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    q = subprocess.run(["squeue", "-h", "-o", "%j %T"], capture_output=True, text=True,
+                       env=env, check=True)
+    assert q.stdout.count("phalanx-S-0-") == 2 and "RUNNING" in q.stdout, q.stdout
+    t0 = time.monotonic()
+    r = subprocess.run([*argv, "--resume", str(out)], env=env, cwd=REPO, capture_output=True,
+                       text=True, timeout=240, check=False)
+    resumed_s = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "S was running when the scheduler stopped (stopped 2 of its ranks left running)" \
+        in r.stdout, r.stdout
+    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    assert rows["S"]["status"] == "finished", rows
+    assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,1"]
+    # the left-over ranks were stopped as a preemption stops them: a checkpoint at that step
+    log = (out / "logs" / "S.log").read_text()
+    assert "phalanx: preempted at step" in log, log[-2000:]
+    events = [json.loads(ln) for ln in (out / "jobs" / "S" / "events.jsonl").open()]
+    stopped_at = int(log.split("phalanx: preempted at step")[1].split()[0].strip(":,."))
+    assert sorted((e["rank"], e["step"]) for e in events if e["kind"] == "resume") == [
+        (0, stopped_at), (1, stopped_at)]
+
+    assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
+    got = load_checkpoint(out / "jobs" / "S" / "checkpoint.pt")["model"]
+    want = load_checkpoint(tmp_path / "ref" / "jobs" / "S" / "checkpoint.pt")["model"]
+    assert got.keys() == want.keys() and got
+    for k in got:
+        assert torch.equal(got[k], want[k]), k
+    assert not pids_with(str(out)), "rank processes left behind"
+    q = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env, check=True)
+    assert q.stdout.strip() == ""
+    print(f"resumed schedule {resumed_s:.1f} s; test {time.monotonic() - t_test:.1f} s")

@@ -7,6 +7,8 @@ local engine, its device's actor on Ray, whose actors die with the scheduler tha
 them); a local Slurm cluster dies with the scheduler (its daemons' reaper). So there is
 nothing to adopt: a job that ran is resumed from its checkpoint (its last periodic one, as
 after any failure: a killed rank writes none), on whatever placement the policy gives it.
+On an existing Slurm cluster the ranks (batch jobs) do outlive the scheduler: the engine
+stops them as a preemption stops them (they checkpoint at that step), then the job resumes.
 A process that did survive (a ``phalanx train`` driver, whose own ranks die with it) is
 stopped first, by its pid (SIGTERM, SIGKILL after the grace period), found on this host by
 its run folder in its command line; a job that finished while the scheduler was away (its
@@ -93,8 +95,15 @@ def restore(live: LiveCluster, saved: SavedState) -> list[LiveJob]:
     for k, v in saved.series.items():
         getattr(res, k).extend(v)
     res.events = saved.events
-    gone = stop_leftovers([Path(j.folder) for j in saved.jobs.values() if j.status != "done"],
-                          live.config.grace_s)
+    unfinished = [n for n, j in saved.jobs.items() if j.status != "done"]
+    # ranks an engine keeps after its scheduler died (a Slurm cluster's batch jobs), then
+    # any process of this host that names a job's folder
+    engine = getattr(live.executor, "stop_leftovers", None)
+    gone = engine([live.config.out / "logs" / f"{n}.log" for n in unfinished],
+                  live.config.grace_s) if engine is not None else {}
+    for name, n in stop_leftovers([Path(saved.jobs[n].folder) for n in unfinished],
+                                  live.config.grace_s).items():
+        gone[name] = gone.get(name, 0) + n
     # the queue first, in its order: the core keeps its waiting jobs in arrival order
     for name in [*saved.queue, *(n for n in saved.jobs if n not in saved.queue)]:
         sj = saved.jobs[name]
@@ -114,8 +123,8 @@ def restore(live: LiveCluster, saved: SavedState) -> list[LiveJob]:
         if sj.status == "running":
             # its ranks died with the scheduler: it waits again, to resume from its checkpoint
             st.waiting_since = st.last_update = saved.clock
-            line = (f"phalanx: scheduler: {name} was running when the scheduler stopped"
-                    f"{f' (stopped {gone[name]} leftover process(es))' if gone.get(name) else ''}"
+            left = f" (stopped {gone[name]} of its ranks left running)" if gone.get(name) else ""
+            line = (f"phalanx: scheduler: {name} was running when the scheduler stopped{left}"
                     "; it resumes from its checkpoint")
             print(line, flush=True)
             with contextlib.suppress(OSError), \
