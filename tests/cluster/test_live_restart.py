@@ -178,3 +178,47 @@ def test_resume_refuses_a_bad_state_in_one_line(tmp_path, capsys):
     assert main(["schedule", "--jobs", str(jobs), "--resume", str(out), "--out",
                  str(tmp_path / "elsewhere")]) == 2
     assert "drop --out" in capsys.readouterr().err
+
+
+def test_a_process_left_by_a_killed_scheduler_is_stopped_by_its_folder(tmp_path):
+    """What --resume does with a process that outlived its scheduler (a ``phalanx train``
+    driver of the local engine): found by the job's folder in its command line, SIGTERM to
+    its process group (its children go too), SIGKILL once the grace is over."""
+    from phalanx.cluster.live.restart import processes_of, stop_leftovers
+
+    folder = tmp_path / "out" / "jobs" / "D"
+    other = tmp_path / "out" / "jobs" / "DD"    # a name that only starts the same
+    code = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, "
+            "signal.SIG_IGN); subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']); time.sleep(60)")
+    stubborn = subprocess.Popen([sys.executable, "-c", code, "--out", str(folder)],
+                                start_new_session=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                  str(other)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(
+                [c for c in Path("/proc").iterdir() if c.name.isdigit() and _child_of(
+                    int(c.name), stubborn.pid)]) < 1:
+            time.sleep(0.05)
+        child = next(int(c.name) for c in Path("/proc").iterdir()
+                     if c.name.isdigit() and _child_of(int(c.name), stubborn.pid))
+        assert processes_of(folder) == [stubborn.pid]
+        t0 = time.monotonic()
+        assert stop_leftovers([folder, other.with_name("E")], grace_s=0.5) == {"D": 1}
+        took = time.monotonic() - t0
+        stubborn.wait(timeout=5)
+        assert stubborn.returncode == -signal.SIGKILL and 0.5 <= took < 5, took
+        assert _gone([child]) and bystander.poll() is None
+    finally:
+        for p in (stubborn, bystander):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _child_of(pid: int, parent: int) -> bool:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == parent
+    except (OSError, IndexError, ValueError):
+        return False
