@@ -4,7 +4,6 @@ with real processes on the local engine: finished jobs are not run again, the jo
 resumes from its checkpoint and ends with the parameters of an uninterrupted run, and
 nothing is left behind. Plus the state file's checks (one line, exit 2)."""
 
-import csv
 import json
 import os
 import signal
@@ -13,13 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from live_procs import pids_with
+from live_procs import Reference, pids_with, resumed, rows_of, wait_for_checkpoint
 
 from phalanx.cli import main
 from phalanx.cluster.live.state import STATE_FILE
 from phalanx.runtime import rank_record
-from phalanx.runtime.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 SYNC = ("{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false, "
@@ -73,11 +70,7 @@ def test_kill_9_then_resume_finishes_every_job_as_if_uninterrupted(tmp_path, cap
                          start_new_session=True, **kw)
     try:
         # kill the scheduler once S has written a checkpoint and still runs
-        deadline = time.monotonic() + 120
-        ckpt = out / "jobs" / "S" / "checkpoint.pt"
-        while time.monotonic() < deadline and not ckpt.exists() and p.poll() is None:
-            time.sleep(0.05)
-        assert ckpt.exists() and p.poll() is None, "S never checkpointed while running"
+        wait_for_checkpoint(out, "S", p)
         ranks = [r.pid for r in rank_record.read(out / "ranks" / "S.jsonl")]
         os.kill(p.pid, signal.SIGKILL)
         p.communicate(timeout=30)
@@ -102,18 +95,14 @@ def test_kill_9_then_resume_finishes_every_job_as_if_uninterrupted(tmp_path, cap
         assert text in err and err.count("\n") == 1, err
 
     # the uninterrupted reference runs beside the resumed schedule
-    ref_jobs = tmp_path / "ref.yaml"
-    ref_jobs.write_text("jobs:\n" + S_LINE + "\n")
-    cmd, kw = _schedule(ref_jobs, "--out", str(tmp_path / "ref"), env=_env(temp))
-    ref = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+    ref = Reference(tmp_path, S_LINE, "S", _env(temp))
     t0 = time.monotonic()
     cmd, kw = _schedule(jobs, "--resume", str(out), env=_env(temp))
     r = subprocess.run(cmd, capture_output=True, timeout=180, check=False, **kw)
     resumed_s = time.monotonic() - t0
-    assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
     assert r.returncode == 0, r.stdout + r.stderr
     assert "S was running when the scheduler stopped" in r.stdout, r.stdout
-    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    rows = rows_of(out)
     assert all(rows[n]["status"] == "finished" for n in "FSL"), rows
     # F ran once, before the kill: not again
     assert (out / "jobs" / "F" / "summary.json").stat().st_mtime_ns == f_summary
@@ -121,19 +110,13 @@ def test_kill_9_then_resume_finishes_every_job_as_if_uninterrupted(tmp_path, cap
     # S's second start (its second placement) resumed both ranks from a checkpoint
     assert len(rows["S"]["placements"].split(";")) == 2
     assert {x.start for x in rank_record.read(out / "ranks" / "S.jsonl")} == {0, 1}
-    events = [json.loads(ln) for ln in (out / "jobs" / "S" / "events.jsonl").open()]
-    resumed = sorted((e["rank"], e["step"]) for e in events if e["kind"] == "resume")
-    assert [r_ for r_, _ in resumed] == [0, 1] and resumed[0][1] == resumed[1][1] >= 30
+    (r0, step0), (r1, step1) = resumed(out, "S")
+    assert (r0, r1) == (0, 1) and step0 == step1 >= 30
     # the clock went on from the saved one
     assert float(rows["L"]["start"]) >= state["clock"]
     assert json.loads((out / STATE_FILE).read_text())["finished"] is True
 
-    got = load_checkpoint(out / "jobs" / "S" / "checkpoint.pt")["model"]
-    want = load_checkpoint(tmp_path / "ref" / "jobs" / "S" / "checkpoint.pt")["model"]
-    assert got.keys() == want.keys() and got
-    for k in got:
-        assert torch.equal(got[k], want[k]), k
-
+    ref.assert_same_parameters(out)
     assert not pids_with(str(out)), "processes of the schedule left behind"
     assert not list(temp.iterdir()), f"temp files left behind: {list(temp.iterdir())}"
     # a finished schedule resumed again: nothing to do

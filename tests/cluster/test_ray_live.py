@@ -35,8 +35,15 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from live_procs import (  # noqa: E402
+    Reference,
+    check_lost_node_run,
+    ranks_where_placed,
+    resumed,
+    rows_of,
+    wait_for_checkpoint,
+)
 from live_procs import pids_with as _pids_with  # noqa: E402
-from live_procs import ranks_where_placed  # noqa: E402
 
 from phalanx.cluster.core.clusters import resolve_cluster  # noqa: E402
 from phalanx.runtime import hosts, rank_record  # noqa: E402
@@ -322,13 +329,7 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n{s_line}\n  - {{name: G, arrival: 0, gpus: 3, config: {SYNC}, "
                     "max_steps: 10}}\n")
-    # the uninterrupted reference, on two local slots, beside the scheduled run
-    ref_jobs = tmp_path / "ref.yaml"
-    ref_jobs.write_text("jobs:\n" + s_line + "\n")
-    ref = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
-                            str(ref_jobs), "--cluster", "uniform:1,1,1,2", "--out",
-                            str(tmp_path / "ref")], env=_env(), cwd=REPO,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ref = Reference(tmp_path, s_line, "S", _env())
     out = tmp_path / "out"
     p = net.hosts[0].popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
                             str(jobs), "--cluster", TOPOLOGY, "--engine", "ray",
@@ -337,11 +338,7 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
                            stderr=subprocess.PIPE, text=True)
     back = False
     try:
-        ckpt = out / "jobs" / "S" / "checkpoint.pt"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not ckpt.exists() and p.poll() is None:
-            time.sleep(0.05)
-        assert ckpt.exists() and p.poll() is None, "S never checkpointed while running"
+        wait_for_checkpoint(out, "S", p)
         t_kill = time.monotonic()
         c.kill_raylet(1)
         # S's second start: on a and c
@@ -359,29 +356,8 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
         if not back:
             c.start_node(1)   # the next tests need every node
     assert p.returncode == 0, stdout + stderr
-    assert "phalanx: scheduler: server b lost" in stdout, stdout
-    assert "phalanx: scheduler: server b is back" in stdout, stdout
-    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
-    assert rows["S"]["status"] == rows["G"]["status"] == "finished", rows
-    # S: on a,b, then on a,c; neither a failure (no restart charged) nor a preemption
-    assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,2"]
-    assert rows["S"]["preemptions"] == "0"
-    assert "2 finished, 0 failed" in stdout, stdout
-    print("\n".join(ln for ln in stdout.splitlines() if ln.startswith(("phalanx:", "  "))))
-    recs = rank_record.read(out / "ranks" / "S.jsonl")
-    assert sorted((x.start, x.node) for x in recs) == [(0, "a"), (0, "b"), (1, "a"), (1, "c")]
-    events = [json.loads(ln) for ln in (out / "jobs" / "S" / "events.jsonl").open()]
-    assert sorted(e["rank"] for e in events if e["kind"] == "resume") == [0, 1]
-    # G ran on every node: b's device came back into service
-    assert rows["G"]["placements"].split("@")[1] == "0,1,2"
-    assert {x.node for x in rank_record.read(out / "ranks" / "G.jsonl")} == {"a", "b", "c"}
-
-    assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
-    got = load_checkpoint(out / "jobs" / "S" / "checkpoint.pt")["model"]
-    want = load_checkpoint(tmp_path / "ref" / "jobs" / "S" / "checkpoint.pt")["model"]
-    assert got.keys() == want.keys() and got
-    for k in got:
-        assert torch.equal(got[k], want[k]), k
+    check_lost_node_run(out, stdout)
+    ref.assert_same_parameters(out)
     assert not _pids_with(str(out)), "rank processes left behind"
     print(f"S resumed {resumed_after:.1f} s after the kill; test {time.monotonic() - t_test:.1f} s")
 
@@ -398,12 +374,7 @@ def test_kill_9_of_the_scheduler_then_resume_on_ray(cluster, tmp_path):
               "checkpoint_every: 30}}")
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n{s_line}\n")
-    ref_jobs = tmp_path / "ref.yaml"
-    ref_jobs.write_text("jobs:\n" + s_line + "\n")
-    ref = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
-                            str(ref_jobs), "--cluster", "uniform:1,1,1,2", "--out",
-                            str(tmp_path / "ref")], env=_env(), cwd=REPO,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ref = Reference(tmp_path, s_line, "S", _env())
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs), "--cluster",
             TOPOLOGY, "--engine", "ray", "--placement", "first-fit", "--ray-address",
@@ -412,11 +383,7 @@ def test_kill_9_of_the_scheduler_then_resume_on_ray(cluster, tmp_path):
     p = host0.popen([*argv, "--out", str(out)], env=_env(), cwd=REPO,
                     stdout=subprocess.DEVNULL, stderr=err)
     try:
-        ckpt = out / "jobs" / "S" / "checkpoint.pt"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and p.poll() is None and not ckpt.exists():
-            time.sleep(0.05)
-        assert p.poll() is None and ckpt.exists(), (tmp_path / "err").read_text()[-2000:]
+        wait_for_checkpoint(out, "S", p)
         p.kill()   # SIGKILL: ip netns exec became the scheduler itself
         p.wait(timeout=30)
     finally:
@@ -430,17 +397,10 @@ def test_kill_9_of_the_scheduler_then_resume_on_ray(cluster, tmp_path):
                   check=False)
     resumed_s = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    rows = rows_of(out)
     assert rows["S"]["status"] == "finished", rows
     assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,1"]
-    events = [json.loads(ln) for ln in (out / "jobs" / "S" / "events.jsonl").open()]
-    assert sorted(e["rank"] for e in events if e["kind"] == "resume") == [0, 1]
-
-    assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
-    got = load_checkpoint(out / "jobs" / "S" / "checkpoint.pt")["model"]
-    want = load_checkpoint(tmp_path / "ref" / "jobs" / "S" / "checkpoint.pt")["model"]
-    assert got.keys() == want.keys() and got
-    for k in got:
-        assert torch.equal(got[k], want[k]), k
+    assert [r for r, _ in resumed(out, "S")] == [0, 1]
+    ref.assert_same_parameters(out)
     assert not _pids_with(str(out)), "rank processes left behind"
     print(f"resumed schedule {resumed_s:.1f} s; test {time.monotonic() - t_test:.1f} s")

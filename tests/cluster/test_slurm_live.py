@@ -12,7 +12,6 @@ cluster, so that teardown is checked too. Needs root and Debian's slurm-wlm + mu
 """
 
 import csv
-import json
 import os
 import shutil
 import signal
@@ -24,7 +23,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from live_procs import LOOPBACK, listeners, pids_with, ranks_where_placed
+from live_procs import (
+    LOOPBACK,
+    Reference,
+    check_lost_node_run,
+    listeners,
+    pids_with,
+    ranks_where_placed,
+    resumed,
+    rows_of,
+    wait_for_checkpoint,
+)
 
 from phalanx.cluster.core.clusters import resolve_cluster
 from phalanx.cluster.live.engines.slurm.executor import SlurmExecutor
@@ -266,12 +275,7 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n{s_line}\n  - {{name: G, arrival: 0, gpus: 3, config: {SYNC}, "
                     "max_steps: 10}}\n")
-    ref_jobs = tmp_path / "ref.yaml"
-    ref_jobs.write_text("jobs:\n" + s_line + "\n")
-    ref = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
-                            str(ref_jobs), "--cluster", "uniform:1,1,1,2", "--out",
-                            str(tmp_path / "ref")], env=_env(), cwd=REPO,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ref = Reference(tmp_path, s_line, "S", _env())
     out = tmp_path / "out"
     p = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
                           "--cluster", topo_path, "--engine", "slurm", "--placement",
@@ -289,11 +293,7 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
                 stdin=subprocess.DEVNULL, start_new_session=True))
 
     try:
-        ckpt = out / "jobs" / "S" / "checkpoint.pt"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not ckpt.exists() and p.poll() is None:
-            time.sleep(0.05)
-        assert ckpt.exists() and p.poll() is None, "S never checkpointed while running"
+        wait_for_checkpoint(out, "S", p)
         t_stop = time.monotonic()
         os.kill(_slurmd_reaper(target.folder, "b"), signal.SIGTERM)
         deadline = time.monotonic() + 120
@@ -310,25 +310,8 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
         if not back:
             restart_b()
     assert p.returncode == 0, stdout + stderr
-    assert "phalanx: scheduler: server b lost" in stdout, stdout
-    assert "phalanx: scheduler: server b is back" in stdout, stdout
-    assert "2 finished, 0 failed" in stdout, stdout
-    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
-    assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,2"]
-    assert rows["S"]["preemptions"] == "0"
-    recs = rank_record.read(out / "ranks" / "S.jsonl")
-    assert sorted((x.start, x.node) for x in recs) == [(0, "a"), (0, "b"), (1, "a"), (1, "c")]
-    events = [json.loads(ln) for ln in (out / "jobs" / "S" / "events.jsonl").open()]
-    assert sorted(e["rank"] for e in events if e["kind"] == "resume") == [0, 1]
-    assert rows["G"]["placements"].split("@")[1] == "0,1,2"
-    assert {x.node for x in rank_record.read(out / "ranks" / "G.jsonl")} == {"a", "b", "c"}
-
-    assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
-    got = load_checkpoint(out / "jobs" / "S" / "checkpoint.pt")["model"]
-    want = load_checkpoint(tmp_path / "ref" / "jobs" / "S" / "checkpoint.pt")["model"]
-    assert got.keys() == want.keys() and got
-    for k in got:
-        assert torch.equal(got[k], want[k]), k
+    check_lost_node_run(out, stdout)
+    ref.assert_same_parameters(out)
     assert not pids_with(str(out)), "rank processes left behind"
     q = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env, check=True)
     assert q.stdout.strip() == ""
@@ -349,10 +332,7 @@ def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
               "checkpoint_every: 30}}")
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n{s_line}\n")
-    ref = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
-                            str(jobs), "--cluster", "uniform:1,1,1,2", "--out",
-                            str(tmp_path / "ref")], env=_env(), cwd=REPO,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ref = Reference(tmp_path, s_line, "S", _env())
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs), "--cluster",
             topo_path, "--engine", "slurm", "--placement", "first-fit", "--slurm-partition",
@@ -360,11 +340,7 @@ def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
     p = subprocess.Popen([*argv, "--out", str(out)], env=env, cwd=REPO,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        ckpt = out / "jobs" / "S" / "checkpoint.pt"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not ckpt.exists() and p.poll() is None:
-            time.sleep(0.05)
-        assert ckpt.exists() and p.poll() is None, "S never checkpointed while running"
+        wait_for_checkpoint(out, "S", p)
         p.kill()
         p.wait(timeout=30)
     finally:
@@ -380,23 +356,15 @@ def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "S was running when the scheduler stopped (stopped 2 of its ranks left running)" \
         in r.stdout, r.stdout
-    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    rows = rows_of(out)
     assert rows["S"]["status"] == "finished", rows
     assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,1"]
     # the left-over ranks were stopped as a preemption stops them: a checkpoint at that step
     log = (out / "logs" / "S.log").read_text()
     assert "phalanx: preempted at step" in log, log[-2000:]
-    events = [json.loads(ln) for ln in (out / "jobs" / "S" / "events.jsonl").open()]
     stopped_at = int(log.split("phalanx: preempted at step")[1].split()[0].strip(":,."))
-    assert sorted((e["rank"], e["step"]) for e in events if e["kind"] == "resume") == [
-        (0, stopped_at), (1, stopped_at)]
-
-    assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
-    got = load_checkpoint(out / "jobs" / "S" / "checkpoint.pt")["model"]
-    want = load_checkpoint(tmp_path / "ref" / "jobs" / "S" / "checkpoint.pt")["model"]
-    assert got.keys() == want.keys() and got
-    for k in got:
-        assert torch.equal(got[k], want[k]), k
+    assert resumed(out, "S") == [(0, stopped_at), (1, stopped_at)]
+    ref.assert_same_parameters(out)
     assert not pids_with(str(out)), "rank processes left behind"
     q = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env, check=True)
     assert q.stdout.strip() == ""
