@@ -107,6 +107,9 @@ class Timed:
     def close(self) -> None:
         self.inner.close()
 
+    def down(self) -> frozenset[str]:
+        return self.inner.down()
+
 
 def launches(timed: Timed) -> list[float]:
     """Per start: asked -> its last rank's process running."""

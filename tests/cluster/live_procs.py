@@ -1,11 +1,22 @@
 """What the live-engine tests look for on this host: processes by a piece of their command
-line, the addresses their sockets listen on (/proc/net/tcp{,6}), and each rank's record
-against the scheduler's placement."""
+line, the addresses their sockets listen on (/proc/net/tcp{,6}), each rank's record against
+the scheduler's placement; a job's uninterrupted reference run, and what the node-loss
+tests of every engine check."""
 
+import csv
+import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import torch
+
 from phalanx.runtime import rank_record
+from phalanx.runtime.checkpoint import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
 
 # 127.0.0.1 as /proc/net/tcp writes it, as an IPv4-mapped IPv6 address, and ::1
 LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
@@ -70,3 +81,68 @@ def ranks_where_placed(out: Path, rows: dict[str, dict], topology, jobs: str
         nodes = [sorted(x.node for x in recs if x.start == k) for k in range(len(starts))]
         moved += [(n, a, b) for a, b in zip(nodes, nodes[1:]) if a != b]
     return moved
+
+
+def rows_of(out: Path) -> dict[str, dict]:
+    """``jobs.csv`` of a schedule, by job name."""
+    with open(out / "jobs.csv") as f:
+        return {row["name"]: row for row in csv.DictReader(f)}
+
+
+def resumed(out: Path, name: str) -> list[tuple[int, int]]:
+    """(rank, step) of every ``resume`` event of job ``name``'s run."""
+    with open(out / "jobs" / name / "events.jsonl") as f:
+        events = [json.loads(ln) for ln in f]
+    return sorted((e["rank"], e["step"]) for e in events if e["kind"] == "resume")
+
+
+class Reference:
+    """The job of ``line`` (a job-list entry), uninterrupted, on two local slots of this
+    machine: started at once, beside the run it is the reference of."""
+
+    def __init__(self, tmp_path: Path, line: str, name: str, env: dict[str, str]) -> None:
+        jobs = tmp_path / f"ref-{name}.yaml"
+        jobs.write_text("jobs:\n" + line + "\n")
+        self.out, self.name = tmp_path / f"ref-{name}", name
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs), "--cluster",
+             "uniform:1,1,1,2", "--out", str(self.out)], env=env, cwd=REPO,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def assert_same_parameters(self, out: Path) -> None:
+        """The job's final parameters in ``out`` are the reference's, bit for bit."""
+        _, err = self.proc.communicate(timeout=180)
+        assert self.proc.returncode == 0, err
+        got = load_checkpoint(out / "jobs" / self.name / "checkpoint.pt")["model"]
+        want = load_checkpoint(self.out / "jobs" / self.name / "checkpoint.pt")["model"]
+        assert got.keys() == want.keys() and got
+        for k in got:
+            assert torch.equal(got[k], want[k]), k
+
+
+def check_lost_node_run(out: Path, stdout: str) -> None:
+    """The node-loss scenario of the Ray and Slurm tests: S ran on nodes a, b, lost b, and
+    resumed both ranks from a checkpoint on a, c, charged neither as a failure nor a
+    preemption; G (3 devices) ran on a, b, c once b was back."""
+    assert "phalanx: scheduler: server b lost" in stdout, stdout
+    assert "phalanx: scheduler: server b is back" in stdout, stdout
+    assert "2 finished, 0 failed" in stdout, stdout
+    rows = rows_of(out)
+    assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,2"]
+    assert rows["S"]["preemptions"] == "0"
+    recs = rank_record.read(out / "ranks" / "S.jsonl")
+    assert sorted((x.start, x.node) for x in recs) == [(0, "a"), (0, "b"), (1, "a"), (1, "c")]
+    assert [r for r, _ in resumed(out, "S")] == [0, 1]
+    assert rows["G"]["placements"].split("@")[1] == "0,1,2"
+    assert {x.node for x in rank_record.read(out / "ranks" / "G.jsonl")} == {"a", "b", "c"}
+
+
+def wait_for_checkpoint(out: Path, name: str, proc: subprocess.Popen,
+                        timeout_s: float = 120.0) -> None:
+    """Until job ``name`` of the schedule ``proc`` runs has written a checkpoint (the
+    schedule still running)."""
+    ckpt = out / "jobs" / name / "checkpoint.pt"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not ckpt.exists() and proc.poll() is None:
+        time.sleep(0.05)
+    assert ckpt.exists() and proc.poll() is None, f"{name} never checkpointed while running"

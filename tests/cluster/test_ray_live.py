@@ -19,6 +19,7 @@ its group only if every rank binds where the others connect (issue 33).
 """
 
 import csv
+import json
 import os
 import random
 import shutil
@@ -34,8 +35,15 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from live_procs import (  # noqa: E402
+    Reference,
+    check_lost_node_run,
+    ranks_where_placed,
+    resumed,
+    rows_of,
+    wait_for_checkpoint,
+)
 from live_procs import pids_with as _pids_with  # noqa: E402
-from live_procs import ranks_where_placed  # noqa: E402
 
 from phalanx.cluster.core.clusters import resolve_cluster  # noqa: E402
 from phalanx.runtime import hosts, rank_record  # noqa: E402
@@ -75,9 +83,12 @@ SCHEDULE = ["--policy", "tiresias", "--slot", "4", "--tiresias-thresholds", "6",
 def _env():
     """Every ``ray start`` and the scheduler: no auth token (a ~/.ray/auth_token of this
     machine makes a joining node fail with InvalidAuthToken), no usage stats, and this
-    tree's phalanx for the actors and the ranks they start."""
+    tree's phalanx for the actors and the ranks they start. The GCS checks its nodes every
+    0.5 s and calls one dead after 4 failed checks (default: 3 s x 5): a killed raylet is
+    noticed in about 2 s."""
     return {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
-            "RAY_USAGE_STATS_ENABLED": "0"}
+            "RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "500",
+            "RAY_health_check_failure_threshold": "4"}
 
 
 def _kill_and_wait(marker: str, timeout_s: float = 20.0) -> bool:
@@ -97,6 +108,45 @@ def _kill_and_wait(marker: str, timeout_s: float = 20.0) -> bool:
     return not _pids_with(marker)
 
 
+class RayTestCluster:
+    """The module's Ray cluster: a node per server of ``three-nodes``, node i in test host
+    i; a node can be killed (its raylet) and started again. Unpacks as (net, address,
+    topology)."""
+
+    def __init__(self, net, topology, marker: str) -> None:
+        self.net, self.topology, self.marker = net, topology, marker
+        self.address = f"{net.hosts[0].addr}:{PORT}"
+        self.temps: list[str] = []          # every node's temp folder (removed at the end)
+        self.node_temp: dict[int, str] = {}
+
+    def __iter__(self):
+        return iter((self.net, self.address, self.topology))
+
+    def start_node(self, i: int) -> None:
+        """``ray start`` in host i, as a user starts node i (short --temp-dir: Ray's
+        AF_UNIX socket paths under it must fit in 107 bytes)."""
+        temp = f"{self.marker}-{len(self.temps)}"
+        self.temps.append(temp)
+        self.node_temp[i] = temp
+        host, server = self.net.hosts[i], self.topology.servers[i]
+        where = (["--head", "--port", str(PORT), "--include-dashboard", "false"] if i == 0
+                 else ["--address", self.address])
+        r = host.run([RAY, "start", *where, "--node-ip-address", host.addr,
+                      "--num-cpus", "2", "--num-gpus", "0",
+                      "--resources", f'{{"phx_dev_{server.first_device}": 1}}',
+                      "--labels", f"phalanx.server={server.name}", "--temp-dir", temp,
+                      "--disable-usage-stats"], env=_env(), timeout=120, check=False)
+        assert r.returncode == 0, f"ray start on host {i}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+
+    def kill_raylet(self, i: int) -> None:
+        """SIGKILL node i's raylet (what a crashed or partitioned node looks like)."""
+        pids = [p for p in _pids_with(self.node_temp[i])
+                if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/raylet")]
+        assert pids, f"no raylet of node {i}"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     why = hosts.unavailable()
@@ -105,31 +155,21 @@ def cluster():
     if not Path(RAY).exists():
         pytest.skip("no ray command next to this Python")
     topology = resolve_cluster(TOPOLOGY, REPO)
-    # short: Ray's AF_UNIX socket paths under it must fit in 107 bytes
     marker = f"/tmp/phxr{os.getpid() % 10**5}{random.randrange(10**4)}"
-    temps = [f"{marker}-{i}" for i in range(len(topology.servers))]
     net = hosts.TestNetwork(len(topology.servers)).__enter__()
+    c = RayTestCluster(net, topology, marker)
     gone = False
     try:
-        head = net.hosts[0].addr
-        for i, (host, server) in enumerate(zip(net.hosts, topology.servers)):
-            where = (["--head", "--port", str(PORT), "--include-dashboard", "false"] if i == 0
-                     else ["--address", f"{head}:{PORT}"])
-            r = host.run([RAY, "start", *where, "--node-ip-address", host.addr,
-                          "--num-cpus", "2", "--num-gpus", "0",
-                          "--resources", f'{{"phx_dev_{server.first_device}": 1}}',
-                          "--labels", f"phalanx.server={server.name}", "--temp-dir",
-                          temps[i], "--disable-usage-stats"],
-                         env=_env(), timeout=120, check=False)
-            assert r.returncode == 0, f"ray start on host {i}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
-        yield net, f"{head}:{PORT}", topology
+        for i in range(len(topology.servers)):
+            c.start_node(i)
+        yield c
     finally:
         gone = _kill_and_wait(marker)
-        for t in temps:
+        for t in c.temps:
             shutil.rmtree(t, ignore_errors=True)
         net.teardown()
     assert gone, "Ray processes of the test cluster were left behind"
-    assert not any(Path(t).exists() for t in temps), "Ray's temp folders were left behind"
+    assert not any(Path(t).exists() for t in c.temps), "Ray's temp folders were left behind"
 
 
 def schedule_in_host0(net, address: str, jobs: Path, out: Path, args: list[str]):
@@ -273,3 +313,94 @@ def test_sigint_mid_run_leaves_no_process(tmp_path):
     for folder in ours:
         assert not _pids_with(str(folder)), "Ray processes left behind"
         assert not folder.exists(), "Ray's temp folder left behind"
+
+
+def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tmp_path):
+    """S (2 devices, first-fit: nodes a and b) checkpoints every 30 steps; node b's raylet
+    is killed while S runs. The scheduler marks b's device lost, S resumes from its
+    checkpoint on a and c (all that is left), and G (3 devices: every node) can run only
+    once b is back (``ray start`` again). Both finish; S ends with the parameters of an
+    uninterrupted run; nothing is left behind."""
+    t_test = time.monotonic()
+    c = cluster
+    net = c.net
+    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 240, "
+              "checkpoint_every: 30}}")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n{s_line}\n  - {{name: G, arrival: 0, gpus: 3, config: {SYNC}, "
+                    "max_steps: 10}}\n")
+    ref = Reference(tmp_path, s_line, "S", _env())
+    out = tmp_path / "out"
+    p = net.hosts[0].popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                            str(jobs), "--cluster", TOPOLOGY, "--engine", "ray",
+                            "--placement", "first-fit", "--ray-address", c.address, "--out",
+                            str(out)], env=_env(), cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    back = False
+    try:
+        wait_for_checkpoint(out, "S", p)
+        t_kill = time.monotonic()
+        c.kill_raylet(1)
+        # S's second start: on a and c
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None and not any(
+                x.start == 1 for x in rank_record.read(out / "ranks" / "S.jsonl")):
+            time.sleep(0.1)
+        resumed_after = time.monotonic() - t_kill
+        c.start_node(1)
+        back = True
+        stdout, stderr = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if not back:
+            c.start_node(1)   # the next tests need every node
+    assert p.returncode == 0, stdout + stderr
+    check_lost_node_run(out, stdout)
+    ref.assert_same_parameters(out)
+    assert not _pids_with(str(out)), "rank processes left behind"
+    print(f"S resumed {resumed_after:.1f} s after the kill; test {time.monotonic() - t_test:.1f} s")
+
+
+def test_kill_9_of_the_scheduler_then_resume_on_ray(cluster, tmp_path):
+    """``phalanx schedule`` (in host 0) is killed by SIGKILL while S (nodes a, b) runs; its
+    actors die with it (Ray ends a dead driver's actors) and S's ranks with them.
+    ``--resume OUT`` runs S from its checkpoint to the parameters of an uninterrupted run,
+    and nothing is left behind (that a finished job is not run again: test_live_restart)."""
+    t_test = time.monotonic()
+    c = cluster
+    host0 = c.net.hosts[0]
+    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 240, "
+              "checkpoint_every: 30}}")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n{s_line}\n")
+    ref = Reference(tmp_path, s_line, "S", _env())
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs), "--cluster",
+            TOPOLOGY, "--engine", "ray", "--placement", "first-fit", "--ray-address",
+            c.address]
+    err = (tmp_path / "err").open("w")
+    p = host0.popen([*argv, "--out", str(out)], env=_env(), cwd=REPO,
+                    stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_for_checkpoint(out, "S", p)
+        p.kill()   # SIGKILL: ip netns exec became the scheduler itself
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        err.close()
+    state = json.loads((out / "scheduler-state.json").read_text())
+    assert state["jobs"]["S"]["status"] == "running", state["jobs"]
+    t0 = time.monotonic()
+    r = host0.run([*argv, "--resume", str(out)], env=_env(), cwd=REPO, timeout=240,
+                  check=False)
+    resumed_s = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = rows_of(out)
+    assert rows["S"]["status"] == "finished", rows
+    assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,1"]
+    assert [r for r, _ in resumed(out, "S")] == [0, 1]
+    ref.assert_same_parameters(out)
+    assert not _pids_with(str(out)), "rank processes left behind"
+    print(f"resumed schedule {resumed_s:.1f} s; test {time.monotonic() - t_test:.1f} s")

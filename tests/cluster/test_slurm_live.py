@@ -23,7 +23,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from live_procs import LOOPBACK, listeners, pids_with, ranks_where_placed
+from live_procs import (
+    LOOPBACK,
+    Reference,
+    check_lost_node_run,
+    listeners,
+    pids_with,
+    ranks_where_placed,
+    resumed,
+    rows_of,
+    wait_for_checkpoint,
+)
 
 from phalanx.cluster.core.clusters import resolve_cluster
 from phalanx.cluster.live.engines.slurm.executor import SlurmExecutor
@@ -31,6 +41,7 @@ from phalanx.cluster.live.engines.slurm.local import (
     CLIENTS,
     DAEMONS,
     MARKER,
+    REAPER,
     marked_pids,
     slurm_cluster,
 )
@@ -66,6 +77,9 @@ def _env(**extra):
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}
 
 
+RESTARTED: list[subprocess.Popen] = []
+
+
 def _ours(folder: str, out: Path) -> list[int]:
     """Every process of a local cluster (daemons by their command line, steps and ranks by
     the marker in their environment) and every rank of the run."""
@@ -79,6 +93,8 @@ def cluster(tmp_path_factory):
     topology = resolve_cluster(topo_path, REPO)
     with slurm_cluster(topology) as target:
         yield target, topo_path, topology
+    for p in RESTARTED:   # slurmd started again by a test: stopped with the cluster
+        p.wait(timeout=30)
     folder = target.folder
     assert not Path(folder).exists(), "the cluster's folder was left behind"
     assert not pids_with(folder), "Slurm daemons were left behind"
@@ -229,3 +245,127 @@ def test_close_cancels_a_job_whose_id_it_never_got(cluster):
             break
         time.sleep(0.2)
     assert q.stdout.split() == ["CANCELLED"], q.stdout + q.stderr
+
+
+def _slurmd_reaper(folder: str, node: str) -> int:
+    """The subreaper process that runs node ``node``'s slurmd of the local cluster."""
+    for pid in pids_with(folder):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (any(a.endswith(b"reaper.py") for a in args) and b"slurmd" in args
+                and args[args.index(b"-N") + 1] == node.encode()):
+            return pid
+    raise AssertionError(f"no slurmd of node {node}")
+
+
+@needs_slurm
+def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tmp_path):
+    """S (2 devices, first-fit: nodes a and b) checkpoints every 30 steps; node b's slurmd
+    is stopped while S runs (its job steps die with it). Once Slurm marks b down
+    (SlurmdTimeout) the scheduler takes b's device out of service, S resumes from its
+    checkpoint on a and c, and G (3 devices) runs only once b's slurmd is back. Both
+    finish; S ends with an uninterrupted run's parameters; nothing is left behind."""
+    t_test = time.monotonic()
+    target, topo_path, topology = cluster
+    env = _env(**target.env)
+    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 240, "
+              "checkpoint_every: 30}}")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n{s_line}\n  - {{name: G, arrival: 0, gpus: 3, config: {SYNC}, "
+                    "max_steps: 10}}\n")
+    ref = Reference(tmp_path, s_line, "S", _env())
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
+                          "--cluster", topo_path, "--engine", "slurm", "--placement",
+                          "first-fit", "--slurm-partition", target.partition, "--out",
+                          str(out)], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    back = False
+    conf = target.env["SLURM_CONF"]
+
+    def restart_b() -> None:
+        with open(Path(target.folder) / "log" / "slurmd-b-again.out", "ab") as log:
+            RESTARTED.append(subprocess.Popen(
+                [sys.executable, "-I", str(REAPER), "slurmd", "-D", "-N", "b", "-f", conf],
+                env={**os.environ, **target.env}, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True))
+
+    try:
+        wait_for_checkpoint(out, "S", p)
+        t_stop = time.monotonic()
+        os.kill(_slurmd_reaper(target.folder, "b"), signal.SIGTERM)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None and not any(
+                x.start == 1 for x in rank_record.read(out / "ranks" / "S.jsonl")):
+            time.sleep(0.1)
+        resumed_after = time.monotonic() - t_stop
+        restart_b()
+        back = True
+        stdout, stderr = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if not back:
+            restart_b()
+    assert p.returncode == 0, stdout + stderr
+    check_lost_node_run(out, stdout)
+    ref.assert_same_parameters(out)
+    assert not pids_with(str(out)), "rank processes left behind"
+    q = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env, check=True)
+    assert q.stdout.strip() == ""
+    print(f"S resumed {resumed_after:.1f} s after slurmd b stopped; test "
+          f"{time.monotonic() - t_test:.1f} s")
+
+
+@needs_slurm
+def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
+    """``phalanx schedule`` on the cluster (as an existing one: ``--slurm-partition``) is
+    killed by SIGKILL while S runs: S's batch jobs outlive it. ``--resume OUT`` stops them
+    as a preemption does (they checkpoint at that step), resumes S from there, and S ends
+    with an uninterrupted run's parameters; nothing is left behind."""
+    t_test = time.monotonic()
+    target, topo_path, topology = cluster
+    env = _env(**target.env)
+    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 1500, "
+              "checkpoint_every: 30}}")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n{s_line}\n")
+    ref = Reference(tmp_path, s_line, "S", _env())
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs), "--cluster",
+            topo_path, "--engine", "slurm", "--placement", "first-fit", "--slurm-partition",
+            target.partition]
+    p = subprocess.Popen([*argv, "--out", str(out)], env=env, cwd=REPO,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_checkpoint(out, "S", p)
+        p.kill()
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    q = subprocess.run(["squeue", "-h", "-o", "%j %T"], capture_output=True, text=True,
+                       env=env, check=True)
+    assert q.stdout.count("phalanx-S-0-") == 2 and "RUNNING" in q.stdout, q.stdout
+    t0 = time.monotonic()
+    r = subprocess.run([*argv, "--resume", str(out)], env=env, cwd=REPO, capture_output=True,
+                       text=True, timeout=240, check=False)
+    resumed_s = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "S was running when the scheduler stopped (stopped 2 of its ranks left running)" \
+        in r.stdout, r.stdout
+    rows = rows_of(out)
+    assert rows["S"]["status"] == "finished", rows
+    assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,1"]
+    # the left-over ranks were stopped as a preemption stops them: a checkpoint at that step
+    log = (out / "logs" / "S.log").read_text()
+    assert "phalanx: preempted at step" in log, log[-2000:]
+    stopped_at = int(log.split("phalanx: preempted at step")[1].split()[0].strip(":,."))
+    assert resumed(out, "S") == [(0, stopped_at), (1, stopped_at)]
+    ref.assert_same_parameters(out)
+    assert not pids_with(str(out)), "rank processes left behind"
+    q = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env, check=True)
+    assert q.stdout.strip() == ""
+    print(f"resumed schedule {resumed_s:.1f} s; test {time.monotonic() - t_test:.1f} s")

@@ -8,6 +8,7 @@ simulator's policies, on local slots, a Ray cluster or a Slurm cluster.
     phalanx schedule ... --engine ray --ray-address HEAD:6379    # an existing Ray cluster
     phalanx schedule ... --engine slurm                          # a local Slurm cluster (root)
     phalanx schedule ... --engine slurm --slurm-partition gpu    # an existing Slurm cluster
+    phalanx schedule --jobs jobs.yaml ... --resume runs/schedule # continue a killed schedule
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from phalanx.cluster.cli import (
     LOAD_ADAPTIVE,
     ROUND_ORDERINGS,
+    given,
     read_by,
     refuse_unread,
     remember_defaults,
@@ -32,6 +34,8 @@ from phalanx.cluster.live.engines import ENGINES
 from phalanx.cluster.live.engines.base import EngineOptions
 from phalanx.cluster.live.joblist import check_fits, check_settings, load_job_list
 from phalanx.cluster.live.loop import LiveCluster, LiveConfig
+from phalanx.cluster.live.state import STATE_FILE, unfinished
+from phalanx.cluster.live.state import load as load_state
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
 from phalanx.cluster.policies.ordering import parse_thresholds
@@ -90,6 +94,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--poll", type=float, default=0.05,
                    help="seconds between checks for exits and arrivals (default 0.05)")
     p.add_argument("--out", default="runs/schedule", help="output folder")
+    p.add_argument("--resume", default="", metavar="OUT",
+                   help="continue the schedule whose --out is OUT after its scheduler died "
+                        "(the same --jobs and --cluster): finished jobs are not run again, "
+                        "the others resume from their checkpoints")
     p.set_defaults(func=_cmd_schedule)
     remember_defaults(p)
 
@@ -124,13 +132,26 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     ordering = make_ordering("fifo" if elastic else args.policy, args.slot,
                              thresholds, args.starvation)
     placement = make_placement(args.placement, args.threshold, args.hysteresis)
-    config = LiveConfig(Path(args.out).absolute(), poll_s=args.poll, job_timeout_s=args.job_timeout,
+    if args.resume and given(args, "out") and Path(args.out).absolute() != Path(
+            args.resume).absolute():
+        raise ConfigError(f"--out {args.out}: --resume {args.resume} writes to its own folder; "
+                          "drop --out")
+    config = LiveConfig(Path(args.resume or args.out).absolute(), poll_s=args.poll,
+                        job_timeout_s=args.job_timeout,
                         grace_s=args.grace, max_job_restarts=args.max_job_restarts)
     topology = resolve_cluster(args.cluster, default_data_dir())
     jobs = load_job_list(args.jobs)
     check_fits(jobs, topology, args.jobs)  # the cheap check first
     check_settings(jobs, args.jobs)
     out = config.out
+    saved = load_state(out, jobs, topology, args.jobs) if args.resume else None
+    if saved is None and unfinished(out):
+        raise ConfigError(f"--out {out}: holds the {STATE_FILE} of a schedule that did not "
+                          f"end; continue it with --resume {out}, or choose another --out")
+    if saved is not None and saved.finished:
+        print(f"{out}: every job of this schedule already ended; nothing to resume",
+              flush=True)
+        return 0
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -147,14 +168,20 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
                      if args.ray_address or args.slurm_partition
                      else CoreShare.this_machine(topology))
             live = ElasticLiveCluster(topology, jobs, placement, config, cadence,
-                                      args.goodput_horizon, executor, cores)
+                                      args.goodput_horizon, executor, cores, resume=saved)
             for job in live.jobs:
                 why = live.why_fixed[job.spec.id]
                 if why:
                     print(f"  {job.spec.name}: runs at its {job.spec.gpus} GPU(s), not "
                           f"resized: {why}")
         else:
-            live = LiveCluster(topology, jobs, ordering, placement, config, executor=executor)
+            live = LiveCluster(topology, jobs, ordering, placement, config, executor=executor,
+                               resume=saved)
+        if saved is not None:
+            status = [j.status for j in saved.jobs.values()]
+            print(f"resuming {out} at {saved.clock:.1f} s: {status.count('done')} job(s) "
+                  f"ended, {status.count('waiting')} waiting, {status.count('running')} were "
+                  "running", flush=True)
         print(f"scheduling {len(jobs)} job(s) from {args.jobs} on {topology.num_devices} "
               f"device(s), engine {args.engine} ({args.policy}, {placement.name})", flush=True)
         res = live.run()

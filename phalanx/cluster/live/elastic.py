@@ -49,6 +49,7 @@ from phalanx.cluster.live.loop import LiveCluster, LiveConfig
 from phalanx.cluster.live.observe import WINDOWS, EventTail, JobObserver, Observation
 from phalanx.cluster.live.resize import resize_run
 from phalanx.cluster.live.resize_ps import refusal
+from phalanx.cluster.live.state import SavedState
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.model.learned import AppFacts, JobKnowledge
 from phalanx.cluster.policies import FIFO, PlacementPolicy
@@ -81,8 +82,10 @@ class ElasticLiveCluster(LiveCluster):
     def __init__(self, topology: Topology, jobs: Sequence[LiveJob],
                  placement: PlacementPolicy, config: LiveConfig, cadence: Cadence,
                  horizon_s: float = 1800.0, executor: Executor | None = None,
-                 cores: CoreShare | None = None) -> None:
-        super().__init__(topology, jobs, FIFO(), placement, config, executor=executor)
+                 cores: CoreShare | None = None, resume: SavedState | None = None) -> None:
+        # ``resume``: what the policy learned is not saved; it observes the jobs anew
+        super().__init__(topology, jobs, FIFO(), placement, config, executor=executor,
+                         resume=resume)
         self.round_s = cadence.interval_s
         cap = topology.num_devices
         self.why_fixed = {j.spec.id: self._why_fixed(j) for j in self.jobs}

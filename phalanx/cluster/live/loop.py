@@ -17,12 +17,25 @@ next round, jobs the round did not keep wait (no job stopped by a round restarts
 Outputs are the simulator's ``summary.json`` and ``jobs.csv`` (real times, seconds after
 start; every placement; preemptible or why not) plus each job's run folder
 (``OUT/jobs/NAME``), log (``OUT/logs/NAME.log``) and rank records (``OUT/ranks/NAME.jsonl``).
+
+The loop saves its state (``OUT/scheduler-state.json``, :mod:`state`) after every change and
+at least every second; ``--resume OUT`` builds the loop from it (:func:`restart.restore`):
+finished jobs stay finished, the clock goes on from where it stopped, and a job that ran
+when the scheduler died resumes from its checkpoint.
+
+Lost servers: the engine reports the servers whose node died or left (``Executor.down``:
+Ray's raylet gone, a Slurm node down). Their devices go out of service (held in the
+``ClusterState`` so that no policy places on them); a job with a rank there is stopped
+(its ranks elsewhere have lost a peer) and waits to resume from its last checkpoint on the
+devices left. This is neither a failure (``--max-job-restarts`` is not charged) nor a
+preemption. When the node comes back its devices are free again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import shutil
 import signal
@@ -41,8 +54,12 @@ from phalanx.cluster.live.engines.base import Executor, Gang
 from phalanx.cluster.live.engines.local import LocalExecutor
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.launch_plan import JobPlan, build_gang, plan_of, resumable
+from phalanx.cluster.live.restart import Saver, restore
+from phalanx.cluster.live.state import SavedState
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
 from phalanx.errors import ConfigError
+
+LOST_GRACE_S = 2.0   # a job that lost a server: its other ranks' time to go before SIGKILL
 
 
 @dataclass(frozen=True)
@@ -77,7 +94,8 @@ class _Run:
     state: JobState
     gang: Gang
     since: float
-    stop: str = ""                  # why we stopped it: '' running, 'preempt', 'timeout'
+    stop: str = ""                  # why we stopped it: '' running, 'preempt', 'timeout',
+                                    # 'lost' (a server of its placement was lost)
     asked: float = 0.0              # when
     log_from: int = 0               # the gang's log up to here is earlier starts'
 
@@ -126,8 +144,9 @@ class LiveCluster:
     def __init__(self, topology: Topology, jobs: Sequence[LiveJob], ordering: OrderingPolicy,
                  placement: PlacementPolicy, config: LiveConfig,
                  admission: AdmissionPolicy | None = None,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, resume: SavedState | None = None) -> None:
         self.topology, self.config = topology, config
+        self.resume = resume            # the state of a killed scheduler to continue
         self.plans: dict[int, JobPlan] = {j.spec.id: plan_of(j) for j in jobs}
         # each entry declares its own application facts (its batch): for an elastic policy a
         # live job is its own application
@@ -147,6 +166,9 @@ class LiveCluster:
         self.round_times: list[float] = []  # seconds each round (the policy's decision) took
         self.round_s = ordering.round_s if ordering.preemptive else None
         self.now = 0.0
+        self.lost: set[int] = set()           # servers lost now
+        self._holds: dict[int, list[int]] = {}  # lost server -> allocations holding its devices
+        self._hold_ids = itertools.count(-1, -1)
 
     # ------------------------------------------------------------------ execution
     def _start(self, st: JobState, p: Placement) -> None:
@@ -155,7 +177,7 @@ class LiveCluster:
         plan = self.plans[st.spec.id]
         out = self.config.out
         run_dir = out / "jobs" / job.spec.name
-        again = st.preemptions > 0 or st.restarts > 0
+        again = st.start >= 0      # preempted, restarted, or running when the scheduler died
         resume = again and resumable(job, run_dir)
         if again and not resume:
             shutil.rmtree(run_dir, ignore_errors=True)   # stopped before it began: anew
@@ -169,6 +191,11 @@ class LiveCluster:
         try:
             self.executor.start(gang)
         except OSError as e:
+            self._watch()
+            if self._servers(p.devices) & self.lost:
+                self.core.release(st)    # its server was lost as it started: it waits
+                self.core.enqueue(st)
+                return
             self.core.release(st)
             st.end = self.now
             st.failure = f"cannot start ({e.strerror or e})"
@@ -189,12 +216,52 @@ class LiveCluster:
         for run in self.runs.values():
             self.core.catch_up(run.state, self.now)
 
-    def _stop(self, run: _Run, why: str) -> None:
+    def _stop(self, run: _Run, why: str, grace_s: float | None = None) -> None:
         if run.stop:
             return
         run.stop = why
         run.asked = self.now
-        self.executor.stop(run.gang.job, self.config.grace_s)
+        self.executor.stop(run.gang.job, self.config.grace_s if grace_s is None else grace_s)
+
+    # ------------------------------------------------------------------ lost servers
+    def _servers(self, devices: Sequence[int]) -> set[int]:
+        return {self.topology.device_server[d] for d in devices}
+
+    def _watch(self) -> None:
+        """Follow the servers the engine reports lost: a newly lost one's jobs are stopped
+        (to resume elsewhere), its free devices held; a server back is free again."""
+        down = getattr(self.executor, "down", None)
+        if down is None:
+            return
+        index = {s.name: s.index for s in self.topology.servers}
+        lost = {index[n] for n in down() if n in index}
+        servers = self.topology.servers
+        for s in sorted(lost - self.lost):
+            hit = [r for r in self.runs.values()
+                   if s in self._servers(r.state.placements[-1][1])]
+            names = ", ".join(r.state.spec.name for r in hit)
+            print(f"phalanx: scheduler: server {servers[s].name} lost: its devices are out "
+                  f"of service{f'; {names} will resume from a checkpoint' if hit else ''}",
+                  flush=True)
+            for r in hit:
+                # its ranks elsewhere lost a peer: no checkpoint will come on SIGTERM
+                self._stop(r, "lost", grace_s=LOST_GRACE_S)
+        for s in sorted(self.lost - lost):
+            for hold in self._holds.pop(s, []):
+                self.core.cluster.release(hold)
+            print(f"phalanx: scheduler: server {servers[s].name} is back", flush=True)
+        self.lost = lost
+        self._hold_lost()
+
+    def _hold_lost(self) -> None:
+        """Hold what the lost servers' jobs have freed since (before any fill pass)."""
+        c = self.core.cluster
+        for s in self.lost:
+            free = c.free_devices(s)
+            if free and c.cores_free[s]:
+                hold = next(self._hold_ids)
+                c.allocate(hold, Placement(tuple(free), ((s, c.cores_free[s]),)))
+                self._holds.setdefault(s, []).append(hold)
 
     def _reap(self) -> int:
         limit = self.config.job_timeout_s
@@ -214,10 +281,20 @@ class LiveCluster:
             st.running = False
             if run.stop:
                 self.stops.append(StopRecord(st.spec.name, run.asked, self.now, rc))
+            if rc != 0 and not run.stop:
+                self._watch()   # did it end because its server was lost?
+            lost = run.stop == "lost" or (
+                rc != 0 and run.stop != "timeout"
+                and bool(self._servers(st.placements[-1][1]) & self.lost))
             # stopped just as it finished (a driver's exit code is SIGTERM's when the signal
             # came after its summary was written): done, nothing is left to resume
-            finished = run.stop == "preempt" and (
+            finished = (run.stop == "preempt" or lost) and (
                 self.config.out / "jobs" / st.spec.name / "summary.json").is_file()
+            if lost and not finished:
+                # not its failure: it waits to resume from its checkpoint on what is left
+                st.waiting_since = self.now
+                self.core.enqueue(st)
+                continue
             if run.stop == "preempt" and rc != 0 and not finished:
                 # stopped on request (a checkpoint written, or killed before one was due):
                 # back to the queue; the next start resumes from what is on disk
@@ -287,9 +364,13 @@ class LiveCluster:
         self._by_id = {j.spec.id: j for j in self.jobs}
         res = self.core.result
         pending = sorted(self.jobs, key=lambda j: (j.spec.submit, j.spec.id))
+        clock = 0.0
+        if self.resume is not None:
+            pending, clock = restore(self, self.resume), self.resume.clock
+        saver = Saver(self)
         round_s = self.round_s
-        next_round = round_s if round_s else float("inf")
-        t0 = time.monotonic()
+        next_round = clock + round_s if round_s else float("inf")
+        t0 = time.monotonic() - clock   # a resumed schedule's clock goes on where it stopped
         wall0 = time.perf_counter()
         try:
             while True:
@@ -297,7 +378,9 @@ class LiveCluster:
                 while pending and pending[0].spec.submit <= self.now:
                     res.events += 1
                     self.core.submit(pending.pop(0).spec, self.now)
+                self._watch()
                 res.events += self._reap()
+                self._hold_lost()   # what the jobs that just ended freed on lost servers
                 t = time.perf_counter()
                 if self.now >= next_round:
                     self._round()
@@ -307,7 +390,9 @@ class LiveCluster:
                 self.decisions.append(time.perf_counter() - t)
                 self.core.sample(self.now)
                 if not self.runs and not pending:
+                    saver.save(pending, finished=True)
                     break   # done (anything still waiting could not start on an idle cluster)
+                saver.save(pending)
                 wait = self.config.poll_s
                 if pending and not self.runs:
                     wait = max(0.0, min(wait, pending[0].spec.submit - self.now))

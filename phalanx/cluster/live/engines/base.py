@@ -198,8 +198,15 @@ class Executor(Protocol):
     def close(self) -> None:
         """Kill whatever still runs and free the engine's resources."""
 
+    def down(self) -> frozenset[str]:
+        """The servers (topology names) lost now: their node died or left the cluster.
+        Cheap to call at every poll (an engine caches what it asks its cluster)."""
+
     # ``failed``: {job: (rank, exit code)} of the first rank seen failing (:func:`note_failure`);
-    # the live loop takes its entry when the gang has ended
+    # the live loop takes its entry when the gang has ended.
+    # ``stop_leftovers(logs, grace_s)`` (optional): an engine whose ranks outlive their
+    # scheduler (an existing Slurm cluster) stops those of a killed scheduler's jobs before
+    # ``--resume`` starts them again (:mod:`phalanx.cluster.live.restart`)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -71,6 +71,9 @@ class LocalExecutor:
         for p in self.gangs.get(job, []):
             p.stop(grace_s)
 
+    def down(self) -> frozenset[str]:
+        return frozenset()    # this machine is every server: it is never lost alone
+
     def close(self) -> None:
         for procs in self.gangs.values():
             for p in procs:

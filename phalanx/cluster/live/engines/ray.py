@@ -18,6 +18,12 @@ device the scheduler gave it, that starts the rank's process itself.
   (``max_concurrency``) so ``stop`` is answered while ``wait`` blocks on the rank.
 * The node a rank ran on is what Ray reports to the actor (its node's
   ``phalanx.server`` label), handed to the rank, which records it (rank records).
+* **Lost nodes.** A server is down while no live node of the cluster declares one of its
+  device resources (``ray.nodes()``, read at most every :data:`NODES_EVERY_S`): its raylet
+  died, or the node left. Its devices' actors died with it (their rank's wait answers with
+  an actor error, read as a SIGKILL); they are dropped, and created again on the node that
+  declares the devices when it comes back (``ray start --address`` with the same
+  ``--resources``). The live loop reads :meth:`RayExecutor.down`.
 
 ``ray`` is an optional extra (``pip install -e '.[ray]'``); it is imported only when
 ``--engine ray`` is used.
@@ -44,6 +50,7 @@ from typing import Any
 
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.engines.base import (
+    KILLED,
     EngineOptions,
     Executor,
     Gang,
@@ -62,6 +69,7 @@ LABELS = ("phalanx.zone", "phalanx.rack", "phalanx.server")
 NODE_LABEL = "phalanx.server"
 OBJECT_STORE = 80 * 2**20            # Ray's minimum is 75 MiB; ranks pass no objects
 START_TIMEOUT_S = 120.0
+NODES_EVERY_S = 0.5                  # how often the cluster's live nodes are read
 LOCAL_ENV = ("RAY_USAGE_STATS_ENABLED", "RAY_TMPDIR", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
 
 
@@ -297,11 +305,33 @@ class RayExecutor:
                 f"--ray-address {address}: the cluster lacks device resources for --cluster "
                 f"{topology.name} ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}"
                 "); start each node with ray start --resources (docs/cluster.md)")
-        self.python = python
+        self.python, self.topology = python, topology
         self.actor = ray.remote(RankActor)
         self.devices: dict[int, _Device] = {}
         self.gangs: dict[str, _RayGang] = {}
         self.failed: dict[str, tuple[int, int]] = {}
+        self._down: frozenset[str] = frozenset()
+        self._nodes_at = -float("inf")
+
+    def down(self) -> frozenset[str]:
+        """The servers none of whose live nodes declares all their devices (lost); the
+        actors of their devices are dropped (they died with the node)."""
+        now = time.monotonic()
+        if now - self._nodes_at < NODES_EVERY_S:
+            return self._down
+        self._nodes_at = now
+        try:
+            nodes = self.ray.nodes()
+        except Exception:   # noqa: BLE001 - the GCS did not answer: ask again next time
+            return self._down
+        have = {k for n in nodes if n.get("Alive") for k in n.get("Resources", {})}
+        t = self.topology
+        down = frozenset(s.name for s in t.servers
+                         if any(DEVICE.format(d) not in have for d in s.devices))
+        for d in [d for d in self.devices if t.servers[t.device_server[d]].name in down]:
+            self._drop(d)
+        self._down = down
+        return down
 
     def _pinned(self, devices: list[int]) -> list[_Device]:
         """The actors of ``devices``, created (all at once) where missing."""
@@ -355,7 +385,11 @@ class RayExecutor:
         pending = [w for w, c in zip(g.waits, g.codes) if c is None]
         ready, _ = self.ray.wait(pending, num_returns=len(pending), timeout=0)
         for w in ready:
-            g.codes[g.waits.index(w)] = self.ray.get(w)
+            try:
+                g.codes[g.waits.index(w)] = self.ray.get(w)
+            except Exception:   # noqa: BLE001 - the actor died (its node was lost)
+                g.codes[g.waits.index(w)] = KILLED
+                self._nodes_at = -float("inf")   # read the nodes again at once
         note_failure(self.failed, job, g.codes)
         if failed_rank(g.codes):
             for a, pid, c in zip(g.actors, g.pids, g.codes):

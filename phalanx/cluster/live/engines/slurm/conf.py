@@ -92,6 +92,9 @@ def local_conf(topology: Topology, folder: Path, ports: LocalPorts) -> str:
         # start a submitted job at once (the default waits up to 3 s to batch submissions)
         "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
         "KillWait=5", "MinJobAge=600", "MailProg=/bin/true",
+        # a slurmd silent this long is down (its jobs NODE_FAIL): a lost node is noticed in
+        # seconds, not Slurm's default 5 minutes
+        "SlurmdTimeout=6",
     ]
     lines += [node_line(s, port, "127.0.0.1") for s, port in zip(topology.servers, ports.nodes)]
     nodes = ",".join(s.name for s in topology.servers)

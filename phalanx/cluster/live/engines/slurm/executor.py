@@ -16,6 +16,15 @@ the scheduler chose; Slurm allocates and runs, it decides nothing.
   one ``squeue`` call (cached for ``refresh_s``), decoded as ``Popen`` does (-N: signal N).
 * A rank Slurm keeps pending longer than ``pending_s`` (another user's job holds its
   device on a shared cluster) fails its gang, with Slurm's reason in the job's log.
+* **A scheduler restarted** (``--resume``): the ranks an earlier scheduler of the run left
+  running are found by their output (the job's log) and stopped as for a preemption
+  (:meth:`SlurmExecutor.stop_leftovers`): they checkpoint, and the job resumes from there.
+* **Lost nodes** (:meth:`SlurmExecutor.down`): a node Slurm marks not responding (``*``: its
+  ``slurmd`` did not answer the controller's last ping), down, drained or failing (``sinfo``,
+  read at most every :data:`NODES_EVERY_S`). Not responding comes first, seconds after a
+  ``slurmd`` dies (the controller pings every ``SlurmdTimeout`` / 3); down after
+  ``SlurmdTimeout``, when its jobs end as ``NODE_FAIL``. Its devices come back when it
+  answers again.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import re
 import subprocess
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +61,16 @@ TASK = Path(__file__).with_name("task.py")
 RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
            "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
 GRES = re.compile(r"gpu:([^:,()]+):")
+NODES_EVERY_S = 0.5
+LOST_STATES = {"down", "drain", "drained", "draining", "fail", "failing"}
+
+
+def lost(state: str) -> bool:
+    """A node state of ``sinfo -o %T`` (``idle*``, ``down``, ``idle+drain``, ...) that takes
+    the node's devices out of service."""
+    state = state.strip().lower()
+    return state.endswith("*") or any(part.rstrip("*~#!%$@^-") in LOST_STATES
+                                      for part in state.split("+"))
 
 
 def batch_script(python: str, spec: dict) -> str:
@@ -97,6 +117,8 @@ class SlurmExecutor:
         # was interrupted before it told us the job's id
         self.tag = f"phalanx-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.signals: list[subprocess.Popen[bytes]] = []    # scancel calls in flight
+        self._down: frozenset[str] = frozenset()
+        self._nodes_at = -float("inf")
 
     # ------------------------------------------------------------------ the cluster
     def _slurm(self, *cmd: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
@@ -131,6 +153,54 @@ class SlurmExecutor:
                     f"lacks {lack}: each server must be a node of the partition with one GRES "
                     f"gpu:phx<device id> per device (docs/cluster.md, Slurm)")
         return {s.name: have[s.name][0] for s in self.topology.servers}
+
+    def down(self) -> frozenset[str]:
+        """The servers whose node Slurm has taken out of service (:func:`lost`)."""
+        now = time.monotonic()
+        if now - self._nodes_at < NODES_EVERY_S:
+            return self._down
+        self._nodes_at = now
+        r = self._slurm("sinfo", "-h", "-N", "-p", self.target.partition, "-o", "%N|%T",
+                        timeout=10)
+        if r.returncode != 0:
+            return self._down   # the controller did not answer: ask again next time
+        state = dict(ln.split("|", 1) for ln in r.stdout.splitlines() if "|" in ln)
+        self._down = frozenset(s.name for s in self.topology.servers
+                               if lost(state.get(s.name, "down")))
+        return self._down
+
+    def stop_leftovers(self, logs: Sequence[Path], grace_s: float) -> dict[str, int]:
+        """Stop the batch jobs an earlier scheduler of this run left behind (on an existing
+        cluster a rank outlives its scheduler): this user's jobs whose output is one of
+        ``logs`` (each job's log, ``OUT/logs/NAME.log``). SIGTERM to each rank (it
+        checkpoints, as for a preemption), SIGKILL after ``grace_s``; returns how many were
+        found per log's job name, once they are gone."""
+        wanted = {str(p): p.stem for p in logs}
+        r = self._slurm("squeue", "-h", "-u", str(os.getuid()), "-O",
+                        "JobID:24,State:24,StdOut:4096")
+        found: dict[str, list[str]] = {}
+        for line in r.stdout.splitlines():
+            cols = line.split(None, 2)
+            if len(cols) == 3 and cols[2].strip() in wanted and cols[1] in RUNNING:
+                found.setdefault(wanted[cols[2].strip()], []).append(cols[0])
+                self.states[cols[0]] = (cols[1], 0, "")
+        ids = [i for v in found.values() for i in v]
+        if ids:
+            self._signal(ids, "TERM")
+            deadline, killed = time.monotonic() + grace_s, False
+            while True:
+                q = self._slurm("squeue", "-h", "-j", ",".join(ids), "-O", "JobID:24,State:24")
+                live = [c[0] for c in (ln.split() for ln in q.stdout.splitlines())
+                        if len(c) == 2 and c[1] in RUNNING]
+                if not live or time.monotonic() > deadline + 30:
+                    break
+                if not killed and time.monotonic() > deadline:
+                    self._signal(live, "KILL")
+                    killed = True
+                time.sleep(0.2)
+            for i in ids:
+                self.states.pop(i, None)
+        return {k: len(v) for k, v in found.items()}
 
     def _master(self, node: str) -> tuple[str, int]:
         addr = self.addr[node]
