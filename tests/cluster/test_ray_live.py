@@ -8,8 +8,10 @@
 its group only if every rank binds where the others connect (issue 33).
 
 * A 2-device sync gang spans hosts 0 and 1 and trains to the parameters of the same job on
-  one host; Tiresias with a short quantum preempts and resumes real sync jobs on other
-  nodes; every rank records where it ran; the ranks listen only on their host's own
+  one host; Tiresias with a short quantum preempts and resumes a real sync gang; a node
+  whose raylet is killed loses its job to the other nodes and takes its device back when
+  it returns; a scheduler killed with ``kill -9`` is resumed; every rank records where it
+  ran; the ranks listen only on their host's own
   address (Ray's own daemons listen on ``*`` inside their namespace: recorded, not
   asserted). The cluster is started once for the module and torn down on every exit path:
   our Ray processes by their temp folders (never ``ray stop``: it would end every Ray
@@ -59,21 +61,15 @@ SYNC = ("{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard:
         "seed: 3, worker_threads: 1")
 # Tiresias, 4 s rounds, one threshold at 6 GPU-s, first-fit placement (lowest free
 # devices). t=0: A (2 GPUs) on nodes a,b; C on c. t=1: B waits. Round 1 (t=4): A has 8
-# GPU-s (queue 1), B and C are in queue 0: A is preempted, B takes a. t=5: Z, which cannot
-# be preempted (model-parallel cannot resume), takes b. A needs two free devices: while Z
-# holds b they can only be a and c, so A resumes on other nodes whenever Z outlasts B and
-# C. Every duration here is in steps, so it scales with the machine's speed and load
-# alike: Z's 120 steps slowed 30x are ~3,600 of its ~4 ms steps against B's 1,000 and C's
-# 1,500 steps of about the same cost (a CI run with Z at 60 steps, 1,800, finished Z
-# before C, and A came back on a,b). D, a second 2-node gang, arrives later.
+# GPU-s (queue 1), B and C are in queue 0: A is preempted through its actors (SIGTERM:
+# checkpoint, exit 75), B takes a. A resumes from its checkpoint once two devices are free,
+# on a,b or b,c as B or C ends first. (A job resumed on other nodes, deterministically: the
+# node-loss test below; a non-preemptible straggler holding b once forced it here, and
+# made this the suite's longest test, 220 s at load 8.)
 JOBS = f"""jobs:
   - {{name: A, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 900}}}}
   - {{name: C, arrival: 0, gpus: 1, config: {SYNC}, max_steps: 1500}}}}
   - {{name: B, arrival: 1, gpus: 1, config: {SYNC}, max_steps: 1000}}}}
-  - {{name: Z, arrival: 5, gpus: 1, config: {{model: mlp, data: synthetic, epochs: 100,
-      strategy: model-parallel, tensorboard: false, max_steps: 120,
-      slow_workers: '0:30'}}}}
-  - {{name: D, arrival: 14, gpus: 2, config: {SYNC}, max_steps: 200}}}}
 """
 SCHEDULE = ["--policy", "tiresias", "--slot", "4", "--tiresias-thresholds", "6",
             "--starvation", "0", "--placement", "first-fit", "--grace", "30", "--engine",
@@ -245,7 +241,7 @@ def test_a_gang_spanning_two_hosts_trains_like_one_host(cluster, tmp_path):
     assert any("phalanx.entry.scheduled" in x.cmdline for x in seen[1]), "no rank seen on host 1"
 
 
-def test_tiresias_preempts_and_resumes_on_other_nodes(cluster, tmp_path):
+def test_tiresias_preempts_and_resumes_a_gang(cluster, tmp_path):
     net, address, topology = cluster
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(JOBS)
@@ -253,16 +249,13 @@ def test_tiresias_preempts_and_resumes_on_other_nodes(cluster, tmp_path):
     r, seen = schedule_in_host0(net, address, jobs, out, SCHEDULE)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
-    assert all(rows[n]["status"] == "finished" for n in "ABCDZ"), rows
-    assert all(rows[n]["preemptible"] == "yes" for n in "ABCD")
-    assert rows["Z"]["preemptible"] == "no: --strategy model-parallel cannot resume"
-    assert rows["Z"]["preemptions"] == "0"
+    assert all(rows[n]["status"] == "finished" for n in "ABC"), rows
+    assert all(rows[n]["preemptible"] == "yes" for n in "ABC")
 
     # the scheduler's placements per start, and what each rank recorded: Ray put each rank
     # on the node of the device we gave it, and the rank saw only that device
     names = [s.name for s in topology.servers]
-    moved = ranks_where_placed(out, rows, topology, "ABCDZ")
-    assert moved, f"no job resumed on other nodes: {rows}"
+    ranks_where_placed(out, rows, topology, "ABC")
     assert len(names) == 3 and len(set(topology.server_rack)) == 2
     assert int(rows["A"]["preemptions"]) >= 1
 
