@@ -136,7 +136,7 @@ def slurm_cluster(topology: Topology, partition: str = "",
     local = LocalSlurm(topology, hosts)
     try:
         local.start()
-        yield SlurmTarget(PARTITION, local.env, str(local.folder), local.where)
+        yield local.target
     finally:
         local.stop()
 
@@ -154,6 +154,10 @@ class LocalSlurm:
         self.env = {"SLURM_CONF": str(self.folder / "slurm.conf"),
                     MARKER: str(self.folder)}
         self.daemons: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    @property
+    def target(self) -> SlurmTarget:
+        return SlurmTarget(PARTITION, self.env, str(self.folder), self.where)
 
     # ------------------------------------------------------------------ start
     def _write(self) -> None:
@@ -223,9 +227,11 @@ class LocalSlurm:
         f = self.folder
         self._write()
         sock = f / "munge" / "munge.socket"
-        self._spawn("munged", self.daemon_argv(["munged", "-F", f"--socket={sock}", f"--key-file={f}/munge.key",
-                               f"--pid-file={f}/munged.pid", f"--seed-file={f}/munged.seed",
-                               f"--log-file={f}/log/munged.log", "--num-threads=2"]))
+        # outside the test hosts, if any: its socket is a file, which every host reaches
+        self._spawn("munged", self.daemon_argv([
+            "munged", "-F", f"--socket={sock}", f"--key-file={f}/munge.key",
+            f"--pid-file={f}/munged.pid", f"--seed-file={f}/munged.seed",
+            f"--log-file={f}/log/munged.log", "--num-threads=2"]))
         self._wait("munged", sock.exists)
         conf = str(f / "slurm.conf")
         self._spawn("slurmctld", self.daemon_argv(["slurmctld", "-D", "-i", "-f", conf], 0))
