@@ -56,9 +56,11 @@ needs_slurm = pytest.mark.skipif(
     not HAVE_SLURM or os.geteuid() != 0,
     reason="needs root and Slurm (apt-get install slurm-wlm munge; make test installs them)")
 
-SYNC = "{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false, seed: 3"
-# one intra-op thread per rank wherever it runs (as in test_ray_live.py)
-SYNC1 = SYNC + ", worker_threads: 1"
+# one intra-op thread per rank wherever it runs: a lone rank on a test host would otherwise
+# take 2 (this machine's cores over its host's ranks), and its matmuls would sum in another
+# order than the reference's two ranks on one host (as in test_ray_live.py)
+SYNC = ("{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false, "
+        "seed: 3, worker_threads: 1")
 # Tiresias, 3 s rounds, one threshold at 4.5 GPU-s, first-fit. t=0: A (2 GPUs) on a,b; B
 # on c. t=1: C waits. Round 1 (t=3): A has 6 GPU-s (queue 1), B and C are in queue 0 and
 # fill 2 of the 3 devices: A is preempted (SIGTERM through Slurm: checkpoint, exit 75), C
@@ -176,7 +178,7 @@ def test_a_gang_spanning_two_hosts_trains_like_one_host(cluster, tmp_path):
     one host, bit for bit."""
     t_test = time.monotonic()
     target, topo_path, topology, net, _ = cluster
-    line = f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC1}, max_steps: 60}}}}"
+    line = f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 60}}}}"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n" + line + "\n")
     ref = Reference(tmp_path, line, "S", _env())
