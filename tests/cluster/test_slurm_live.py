@@ -147,7 +147,7 @@ def schedule_in_host0(target, net, args: list[str], timeout: float = 180):
             for i, host in enumerate(net.hosts):
                 seen[i].update(host.listening())
             outside.update(listeners(_ours(target.folder, Path(out))))
-            time.sleep(0.3)
+            time.sleep(0.5)   # a round costs ~0.15 s of CPU; a rank listens for seconds
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
