@@ -186,6 +186,7 @@ def test_a_gang_spanning_two_hosts_trains_like_one_host(cluster, tmp_path):
     r, seen, outside = schedule_in_host0(target, net, [
         "--jobs", str(jobs), "--cluster", topo_path, "--engine", "slurm", "--placement",
         "first-fit", "--out", str(out)])
+    t_schedule = time.monotonic() - t_test
     assert r.returncode == 0, r.stdout + r.stderr
     assert rows_of(out)["S"]["status"] == "finished", rows_of(out)["S"]
     recs = rank_record.read(out / "ranks" / "S.jsonl")
@@ -195,7 +196,8 @@ def test_a_gang_spanning_two_hosts_trains_like_one_host(cluster, tmp_path):
         assert any("phalanx.entry.scheduled" in x.cmdline for x in seen[i]), f"no rank in {i}"
     ref.assert_same_parameters(out)
     listen_on_their_host_only(net, seen, outside)
-    print(f"2-host gang test {time.monotonic() - t_test:.1f} s")
+    print(f"2-host gang test {time.monotonic() - t_test:.1f} s (phalanx schedule "
+          f"{t_schedule:.1f} s, S ran {float(rows_of(out)['S']['jct']):.1f} s of it)")
 
 
 @needs_slurm
