@@ -1,13 +1,17 @@
-"""Live scheduling on a real local Slurm cluster (slurmctld + one slurmd per server, 3 nodes
-in 2 racks, one fake GPU each): Tiresias with a short quantum preempts a 2-node sync gang
-and resumes it; every rank records the node Slurm ran it on and the devices it got, and
-they are the scheduler's; every daemon and rank listens on 127.0.0.1 only; nothing is left
-after the run nor after SIGINT mid-run.
+"""Live scheduling on a real Slurm cluster across test hosts (slurmctld + one slurmd per
+server, 3 nodes in 2 racks, one fake GPU each; node i's slurmd in test host i, a network
+namespace with its own address, :class:`phalanx.runtime.hosts.TestNetwork`; slurmctld in
+host 0): a 2-node sync gang forms its group across two hosts and ends with the parameters
+of the same job on one host; Tiresias with a short quantum preempts a 2-node sync gang and
+resumes it; every rank records the node Slurm ran it on and the devices it got, and they
+are the scheduler's; every daemon, step and rank listens only on its host's own address;
+nothing is left after the run nor after SIGINT mid-run.
 
-The cluster is started once for the module (``slurm_cluster``); ``phalanx schedule`` runs
-as a user runs it, in its own process, against it as an existing cluster
-(``SLURM_CONF`` + ``--slurm-partition``). The SIGINT test lets the CLI build its own
-cluster, so that teardown is checked too. Needs root and Debian's slurm-wlm + munge
+The cluster is started once for the module (``slurm_cluster(..., hosts=...)``);
+``phalanx schedule`` runs as a user runs it, in its own process inside host 0 (where the
+controller is reachable), against it as an existing cluster (``SLURM_CONF`` +
+``--slurm-partition``). The SIGINT test lets the CLI build its own (loopback) cluster, so
+that teardown is checked too. Needs root, test hosts, and Debian's slurm-wlm + munge
 (``make test``'s set-up installs them).
 """
 
@@ -24,7 +28,6 @@ from pathlib import Path
 import pytest
 import torch
 from live_procs import (
-    LOOPBACK,
     Reference,
     check_lost_node_run,
     listeners,
@@ -41,11 +44,10 @@ from phalanx.cluster.live.engines.slurm.local import (
     CLIENTS,
     DAEMONS,
     MARKER,
-    REAPER,
+    LocalSlurm,
     marked_pids,
-    slurm_cluster,
 )
-from phalanx.runtime import rank_record
+from phalanx.runtime import hosts, rank_record
 from phalanx.runtime.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +56,11 @@ needs_slurm = pytest.mark.skipif(
     not HAVE_SLURM or os.geteuid() != 0,
     reason="needs root and Slurm (apt-get install slurm-wlm munge; make test installs them)")
 
-SYNC = "{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false, seed: 3"
+# one intra-op thread per rank wherever it runs: a lone rank on a test host would otherwise
+# take 2 (this machine's cores over its host's ranks), and its matmuls would sum in another
+# order than the reference's two ranks on one host (as in test_ray_live.py)
+SYNC = ("{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false, "
+        "seed: 3, worker_threads: 1")
 # Tiresias, 3 s rounds, one threshold at 4.5 GPU-s, first-fit. t=0: A (2 GPUs) on a,b; B
 # on c. t=1: C waits. Round 1 (t=3): A has 6 GPU-s (queue 1), B and C are in queue 0 and
 # fill 2 of the 3 devices: A is preempted (SIGTERM through Slurm: checkpoint, exit 75), C
@@ -87,12 +93,37 @@ def _ours(folder: str, out: Path) -> list[int]:
                       + marked_pids(f"{MARKER}={folder}".encode())))
 
 
+def _cli(target, *args: str) -> list[str]:
+    """``phalanx ARGS`` where a user of the cluster runs it: inside host 0."""
+    return [*target.where, sys.executable, "-m", "phalanx.cli", *args]
+
+
+def _squeue(target, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*target.where, "squeue", *args], capture_output=True, text=True,
+                          env=_env(**target.env), check=True)
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster():
+    """The module's Slurm cluster, node i in test host i: (target, topology's name,
+    topology, net, the LocalSlurm). Torn down on every path: jobs, daemons, folder, then
+    the hosts (what slurm_cluster(..., hosts=) does, the LocalSlurm kept for its slurmd's
+    command line)."""
+    why = hosts.unavailable()
+    if why is not None:
+        pytest.skip(f"no test hosts: {why}")
     topo_path = "three-nodes"      # clusters.three_nodes: a | b, c in 2 racks
     topology = resolve_cluster(topo_path, REPO)
-    with slurm_cluster(topology) as target:
-        yield target, topo_path, topology
+    t0 = time.monotonic()
+    with hosts.TestNetwork(len(topology.servers)) as net:
+        local = LocalSlurm(topology, net.hosts)
+        target = local.target
+        try:
+            local.start()
+            print(f"Slurm on {len(net.hosts)} test hosts up in {time.monotonic() - t0:.1f} s")
+            yield target, topo_path, topology, net, local
+        finally:
+            local.stop()
     for p in RESTARTED:   # slurmd started again by a test: stopped with the cluster
         p.wait(timeout=30)
     folder = target.folder
@@ -102,30 +133,81 @@ def cluster(tmp_path_factory):
 
 
 @needs_slurm
-def test_tiresias_preempts_and_resumes_on_slurm(cluster, tmp_path):
-    target, topo_path, topology = cluster
-    jobs = tmp_path / "jobs.yaml"
-    jobs.write_text(JOBS)
-    out = tmp_path / "out"
-    seen: set[str] = set()
+def schedule_in_host0(target, net, args: list[str], timeout: float = 180):
+    """``phalanx schedule ARGS --slurm-partition P`` inside host 0, while every listening
+    socket of the hosts, and of our processes outside them, is sampled: returns (the run,
+    {host: listeners}, listeners outside the hosts)."""
+    seen: dict[int, set] = {i: set() for i in range(len(net.hosts))}
+    outside: set[str] = set()
+    out = args[args.index("--out") + 1]
     done = threading.Event()
 
     def watch() -> None:   # every listener of the daemons, steps and ranks, while running
         while not done.is_set():
-            seen.update(listeners(_ours(target.folder, out)))
-            time.sleep(0.5)
+            for i, host in enumerate(net.hosts):
+                seen[i].update(host.listening())
+            outside.update(listeners(_ours(target.folder, Path(out))))
+            time.sleep(0.5)   # a round costs ~0.15 s of CPU; a rank listens for seconds
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
-                            str(jobs), "--cluster", str(topo_path), *SCHEDULE,
-                            "--slurm-partition", target.partition, "--out", str(out)],
-                           capture_output=True, text=True, env=_env(**target.env), timeout=180,
-                           check=False)
+        r = subprocess.run(_cli(target, "schedule", *args, "--slurm-partition",
+                                target.partition), capture_output=True, text=True,
+                           env=_env(**target.env), timeout=timeout, check=False, cwd=REPO)
     finally:
         done.set()
         watcher.join()
+    return r, seen, outside
+
+
+def listen_on_their_host_only(net, seen, outside) -> None:
+    """Every listener in a host (slurmd, slurmctld, job steps, ranks' stores and gloo
+    devices) is on that host's own address; nothing of ours listens outside the hosts."""
+    for i, host in enumerate(net.hosts):
+        assert seen[i], f"nothing listened in host {i}"
+        assert {x.addr for x in seen[i]} == {host.addr}, (i, sorted(
+            (x.addr, x.port, x.cmdline[:80]) for x in seen[i]))
+    assert not outside, outside
+
+
+@needs_slurm
+def test_a_gang_spanning_two_hosts_trains_like_one_host(cluster, tmp_path):
+    """S (2 devices, first-fit: nodes a and b, hosts 0 and 1) forms its group across hosts,
+    rank 0 serving it at node a's NodeAddr, and ends with the parameters of the same job on
+    one host, bit for bit."""
+    t_test = time.monotonic()
+    target, topo_path, topology, net, _ = cluster
+    line = f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 60}}}}"
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n" + line + "\n")
+    ref = Reference(tmp_path, line, "S", _env())
+    out = tmp_path / "out"
+    r, seen, outside = schedule_in_host0(target, net, [
+        "--jobs", str(jobs), "--cluster", topo_path, "--engine", "slurm", "--placement",
+        "first-fit", "--out", str(out)])
+    t_schedule = time.monotonic() - t_test
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert rows_of(out)["S"]["status"] == "finished", rows_of(out)["S"]
+    recs = rank_record.read(out / "ranks" / "S.jsonl")
+    assert sorted((x.rank, x.node) for x in recs) == [(0, "a"), (1, "b")]
+    # both ranks listened, each in its own host: the group really spanned two hosts
+    for i in (0, 1):
+        assert any("phalanx.entry.scheduled" in x.cmdline for x in seen[i]), f"no rank in {i}"
+    ref.assert_same_parameters(out)
+    listen_on_their_host_only(net, seen, outside)
+    print(f"2-host gang test {time.monotonic() - t_test:.1f} s (phalanx schedule "
+          f"{t_schedule:.1f} s, S ran {float(rows_of(out)['S']['jct']):.1f} s of it)")
+
+
+@needs_slurm
+def test_tiresias_preempts_and_resumes_on_slurm(cluster, tmp_path):
+    target, topo_path, topology, net, _ = cluster
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(JOBS)
+    out = tmp_path / "out"
+    r, seen, outside = schedule_in_host0(target, net, [
+        "--jobs", str(jobs), "--cluster", str(topo_path), *SCHEDULE, "--out", str(out)])
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
     assert all(rows[n]["status"] == "finished" for n in "ABC"), rows
@@ -152,12 +234,10 @@ def test_tiresias_preempts_and_resumes_on_slurm(cluster, tmp_path):
     for k in want["model"]:
         assert torch.equal(got["model"][k], want["model"][k]), k
 
-    # nothing listened beyond loopback; no rank is left, and the cluster has no job
-    assert seen and seen <= LOOPBACK, seen
+    # every listener was on its host's own address; no rank is left, the cluster has no job
+    listen_on_their_host_only(net, seen, outside)
     assert not pids_with(str(out))
-    q = subprocess.run(["squeue", "-h"], capture_output=True, text=True,
-                       env=_env(**target.env), check=True)
-    assert q.stdout.strip() == ""
+    assert _squeue(target, "-h").stdout.strip() == ""
 
 
 @needs_slurm
@@ -194,7 +274,7 @@ def test_sigint_mid_run_leaves_nothing(tmp_path):
 def test_existing_cluster_is_checked(cluster, tmp_path):
     """A partition whose node lacks a device's typed GRES (here: the topology gives c a
     second device) is refused before any job, in one line."""
-    target, _, _ = cluster
+    target, *_ = cluster
     topo = tmp_path / "four.yaml"
     # three-nodes with a second device on c
     topo.write_text('''name: three-nodes
@@ -212,12 +292,11 @@ zones:
           - {name: c, device_type: v100, devices: 2, cpu_cores: 2, memory_gib: 8}
 ''')
     (tmp_path / "jobs.yaml").write_text(JOBS)
-    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
-                        str(tmp_path / "jobs.yaml"), "--cluster", str(topo), "--engine",
-                        "slurm", "--slurm-partition", target.partition, "--out",
-                        str(tmp_path / "out")],
+    r = subprocess.run(_cli(target, "schedule", "--jobs", str(tmp_path / "jobs.yaml"),
+                            "--cluster", str(topo), "--engine", "slurm", "--slurm-partition",
+                            target.partition, "--out", str(tmp_path / "out")),
                        capture_output=True, text=True, env=_env(**target.env), timeout=60,
-                       check=False)
+                       check=False, cwd=REPO)
     assert r.returncode == 2, r.stderr
     assert r.stderr == ("phalanx: error: --slurm-partition phalanx: --cluster three-nodes "
                         "server c lacks GRES phx3: each server must be a node of the "
@@ -230,17 +309,18 @@ zones:
 def test_close_cancels_a_job_whose_id_it_never_got(cluster):
     """A job of the run whose sbatch was interrupted before it printed the id (Ctrl-C at
     that moment) is found by the run's tag and cancelled too."""
-    target, _, topology = cluster
-    ex = SlurmExecutor(topology, target, sys.executable)
+    target, _, topology, *_ = cluster
+    ex = SlurmExecutor(topology, target, sys.executable)   # its commands run in host 0
     env = _env(**target.env)
-    jid = subprocess.run(["sbatch", "--parsable", f"--comment={ex.tag}", "--nodelist=a",
-                          "--gres=gpu:phx0:1", "-o", "/dev/null", "--wrap", "sleep 60"],
+    jid = subprocess.run([*target.where, "sbatch", "--parsable", f"--comment={ex.tag}",
+                          "--nodelist=a", "--gres=gpu:phx0:1", "-o", "/dev/null", "--wrap",
+                          "sleep 60"],
                          capture_output=True, text=True, env=env, check=True).stdout.strip()
     ex.close()
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        q = subprocess.run(["squeue", "-h", "--states=all", "-j", jid, "-O", "State"],
-                           capture_output=True, text=True, env=env, check=False)
+        q = subprocess.run([*target.where, "squeue", "-h", "--states=all", "-j", jid, "-O",
+                            "State"], capture_output=True, text=True, env=env, check=False)
         if q.stdout.split() == ["CANCELLED"]:
             break
         time.sleep(0.2)
@@ -268,7 +348,7 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
     checkpoint on a and c, and G (3 devices) runs only once b's slurmd is back. Both
     finish; S ends with an uninterrupted run's parameters; nothing is left behind."""
     t_test = time.monotonic()
-    target, topo_path, topology = cluster
+    target, topo_path, topology, net, local = cluster
     env = _env(**target.env)
     s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 240, "
               "checkpoint_every: 30}}")
@@ -277,18 +357,17 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
                     "max_steps: 10}}\n")
     ref = Reference(tmp_path, s_line, "S", _env())
     out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
-                          "--cluster", topo_path, "--engine", "slurm", "--placement",
-                          "first-fit", "--slurm-partition", target.partition, "--out",
-                          str(out)], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(_cli(target, "schedule", "--jobs", str(jobs), "--cluster", topo_path,
+                              "--engine", "slurm", "--placement", "first-fit",
+                              "--slurm-partition", target.partition, "--out", str(out)),
+                         env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
     back = False
-    conf = target.env["SLURM_CONF"]
 
-    def restart_b() -> None:
+    def restart_b() -> None:   # in host 1 again, as at the start
         with open(Path(target.folder) / "log" / "slurmd-b-again.out", "ab") as log:
             RESTARTED.append(subprocess.Popen(
-                [sys.executable, "-I", str(REAPER), "slurmd", "-D", "-N", "b", "-f", conf],
+                local.slurmd_argv([s.name for s in topology.servers].index("b")),
                 env={**os.environ, **target.env}, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True))
 
@@ -313,8 +392,7 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
     check_lost_node_run(out, stdout)
     ref.assert_same_parameters(out)
     assert not pids_with(str(out)), "rank processes left behind"
-    q = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env, check=True)
-    assert q.stdout.strip() == ""
+    assert _squeue(target, "-h").stdout.strip() == ""
     print(f"S resumed {resumed_after:.1f} s after slurmd b stopped; test "
           f"{time.monotonic() - t_test:.1f} s")
 
@@ -326,7 +404,7 @@ def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
     as a preemption does (they checkpoint at that step), resumes S from there, and S ends
     with an uninterrupted run's parameters; nothing is left behind."""
     t_test = time.monotonic()
-    target, topo_path, topology = cluster
+    target, topo_path, *_ = cluster
     env = _env(**target.env)
     s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 1500, "
               "checkpoint_every: 30}}")
@@ -334,9 +412,8 @@ def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
     jobs.write_text(f"jobs:\n{s_line}\n")
     ref = Reference(tmp_path, s_line, "S", _env())
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs), "--cluster",
-            topo_path, "--engine", "slurm", "--placement", "first-fit", "--slurm-partition",
-            target.partition]
+    argv = _cli(target, "schedule", "--jobs", str(jobs), "--cluster", topo_path, "--engine",
+                "slurm", "--placement", "first-fit", "--slurm-partition", target.partition)
     p = subprocess.Popen([*argv, "--out", str(out)], env=env, cwd=REPO,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -346,8 +423,7 @@ def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
-    q = subprocess.run(["squeue", "-h", "-o", "%j %T"], capture_output=True, text=True,
-                       env=env, check=True)
+    q = _squeue(target, "-h", "-o", "%j %T")
     assert q.stdout.count("phalanx-S-0-") == 2 and "RUNNING" in q.stdout, q.stdout
     t0 = time.monotonic()
     r = subprocess.run([*argv, "--resume", str(out)], env=env, cwd=REPO, capture_output=True,
@@ -366,6 +442,5 @@ def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
     assert resumed(out, "S") == [(0, stopped_at), (1, stopped_at)]
     ref.assert_same_parameters(out)
     assert not pids_with(str(out)), "rank processes left behind"
-    q = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env, check=True)
-    assert q.stdout.strip() == ""
+    assert _squeue(target, "-h").stdout.strip() == ""
     print(f"resumed schedule {resumed_s:.1f} s; test {time.monotonic() - t_test:.1f} s")

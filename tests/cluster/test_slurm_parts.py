@@ -92,6 +92,18 @@ def test_local_conf_binds_loopback_and_types_every_device(tmp_path):
     assert gres_request((2, 3)) == "gpu:phx2:1,gpu:phx3:1"
 
 
+def test_local_conf_on_test_hosts_names_each_daemon_by_its_host_address(tmp_path):
+    """On test hosts slurmctld is host 0's address and each node's host name and address
+    are its host's (each daemon binds what its host name resolves to: NoInAddrAny)."""
+    t = uniform(1, 1, 2, 1, 1)
+    conf = local_conf(t, tmp_path, LocalPorts(7000, (7001, 7002), ("10.9.8.1", "10.9.8.2")))
+    assert "SlurmctldHost=10.9.8.1\nSlurmctldPort=7000\n" in conf
+    assert "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny\n" in conf
+    nodes = [ln.split(" CPUs")[0] for ln in conf.splitlines() if ln.startswith("NodeName=")]
+    assert nodes == ["NodeName=z0-r0-s0 NodeHostname=10.9.8.1 NodeAddr=10.9.8.1 Port=7001",
+                     "NodeName=z0-r0-s1 NodeHostname=10.9.8.2 NodeAddr=10.9.8.2 Port=7002"]
+
+
 JOBS = "jobs:\n  - {name: A, arrival: 0, gpus: 1, config: {model: mlp, data: synthetic}}\n"
 
 

@@ -11,7 +11,8 @@ the node and GRES lines of a topology, and the whole configuration of a local cl
   opens them.
 
 :func:`local_conf` writes the rest of a local cluster (one ``slurmctld`` and one ``slurmd``
-per server on this host, each on its own 127.0.0.1 port; munge with our own key and socket).
+per server, each on its own port of 127.0.0.1, or of its test host's own address; munge
+with our own key and socket).
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def gres_request(devices: tuple[int, ...]) -> str:
 def node_line(server: Server, port: int = 0, addr: str = "") -> str:
     """A ``slurm.conf`` NodeName line: the server's cores and its typed GRES."""
     gres = ",".join(f"gpu:{gres_type(d)}:1" for d in server.devices)
-    where = f" NodeHostname=localhost NodeAddr={addr} Port={port}" if port else ""
+    # on a test host slurmd runs under its address as host name (AS_ADDR), and so binds it
+    name = "localhost" if addr.startswith("127.") else addr
+    where = f" NodeHostname={name} NodeAddr={addr} Port={port}" if port else ""
     # at least one CPU per device: every rank asks for one core
     cpus = max(server.cpu_cores, server.num_devices)
     return f"NodeName={server.name}{where} CPUs={cpus} Gres={gres} State=UNKNOWN"
@@ -57,24 +60,43 @@ def gres_lines(topology: Topology, dev_dir: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class LocalPorts:
-    """The ports of a local Slurm cluster's daemons (slurmctld and one slurmd per node)."""
+    """The ports of a local Slurm cluster's daemons (slurmctld and one slurmd per node) and
+    their addresses: 127.0.0.1 for all (one host), or each node its test host's address
+    and slurmctld the first node's (``addrs``, one per server in server order)."""
 
     controller: int
     nodes: tuple[int, ...]       # one per server, in server order
+    addrs: tuple[str, ...] = ()  # one per server; () = every daemon on 127.0.0.1
+
+    def addr(self, node: int) -> str:
+        return self.addrs[node] if self.addrs else "127.0.0.1"
+
+
+def ctld_host(ports: LocalPorts) -> str:
+    """``SlurmctldHost``: slurmctld runs only where its host name is this entry's (or
+    ``localhost``). On test hosts it runs under its address as host name (:data:`AS_ADDR`)."""
+    return "localhost(127.0.0.1)" if not ports.addrs else ports.addr(0)
+
+
+# The prefix that runs a daemon under the host name ``$0`` (a UTS namespace of its own).
+# With NoInAddrAny / NoCtldInAddrAny slurmd and slurmctld bind what their host name
+# resolves to; test hosts share this machine's name, which resolves to loopback, so on a
+# test host each daemon is named by its host's address (numeric: it resolves to itself).
+AS_ADDR = ("unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"')
 
 
 def local_conf(topology: Topology, folder: Path, ports: LocalPorts) -> str:
-    """``slurm.conf`` of a one-host cluster in ``folder``: every daemon on 127.0.0.1, every
-    file it writes (state, spool, logs, pid files) under ``folder``."""
+    """``slurm.conf`` of a local cluster in ``folder``: every daemon on its address
+    (``ports``), every file it writes (state, spool, logs, pid files) under ``folder``."""
     f = folder
     lines = [
         "ClusterName=phalanx",
-        "SlurmctldHost=localhost(127.0.0.1)",
+        f"SlurmctldHost={ctld_host(ports)}",
         f"SlurmctldPort={ports.controller}",
         "SlurmUser=root",
         # munge with our own key, through our own socket
         "AuthType=auth/munge", f"AuthInfo=socket={f}/munge/munge.socket", "CredType=cred/munge",
-        # bind each daemon's address (127.0.0.1), never all interfaces
+        # bind each daemon's own address, never all interfaces
         "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
         f"StateSaveLocation={f}/state",
         f"SlurmdSpoolDir={f}/spool/%n",           # %n: each slurmd its own (multiple slurmd)
@@ -96,7 +118,8 @@ def local_conf(topology: Topology, folder: Path, ports: LocalPorts) -> str:
         # seconds, not Slurm's default 5 minutes
         "SlurmdTimeout=6",
     ]
-    lines += [node_line(s, port, "127.0.0.1") for s, port in zip(topology.servers, ports.nodes)]
+    lines += [node_line(s, port, ports.addr(i))
+              for i, (s, port) in enumerate(zip(topology.servers, ports.nodes, strict=True))]
     nodes = ",".join(s.name for s in topology.servers)
     lines.append(f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE "
                  "State=UP OverSubscribe=NO")

@@ -122,13 +122,14 @@ class SlurmExecutor:
 
     # ------------------------------------------------------------------ the cluster
     def _slurm(self, *cmd: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-        return run(list(cmd), self.target.env, timeout)
+        return run([*self.target.where, *cmd], self.target.env, timeout)
 
     def _slurm_async(self, *cmd: str) -> None:
         """A command the loop need not wait for (a stop: the policy's round goes on)."""
         self.signals = [p for p in self.signals if p.poll() is None]
         self.signals.append(subprocess.Popen(
-            list(cmd), env={**os.environ, **self.target.env}, stdin=subprocess.DEVNULL,
+            [*self.target.where, *cmd], env={**os.environ, **self.target.env},
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def _check_nodes(self) -> dict[str, str]:
@@ -220,7 +221,8 @@ class SlurmExecutor:
                f"--output={gang.log}", "--open-mode=append", "--no-requeue",
                f"--comment={self.tag}",
                f"--chdir={os.getcwd()}"]
-        r = subprocess.run(cmd, input=batch_script(self.python, spec), text=True,
+        r = subprocess.run([*self.target.where, *cmd], input=batch_script(self.python, spec),
+                           text=True,
                            capture_output=True, env={**os.environ, **self.target.env},
                            timeout=60, check=False)
         if r.returncode != 0:

@@ -20,6 +20,15 @@ Why several ``slurmd`` on one host rather than one network namespace per node: D
 build supports it (checked: the ``%n`` substitutions work and ``slurmctld`` takes several
 nodes on one host name with their own ports), and it needs no veth, bridge or addresses
 outside loopback, nothing to tear down but processes and a folder.
+
+**On test hosts** (``hosts``: :class:`phalanx.runtime.hosts.TestHost`, network namespaces on
+one bridge, made and torn down by the caller) the same cluster spans machines as a real one
+does: node i's ``slurmd`` runs inside host i with ``NodeAddr=`` that host's address and
+listens there only, ``slurmctld`` inside host 0 on host 0's address, ``munged`` outside
+(its socket, like every file of the cluster, is shared through the file system). The
+controller is reachable only from the hosts: Slurm's commands run inside host 0
+(:attr:`SlurmTarget.where`), and so must ``phalanx schedule``. A gang spanning nodes then
+forms its group across hosts, at the ``NodeAddr`` of its rank 0's node.
 """
 
 from __future__ import annotations
@@ -32,13 +41,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.engines.base import free_port
 from phalanx.cluster.live.engines.slurm.conf import (
+    AS_ADDR,
     DEVICE_MAJOR,
     MAX_LOCAL_SERVERS,
     PARTITION,
@@ -65,6 +76,23 @@ class SlurmTarget:
     partition: str
     env: dict[str, str] = field(default_factory=dict)
     folder: str = ""                 # a local cluster's folder ('' for an existing one)
+    # what runs a command where the controller is reachable (on test hosts: inside host 0)
+    where: tuple[str, ...] = ()
+
+
+class Host(Protocol):
+    """A test host (:class:`phalanx.runtime.hosts.TestHost`): its network namespace's name
+    and its address."""
+
+    name: str
+    addr: str
+
+
+def inside(host: Host) -> list[str]:
+    """What runs a command in ``host``'s network namespace and nothing else: not ``ip netns
+    exec``, which also mounts the namespace's own /sys, without the cgroup file system
+    under it that ``slurmd`` needs (it refuses to start)."""
+    return ["nsenter", f"--net=/run/netns/{host.name}"]
 
 
 def missing(names: tuple[str, ...]) -> list[str]:
@@ -92,8 +120,10 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 30.0
 
 
 @contextlib.contextmanager
-def slurm_cluster(topology: Topology, partition: str = "") -> Iterator[SlurmTarget]:
-    """The cluster to schedule on: ``partition`` of the existing one, or a local one."""
+def slurm_cluster(topology: Topology, partition: str = "",
+                  hosts: Sequence[Host] = ()) -> Iterator[SlurmTarget]:
+    """The cluster to schedule on: ``partition`` of the existing one, or a local one (node
+    i in test host ``hosts[i]`` when given, one per server)."""
     if partition:
         check_installed(local=False)
         yield SlurmTarget(partition)
@@ -103,10 +133,10 @@ def slurm_cluster(topology: Topology, partition: str = "") -> Iterator[SlurmTarg
         raise ConfigError(f"--cluster {topology.name}: a local Slurm cluster runs one slurmd "
                           f"per server, at most {MAX_LOCAL_SERVERS} (it has "
                           f"{len(topology.servers)}); name a real one with --slurm-partition")
-    local = LocalSlurm(topology)
+    local = LocalSlurm(topology, hosts)
     try:
         local.start()
-        yield SlurmTarget(PARTITION, local.env, str(local.folder))
+        yield local.target
     finally:
         local.stop()
 
@@ -114,12 +144,20 @@ def slurm_cluster(topology: Topology, partition: str = "") -> Iterator[SlurmTarg
 class LocalSlurm:
     """The daemons and the folder of a local cluster (see the module's text)."""
 
-    def __init__(self, topology: Topology) -> None:
-        self.topology = topology
+    def __init__(self, topology: Topology, hosts: Sequence[Host] = ()) -> None:
+        if hosts and len(hosts) != len(topology.servers):
+            raise ValueError(f"{len(hosts)} test hosts for {len(topology.servers)} servers")
+        self.topology, self.hosts = topology, list(hosts)
+        # Slurm's commands run where slurmctld listens (inside host 0 on test hosts)
+        self.where: tuple[str, ...] = tuple(inside(self.hosts[0])) if hosts else ()
         self.folder = Path(tempfile.mkdtemp(prefix="phalanx-slurm-"))
         self.env = {"SLURM_CONF": str(self.folder / "slurm.conf"),
                     MARKER: str(self.folder)}
         self.daemons: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    @property
+    def target(self) -> SlurmTarget:
+        return SlurmTarget(PARTITION, self.env, str(self.folder), self.where)
 
     # ------------------------------------------------------------------ start
     def _write(self) -> None:
@@ -135,14 +173,33 @@ class LocalSlurm:
         key.chmod(0o400)
         for d in range(self.topology.num_devices):
             os.mknod(device_file(f / "dev", d), 0o600 | 0o020000, os.makedev(DEVICE_MAJOR, d))
-        ports = LocalPorts(free_port(), tuple(free_port() for _ in self.topology.servers))
+        # a test host has a port space of its own: every port is free there
+        ports = LocalPorts(free_port(), tuple(free_port() for _ in self.topology.servers),
+                           tuple(h.addr for h in self.hosts))
         (f / "slurm.conf").write_text(local_conf(self.topology, f, ports))
         (f / "gres.conf").write_text("\n".join(gres_lines(self.topology, f / "dev")) + "\n")
+
+    def daemon_argv(self, argv: list[str], host: int | None = None) -> list[str]:
+        """A daemon's command line: under its subreaper, inside test host ``host`` if any
+        and named by its address there (``nsenter``, ``unshare``, ``sh`` exec: the
+        subreaper's child is the daemon)."""
+        if not self.hosts or host is None:
+            return [sys.executable, "-I", str(REAPER), *argv]
+        h = self.hosts[host]
+        return [*inside(h), sys.executable, "-I", str(REAPER), *AS_ADDR, h.addr, *argv]
+
+    def slurmd_argv(self, node: int) -> list[str]:
+        """Node ``node``'s slurmd (in its test host, if any): started again by the tests."""
+        return self.daemon_argv(["slurmd", "-D", "-N", self.topology.servers[node].name,
+                                 "-f", str(self.folder / "slurm.conf")], node)
+
+    def _client(self, cmd: list[str]) -> subprocess.CompletedProcess[str]:
+        return run([*self.where, *cmd], self.env, 10)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         """A daemon in its own session, under a subreaper that dies with us."""
         with open(self.folder / "log" / f"{name}.out", "ab") as out:
-            p = subprocess.Popen([sys.executable, "-I", str(REAPER), *argv], stdout=out,
+            p = subprocess.Popen(argv, stdout=out,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env={**os.environ, **self.env}, start_new_session=True)
         self.daemons.append((name, p))
@@ -170,20 +227,22 @@ class LocalSlurm:
         f = self.folder
         self._write()
         sock = f / "munge" / "munge.socket"
-        self._spawn("munged", ["munged", "-F", f"--socket={sock}", f"--key-file={f}/munge.key",
-                               f"--pid-file={f}/munged.pid", f"--seed-file={f}/munged.seed",
-                               f"--log-file={f}/log/munged.log", "--num-threads=2"])
+        # outside the test hosts, if any: its socket is a file, which every host reaches
+        self._spawn("munged", self.daemon_argv([
+            "munged", "-F", f"--socket={sock}", f"--key-file={f}/munge.key",
+            f"--pid-file={f}/munged.pid", f"--seed-file={f}/munged.seed",
+            f"--log-file={f}/log/munged.log", "--num-threads=2"]))
         self._wait("munged", sock.exists)
         conf = str(f / "slurm.conf")
-        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", conf])
-        self._wait("slurmctld", lambda: run(["sinfo", "-h"], self.env, 10).returncode == 0)
-        for s in self.topology.servers:
-            self._spawn(f"slurmd-{s.name}", ["slurmd", "-D", "-N", s.name, "-f", conf])
+        self._spawn("slurmctld", self.daemon_argv(["slurmctld", "-D", "-i", "-f", conf], 0))
+        self._wait("slurmctld", lambda: self._client(["sinfo", "-h"]).returncode == 0)
+        for i, s in enumerate(self.topology.servers):
+            self._spawn(f"slurmd-{s.name}", self.slurmd_argv(i))
         names = {s.name for s in self.topology.servers}
         self._wait("every slurmd", lambda: self._idle() == names)
 
     def _idle(self) -> set[str]:
-        r = run(["sinfo", "-h", "-N", "-o", "%N %t"], self.env, 10)
+        r = self._client(["sinfo", "-h", "-N", "-o", "%N %t"])
         return {ln.split()[0] for ln in r.stdout.splitlines() if ln.split()[1:] == ["idle"]}
 
     # ------------------------------------------------------------------ stop
@@ -209,17 +268,17 @@ class LocalSlurm:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def _cancel_all(self) -> None:
-        jobs = [ln.split() for ln in run(["squeue", "-h", "-o", "%A %T"], self.env,
-                                         10).stdout.splitlines()]
+        jobs = [ln.split() for ln in self._client(["squeue", "-h", "-o", "%A %T"])
+                .stdout.splitlines()]
         running = [j[0] for j in jobs if j[1:] != ["PENDING"]]
         pending = [j[0] for j in jobs if j[1:] == ["PENDING"]]
         if running:   # the batch step (a cancel would wait KillWait before the KILL)
-            run(["scancel", "--batch", "--signal=KILL", *running], self.env, 10)
+            self._client(["scancel", "--batch", "--signal=KILL", *running])
         if pending:
-            run(["scancel", *pending], self.env, 10)
+            self._client(["scancel", *pending])
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and run(["squeue", "-h", "-o", "%A"],
-                                                  self.env, 10).stdout.split():
+        while time.monotonic() < deadline and self._client(["squeue", "-h", "-o",
+                                                            "%A"]).stdout.split():
             time.sleep(0.1)
 
     def _kill_marked(self) -> None:
