@@ -201,6 +201,8 @@ def test_a_gang_spanning_two_hosts_trains_like_one_host(cluster, tmp_path):
 
 
 @needs_slurm
+@pytest.mark.slow  # ~45 s in CI; its mechanism (a SIGTERM through Slurm, a compressed
+# checkpoint, a bit-equal resume) is the kill -9 test's below, Tiresias live is test_live's
 def test_tiresias_preempts_and_resumes_on_slurm(cluster, tmp_path):
     target, topo_path, topology, net, _ = cluster
     jobs = tmp_path / "jobs.yaml"
@@ -406,8 +408,10 @@ def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
     t_test = time.monotonic()
     target, topo_path, *_ = cluster
     env = _env(**target.env)
+    # S is compressed (PowerSGD rank 1, warm start, error feedback): the stop's checkpoint
+    # carries each rank's residuals, PowerSGD's generator and warm Q (issue 33)
     s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 1500, "
-              "checkpoint_every: 30}}")
+              "checkpoint_every: 30, compress: 'powersgd:1,warm'}}")
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n{s_line}\n")
     ref = Reference(tmp_path, s_line, "S", _env())
@@ -440,6 +444,8 @@ def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
     assert "phalanx: preempted at step" in log, log[-2000:]
     stopped_at = int(log.split("phalanx: preempted at step")[1].split()[0].strip(":,."))
     assert resumed(out, "S") == [(0, stopped_at), (1, stopped_at)]
+    comm = load_checkpoint(out / "jobs" / "S" / "checkpoint.pt")["comm"]
+    assert len(comm) == 2 and comm[0][3].abs().sum() > 0  # each rank's residuals saved
     ref.assert_same_parameters(out)
     assert not pids_with(str(out)), "rank processes left behind"
     assert _squeue(target, "-h").stdout.strip() == ""
