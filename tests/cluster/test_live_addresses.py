@@ -82,7 +82,10 @@ def test_rank_0_told_a_foreign_master_fails_in_seconds_with_one_line(tmp_path):
     assert lines == [lines[0]] and lines[0].startswith(
         "phalanx: error: rank 0 serves the group at MASTER_ADDR 192.0.2.77 (192.0.2.77), "
         "which is not an address of this host (have "), r.stderr
-    assert took < 5, took
+    # under 5 s (issue 33), a Python and torch start-up included; on a machine loaded beyond
+    # twice its cores that start-up alone takes longer (7 s seen at load 10): there the
+    # bound only tells seconds from the 120 s store timeout
+    assert took < (5 if os.getloadavg()[0] <= 2 * (os.cpu_count() or 1) else 20), took
 
 
 # ---------------------------------------------------------------- fail fast (issue 33)

@@ -59,19 +59,23 @@ TOPOLOGY = "three-nodes"       # clusters.three_nodes: a | b, c in 2 racks, one 
 # 2, and its matmuls would sum in another order than on one host (5e-5 apart after 60 steps)
 SYNC = ("{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false, "
         "seed: 3, worker_threads: 1")
-# Tiresias, 4 s rounds, one threshold at 6 GPU-s, first-fit placement (lowest free
-# devices). t=0: A (2 GPUs) on nodes a,b; C on c. t=1: B waits. Round 1 (t=4): A has 8
-# GPU-s (queue 1), B and C are in queue 0: A is preempted through its actors (SIGTERM:
-# checkpoint, exit 75), B takes a. A resumes from its checkpoint once two devices are free,
-# on a,b or b,c as B or C ends first. (A job resumed on other nodes, deterministically: the
-# node-loss test below; a non-preemptible straggler holding b once forced it here, and
-# made this the suite's longest test, 220 s at load 8.)
+# Tiresias, 2 s rounds, queues split at 3, 6, 12, ... 96 GPU-s, first-fit placement (lowest
+# free devices). t=0: A (2 GPUs) on nodes a,b; C on c, both started in the same pass, so A's
+# attained service is always exactly twice C's; with thresholds that double, A is then a
+# queue below C at every round once it has 3 GPU-s, whenever the first round comes (under
+# load, starting the Ray actors holds the loop for seconds: with one threshold, at 6 GPU-s,
+# A and C passed it before the first round and C, the later job, was preempted). t=1: B
+# waits, in queue 0. At the first round A is preempted through its actors (SIGTERM:
+# checkpoint, exit 75) and B takes a. A resumes from its checkpoint once two devices are
+# free, on a,b or b,c as B or C ends first. (A job resumed on other nodes,
+# deterministically: the node-loss test below; a non-preemptible straggler holding b once
+# forced it here, and made this the suite's longest test, 220 s at load 8.)
 JOBS = f"""jobs:
   - {{name: A, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 900}}}}
   - {{name: C, arrival: 0, gpus: 1, config: {SYNC}, max_steps: 1500}}}}
   - {{name: B, arrival: 1, gpus: 1, config: {SYNC}, max_steps: 1000}}}}
 """
-SCHEDULE = ["--policy", "tiresias", "--slot", "4", "--tiresias-thresholds", "6",
+SCHEDULE = ["--policy", "tiresias", "--slot", "2", "--tiresias-thresholds", "3,6,12,24,48,96",
             "--starvation", "0", "--placement", "first-fit", "--grace", "30", "--engine",
             "ray"]
 
@@ -257,7 +261,8 @@ def test_tiresias_preempts_and_resumes_a_gang(cluster, tmp_path):
     names = [s.name for s in topology.servers]
     ranks_where_placed(out, rows, topology, "ABC")
     assert len(names) == 3 and len(set(topology.server_rack)) == 2
-    assert int(rows["A"]["preemptions"]) >= 1
+    assert int(rows["A"]["preemptions"]) >= 1, "; ".join(
+        f"{n}: {r['submit']}-{r['start']}-{r['end']} {r['placements']}" for n, r in rows.items())
 
     # the preempted sync job ends with the parameters of an uninterrupted run of it (the
     # same torchrun-style ranks, here on local slots of one host)
