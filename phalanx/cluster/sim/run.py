@@ -18,7 +18,13 @@ from phalanx.cluster.core.scheduler import usable_gpus
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.core.view import ElasticPolicy
 from phalanx.cluster.model.perf import PerfModel, PerfOptions
-from phalanx.cluster.model.profiles import load_pollux_apps, load_profiles
+from phalanx.cluster.model.profiles import (
+    SIA_PROFILED_TYPES,
+    SIA_REFERENCE_TYPE,
+    load_pollux_apps,
+    load_profiles,
+    load_sia_apps,
+)
 from phalanx.cluster.policies import (
     AcceptAll,
     AdmissionPolicy,
@@ -33,6 +39,13 @@ from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy, Learn
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S, check_thresholds
 from phalanx.cluster.policies.placement import PlacementOptions
 from phalanx.cluster.policies.pollux import PolluxOptions, PolluxPolicy
+from phalanx.cluster.policies.sia import (
+    GavelPolicy,
+    SiaPolicy,
+    TypeInfo,
+    UnawarePolluxPolicy,
+    cluster_types,
+)
 from phalanx.cluster.sim.event import SimConfig, Simulator
 from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.sim.traces import Trace, TraceOptions, load_trace
@@ -149,8 +162,16 @@ class Inputs:
 def load_inputs(opts: SimulateOptions) -> Inputs:
     topology = resolve_cluster(opts.cluster, opts.data_dir)
     trace = load_trace(opts.trace, opts.trace_options(), topology)
-    perf = PerfModel(load_profiles(opts.data_dir), load_pollux_apps(opts.data_dir),
-                     perf_options(opts))
+    types = sorted({s.device_type for s in topology.servers})
+    if all(t in SIA_PROFILED_TYPES for t in types):
+        # every GPU type has Sia's per-type profiles: each job runs at its type's speed
+        typed = load_sia_apps(opts.data_dir, types)
+        perf = PerfModel(load_profiles(opts.data_dir), typed[SIA_REFERENCE_TYPE]
+                         if SIA_REFERENCE_TYPE in typed else typed[types[0]],
+                         perf_options(opts), typed)
+    else:
+        perf = PerfModel(load_profiles(opts.data_dir), load_pollux_apps(opts.data_dir),
+                         perf_options(opts))
     return Inputs(topology, trace, perf)
 
 
@@ -164,6 +185,11 @@ PRESETS: dict[str, dict[str, object]] = {
                         "tiresias_thresholds": (57600.0,), "starvation": 0.0,
                         "placement": "count", "interference": False,
                         "cluster": "pollux-64"},
+    # Sia's simulator (siasosp23/artifacts sia-simulator): 60 s rounds (Gavel: 360 s, set
+    # per run), every allocation restarts the job for its application's checkpoint-
+    # restore time (Sia's per-application figures), no interference, its 64-GPU cluster
+    "sia-artifact": {"interval_s": 60.0, "restart_first": True, "interference": False,
+                     "placement": "count", "cluster": "sia-64"},
 }
 
 
@@ -206,8 +232,33 @@ def _pollux(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
         raise ConfigError("--policy pollux: learns its throughput model; --profiles "
                           "oracle is for --policy goodput")
     o = opts.pollux()
-    return PolluxPolicy(inputs.perf.pollux, tuple(s.num_devices for s in inputs.topology.servers),
-                        seed=opts.seed, generations=o.generations, search=o.search)
+    sizes = tuple(s.num_devices for s in inputs.topology.servers)
+    if len({s.device_type for s in inputs.topology.servers}) > 1:
+        # heterogeneity-unaware, as Sia ran it: one homogenised cluster
+        return UnawarePolluxPolicy(inputs.perf.pollux, sizes, seed=opts.seed,
+                                   generations=o.generations, search=o.search,
+                                   server_types=tuple(s.device_type
+                                                      for s in inputs.topology.servers))
+    return PolluxPolicy(inputs.perf.pollux, sizes, seed=opts.seed,
+                        generations=o.generations, search=o.search)
+
+
+def _typed(opts: SimulateOptions, inputs: Inputs, policy: str) -> tuple[TypeInfo, ...]:
+    if not inputs.perf.typed:
+        raise ConfigError(f"--policy {policy}: needs a cluster whose GPU types have "
+                          f"per-type profiles (--cluster sia-64), not {inputs.topology.name}")
+    if opts.profiles != "learned":
+        raise ConfigError(f"--policy {policy}: --profiles oracle is for --policy goodput")
+    return cluster_types([(s.device_type, s.num_devices) for s in inputs.topology.servers])
+
+
+def _sia(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
+    return SiaPolicy(inputs.perf.typed, _typed(opts, inputs, "sia"))
+
+
+def _gavel(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
+    return GavelPolicy(inputs.perf.typed, _typed(opts, inputs, "gavel"),
+                       opts.interval_s if opts.interval_s is not None else 360.0)
 
 
 def _goodput(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
@@ -230,6 +281,8 @@ ElasticFactory = Callable[["SimulateOptions", Inputs], ElasticPolicy]
 ELASTIC: Catalog[ElasticFactory] = Catalog("elastic policy", "--policy")
 ELASTIC.add("goodput", _goodput, "GPUs and batch per job by goodput (learned or oracle)")
 ELASTIC.add("pollux", _pollux, "the Pollux artifact's policy")
+ELASTIC.add("sia", _sia, "the Sia artifact's MILP policy (GPU types)")
+ELASTIC.add("gavel", _gavel, "Gavel's max-sum-throughput, as Sia ran it (GPU types)")
 
 
 def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
@@ -275,8 +328,8 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
 
 def _elastic_label(opts: SimulateOptions) -> str:
     """The placement column of an elastic run: what it knew (oracle runs are ablations)."""
-    if opts.ordering == "pollux":
-        return "learned"
+    if opts.ordering in ("pollux", "sia", "gavel"):
+        return "learned" if opts.ordering != "gavel" else "measured"
     label = f"{opts.profiles}/{opts.goodput_priority}"
     return label + (" (oracle ablation)" if opts.profiles == "oracle" else "")
 

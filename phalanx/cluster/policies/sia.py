@@ -1,0 +1,436 @@
+"""Heterogeneity-aware reference policies as the Sia artifact ran them (siasosp23/artifacts,
+``sia-simulator/``), in our interval engine on a cluster of several GPU types:
+
+* ``--policy sia`` (``sia.py:SiaPolicy.optimize_mip`` with ``cluster.py``'s job info, run
+  with ``--policy_p_val=-0.5 --mip_lambda_n=1.1 --project_throughputs
+  --share_max_replicas --interval=60``): per (job, GPU type) a throughput model fitted
+  online to the set-ups the job ran on that type (``learned.py``, one ``Learner`` per
+  type). A type the job never ran on is priced by *projecting* a fitted type's goodput
+  with the ratio of the two types' 1-GPU throughputs (the bootstrap profiles:
+  ``Cluster.compute_throughput_ratios``, max per-GPU batch over its step time); a job that
+  never ran is offered 1 GPU of any type. Goodputs over the configurations (type, nodes,
+  GPUs) of ``CONFIGS_4GPU`` / ``CONFIGS_8GPU`` up to twice the most GPUs profiled on any
+  type are normalised to the job's smallest, scaled by Pollux's restart factor off the
+  current configuration, raised to p, rounded to 2 decimals, and one MILP per round
+  chooses at most one configuration per job, minimising ``sum A x + lambda_n (jobs -
+  sum x)`` within each type's GPUs; a job still in checkpoint-restore keeps its
+  configuration. Solved with ``scipy.optimize.milp`` (HiGHS) instead of CBC, same 1e-4
+  relative gap. lambda_a is accepted by the artifact but unused by its objective.
+* ``--policy gavel`` (``gavel.py`` with ``max_sum_throughput_perf``, 360 s rounds): each
+  job keeps the trace's GPU count and batch; its steps per second on each type come from
+  the *measured* profile (the artifact's ``predict_throughput``, as Sia ran Gavel); the
+  LP maximises the sum of throughputs (``scipy.optimize.linprog``, HiGHS, instead of
+  ECOS) and rounds give each type's GPUs by ``allocation / time share received``.
+* ``--policy pollux`` on such a cluster (``multi_simulator_unaware.py``): Pollux sees one
+  homogenised cluster and one throughput model per job over every type it ran on; each
+  job then keeps the GPUs of the type that holds most of its allocation (the artifact's
+  repair, dropping the rest).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from phalanx.cluster.core.view import Choice, JobView
+from phalanx.cluster.model.learned import AppFacts, JobKnowledge, Learner, optimize_batch
+from phalanx.cluster.model.profiles import PolluxApplication
+from phalanx.cluster.policies.pollux import PolluxPolicy
+from phalanx.errors import ConfigError
+
+# ``sia.py``: (nodes, GPUs) a job may get on a type with 4- or 8-GPU nodes
+CONFIGS_4GPU = ((1, 1), (1, 2), (1, 4)) + tuple((n, 4 * n) for n in range(2, 17))
+CONFIGS_8GPU = ((1, 1), (1, 2), (1, 4), (1, 8)) + tuple((n, 8 * n) for n in range(2, 9))
+ZERO_ALLOC_GAIN = 1e-4
+GOODPUT_CLIP = 3000.0
+# ``sia.py:get_restart_penalty``: seconds a restart costs, per application
+SIA_RESTART_PENALTY = {"deepspeech2": 25.0, "imagenet": 250.0, "cifar10": 30.0,
+                       "bert": 120.0, "yolov3": 45.0}
+# the artifact's cluster order (``simulator_config.cluster_nnodes``): the first fitted type
+# in it is the one projected from
+SIA_TYPE_ORDER = ("aws", "dgx-ext", "rtx", "azure", "quad", "dgx")
+# types kept when a homogenised allocation ties (``fix_allocations_by_dropping``)
+UNAWARE_KEEP = {"dgx-ext": 0, "azure": 1, "quad": 2, "rtx": 3, "aws": 4}
+
+
+def one_gpu_throughput(app: PolluxApplication) -> float:
+    """Samples per second of 1 GPU at its largest profiled per-GPU batch (the artifact
+    divides the largest batch by the largest step time of the 1-GPU rows)."""
+    rows = app.placements.get("1")
+    if rows is None:
+        raise ConfigError(f"{app.name} on {app.device_type}: no 1-GPU profile")
+    step = rows.compute + rows.sync
+    return float(rows.bsz.max() / step.max())
+
+
+@dataclass(frozen=True)
+class TypeInfo:
+    """One GPU type of the cluster: its servers' size, node count and GPU total."""
+
+    name: str
+    node_gpus: int
+    nodes: int
+
+    @property
+    def gpus(self) -> int:
+        return self.node_gpus * self.nodes
+
+    def configs(self) -> tuple[tuple[int, int], ...]:
+        table = CONFIGS_4GPU if self.node_gpus == 4 else CONFIGS_8GPU
+        return tuple(c for c in table if c[0] <= self.nodes)
+
+
+def cluster_types(servers: Sequence[tuple[str, int]]) -> tuple[TypeInfo, ...]:
+    """(type, GPUs) of every server -> the types in the artifact's order."""
+    by: dict[str, list[int]] = {}
+    for t, g in servers:
+        by.setdefault(t, []).append(g)
+    for t, gs in by.items():
+        if len(set(gs)) > 1:
+            raise ConfigError(f"GPU type {t}: servers of {sorted(set(gs))} GPUs; the "
+                              f"policy needs one server size per type")
+    order = sorted(by, key=lambda t: (SIA_TYPE_ORDER.index(t) if t in SIA_TYPE_ORDER
+                                      else len(SIA_TYPE_ORDER), t))
+    return tuple(TypeInfo(t, by[t][0], len(by[t])) for t in order)
+
+
+class TypedLearner:
+    """One ``Learner`` per GPU type (a job's model on a type is fitted to what it ran
+    there); the gradient statistics are the job's, whatever type measured them last."""
+
+    def __init__(self, typed_facts: Mapping[str, Mapping[str, AppFacts]]) -> None:
+        self.by_type = {t: Learner(dict(f)) for t, f in typed_facts.items()}
+        self.grad: dict[int, tuple[float, float]] = {}
+
+    def learner_for(self, device_type: str) -> Learner:
+        return self.by_type[device_type]
+
+    def knowledge(self, device_type: str, jid: int, app: str, current: str = ""
+                  ) -> JobKnowledge:
+        """The job's model on ``device_type``, with the gradient statistics last measured
+        (on ``current``, the type it runs on now, when it has any there)."""
+        k = self.by_type[device_type].job(jid, app)
+        if current and current != device_type:
+            here = self.by_type[current].jobs.get(jid)
+            if here is not None and here.grad is not None:
+                k.grad = here.grad
+        return k
+
+    def forget(self, jid: int) -> None:
+        for lr in self.by_type.values():
+            lr.forget(jid)
+
+
+@dataclass
+class SiaPolicy:
+    """``--policy sia``: the Sia artifact's MILP policy (module doc)."""
+
+    typed: Mapping[str, Mapping[str, PolluxApplication]]
+    types: tuple[TypeInfo, ...]
+    p: float = -0.5
+    lambda_n: float = 1.1
+    lambda_a: float = 0.01          # accepted, unused (as in the artifact's objective)
+    mip_gap: float = 1e-4
+    name: str = "sia"
+    adapts_batch: bool = field(default=True, init=False)
+    uses_remaining: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.p < 0:
+            raise ConfigError(f"sia: p must be < 0 (its objective is minimised), got {self.p}")
+        if not self.lambda_n > 1:
+            raise ConfigError(f"sia: lambda_n must be > 1, got {self.lambda_n}")
+        self.tl = TypedLearner({t: {a: AppFacts.of(x) for a, x in apps.items()}
+                                for t, apps in self.typed.items()})
+        self.xput1 = {t: {a: one_gpu_throughput(x) for a, x in apps.items()}
+                      for t, apps in self.typed.items()}
+        self.configs = [(ti.name, n, g) for ti in self.types for n, g in ti.configs()]
+        self.solve_ms: list[float] = []
+
+    def learner_for(self, device_type: str) -> Learner:
+        return self.tl.learner_for(device_type)
+
+    # ------------------------------------------------------------------ goodputs
+    def _raw(self, v: JobView, t: str, nodes: np.ndarray, gpus: np.ndarray) -> np.ndarray:
+        """Goodput at (nodes, GPUs) on type ``t`` from the model fitted there; the job's
+        own batch caps the search (``get_speedup_fn``'s max batch = target batch)."""
+        k = self.tl.knowledge(t, v.id, v.app, v.device_type)
+        facts = k.facts
+        if v.batch:
+            facts = replace(facts, max_batch=max(v.batch, facts.init_batch))
+        return optimize_batch(k.params, k.grad, facts, nodes, gpus)[0]
+
+    def goodput_row(self, v: JobView) -> np.ndarray:
+        """The job's normalised goodput on every configuration (ZERO_ALLOC_GAIN where it
+        may not run)."""
+        fitted = []
+        for ti in self.types:
+            k = self.tl.by_type[ti.name].jobs.get(v.id)
+            if k is not None and k.params is not None and k.grad is not None:
+                fitted.append(ti.name)
+        caps = {}
+        for ti in self.types:
+            k = self.tl.by_type[ti.name].jobs.get(v.id)
+            prof = k.max_profiled_gpus if k is not None else 0
+            f = self.typed[ti.name][v.app]
+            caps[ti.name] = min(max(2 * prof, 1), 64, int(f.max_batch // f.min_local_bsz))
+        cap = max(caps.values())             # share_max_replicas
+        if v.app == "ncf":
+            cap = 1
+        row = np.full(len(self.configs), 0.0)
+        if not fitted:
+            for i, (_, _, g) in enumerate(self.configs):
+                if g == 1:
+                    row[i] = 1.0
+            return np.maximum(row, ZERO_ALLOC_GAIN)
+        src = fitted[0]
+        for ti in self.types:
+            idx = [i for i, (t, _, g) in enumerate(self.configs) if t == ti.name and g <= cap]
+            if not idx:
+                continue
+            gpus = np.array([self.configs[i][2] for i in idx], dtype=float)
+            if ti.name in fitted:
+                nodes = np.array([self.configs[i][1] for i in idx], dtype=float)
+                vals = self._raw(v, ti.name, nodes, gpus)
+            else:
+                # projected: another type's model x the ratio of 1-GPU throughputs
+                src_nodes = np.ceil(gpus / next(x.node_gpus for x in self.types
+                                                if x.name == src))
+                ratio = self.xput1[ti.name][v.app] / self.xput1[src][v.app]
+                vals = self._raw(v, src, src_nodes, gpus) * ratio
+            row[idx] = vals
+        pos = row[row > ZERO_ALLOC_GAIN]
+        low = float(pos.min()) if pos.size else 1.0
+        row = row / low
+        return np.maximum(row, ZERO_ALLOC_GAIN)
+
+    def _config_of(self, v: JobView) -> int | None:
+        if not v.gpus or not v.device_type:
+            return None
+        for i, (t, _, g) in enumerate(self.configs):
+            if t == v.device_type and g == v.gpus:
+                return i
+        return None
+
+    @staticmethod
+    def realloc_factor(v: JobView, now: float) -> float:
+        """Pollux's restart factor: (age - restarts x penalty) / (age + penalty); 1 for a
+        job younger than one penalty."""
+        pen = SIA_RESTART_PENALTY.get(v.app, 30.0)
+        age = now - v.submit
+        if age < pen:
+            return 1.0
+        return max(age - v.restarts * pen, 0.0) / (age + pen)
+
+    # ------------------------------------------------------------------ the MILP
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
+                 ) -> dict[int, Choice]:
+        if not jobs:
+            return {}
+        n, m = len(jobs), len(self.configs)
+        speed = np.zeros((n, m))
+        pinned: dict[int, int] = {}
+        for i, v in enumerate(jobs):
+            row = self.goodput_row(v)
+            prev = self._config_of(v)
+            if prev is not None:
+                keep = row[prev]
+                row = row * self.realloc_factor(v, now)
+                row[prev] = keep
+                if v.restarting:
+                    pinned[i] = prev
+            speed[i] = row
+        a = np.minimum(np.round(np.power(speed, self.p), 2), GOODPUT_CLIP)
+        x = solve_sia_milp(a - self.lambda_n, self.configs, self.types, pinned,
+                           self.mip_gap, self.solve_ms)
+        out = {}
+        for i, v in enumerate(jobs):
+            j = x[i]
+            if j < 0:
+                out[v.id] = Choice(0, None)
+            else:
+                t, _, g = self.configs[j]
+                out[v.id] = Choice(g, None, device_type=t)
+        return out
+
+    def finished(self, jid: int) -> None:
+        self.tl.forget(jid)
+
+
+def solve_sia_milp(cost: np.ndarray, configs: Sequence[tuple[str, int, int]],
+                   types: Sequence[TypeInfo], pinned: Mapping[int, int], gap: float,
+                   times_ms: list[float] | None = None) -> list[int]:
+    """Binary x[job, config]: minimise ``sum cost x`` with at most one configuration per
+    job and each type's GPUs; ``pinned`` jobs keep theirs. The chosen configuration per
+    job (-1: none)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import csr_matrix
+
+    n, m = cost.shape
+    t0 = time.perf_counter()
+    rows, cols, vals = [], [], []
+    for i in range(n):
+        rows.extend([i] * m)
+        cols.extend(range(i * m, (i + 1) * m))
+        vals.extend([1.0] * m)
+    ub = [1.0] * n
+    for k, ti in enumerate(types):
+        js = [j for j, c in enumerate(configs) if c[0] == ti.name]
+        for i in range(n):
+            for j in js:
+                rows.append(n + k)
+                cols.append(i * m + j)
+                vals.append(float(configs[j][2]))
+        ub.append(float(ti.gpus))
+    a = csr_matrix((vals, (rows, cols)), shape=(n + len(types), n * m))
+    lb = np.zeros(n * m)
+    for i, j in pinned.items():
+        lb[i * m + j] = 1.0
+    res = milp(cost.ravel(), integrality=np.ones(n * m),
+               bounds=Bounds(lb, np.ones(n * m)),
+               constraints=LinearConstraint(a, -np.inf, np.array(ub)),
+               options={"mip_rel_gap": gap})
+    if times_ms is not None:
+        times_ms.append((time.perf_counter() - t0) * 1000)
+    if res.x is None:
+        # the pinned jobs alone overfill a type (cannot happen: they held those GPUs)
+        raise RuntimeError(f"sia: MILP has no solution ({res.message})")
+    x = np.round(res.x).reshape(n, m)
+    return [int(np.argmax(x[i])) if x[i].sum() > 0.5 else -1 for i in range(n)]
+
+
+# ---------------------------------------------------------------------- Gavel
+
+def gavel_throughput(app: PolluxApplication, gpus: int, batch: int, node_gpus: int
+                     ) -> float:
+    """Steps per second of the job's fixed batch on ``gpus`` packed GPUs of the type
+    (``gavel.py:predict_throughput``, read from the measured profile, calibrated)."""
+    counts = tuple([node_gpus] * (gpus // node_gpus)
+                   + ([gpus % node_gpus] if gpus % node_gpus else []))
+    local = math.ceil(batch / gpus - 1e-8)
+    accum = math.ceil(local / app.max_local_bsz - 1e-8) - 1
+    if gpus == 1:
+        accum = max(1, accum)
+    atomic = math.ceil(local / (accum + 1) - 1e-8)
+    atomic = min(atomic, int(app.max_batch / (gpus * (accum + 1))))
+    step, sync = app.throughput(counts, atomic)
+    return 1.0 / (step + (step - sync) * accum) / app.slowdown
+
+
+@dataclass
+class GavelPolicy:
+    """``--policy gavel``: max-sum-throughput LP and Gavel's rounds (module doc)."""
+
+    typed: Mapping[str, Mapping[str, PolluxApplication]]
+    types: tuple[TypeInfo, ...]
+    interval_s: float = 360.0
+    name: str = "gavel"
+    adapts_batch: bool = field(default=False, init=False)
+    uses_remaining: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.job_time: dict[int, dict[str, float]] = {}
+        self.cluster_time = {t.name: 0.0 for t in self.types}
+        self._tput: dict[tuple[str, str, int, int], float] = {}
+
+    def throughput(self, v: JobView, ti: TypeInfo) -> float:
+        g = max(v.requested, 1)
+        if g > ti.gpus:
+            return 0.1
+        key = (ti.name, v.app, g, v.batch)
+        hit = self._tput.get(key)
+        if hit is None:
+            hit = self._tput[key] = gavel_throughput(self.typed[ti.name][v.app], g, v.batch,
+                                                     ti.node_gpus)
+        return hit
+
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
+                 ) -> dict[int, Choice]:
+        if not jobs:
+            return {}
+        from scipy.optimize import linprog
+
+        names = [t.name for t in self.types]
+        for v in jobs:
+            if v.id not in self.job_time:
+                self.job_time[v.id] = {t: self.interval_s / 2 for t in names}
+                for t in names:
+                    self.cluster_time[t] += self.interval_s / 2
+        n, k = len(jobs), len(self.types)
+        tput = np.array([[self.throughput(v, ti) for ti in self.types] for v in jobs])
+        scale = np.array([max(v.requested, 1) for v in jobs], dtype=float)
+        a_ub = np.zeros((k + n, n * k))
+        for j in range(k):
+            a_ub[j, j::k] = scale
+        for i in range(n):
+            a_ub[k + i, i * k:(i + 1) * k] = 1.0
+        b_ub = np.array([t.gpus for t in self.types] + [1.0] * n, dtype=float)
+        res = linprog(-tput.ravel(), A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
+        x = np.clip(np.round(res.x, 5), 0, 1).reshape(n, k) if res.x is not None \
+            else np.zeros((n, k))
+        entries = []
+        for j, t in enumerate(names):
+            for i, v in enumerate(jobs):
+                frac = self.job_time[v.id][t] / self.cluster_time[t] \
+                    if self.cluster_time[t] else 0.0
+                prio = x[i, j] * 1e9 if frac == 0 or x[i, j] == 0 else x[i, j] / frac
+                entries.append((prio, x[i, j], j, i))
+        # stable, descending by (priority, deficit 0, allocation)
+        entries.sort(key=lambda e: (e[0], e[1]), reverse=True)
+        left = {t.name: t.gpus for t in self.types}
+        chosen: dict[int, str] = {}
+        for _, _, j, i in entries:
+            t = names[j]
+            if left[t] == 0 or i in chosen or scale[i] > left[t]:
+                continue
+            left[t] -= int(scale[i])
+            chosen[i] = t
+        out = {}
+        for i, v in enumerate(jobs):
+            t = chosen.get(i)
+            if t is None:
+                out[v.id] = Choice(0, None)
+                continue
+            g = int(scale[i])
+            cfg = self.typed[t][v.app].batch_config(g, v.batch)
+            out[v.id] = Choice(g, cfg, device_type=t)
+            self.job_time[v.id][t] += self.interval_s
+            self.cluster_time[t] += self.interval_s
+        return out
+
+    def finished(self, jid: int) -> None:
+        self.job_time.pop(jid, None)
+
+
+# ---------------------------------------------------------------------- Pollux, unaware
+
+@dataclass
+class UnawarePolluxPolicy(PolluxPolicy):
+    """``--policy pollux`` on a cluster of several GPU types (module doc): Pollux's search
+    over every server as if all were one type, then each job keeps only the servers of
+    the type holding most of its GPUs."""
+
+    server_types: tuple[str, ...] = ()
+
+    def learner_for(self, device_type: str) -> Learner:
+        return self.learner          # one model per job over every type (unaware)
+
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
+                 ) -> dict[int, Choice]:
+        out = super().allocate(jobs, capacity, now)
+        fixed = {}
+        for jid, c in out.items():
+            if not c.servers:
+                fixed[jid] = c
+                continue
+            per: dict[str, int] = {}
+            for s, k in c.servers:
+                per[self.server_types[s]] = per.get(self.server_types[s], 0) + k
+            keep = min(per, key=lambda t: (-per[t], UNAWARE_KEEP.get(t, 9), t))
+            servers = tuple((s, k) for s, k in c.servers if self.server_types[s] == keep)
+            fixed[jid] = Choice(sum(k for _, k in servers), None, servers, keep)
+        return fixed

@@ -1,0 +1,150 @@
+"""GPU types end to end in the interval engine (issue 35): Sia's cluster, workloads and
+per-type profiles, a job on one type at a time, and the reference policies (sia, gavel,
+pollux unaware of types) on short Sia workloads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
+from phalanx.cluster.core.view import Choice
+from phalanx.cluster.policies.sia import (
+    TypeInfo,
+    cluster_types,
+    gavel_throughput,
+    one_gpu_throughput,
+    solve_sia_milp,
+)
+from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
+from phalanx.cluster.sim.run import SimulateOptions, apply_preset, load_inputs, simulate
+from phalanx.errors import ConfigError
+
+DATA = default_data_dir()
+pytestmark = pytest.mark.skipif(not (DATA / "sia" / "workloads").exists(),
+                                reason="../shared/data/sia missing")
+
+
+def _opts(policy: str, trace: str = "sia:philly:1", limit: int = 12, **kw) -> SimulateOptions:
+    given = {"trace": trace, "ordering": policy, "limit": limit, "data_dir": DATA, **kw}
+    return SimulateOptions(**apply_preset("sia-artifact", given))
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return load_inputs(_opts("sia"))
+
+
+def test_sia_64_is_sias_cluster():
+    topo = resolve_cluster("sia-64", DATA)
+    per = {}
+    for s in topo.servers:
+        per.setdefault(s.device_type, []).append(s.num_devices)
+    assert per == {"aws": [4] * 6, "rtx": [8] * 3, "dgx-ext": [8] * 2}
+    assert topo.num_devices == 64
+    assert [(t.name, t.node_gpus, t.nodes) for t in cluster_types(
+        [(s.device_type, s.num_devices) for s in topo.servers])] == \
+        [("aws", 4, 6), ("dgx-ext", 8, 2), ("rtx", 8, 3)]
+
+
+def test_sia_workloads_load(inputs):
+    jobs = inputs.trace.jobs
+    assert len(jobs) == 12
+    assert {j.model for j in jobs} <= {"bert", "cifar10", "deepspeech2", "imagenet", "yolov3"}
+    # the first rows of philly workload 1: cifar10-0 at 107 s, 6 GPUs, batch 2048, then
+    # deepspeech2-1 at 110 s (times count from the first arrival)
+    assert (jobs[0].name, jobs[0].submit, jobs[0].gpus, jobs[0].batch_size) == \
+        ("cifar10-0", 0.0, 6, 2048)
+    assert (jobs[1].name, jobs[1].submit) == ("deepspeech2-1", 3.0)
+    for bad in ("sia:philly:9", "sia:saturn:0", "sia:nope:1", "sia:philly"):
+        with pytest.raises(ConfigError, match="sia:philly:1..8"):
+            load_inputs(_opts("sia", trace=bad))
+
+
+def test_each_type_has_its_own_speed(inputs):
+    perf = inputs.perf
+    t = {ty: perf.app_on("imagenet", ty).throughput((1,), 100.0)[0]
+         for ty in ("aws", "rtx", "dgx-ext")}
+    # measured: T4 slower than a 2080Ti, slower than an A100
+    assert t["aws"] > t["rtx"] > t["dgx-ext"]
+    # the bootstrap 1-GPU throughput ratio is the artifact's (max batch / max step time)
+    x = {ty: one_gpu_throughput(perf.app_on("cifar10", ty)) for ty in ("aws", "dgx-ext")}
+    rows = perf.app_on("cifar10", "aws").placements["1"]
+    assert x["aws"] == pytest.approx(rows.bsz.max() / (rows.compute + rows.sync).max())
+    assert x["dgx-ext"] > x["aws"]
+    with pytest.raises(ConfigError, match="no profile of 'nope'"):
+        perf.app_on("nope", "aws")
+
+
+@dataclass
+class _Spanning:
+    """A policy that gives the first job one aws and one rtx server."""
+
+    servers: tuple
+    name: str = "spanning"
+    adapts_batch: bool = field(default=False, init=False)
+    uses_remaining: bool = field(default=False, init=False)
+
+    def allocate(self, jobs, capacity, now):
+        return {j.id: Choice(2, None, self.servers) if i == 0 else Choice(0, None)
+                for i, j in enumerate(jobs)}
+
+
+def test_mixed_type_gang_is_refused_with_the_reason(inputs):
+    topo = inputs.topology
+    aws = next(s.index for s in topo.servers if s.device_type == "aws")
+    rtx = next(s.index for s in topo.servers if s.device_type == "rtx")
+    from phalanx.cluster.policies import make_ordering, make_placement
+
+    sim = IntervalSimulator(topo, inputs.trace.jobs[:2], make_ordering("fifo", 60.0),
+                            make_placement("count"), inputs.perf, None,
+                            IntervalConfig(60.0, 30.0, True), _Spanning(((aws, 1), (rtx, 1))))
+    with pytest.raises(ConfigError, match="across GPU types aws, rtx is refused"):
+        sim.run()
+
+
+def test_milp_respects_types_and_pins():
+    types = (TypeInfo("a", 4, 1), TypeInfo("b", 8, 1))
+    configs = [("a", 1, 1), ("a", 1, 4), ("b", 1, 1), ("b", 1, 8)]
+    # three jobs all want the 8-GPU config of b most: only one fits
+    cost = np.array([[-0.2, -0.5, -0.3, -1.0]] * 3)
+    x = solve_sia_milp(cost, configs, types, {}, 1e-6)
+    assert sorted(x).count(3) == 1
+    used = {"a": 0, "b": 0}
+    for j in x:
+        if j >= 0:
+            used[configs[j][0]] += configs[j][2]
+    assert used["a"] <= 4 and used["b"] <= 8
+    # a pinned job keeps its (worse) configuration
+    x = solve_sia_milp(cost, configs, types, {2: 0}, 1e-6)
+    assert x[2] == 0
+
+
+def test_gavel_throughput_reads_the_measured_profile(inputs):
+    app = inputs.perf.app_on("cifar10", "rtx")
+    # 1 GPU: always one accumulation step (gavel.py), calibrated by cifar10's 1.8
+    step, sync = app.throughput((1,), 1024)
+    assert gavel_throughput(app, 1, 2048, 8) == pytest.approx(
+        1.0 / (step + (step - sync)) / 1.8)
+
+
+@pytest.mark.parametrize("policy", ["sia", "gavel", "pollux"])
+def test_reference_policies_run_jobs_on_one_type(policy):
+    kw = {"interval_s": 360.0} if policy == "gavel" else {}
+    if policy == "pollux":
+        kw["pollux_generations"] = 5
+    opts = _opts(policy, limit=8, **kw)
+    inputs = load_inputs(opts)
+    s, res = simulate(opts, inputs)
+    assert s.finished == 8
+    topo = inputs.topology
+    for st in res.jobs:
+        assert st.placements
+        for _, devices in st.placements:
+            types = {topo.servers[topo.device_server[d]].device_type for d in devices}
+            assert len(types) == 1
+            if policy == "gavel":
+                # Gavel runs each job at the trace's gang size
+                assert len(devices) == st.spec.requested
