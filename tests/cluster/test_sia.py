@@ -148,3 +148,128 @@ def test_reference_policies_run_jobs_on_one_type(policy):
             if policy == "gavel":
                 # Gavel runs each job at the trace's gang size
                 assert len(devices) == st.spec.requested
+
+
+# ------------------------------------------------------------------ equal information
+
+FACTS = {"name", "init_batch", "max_batch", "min_local_bsz", "max_local_bsz", "epochs",
+         "device_type", "restart_s"}
+
+
+class TypedTrap:
+    """A GPU type's application that gives the declared facts and the 1-GPU bootstrap
+    profile (``placements["1"]``, what Sia gets at arrival) and raises on anything else:
+    other placements, step times, gradient statistics, work."""
+
+    def __init__(self, app):
+        self._app = app
+
+    @property
+    def placements(self):
+        return _OnlyOneGpu(self._app.placements)
+
+    def __getattr__(self, name):
+        if name in FACTS:
+            return getattr(self._app, name)
+        raise AssertionError(f"policy read {name} of the true profile")
+
+
+class _OnlyOneGpu(dict):
+    def __init__(self, rows):
+        super().__init__({"1": rows["1"]})
+
+    def __getitem__(self, key):
+        if key != "1":
+            raise AssertionError(f"policy read the {key} placement profile")
+        return super().__getitem__(key)
+
+
+def _watch(learner):
+    seen = []
+    observe = learner.observe
+
+    def watched(jid, app, gpus, nodes, *rest, **kw):
+        seen.append((jid, gpus))
+        return observe(jid, app, gpus, nodes, *rest, **kw)
+
+    learner.observe = watched
+    return seen
+
+
+def _run_trapped(policy_cls_or_factory, opts, inputs):
+    from phalanx.cluster.policies import make_ordering, make_placement
+    from phalanx.cluster.sim.run import _typed
+
+    trapped = {t: {a: TypedTrap(x) for a, x in apps.items()}
+               for t, apps in inputs.perf.typed.items()}
+    pol = policy_cls_or_factory(trapped, _typed(opts, inputs, opts.ordering))
+    seen = {t: _watch(lr) for t, lr in pol.tl.by_type.items()}
+    sim = IntervalSimulator(inputs.topology, inputs.trace.jobs, make_ordering("fifo", 60.0),
+                            make_placement("count"), inputs.perf, None,
+                            IntervalConfig(60.0, 30.0, True, check_invariants=True), pol)
+    return pol, seen, sim.run()
+
+
+@pytest.mark.parametrize("policy", ["goodput", "goodput-share", "sia"])
+def test_typed_policies_read_only_what_sia_knows(policy):
+    """The policy gets trapped applications (facts and the 1-GPU bootstrap only), no
+    remaining work, and observations only of set-ups its jobs ran on that type; every job
+    finishes and first runs on one GPU (nothing known yet but the bootstrap)."""
+    from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
+    from phalanx.cluster.policies.sia import SiaPolicy
+
+    opts = _opts("sia" if policy == "sia" else "goodput", limit=6)
+    inputs = load_inputs(opts)
+    if policy == "sia":
+        factory = SiaPolicy
+    else:
+        o = TypedOptions(share=policy == "goodput-share")
+
+        def factory(typed, types):
+            return make_typed_goodput(typed, types, o)
+    pol, seen, res = _run_trapped(factory, opts, inputs)
+    assert not pol.uses_remaining
+    assert len(res.jobs) == 6 and all(j.end > j.submit for j in res.jobs)
+    topo = inputs.topology
+    ran = {}
+    for j in res.jobs:
+        assert len(j.placements[0][1]) == 1
+        for _, d in j.placements:
+            t = topo.servers[topo.device_server[d[0]]].device_type
+            ran.setdefault(t, set()).add((j.spec.id, len(d)))
+    assert any(seen.values())
+    for t, obs in seen.items():
+        assert set(obs) <= ran.get(t, set()), t
+
+
+def test_the_typed_guard_catches_a_leak():
+    """Reading any profile but the 1-GPU bootstrap through the trap fails, and so does a
+    policy that does it, or that reads remaining work."""
+    from phalanx.cluster.core.view import UndeclaredRead
+    from phalanx.cluster.policies.goodput_typed import TypedGoodputPolicy
+
+    opts = _opts("goodput", limit=4)
+    inputs = load_inputs(opts)
+    trap = TypedTrap(inputs.perf.typed["aws"]["cifar10"])
+    assert trap.placements["1"] is inputs.perf.typed["aws"]["cifar10"].placements["1"]
+    with pytest.raises(AssertionError, match="the 14 placement"):
+        trap.placements["14"]
+    with pytest.raises(AssertionError, match="read throughput"):
+        trap.throughput((2,), 64)
+
+    class Peeks(TypedGoodputPolicy):
+        def allocate(self, jobs, capacity, now):
+            for j in jobs:
+                self.typed["rtx"][j.app].throughput((8,), 32)
+            return super().allocate(jobs, capacity, now)
+
+    with pytest.raises(AssertionError, match="read throughput"):
+        _run_trapped(Peeks, opts, inputs)
+
+    class Remaining(TypedGoodputPolicy):
+        def allocate(self, jobs, capacity, now):
+            sum(j.remaining for j in jobs)
+            return super().allocate(jobs, capacity, now)
+
+    with pytest.raises(UndeclaredRead):
+        _run_trapped(Remaining, opts, inputs)

@@ -36,6 +36,7 @@ from phalanx.cluster.policies import (
 )
 from phalanx.cluster.policies.goodput import GoodputOptions, GoodputPolicy
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy, LearnedOptions
+from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S, check_thresholds
 from phalanx.cluster.policies.placement import PlacementOptions
 from phalanx.cluster.policies.pollux import PolluxOptions, PolluxPolicy
@@ -96,6 +97,12 @@ class SimulateOptions:
     goodput_speedup_units: bool = False
     goodput_growth: float = 2.0
     goodput_multistart: bool = False
+    # --policy goodput on several GPU types (policies/goodput_typed.py)
+    typed_p: float = -0.5
+    typed_lambda_n: float = 1.1
+    typed_batch: str = "job"
+    typed_restart: str = "horizon"
+    typed_weight: str = "none"
     preset: str = ""
 
     def __post_init__(self) -> None:
@@ -109,6 +116,7 @@ class SimulateOptions:
                               f"got {self.starvation}")
         self.goodput()
         self.learned()
+        self.typed()
         self.pollux()
         self.placing()
         if not 0.0 <= self.interference_scale < math.inf:
@@ -132,6 +140,13 @@ class SimulateOptions:
         return LearnedOptions(self.goodput_explore, self.goodput_share, self.goodput_min_gain,
                               self.goodput_speedup_units, self.goodput_growth,
                               self.goodput_multistart)
+
+    def typed(self) -> TypedOptions:
+        return TypedOptions(p=self.typed_p, lambda_n=self.typed_lambda_n,
+                            batch=self.typed_batch, restart=self.typed_restart,
+                            horizon_s=self.goodput_horizon_s,
+                            min_gain=self.goodput_min_gain, weight=self.typed_weight,
+                            share=self.goodput_share)
 
     def pollux(self) -> PolluxOptions:
         return PolluxOptions(generations=self.pollux_generations, search=self.pollux_search)
@@ -265,6 +280,13 @@ def _goodput(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
     """``--profiles learned``: what Pollux knows; ``oracle``: every measured profile."""
     node_gpus = max(s.num_devices for s in inputs.topology.servers)
     g = opts.goodput()
+    if inputs.perf.typed and len({s.device_type for s in inputs.topology.servers}) > 1:
+        # several GPU types: heterogeneity-aware, on the information Sia has
+        if g.profiles != "learned" or g.priority != "none":
+            raise ConfigError("--policy goodput on several GPU types: learned profiles and "
+                              "--goodput-priority none only")
+        return make_typed_goodput(inputs.perf.typed, _typed(opts, inputs, "goodput"),
+                                  opts.typed())
     if g.profiles == "learned":
         if g.batch == "fixed":
             raise ConfigError("--goodput-batch fixed: an ablation of the oracle policy; "
