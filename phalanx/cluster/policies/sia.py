@@ -272,27 +272,22 @@ def solve_sia_milp(cost: np.ndarray, configs: Sequence[tuple[str, int, int]],
 
     n, m = cost.shape
     t0 = time.perf_counter()
-    rows, cols, vals = [], [], []
-    for i in range(n):
-        rows.extend([i] * m)
-        cols.extend(range(i * m, (i + 1) * m))
-        vals.extend([1.0] * m)
-    ub = [1.0] * n
-    for k, ti in enumerate(types):
-        js = [j for j, c in enumerate(configs) if c[0] == ti.name]
-        for i in range(n):
-            for j in js:
-                rows.append(n + k)
-                cols.append(i * m + j)
-                vals.append(float(configs[j][2]))
-        ub.append(float(ti.gpus))
-    a = csr_matrix((vals, (rows, cols)), shape=(n + len(types), n * m))
+    k = len(types)
+    var = np.arange(n * m)
+    # rows 0..n-1: one configuration per job; rows n..n+k-1: each type's GPUs
+    type_of = np.array([next(i for i, t in enumerate(types) if t.name == c[0])
+                        for c in configs])
+    gpus = np.array([float(c[2]) for c in configs])
+    rows = np.concatenate([var // m, n + type_of[var % m]])
+    vals = np.concatenate([np.ones(n * m), gpus[var % m]])
+    a = csr_matrix((vals, (rows, np.concatenate([var, var]))), shape=(n + k, n * m))
+    ub = np.array([1.0] * n + [float(t.gpus) for t in types])
     lb = np.zeros(n * m)
     for i, j in pinned.items():
         lb[i * m + j] = 1.0
     res = milp(cost.ravel(), integrality=np.ones(n * m),
                bounds=Bounds(lb, np.ones(n * m)),
-               constraints=LinearConstraint(a, -np.inf, np.array(ub)),
+               constraints=LinearConstraint(a, -np.inf, ub),
                options={"mip_rel_gap": gap})
     if times_ms is not None:
         times_ms.append((time.perf_counter() - t0) * 1000)

@@ -315,22 +315,24 @@ def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
 def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
              jobs: tuple[JobSpec, ...] | None = None,
              placement: PlacementPolicy | None = None,
-             ordering: OrderingPolicy | None = None) -> tuple[Summary, SimResult]:
+             ordering: OrderingPolicy | None = None,
+             elastic: ElasticPolicy | None = None) -> tuple[Summary, SimResult]:
     """Run one simulation; ``placement`` / ``ordering`` override ``opts.placement`` /
     ``opts.ordering`` with policy objects (studies and benches use variants that have no
-    registry name)."""
+    registry name); ``elastic``, the elastic policy object of ``opts.ordering`` (to read
+    its state after the run)."""
     inputs = inputs or load_inputs(opts)
     admission: AdmissionPolicy = parse_quota(opts.quota) if opts.quota else AcceptAll()
     if placement is None:
         placement = make_placement(opts.placement, opts.threshold, opts.hysteresis)
     specs = jobs if jobs is not None else inputs.trace.jobs
-    elastic = opts.ordering in ELASTIC
-    if opts.interval_s is not None or elastic:
+    is_elastic = opts.ordering in ELASTIC
+    if opts.interval_s is not None or is_elastic:
         interval = opts.interval_s if opts.interval_s is not None else 60.0
         if ordering is None:
-            ordering = make_ordering("fifo" if elastic else opts.ordering, interval,
+            ordering = make_ordering("fifo" if is_elastic else opts.ordering, interval,
                                      opts.tiresias_thresholds, opts.starvation)
-        goodput = make_elastic(opts, inputs) if elastic else None
+        goodput = (elastic or make_elastic(opts, inputs)) if is_elastic else None
         res = IntervalSimulator(inputs.topology, specs, ordering, placement, inputs.perf,
                                 admission, IntervalConfig(interval, opts.restart_cost_s,
                                                           opts.restart_first, opts.progress),
@@ -343,7 +345,7 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
                         SimConfig(opts.checkpoint_cost_s, progress=opts.progress))
         res = sim.run()
     # the elastic policy places its own jobs (pack, biggest first)
-    summary = summarise(res, opts.ordering, _elastic_label(opts) if elastic else opts.placement,
+    summary = summarise(res, opts.ordering, _elastic_label(opts) if is_elastic else opts.placement,
                         inputs.topology.name, opts.trace)
     return replace(summary, skipped_rows=inputs.trace.skipped), res
 
