@@ -273,3 +273,29 @@ def test_the_typed_guard_catches_a_leak():
 
     with pytest.raises(UndeclaredRead):
         _run_trapped(Remaining, opts, inputs)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--preset", "sia-artifact", "--trace", "sia:saturn:11", "--policy", "sia"],
+     "--trace sia:saturn:11: expected sia:philly:1..8 or sia:saturn:1..10"),
+    (["--trace", "pollux:1", "--cluster", "pollux-64", "--policy", "gavel"],
+     "--policy gavel: needs a cluster whose GPU types have per-type profiles"),
+    (["--preset", "sia-artifact", "--trace", "sia:philly:1", "--policy", "goodput",
+      "--goodput-priority", "srpt"], "learned profiles and --goodput-priority none only"),
+])
+def test_bad_sia_input_is_one_line(argv, message, capsys):
+    from phalanx.cli import main
+
+    try:
+        code = main(["simulate", "--no-progress", "--limit", "4", *argv])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("phalanx: error: ") and message in err[0]
+
+
+def test_gavel_gets_360_s_rounds_under_the_preset():
+    assert _opts("gavel").interval_s == 360.0
+    assert _opts("gavel", interval_s=60.0).interval_s == 60.0
+    assert _opts("sia").interval_s == 60.0

@@ -216,6 +216,8 @@ def apply_preset(name: str, given: dict[str, object]) -> dict[str, object]:
     if name not in PRESETS:
         raise ConfigError(f"--preset {name}: unknown (choose from {', '.join(PRESETS)})")
     out = dict(PRESETS[name])
+    if name == "sia-artifact" and given.get("ordering") == "gavel":
+        out["interval_s"] = 360.0     # Sia ran Gavel with 360 s rounds
     out.update(given)
     out["preset"] = name
     return out
