@@ -299,3 +299,27 @@ def test_gavel_gets_360_s_rounds_under_the_preset():
     assert _opts("gavel").interval_s == 360.0
     assert _opts("gavel", interval_s=60.0).interval_s == 60.0
     assert _opts("sia").interval_s == 60.0
+
+
+def test_interior_lp_is_optimal_and_splits_ties():
+    """Gavel's LP as ECOS solved it: the optimum of the simplex, and where two GPU types
+    tie, half on each (a vertex would put it all on one)."""
+    from scipy.optimize import linprog
+
+    from phalanx.cluster.policies.sia import lp_interior
+
+    rng = np.random.default_rng(1)
+    n, k = 20, 3
+    c = -rng.uniform(0.1, 2, n * k)
+    a = np.zeros((k + n, n * k))
+    scale = rng.integers(1, 9, n)
+    for j in range(k):
+        a[j, j::k] = scale
+    for i in range(n):
+        a[k + i, i * k:(i + 1) * k] = 1
+    b = np.array([16, 24, 24] + [1] * n, dtype=float)
+    x = lp_interior(c, a, b)
+    assert c @ x == pytest.approx(linprog(c, A_ub=a, b_ub=b, method="highs").fun, rel=1e-6)
+    assert (a @ x - b).max() < 1e-6 and x.min() > -1e-9
+    tie = lp_interior(np.array([-1.0, -1.0]), np.array([[1.0, 1.0]]), np.array([1.0]))
+    assert tie == pytest.approx([0.5, 0.5], abs=1e-6)

@@ -183,6 +183,7 @@ class PolluxApplication:
         self._cache: dict[tuple[str, int], float] = {}
         self._tput: dict[tuple[str, int], tuple[float, float]] = {}
         self._gain: dict[tuple[int, int], float] = {}
+        self._limits: dict[tuple[int, ...], tuple[float, float | None]] = {}
 
     # ------------------------------------------------------------------ batch and speed
     def batch_config(self, replicas: int, batch: int) -> BatchConfig:
@@ -248,6 +249,40 @@ class PolluxApplication:
             compute, sync = self.scalability[best].at(a)
             out.append((compute + sync, sync))
         return out
+
+    def local_limits(self, counts: tuple[int, ...]) -> tuple[float, float | None]:
+        """Sia's simulator's per-GPU batch limits on a placement: the largest per-GPU
+        batch profiled on it (else on scalability rows with at least its nodes and GPUs;
+        ``Application.get_max_local_bsz``), and the largest profiled at its GPU count
+        (``Job.update_local_bsz``'s memory correction; None when none is)."""
+        hit = self._limits.get(counts)
+        if hit is None:
+            curve = self.placements.get(min_rotation(counts))
+            n, r = len(counts), sum(counts)
+            if curve is not None:
+                top = float(curve.bsz.max())
+            else:
+                rows = [b for nn, rr, b, *_ in self._scal_rows if nn >= n and rr >= r]
+                top = float(max(rows)) if rows else float(self.max_local_bsz)
+            at_r = [float(c.bsz.max()) for k, c in self.placements.items()
+                    if sum(int(ch) for ch in k) == r]
+            hit = self._limits[counts] = (top, max(at_r) if at_r else None)
+        return hit
+
+    def sia_fixed_config(self, counts: tuple[int, ...], batch: int) -> BatchConfig:
+        """A fixed total batch on this placement as Sia's simulator runs it (bsz tuning
+        off: ``Job.update_local_bsz``): accumulate beyond the placement's per-GPU limit,
+        on one GPU above the initial batch at least once, then the memory correction."""
+        top, cap = self.local_limits(counts)
+        r = sum(counts)
+        local = math.ceil(batch / r - 1e-8)
+        accum = math.ceil(local / top - 1e-8) - 1
+        if r == 1 and batch > self.init_batch:
+            accum = max(1, accum)
+        atomic = math.ceil(local / (accum + 1) - 1e-8)
+        if cap is not None:
+            atomic = min(atomic, int(cap))
+        return BatchConfig(min(atomic, int(self.max_batch / (r * (accum + 1)))), accum, r)
 
     def config_step_time(self, counts: tuple[int, ...], cfg: BatchConfig) -> float:
         """Seconds per (accumulated) step: the compute part repeats, the sync happens once."""

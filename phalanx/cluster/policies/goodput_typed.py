@@ -20,6 +20,8 @@ an ablation in ``--study sia``):
   Sia's age-based factor;
 * ``weight="las"``: job values are weighted by 1 / (attained GPU-hours + 1) (least
   attained service, which needs no remaining work) on top of the power-mean fairness;
+* ``growth``: a job may grow to this many times the most GPUs it ran on any type (Sia:
+  2), so fewer restarts on the way to its size;
 * ``share``: a job of an application with no model on a type borrows the model fitted to
   every job of that application on that type (a prior from similar jobs).
 """
@@ -62,6 +64,7 @@ class TypedOptions:
     min_gain: float = 0.1
     weight: str = "none"
     share: bool = False
+    growth: float = 2.0      # a job may grow to growth x the most GPUs it ran (Sia: 2)
 
     def __post_init__(self) -> None:
         if not self.p < 0:
@@ -73,6 +76,8 @@ class TypedOptions:
                                  (self.weight, WEIGHTS, "weight")):
             if v not in allowed:
                 raise ConfigError(f"goodput: {what} {v!r} unknown ({', '.join(allowed)})")
+        if not 1 <= self.growth < math.inf:
+            raise ConfigError(f"goodput: growth must be >= 1, got {self.growth}")
         if not 0 < self.horizon_s < math.inf or not 0 <= self.min_gain < math.inf:
             raise ConfigError("goodput: horizon must be > 0 and min_gain >= 0 (finite)")
 
@@ -134,7 +139,8 @@ class TypedGoodputPolicy(SiaPolicy):
             k = self._model(ti.name, v)
             prof = k.max_profiled_gpus if k is not None else 0
             f = self.typed[ti.name][v.app]
-            caps.append(min(max(2 * prof, 1), 64, int(f.max_batch // f.min_local_bsz)))
+            caps.append(min(max(int(self.options.growth * prof), 1), 64,
+                            int(f.max_batch // f.min_local_bsz)))
         return 1 if v.app == "ncf" else max(caps)
 
     def goodput_row(self, v: JobView) -> np.ndarray:

@@ -300,6 +300,49 @@ def solve_sia_milp(cost: np.ndarray, configs: Sequence[tuple[str, int, int]],
 
 # ---------------------------------------------------------------------- Gavel
 
+def _newton(mm: np.ndarray, k: np.ndarray, d: np.ndarray, z: np.ndarray, w: np.ndarray,
+            rp: np.ndarray, rd: np.ndarray, rc: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One Newton direction of the interior-point method (normal equations)."""
+    dy = np.linalg.solve(k, rp + mm @ (d * rd) - mm @ (rc / w))
+    dz = d * (mm.T @ dy - rd) + rc / w
+    return dz, dy, (rc - w * dz) / z
+
+
+def lp_interior(c: np.ndarray, a: np.ndarray, b: np.ndarray, tol: float = 1e-8,
+                max_iter: int = 100) -> np.ndarray:
+    """min c x s.t. a x <= b, x >= 0, by a primal-dual interior-point method (Mehrotra's
+    predictor-corrector). Like ECOS, which the artifact's Gavel used, it ends near the
+    analytic centre of the optimal face: where optima tie it splits the allocation
+    between them, which a simplex vertex (HiGHS) does not (Gavel then time-shares the
+    job between those GPU types)."""
+    m, n = a.shape
+    mm = np.hstack([a, np.eye(m)])                  # a x + slack = b
+    cc = np.concatenate([c, np.zeros(m)])
+    z, w, y = np.ones(n + m), np.ones(n + m), np.zeros(m)
+    nb, nc = 1 + np.linalg.norm(b), 1 + np.linalg.norm(cc)
+
+    def step(v: np.ndarray, dv: np.ndarray) -> float:
+        neg = dv < 0
+        return min(1.0, float(np.min(-v[neg] / dv[neg]))) if neg.any() else 1.0
+
+    for _ in range(max_iter):
+        rp, rd = b - mm @ z, cc - mm.T @ y - w
+        mu = float(z @ w) / (n + m)
+        if np.linalg.norm(rp) / nb < tol and np.linalg.norm(rd) / nc < tol and mu < tol:
+            break
+        d = z / w
+        k = (mm * d) @ mm.T
+        dz, dy, dw = _newton(mm, k, d, z, w, rp, rd, -z * w)
+        ap, ad = step(z, dz), step(w, dw)
+        mu_aff = float((z + ap * dz) @ (w + ad * dw)) / (n + m)
+        sigma = (mu_aff / mu) ** 3
+        dz, dy, dw = _newton(mm, k, d, z, w, rp, rd, -z * w - dz * dw + sigma * mu)
+        ap, ad = 0.99 * step(z, dz), 0.99 * step(w, dw)
+        z, y, w = z + ap * dz, y + ad * dy, w + ad * dw
+    return z[:n]
+
+
 def gavel_throughput(app: PolluxApplication, gpus: int, batch: int, node_gpus: int
                      ) -> float:
     """Steps per second of the job's fixed batch on ``gpus`` packed GPUs of the type
@@ -307,7 +350,7 @@ def gavel_throughput(app: PolluxApplication, gpus: int, batch: int, node_gpus: i
     counts = tuple([node_gpus] * (gpus // node_gpus)
                    + ([gpus % node_gpus] if gpus % node_gpus else []))
     local = math.ceil(batch / gpus - 1e-8)
-    accum = math.ceil(local / app.max_local_bsz - 1e-8) - 1
+    accum = math.ceil(local / app.local_limits(counts)[0] - 1e-8) - 1
     if gpus == 1:
         accum = max(1, accum)
     atomic = math.ceil(local / (accum + 1) - 1e-8)
@@ -323,6 +366,9 @@ class GavelPolicy:
     typed: Mapping[str, Mapping[str, PolluxApplication]]
     types: tuple[TypeInfo, ...]
     interval_s: float = 360.0
+    # the servers of each type, in server order (Gavel's workers are their GPUs)
+    servers: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    lp: str = "interior"         # or "simplex" (HiGHS: a vertex of the optimal face)
     name: str = "gavel"
     adapts_batch: bool = field(default=False, init=False)
     uses_remaining: bool = field(default=False, init=False)
@@ -331,6 +377,7 @@ class GavelPolicy:
         self.job_time: dict[int, dict[str, float]] = {}
         self.cluster_time = {t.name: 0.0 for t in self.types}
         self._tput: dict[tuple[str, str, int, int], float] = {}
+        self._workers: dict[int, tuple[str, tuple[tuple[int, int], ...]]] = {}
 
     def throughput(self, v: JobView, ti: TypeInfo) -> float:
         g = max(v.requested, 1)
@@ -364,9 +411,13 @@ class GavelPolicy:
         for i in range(n):
             a_ub[k + i, i * k:(i + 1) * k] = 1.0
         b_ub = np.array([t.gpus for t in self.types] + [1.0] * n, dtype=float)
-        res = linprog(-tput.ravel(), A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
-        x = np.clip(np.round(res.x, 5), 0, 1).reshape(n, k) if res.x is not None \
-            else np.zeros((n, k))
+        if self.lp == "interior":
+            x = lp_interior(-tput.ravel(), a_ub, b_ub)
+        else:
+            res = linprog(-tput.ravel(), A_ub=a_ub, b_ub=b_ub, bounds=(0, None),
+                          method="highs")
+            x = res.x if res.x is not None else np.zeros(n * k)
+        x = np.clip(np.round(x, 5), 0, 1).reshape(n, k)
         entries = []
         for j, t in enumerate(names):
             for i, v in enumerate(jobs):
@@ -384,6 +435,7 @@ class GavelPolicy:
                 continue
             left[t] -= int(scale[i])
             chosen[i] = t
+        workers = self._assign({jobs[i].id: (t, int(scale[i])) for i, t in chosen.items()})
         out = {}
         for i, v in enumerate(jobs):
             t = chosen.get(i)
@@ -391,11 +443,61 @@ class GavelPolicy:
                 out[v.id] = Choice(0, None)
                 continue
             g = int(scale[i])
-            cfg = self.typed[t][v.app].batch_config(g, v.batch)
-            out[v.id] = Choice(g, cfg, device_type=t)
+            if self.servers:
+                per: dict[int, int] = {}
+                for s_, _ in workers[v.id]:
+                    per[s_] = per.get(s_, 0) + 1
+                counts = tuple(per.values())
+                servers = tuple(sorted(per.items()))
+            else:
+                node = next(ti.node_gpus for ti in self.types if ti.name == t)
+                counts = tuple([node] * (g // node) + ([g % node] if g % node else []))
+                servers = ()
+            cfg = self.typed[t][v.app].sia_fixed_config(counts, v.batch)
+            out[v.id] = Choice(g, cfg, servers, device_type=t)
             self.job_time[v.id][t] += self.interval_s
             self.cluster_time[t] += self.interval_s
         return out
+
+    def _assign(self, chosen: Mapping[int, tuple[str, int]]
+                ) -> dict[int, tuple[tuple[int, int], ...]]:
+        """Gavel's workers for each scheduled job (``schedule_jobs_on_workers``): per
+        type, by scale factor, largest first; a job that stays on its type keeps its
+        workers if none was taken yet; the others take free workers server by server
+        from a pointer that only moves forward (so gangs may split across servers)."""
+        if not self.servers:
+            return {}
+        new: dict[int, tuple[tuple[int, int], ...]] = {}
+        for ti in self.types:
+            jobs = sorted(((jid, g) for jid, (t, g) in chosen.items() if t == ti.name),
+                          key=lambda x: -x[1])
+            lists = [[(s_, k) for k in range(ti.node_gpus)] for s_ in self.servers[ti.name]]
+            taken: set[tuple[int, int]] = set()
+            ptr = 0
+            for size in sorted({g for _, g in jobs}, reverse=True):
+                for jid, g in jobs:
+                    prev = self._workers.get(jid)
+                    if g == size and prev is not None and prev[0] == ti.name \
+                            and len(prev[1]) == g and not taken & set(prev[1]):
+                        new[jid] = prev[1]
+                        taken |= set(prev[1])
+                for jid, g in jobs:
+                    if g != size or jid in new:
+                        continue
+                    mine: list[tuple[int, int]] = []
+                    while len(mine) < g and ptr < len(lists):
+                        if not lists[ptr]:
+                            ptr += 1
+                            continue
+                        w = lists[ptr].pop(0)
+                        if w not in taken:
+                            mine.append(w)
+                            taken.add(w)
+                    if len(mine) != g:
+                        raise RuntimeError(f"gavel: could not place job {jid} on {ti.name}")
+                    new[jid] = tuple(mine)
+        self._workers = {jid: (chosen[jid][0], w) for jid, w in new.items()}
+        return new
 
     def finished(self, jid: int) -> None:
         self.job_time.pop(jid, None)

@@ -87,7 +87,8 @@ class _Run:
         if self.learner is None or self.epoch >= self.app.epochs:
             return
         self.cfg = self.learner.batch_config(self.jid, self.app.name, len(self.counts),
-                                             sum(self.counts))
+                                             sum(self.counts), *batch_limits(self.app,
+                                                                             self.counts))
         self.step_t = run_step_time(self.app, self.counts, self.cfg)
 
     def remaining(self, spec: JobSpec) -> float:
@@ -134,6 +135,13 @@ def run_step_time(app: PolluxApplication, counts: tuple[int, ...], cfg: BatchCon
     """Seconds per step as the job runs it: the profile's, times the application's
     calibration slowdown (1 but for Sia's applications)."""
     return app.config_step_time(counts, cfg) * app.slowdown
+
+
+def batch_limits(app: PolluxApplication, counts: tuple[int, ...]
+                 ) -> tuple[float | None, float | None]:
+    """The per-GPU batch limits a job obeys on this placement: a per-type (Sia) profile's
+    (``local_limits``); none beyond the application's for a Pollux one."""
+    return app.local_limits(counts) if app.device_type else (None, None)
 
 
 def placement_types(topology: Topology, devices: Sequence[int]) -> set[str]:
@@ -217,7 +225,8 @@ class IntervalSimulator:
         if run.app is not None and run.learner is not None and cfg is None:
             # the job picks its batch for the new GPUs (``Job.reallocate``)
             run.cfg = run.learner.batch_config(st.spec.id, run.app.name, len(run.counts),
-                                               len(p.devices))
+                                               len(p.devices),
+                                               *batch_limits(run.app, run.counts))
             run.step_t = run_step_time(run.app, run.counts, run.cfg)
         elif run.app is not None:
             run.cfg = cfg or run.app.batch_config(len(p.devices), st.spec.batch_size)

@@ -146,7 +146,7 @@ class SimulateOptions:
                             batch=self.typed_batch, restart=self.typed_restart,
                             horizon_s=self.goodput_horizon_s,
                             min_gain=self.goodput_min_gain, weight=self.typed_weight,
-                            share=self.goodput_share)
+                            share=self.goodput_share, growth=self.goodput_growth)
 
     def pollux(self) -> PolluxOptions:
         return PolluxOptions(generations=self.pollux_generations, search=self.pollux_search)
@@ -274,8 +274,11 @@ def _sia(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
 
 
 def _gavel(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
+    servers: dict[str, tuple[int, ...]] = {}
+    for s in inputs.topology.servers:
+        servers[s.device_type] = servers.get(s.device_type, ()) + (s.index,)
     return GavelPolicy(inputs.perf.typed, _typed(opts, inputs, "gavel"),
-                       opts.interval_s if opts.interval_s is not None else 360.0)
+                       opts.interval_s if opts.interval_s is not None else 360.0, servers)
 
 
 def _goodput(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
