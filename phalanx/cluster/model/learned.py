@@ -361,6 +361,7 @@ class Learner:
         self.jobs: dict[int, JobKnowledge] = {}
         self.share, self.growth, self.gammas = share, growth, gammas
         self.pools: dict[str, JobKnowledge] = {}
+        self.max_gpus = 64       # no job grows beyond this (Sia's unaware Pollux: 16)
 
     def _new(self, app: str, target_batch: int = 0) -> JobKnowledge:
         gammas = self.gammas
@@ -396,7 +397,8 @@ class Learner:
             pool.observe_grad(*grad)
 
     def cap(self, jid: int, app: str) -> int:
-        return min(self.knowledge(jid, app).growth_cap(self.growth), MAX_GPUS.get(app, 64))
+        return min(self.knowledge(jid, app).growth_cap(self.growth),
+                   MAX_GPUS.get(app, self.max_gpus))
 
     def batch_config(self, jid: int, app: str, nodes: int, replicas: int,
                      max_local: float | None = None, replicas_cap: float | None = None

@@ -46,6 +46,7 @@ from phalanx.cluster.policies.sia import (
     TypeInfo,
     UnawarePolluxPolicy,
     cluster_types,
+    unaware_layout,
 )
 from phalanx.cluster.sim.event import SimConfig, Simulator
 from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
@@ -251,11 +252,16 @@ def _pollux(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
     o = opts.pollux()
     sizes = tuple(s.num_devices for s in inputs.topology.servers)
     if len({s.device_type for s in inputs.topology.servers}) > 1:
-        # heterogeneity-unaware, as Sia ran it: one homogenised cluster
-        return UnawarePolluxPolicy(inputs.perf.pollux, sizes, seed=opts.seed,
-                                   generations=o.generations, search=o.search,
-                                   server_types=tuple(s.device_type
-                                                      for s in inputs.topology.servers))
+        # heterogeneity-unaware, as Sia ran it: one homogenised cluster of virtual nodes,
+        # facts of its first type (aws), no job above the smallest type's GPUs
+        vsizes, owner = unaware_layout(sizes)
+        types = [s.device_type for s in inputs.topology.servers]
+        facts = inputs.perf.typed.get("aws") or inputs.perf.pollux
+        smallest = min(sum(x.num_devices for x in inputs.topology.servers
+                           if x.device_type == t) for t in set(types))
+        return UnawarePolluxPolicy(facts, vsizes, seed=opts.seed, generations=o.generations,
+                                   search=o.search, vnode_server=owner,
+                                   server_types=tuple(types), max_gpus=smallest)
     return PolluxPolicy(inputs.perf.pollux, sizes, seed=opts.seed,
                         generations=o.generations, search=o.search)
 
