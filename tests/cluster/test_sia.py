@@ -210,7 +210,7 @@ def _run_trapped(policy_cls_or_factory, opts, inputs):
     return pol, seen, sim.run()
 
 
-@pytest.mark.parametrize("policy", ["goodput", "goodput-share", "sia"])
+@pytest.mark.parametrize("policy", ["goodput", "goodput-own", "sia"])
 def test_typed_policies_read_only_what_sia_knows(policy):
     """The policy gets trapped applications (facts and the 1-GPU bootstrap only), no
     remaining work, and observations only of set-ups its jobs ran on that type; every job
@@ -223,7 +223,7 @@ def test_typed_policies_read_only_what_sia_knows(policy):
     if policy == "sia":
         factory = SiaPolicy
     else:
-        o = TypedOptions(share=policy == "goodput-share")
+        o = TypedOptions(share=policy != "goodput-own")
 
         def factory(typed, types):
             return make_typed_goodput(typed, types, o)

@@ -104,6 +104,7 @@ class SimulateOptions:
     typed_batch: str = "job"
     typed_restart: str = "horizon"
     typed_weight: str = "none"
+    typed_share: bool = True        # per-application priors (tuned on philly 1-4)
     preset: str = ""
 
     def __post_init__(self) -> None:
@@ -147,7 +148,7 @@ class SimulateOptions:
                             batch=self.typed_batch, restart=self.typed_restart,
                             horizon_s=self.goodput_horizon_s,
                             min_gain=self.goodput_min_gain, weight=self.typed_weight,
-                            share=self.goodput_share, growth=self.goodput_growth)
+                            share=self.typed_share, growth=self.goodput_growth)
 
     def pollux(self) -> PolluxOptions:
         return PolluxOptions(generations=self.pollux_generations, search=self.pollux_search)

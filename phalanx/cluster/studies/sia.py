@@ -38,7 +38,10 @@ LOADS = (1.0, 1.5)
 # sia-simulator/multi_simulator*.py with run_experiment.sh's flags) run here, in a scratch
 # venv (numpy 1.23, pandas 1.5, pymoo 0.4.2.1, cvxpy with CBC and ECOS), one workload at a
 # time: {(policy, workload): seconds}. Workloads not listed were not run (CPU time).
-REFERENCE: dict[tuple[str, str], float] = {}
+REFERENCE: dict[tuple[str, str], float] = {
+    ("sia", "sia:philly:1"): 1949.75, ("gavel", "sia:philly:1"): 6016.46,
+    ("sia", "sia:saturn:1"): 2091.09, ("gavel", "sia:saturn:1"): 6474.21,
+}
 
 
 @dataclass(frozen=True)
