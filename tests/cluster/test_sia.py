@@ -323,3 +323,17 @@ def test_interior_lp_is_optimal_and_splits_ties():
     assert (a @ x - b).max() < 1e-6 and x.min() > -1e-9
     tie = lp_interior(np.array([-1.0, -1.0]), np.array([[1.0, 1.0]]), np.array([1.0]))
     assert tie == pytest.approx([0.5, 0.5], abs=1e-6)
+
+
+def test_the_study_table_compares_with_the_reference():
+    from phalanx.cluster.studies.sia import REFERENCE, Row, render
+
+    ref = REFERENCE[("sia", "sia:philly:1")]
+    rows = [Row("sia:philly:1", "sia", 1.0, ref * 1.05, 9000.0, 600.0, 4.0, 160, 1.0),
+            Row("sia:philly:1", "goodput", 1.0, ref * 0.945, 8000.0, 590.0, 3.0, 160, 1.0),
+            Row("sia:philly:5", "sia", 1.5, 3000.0, 9000.0, 600.0, 4.0, 160, 1.0),
+            Row("sia:philly:5", "goodput", 1.5, 2700.0, 8000.0, 550.0, 3.0, 160, 1.0)]
+    md = render(rows)
+    assert "| philly:1 | 1,950 | 2,047 | 1.050 |" in md
+    assert "| 0.900 |" in md          # goodput / our sia on philly 1
+    assert "| test: philly 5-8 (1) | 1.5 | 3,000 | 2,700 | 0.900 |" in md
