@@ -135,10 +135,10 @@ def test_reference_policies_run_jobs_on_one_type(policy):
     kw = {"interval_s": 360.0} if policy == "gavel" else {}
     if policy == "pollux":
         kw["pollux_generations"] = 5
-    opts = _opts(policy, limit=8, **kw)
+    opts = _opts(policy, limit=6, **kw)
     inputs = load_inputs(opts)
     s, res = simulate(opts, inputs)
-    assert s.finished == 8
+    assert s.finished == 6
     topo = inputs.topology
     for st in res.jobs:
         assert st.placements
