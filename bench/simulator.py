@@ -16,6 +16,13 @@ Ratios (higher is better):
   / measured wall time; target 30 s, 60 s for ``pollux`` (its genetic search) and
   ``pollux_greedy`` (the same objective searched greedily). ``goodput`` runs on learned
   profiles, ``goodput_oracle`` on the measured ones (an ablation).
+* ``sia_milp_64_ms`` / ``sia_milp_2048_ms`` (``--milp`` runs only these): the median
+  time of one Sia round's MILP (``policies/sia.py:solve_sia_milp``, scipy.optimize.milp /
+  HiGHS) on Sia's 64-GPU cluster and on 32x it (2,048 GPUs: 192 aws x 4, 96 rtx x 8,
+  64 dgx-ext x 8), with Sia-shaped goodput rows (a concave speedup per job and type,
+  normalised to its smallest, ^p, rounded, minus lambda_n) for 30 and 960 active jobs;
+  plus the median over the rounds of a real ``--policy sia`` run on Sia's philly workload
+  1 (first 60 jobs). Targets: Sia reports a median of 96 ms at 64 GPUs (CBC).
 * ``bitmap_int_vs_numpy``: the allocator's hot operations (a server's free set, a gang
   allocate + release) with Python-int bitmaps (what ClusterState uses) against the same
   operations on a numpy bool array, timed in this script.
@@ -72,6 +79,54 @@ def pollux_case(workload: int, data_dir: Path | None) -> tuple[dict, dict]:
     return results, ratios
 
 
+def sia_milp_rows(types, configs, jobs: int, rng: np.random.Generator) -> np.ndarray:
+    """Sia-shaped MILP costs: per job a speed per type and a concave speedup curve."""
+    cost = np.zeros((jobs, len(configs)))
+    names = [t.name for t in types]
+    for i in range(jobs):
+        speed = dict(zip(names, rng.uniform(0.3, 3.0, len(names))))
+        a = rng.uniform(0.01, 0.3)
+        cap = int(rng.choice([1, 2, 4, 8, 16, 32, 64]))
+        g = np.array([speed[t] * n / (1 + a * (n - 1)) if n <= cap else 0.0
+                      for t, _, n in configs])
+        g = np.maximum(g / g[g > 0].min(), 1e-4)
+        cost[i] = np.minimum(np.round(g ** -0.5, 2), 3000.0) - 1.1
+    return cost
+
+
+def milp_case(data_dir: Path | None) -> tuple[dict, dict]:
+    """Median MILP time per round at 64 and 2,048 GPUs (synthetic rows) and over a real
+    run's rounds at 64."""
+    from phalanx.cluster.core.clusters import sia_64
+    from phalanx.cluster.policies.sia import SiaPolicy, cluster_types, solve_sia_milp
+
+    results, ratios = {}, {}
+    rng = np.random.default_rng(0)
+    for scale, jobs in ((1, 30), (32, 960)):
+        topo = sia_64(scale)
+        types = cluster_types([(s.device_type, s.num_devices) for s in topo.servers])
+        configs = [(t.name, n, g) for t in types for n, g in t.configs()]
+        times: list[float] = []
+        for _ in range(5):
+            solve_sia_milp(sia_milp_rows(types, configs, jobs, rng), configs, types, {},
+                           1e-4, times)
+        gpus = topo.num_devices
+        results[f"sia_milp_{gpus}_ms"] = round(statistics.median(times), 1)
+        results[f"sia_milp_{gpus}_jobs"] = jobs
+        results[f"sia_milp_{gpus}_configs"] = len(configs)
+    given = {"trace": "sia:philly:1", "ordering": "sia", "limit": 60, "progress": False,
+             **({"data_dir": data_dir} if data_dir else {})}
+    opts = SimulateOptions(**apply_preset("sia-artifact", given))
+    inputs = load_inputs(opts)
+    pol = SiaPolicy(inputs.perf.typed, cluster_types(
+        [(s.device_type, s.num_devices) for s in inputs.topology.servers]))
+    simulate(opts, inputs, elastic=pol)
+    results["sia_milp_64_run_ms"] = round(statistics.median(pol.solve_ms), 1)
+    results["sia_milp_64_run_rounds"] = len(pol.solve_ms)
+    ratios["sia_milp_64"] = round(96.0 / results["sia_milp_64_ms"], 2)
+    return results, ratios
+
+
 def bitmap_ops(n_ops: int, seed: int = 0) -> tuple[float, float]:
     """Seconds for ``n_ops`` (free-set query of one 8-GPU server, then allocate and release
     2 of its free devices) with int masks and with a numpy bool array."""
@@ -113,7 +168,14 @@ def main() -> None:
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--pollux-workload", type=int, default=1, choices=range(1, 9),
                     help="the Pollux workload of the per-policy case (default 1)")
+    ap.add_argument("--milp", action="store_true",
+                    help="only the Sia MILP timings (64 and 2,048 GPUs)")
     args = ap.parse_args()
+    if args.milp:
+        results, ratios = milp_case(Path(args.data_dir) if args.data_dir else None)
+        print(json.dumps({"bench": "simulator", "results": results, "ratios": ratios,
+                          "targets": {k: 1.0 for k in ratios}}))
+        return
     limit = 10000 if args.quick else 0
     repeats = args.repeats or (3 if args.quick else 1)
     opts = SimulateOptions(trace="philly", cluster=args.cluster, ordering=args.policy,
@@ -169,6 +231,9 @@ def main() -> None:
     results["pollux_workload"] = args.pollux_workload
     results.update(p_results)
     ratios.update(p_ratios)
+    m_results, m_ratios = milp_case(Path(args.data_dir) if args.data_dir else None)
+    results.update(m_results)
+    ratios.update(m_ratios)
     targets.update({k: 1.0 for k in p_ratios})
     if "fill_cached_vs_resort" in ratios:
         targets["fill_cached_vs_resort"] = 1.0

@@ -133,7 +133,9 @@ def test_job_view_is_the_same_for_every_engine():
     st.attained = 30.0
     st.placements.insert(0, (0.0, (3,)))      # it ran before, elsewhere
     v = job_view(st, core.topology, pol, held=True, epoch=4, remaining=7.0)
-    assert v == JobView(0, "m", 0.0, 4, None, 3, 30.0, 64, ((0, 2), (1, 1)), 1)
+    # it holds v100s; its trace asked for 3 GPUs; no restart under way
+    assert v == JobView(0, "m", 0.0, 4, None, 3, 30.0, 64, ((0, 2), (1, 1)), 1, 0, "v100",
+                        False, 3)
     stopping = job_view(st, core.topology, pol, held=False, epoch=4, remaining=7.0)
     assert (stopping.gpus, stopping.placement) == (0, ())
     srpt = Scripted({}, uses_remaining=True)

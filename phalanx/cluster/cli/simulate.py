@@ -57,12 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _input_flags(p: argparse.ArgumentParser) -> None:
     """The trace, the cluster and how the trace is read."""
     p.add_argument("--trace", default="philly",
-                   help="philly | pollux:N | synthetic[:jobs=,rate=,median=,max_gpus=] | a CSV "
-                        "(default philly)")
+                   help="philly | pollux:N | sia:philly:N | sia:saturn:N | "
+                        "synthetic[:jobs=,rate=,median=,max_gpus=] | a CSV (default philly)")
     p.add_argument("--cluster", default=None,
-                   help="philly-2048 | pollux-64 | alibaba | uniform:Z,R,S,G[,SW] | a YAML "
-                        "configuration set (default philly-2048; preset pollux-artifact: "
-                        "pollux-64)")
+                   help="philly-2048 | pollux-64 | sia-64 | alibaba | uniform:Z,R,S,G[,SW] | "
+                        "a YAML configuration set (default philly-2048; preset "
+                        "pollux-artifact: pollux-64; sia-artifact: sia-64)")
     p.add_argument("--data-dir", default=None,
                    help="data folder (default ../shared/data next to the repo)")
     p.add_argument("--seed", type=int, default=0)
@@ -78,7 +78,8 @@ def _policy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="fifo",
                    help=f"ordering: {', '.join(ORDERINGS)}; or elastic ({', '.join(ELASTIC)}: "
                         f"GPUs and batch per job, interval engine; pollux = the Pollux "
-                        f"artifact's policy)")
+                        f"artifact's policy; sia, gavel: GPU-type-aware references on a "
+                        f"cluster with per-type profiles such as sia-64)")
     p.add_argument("--placement", default=None,
                    help=f"placement: {', '.join(PLACEMENTS)} (default topology; preset "
                         f"pollux-artifact: count)")

@@ -58,7 +58,31 @@ def three_nodes() -> Topology:
     return b.build()
 
 
-NAMED = {"philly-2048": philly_2048, "pollux-64": pollux_64, "three-nodes": three_nodes}
+# Sia's (SOSP'23) default cluster, ``sia-simulator/simulator_config.py``: GPU types named
+# as its profiles are (``sia/profiles/<app>/placements-<type>.csv``). ``speed`` is only a
+# nominal figure for jobs without a per-type profile; Sia's applications use their own.
+SIA_TYPES = (DeviceType("aws", 0.5, 16.0),        # g4dn.12xlarge: 4x T4
+             DeviceType("rtx", 1.0, 11.0),        # 8x RTX 2080Ti
+             DeviceType("dgx-ext", 3.0, 40.0))    # DGX A100 (40 GB)
+SIA_64 = (("aws", 6, 4, 48), ("rtx", 3, 8, 64), ("dgx-ext", 2, 8, 128))
+
+
+def sia_64(scale: int = 1) -> Topology:
+    """Sia's 64-GPU cluster: 6 aws nodes x 4 T4, 3 rtx x 8 2080Ti, 2 dgx-ext x 8 A100, one
+    rack per type (``scale`` multiplies the nodes of each type: the MILP bench)."""
+    b = TopologyBuilder("sia-64" if scale == 1 else f"sia-{64 * scale}", list(SIA_TYPES))
+    b.begin_zone()
+    for t, nodes, gpus, cores in SIA_64:
+        b.begin_rack()
+        for i in range(nodes * scale):
+            b.add_server(f"{t}{i}", t, (gpus,), cpu_cores=cores, memory_gib=256)
+        b.end_rack(t)
+    b.end_zone("z")
+    return b.build()
+
+
+NAMED = {"philly-2048": philly_2048, "pollux-64": pollux_64, "three-nodes": three_nodes,
+         "sia-64": sia_64}
 
 
 def import_alibaba(path: str | Path, servers_per_rack: int = 16) -> Topology:

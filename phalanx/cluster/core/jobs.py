@@ -31,6 +31,9 @@ class JobSpec:
     # whose facts (batch limits, profiles) an elastic policy reads: '' = the model's (a
     # Pollux application); a live job declares its own in its list entry
     app: str = ""
+    # the gang the trace asked for, kept when an elastic engine resets ``gpus`` (a policy
+    # that runs jobs at their own size, as Gavel, reads it); 0 = ``gpus``
+    requested: int = 0
 
     @property
     def application(self) -> str:

@@ -251,7 +251,10 @@ class SchedulerCore:
             if v.limit and c.gpus > v.limit:
                 c = dataclasses.replace(c, gpus=v.limit)
             st = self.states[v.id]
-            if c.servers == v.placement if c.servers else c.gpus == v.gpus:
+            same = c.servers == v.placement if c.servers else c.gpus == v.gpus
+            if c.device_type and c.gpus and c.device_type != v.device_type:
+                same = False      # another GPU type: a move, even at the same count
+            if same:
                 engine.keep(st, c)
             elif c.gpus == 0:
                 engine.vacate(st)

@@ -38,6 +38,9 @@ class JobView:
     # the most GPUs the engine can give the job now (0: no limit beyond the cluster); the
     # round clips a choice to it (a parameter-server driver starts its workers on one node)
     limit: int = 0
+    device_type: str = ""     # the GPU type it holds now ('' when it holds none)
+    restarting: bool = False  # its checkpoint-restore is still under way (Sia keeps it)
+    requested: int = 0        # the GPUs its trace asked for (a rigid policy runs it so)
 
     @property
     def remaining(self) -> float:
@@ -55,6 +58,9 @@ class Choice:
     gpus: int
     config: BatchConfig | None     # None when gpus == 0 or when the job picks its batch
     servers: tuple[tuple[int, int], ...] = ()   # (server, GPUs): exact placement, if set
+    # the GPU type to run on ('' = any): a job runs on one type at a time; a change of
+    # type is a move (a restart), even at the same count
+    device_type: str = ""
 
 
 class ElasticPolicy(Protocol):
@@ -71,13 +77,15 @@ class ElasticPolicy(Protocol):
 
 
 def job_view(st: JobState, topology: Topology, policy: ElasticPolicy, *, held: bool,
-             epoch: int, remaining: float | None, limit: int = 0) -> JobView:
+             epoch: int, remaining: float | None, limit: int = 0,
+             restarting: bool = False) -> JobView:
     """The view of ``st`` that every engine gives ``policy``: ``held``, whether it holds
     its last placement now (a job being stopped holds nothing it can keep); ``remaining``
     work (None: the engine does not know it) is passed on only to a policy that declares
     it uses it."""
     placement: tuple[tuple[int, int], ...] = ()
     gpus = 0
+    dtype = ""
     if held:
         per_server: dict[int, int] = {}
         devices = st.placements[-1][1]
@@ -85,6 +93,8 @@ def job_view(st: JobState, topology: Topology, policy: ElasticPolicy, *, held: b
             s = topology.device_server[d]
             per_server[s] = per_server.get(s, 0) + 1
         placement, gpus = tuple(sorted(per_server.items())), len(devices)
+        dtype = topology.servers[placement[0][0]].device_type if placement else ""
     return JobView(st.spec.id, st.spec.application, st.spec.submit, epoch,
                    remaining if policy.uses_remaining else None, gpus, st.attained,
-                   st.spec.batch_size, placement, max(len(st.placements) - 1, 0), limit)
+                   st.spec.batch_size, placement, max(len(st.placements) - 1, 0), limit,
+                   dtype, restarting and held, st.spec.requested or st.spec.gpus)

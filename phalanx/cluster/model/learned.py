@@ -26,6 +26,7 @@ simulator feeds the step it simulated; a live scheduler can feed measured steps)
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -316,17 +317,28 @@ class JobKnowledge:
             raise ValueError("goodput: no observation yet")
         return optimize_batch(self.params, self.grad, self.facts, nodes, replicas)[0]
 
-    def batch_config(self, nodes: int, replicas: int) -> BatchConfig:
+    def batch_config(self, nodes: int, replicas: int, max_local: float | None = None,
+                     replicas_cap: float | None = None) -> BatchConfig:
         """The batch the job trains on this placement (``Job.update_local_bsz``): the
         target batch if it has one; before any observation the smallest batch that
-        feeds every GPU; else the best predicted goodput."""
+        feeds every GPU; else the best predicted goodput. ``max_local``: the placement's
+        own per-GPU limit (memory; the application's when None); ``replicas_cap``: the
+        largest per-GPU batch measured at this many GPUs (Sia's simulator clamps to it)."""
         f = self.facts
+        if max_local is not None:
+            f = dataclasses.replace(f, max_local_bsz=float(max_local))
         if self.target_batch or self.params is None or self.grad is None:
             batch = self.target_batch or max(f.init_batch, int(f.min_local_bsz * replicas))
-            return fixed_batch_config(f, replicas, batch)
-        _, atomic, accum = optimize_batch(self.params, self.grad, f, np.array([nodes]),
-                                          np.array([replicas]))
-        a, k = int(atomic[0]), int(accum[0])
+            cfg = fixed_batch_config(f, replicas, batch)
+            if replicas_cap is None or cfg.atomic <= replicas_cap:
+                return cfg
+            a, k = int(replicas_cap), cfg.accum
+        else:
+            _, atomic, accum = optimize_batch(self.params, self.grad, f, np.array([nodes]),
+                                              np.array([replicas]))
+            a, k = int(atomic[0]), int(accum[0])
+            if replicas_cap is not None:
+                a = min(a, int(replicas_cap))
         return BatchConfig(min(a, int(f.max_batch / (replicas * (k + 1)))), k, replicas)
 
 
@@ -349,6 +361,7 @@ class Learner:
         self.jobs: dict[int, JobKnowledge] = {}
         self.share, self.growth, self.gammas = share, growth, gammas
         self.pools: dict[str, JobKnowledge] = {}
+        self.max_gpus = 64       # no job grows beyond this (Sia's unaware Pollux: 16)
 
     def _new(self, app: str, target_batch: int = 0) -> JobKnowledge:
         gammas = self.gammas
@@ -384,10 +397,13 @@ class Learner:
             pool.observe_grad(*grad)
 
     def cap(self, jid: int, app: str) -> int:
-        return min(self.knowledge(jid, app).growth_cap(self.growth), MAX_GPUS.get(app, 64))
+        return min(self.knowledge(jid, app).growth_cap(self.growth),
+                   MAX_GPUS.get(app, self.max_gpus))
 
-    def batch_config(self, jid: int, app: str, nodes: int, replicas: int) -> BatchConfig:
-        return self.knowledge(jid, app).batch_config(nodes, replicas)
+    def batch_config(self, jid: int, app: str, nodes: int, replicas: int,
+                     max_local: float | None = None, replicas_cap: float | None = None
+                     ) -> BatchConfig:
+        return self.knowledge(jid, app).batch_config(nodes, replicas, max_local, replicas_cap)
 
     def forget(self, jid: int) -> None:
         self.jobs.pop(jid, None)

@@ -82,10 +82,25 @@ class PerfModel:
 
     def __init__(self, profiles: Mapping[str, ModelProfile],
                  pollux: Mapping[str, PolluxApplication] | None = None,
-                 options: PerfOptions = PerfOptions()) -> None:
+                 options: PerfOptions = PerfOptions(),
+                 typed: Mapping[str, Mapping[str, PolluxApplication]] | None = None) -> None:
         self.profiles = dict(profiles)
         self.pollux = dict(pollux or {})
         self.options = options
+        # per GPU type, each application's own profile (Sia's data): a step-based job
+        # runs at its type's measured speed; empty = one profile for every type
+        self.typed = {t: dict(a) for t, a in (typed or {}).items()}
+
+    def app_on(self, model: str, device_type: str) -> PolluxApplication:
+        """The application ``model`` as measured on ``device_type`` (its one profile when
+        the model has no per-type profiles)."""
+        if not self.typed:
+            return self.pollux[model]
+        apps = self.typed.get(device_type)
+        if apps is None or model not in apps:
+            raise ConfigError(f"perf model: no profile of {model!r} on GPU type "
+                              f"{device_type!r} (typed: {', '.join(sorted(self.typed))})")
+        return apps[model]
 
     def profile(self, model: str) -> ModelProfile:
         p = self.profiles.get(model)

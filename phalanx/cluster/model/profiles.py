@@ -128,13 +128,23 @@ class PolluxApplication:
     statistical efficiency of a batch in each epoch (``gain``), and the work of a job
     (``work_steps``)."""
 
-    def __init__(self, name: str, root: Path) -> None:
+    def __init__(self, name: str, root: Path, *, directory: Path | None = None,
+                 suffix: str = "", max_local: float | None = None, slowdown: float = 1.0,
+                 restart_s: float | None = None) -> None:
         self.name = name
         self.epochs = POLLUX_EPOCHS[name]
-        d = root / "applications" / name
+        d = directory if directory is not None else root / "applications" / name
+        tail = f"-{suffix}" if suffix else ""
+        # a GPU type's profile (Sia's ``placements-<type>.csv``); '' = the Pollux one
+        self.device_type = suffix
+        # the Sia artifact's calibration: real runs were this much slower than the profile
+        # (``simulator_config.SLOWDOWNS``); progress divides by it, observations do not
+        self.slowdown = slowdown
+        # checkpoint-restore seconds of this application (None: the engine's restart cost)
+        self.restart_s = restart_s
         placements: dict[str, list[tuple[float, float, float]]] = {}
         self._points: dict[tuple[int, int, float], list[tuple[float, float]]] = {}
-        for r in _read_csv(d / "placements.csv"):
+        for r in _read_csv(d / f"placements{tail}.csv"):
             row = (float(r["local_bsz"]), float(r["step_time"]), float(r["sync_time"]))
             placements.setdefault(r["placement"], []).append(row)
             key = (len(r["placement"]), sum(int(c) for c in r["placement"]), row[0])
@@ -142,7 +152,7 @@ class PolluxApplication:
         self.placements = {k: _Curve(v) for k, v in placements.items()}
         scal: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
         self._scal_rows: list[tuple[float, ...]] = []
-        for r in _read_csv(d / "scalability.csv"):
+        for r in _read_csv(d / f"scalability{tail}.csv"):
             row = (float(r["local_bsz"]), float(r["step_time"]), float(r["sync_time"]))
             scal.setdefault((int(r["num_nodes"]), int(r["num_replicas"])), []).append(row)
             self._scal_rows.append((int(r["num_nodes"]), int(r["num_replicas"])) + row)
@@ -150,7 +160,8 @@ class PolluxApplication:
         bsz = [b for c in self.placements.values() for b in c.bsz]
         # the artifact caps yolov3's per-GPU batch at 8 (memory), below its measured 16
         self.min_local_bsz = min(bsz)
-        self.max_local_bsz = MAX_LOCAL_BSZ.get(name, max(bsz))
+        self.max_local_bsz = (max_local if max_local is not None
+                              else MAX_LOCAL_BSZ.get(name, max(bsz)) if not suffix else max(bsz))
         self.validation: dict[int, list[dict[str, str]]] = {}
         for f in d.glob("validation-*.csv"):
             self.validation[int(f.stem.split("-")[1])] = _read_csv(f)
@@ -172,6 +183,7 @@ class PolluxApplication:
         self._cache: dict[tuple[str, int], float] = {}
         self._tput: dict[tuple[str, int], tuple[float, float]] = {}
         self._gain: dict[tuple[int, int], float] = {}
+        self._limits: dict[tuple[int, ...], tuple[float, float | None]] = {}
 
     # ------------------------------------------------------------------ batch and speed
     def batch_config(self, replicas: int, batch: int) -> BatchConfig:
@@ -237,6 +249,40 @@ class PolluxApplication:
             compute, sync = self.scalability[best].at(a)
             out.append((compute + sync, sync))
         return out
+
+    def local_limits(self, counts: tuple[int, ...]) -> tuple[float, float | None]:
+        """Sia's simulator's per-GPU batch limits on a placement: the largest per-GPU
+        batch profiled on it (else on scalability rows with at least its nodes and GPUs;
+        ``Application.get_max_local_bsz``), and the largest profiled at its GPU count
+        (``Job.update_local_bsz``'s memory correction; None when none is)."""
+        hit = self._limits.get(counts)
+        if hit is None:
+            curve = self.placements.get(min_rotation(counts))
+            n, r = len(counts), sum(counts)
+            if curve is not None:
+                top = float(curve.bsz.max())
+            else:
+                rows = [b for nn, rr, b, *_ in self._scal_rows if nn >= n and rr >= r]
+                top = float(max(rows)) if rows else float(self.max_local_bsz)
+            at_r = [float(c.bsz.max()) for k, c in self.placements.items()
+                    if sum(int(ch) for ch in k) == r]
+            hit = self._limits[counts] = (top, max(at_r) if at_r else None)
+        return hit
+
+    def sia_fixed_config(self, counts: tuple[int, ...], batch: int) -> BatchConfig:
+        """A fixed total batch on this placement as Sia's simulator runs it (bsz tuning
+        off: ``Job.update_local_bsz``): accumulate beyond the placement's per-GPU limit,
+        on one GPU above the initial batch at least once, then the memory correction."""
+        top, cap = self.local_limits(counts)
+        r = sum(counts)
+        local = math.ceil(batch / r - 1e-8)
+        accum = math.ceil(local / top - 1e-8) - 1
+        if r == 1 and batch > self.init_batch:
+            accum = max(1, accum)
+        atomic = math.ceil(local / (accum + 1) - 1e-8)
+        if cap is not None:
+            atomic = min(atomic, int(cap))
+        return BatchConfig(min(atomic, int(self.max_batch / (r * (accum + 1)))), accum, r)
 
     def config_step_time(self, counts: tuple[int, ...], cfg: BatchConfig) -> float:
         """Seconds per (accumulated) step: the compute part repeats, the sync happens once."""
@@ -316,6 +362,43 @@ def _load_pollux(root: str) -> dict[str, PolluxApplication]:
 
 def load_pollux_apps(data_dir: Path) -> dict[str, PolluxApplication]:
     return _load_pollux(str(Path(data_dir) / "pollux"))
+
+
+# The Sia artifact's (siasosp23/artifacts, sia-simulator/) per-application constants:
+# checkpoint-restore seconds (``applications.py:Application.rescale_time``) and the
+# calibration slowdowns (``simulator_config.SLOWDOWNS``); its applications take the per-GPU
+# batch limit from each type's profile, except deepspeech2 on rtx (57).
+SIA_APPS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+SIA_RESTART_S = {"cifar10": 50.0, "deepspeech2": 25.0, "bert": 120.0, "yolov3": 80.0,
+                 "imagenet": 250.0, "ncf": 15.0}
+SIA_SLOWDOWN = {"cifar10": 1.8, "imagenet": 1.2, "yolov3": 1.2, "bert": 1.2,
+                "deepspeech2": 1.2, "ncf": 1.5}
+SIA_MAX_LOCAL = {("deepspeech2", "rtx"): 57.0}
+SIA_PROFILED_TYPES = ("aws", "azure", "dgx", "dgx-ext", "quad", "rtx")
+# the type the artifact calibrates against and reads an application's facts from
+SIA_REFERENCE_TYPE = "rtx"
+
+
+@functools.lru_cache(maxsize=16)
+def _load_sia(root: str, device_type: str) -> dict[str, PolluxApplication]:
+    base = Path(root) / "profiles"
+    out = {}
+    for a in SIA_APPS:
+        d = base / a
+        if not (d / f"placements-{device_type}.csv").exists():
+            raise DataError(f"{d}: no placements-{device_type}.csv (GPU type {device_type!r} "
+                            f"has no profile)")
+        out[a] = PolluxApplication(a, base, directory=d, suffix=device_type,
+                                   max_local=SIA_MAX_LOCAL.get((a, device_type)),
+                                   slowdown=SIA_SLOWDOWN[a], restart_s=SIA_RESTART_S[a])
+    return out
+
+
+def load_sia_apps(data_dir: Path, device_types: Sequence[str]
+                  ) -> dict[str, dict[str, PolluxApplication]]:
+    """Each GPU type's applications from ``sia/profiles/<app>/placements-<type>.csv`` and
+    ``scalability-<type>.csv`` (Sia's data set), keyed by type then application."""
+    return {t: _load_sia(str(Path(data_dir) / "sia"), t) for t in device_types}
 
 
 @functools.lru_cache(maxsize=4)

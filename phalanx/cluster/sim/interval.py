@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from phalanx.cluster.core.allocator import Placement
+from phalanx.cluster.core.allocator import ClusterState, Placement
 from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.jobs import JobSpec, JobState
 from phalanx.cluster.core.result import SimResult
@@ -87,8 +87,9 @@ class _Run:
         if self.learner is None or self.epoch >= self.app.epochs:
             return
         self.cfg = self.learner.batch_config(self.jid, self.app.name, len(self.counts),
-                                             sum(self.counts))
-        self.step_t = self.app.config_step_time(self.counts, self.cfg)
+                                             sum(self.counts), *batch_limits(self.app,
+                                                                             self.counts))
+        self.step_t = run_step_time(self.app, self.counts, self.cfg)
 
     def remaining(self, spec: JobSpec) -> float:
         if self.app is None:
@@ -128,6 +129,43 @@ class _Run:
                 return t
             self.rebatch()
         return None
+
+
+def run_step_time(app: PolluxApplication, counts: tuple[int, ...], cfg: BatchConfig) -> float:
+    """Seconds per step as the job runs it: the profile's, times the application's
+    calibration slowdown (1 but for Sia's applications)."""
+    return app.config_step_time(counts, cfg) * app.slowdown
+
+
+def batch_limits(app: PolluxApplication, counts: tuple[int, ...]
+                 ) -> tuple[float | None, float | None]:
+    """The per-GPU batch limits a job obeys on this placement: a per-type (Sia) profile's
+    (``local_limits``); none beyond the application's for a Pollux one."""
+    return app.local_limits(counts) if app.device_type else (None, None)
+
+
+def placement_types(topology: Topology, devices: Sequence[int]) -> set[str]:
+    return {topology.servers[topology.device_server[d]].device_type for d in devices}
+
+
+def place_typed(cluster: ClusterState, spec: JobSpec, gpus: int, device_type: str
+                ) -> Placement | None:
+    """``gpus`` GPUs on servers of ``device_type`` only: the fullest server that holds
+    them all, else whole servers, most free first (a gang never spans types)."""
+    topo = cluster.topology
+    servers = [s.index for s in topo.servers if s.device_type == device_type]
+    free = {s: cluster.usable_on_server(s) for s in servers}
+    fits = [s for s in servers if free[s] >= gpus]
+    if fits:
+        s = min(fits, key=lambda s: (free[s], s))
+        return place_on(cluster, spec, [(s, gpus)])
+    takes, need = [], gpus
+    for s in sorted(servers, key=lambda s: (-free[s], s)):
+        if free[s] and need:
+            k = min(need, free[s])
+            takes.append((s, k))
+            need -= k
+    return place_on(cluster, spec, takes) if not need else None
 
 
 def _counts_in_order(topology: Topology, p: Placement) -> tuple[int, ...]:
@@ -172,14 +210,27 @@ class IntervalSimulator:
     def _set_speed(self, st: JobState, run: _Run, p: Placement, cfg: BatchConfig | None
                    ) -> None:
         run.counts = _counts_in_order(self.topology, p)
+        if run.app is not None and self.perf.typed:
+            types = placement_types(self.topology, p.devices)
+            if len(types) > 1:
+                raise ConfigError(f"job {st.spec.name}: a gang across GPU types "
+                                  f"{', '.join(sorted(types))} is refused: the model has "
+                                  f"one profile per type and cannot price a mixed gang "
+                                  f"(a job runs on one type at a time, as in Sia)")
+            (dtype,) = types
+            run.app = self.perf.app_on(st.spec.model, dtype)
+            learner_for = getattr(self.elastic, "learner_for", None)
+            if learner_for is not None:
+                run.learner = learner_for(dtype)
         if run.app is not None and run.learner is not None and cfg is None:
             # the job picks its batch for the new GPUs (``Job.reallocate``)
             run.cfg = run.learner.batch_config(st.spec.id, run.app.name, len(run.counts),
-                                               len(p.devices))
-            run.step_t = run.app.config_step_time(run.counts, run.cfg)
+                                               len(p.devices),
+                                               *batch_limits(run.app, run.counts))
+            run.step_t = run_step_time(run.app, run.counts, run.cfg)
         elif run.app is not None:
             run.cfg = cfg or run.app.batch_config(len(p.devices), st.spec.batch_size)
-            run.step_t = run.app.config_step_time(run.counts, run.cfg)
+            run.step_t = run_step_time(run.app, run.counts, run.cfg)
         else:
             shape, _ = allocation_shape(self.topology, self.perf, st.spec, p)
             run.rate = self.perf.isolated_rate(st.spec, shape, self.topology)
@@ -189,8 +240,10 @@ class IntervalSimulator:
         run = self.runs[st.spec.id]
         self._set_speed(st, run, p, cfg)
         first = st.start < 0
-        run.restart_left = (self.config.restart_cost_s
-                            if (self.config.restart_first or not first) else 0.0)
+        cost = self.config.restart_cost_s
+        if run.app is not None and run.app.restart_s is not None and self.perf.typed:
+            cost = run.app.restart_s      # Sia's checkpoint-restore time of the application
+        run.restart_left = cost if (self.config.restart_first or not first) else 0.0
         if first:
             st.start = self.now
         st.running = True
@@ -220,7 +273,8 @@ class IntervalSimulator:
     def _elastic_round(self) -> None:
         views = [job_view(st, self.topology, self.elastic, held=st.running,
                           epoch=self.runs[jid].epoch,
-                          remaining=self.runs[jid].remaining(st.spec))
+                          remaining=self.runs[jid].remaining(st.spec),
+                          restarting=self.runs[jid].restart_left > 0)
                  for jid, st in list(self.running.items()) + list(self.core.waiting.items())]
         self.core.elastic_round(views, self.cluster.capacity, self.now, self)
 
@@ -230,7 +284,7 @@ class IntervalSimulator:
         if c.gpus and c.config is not None and c.config != run.cfg:
             # a new batch on the same GPUs: re-scaled between steps, no restart
             run.cfg = c.config
-            run.step_t = run.app.config_step_time(run.counts, c.config)
+            run.step_t = run_step_time(run.app, run.counts, c.config)
 
     def vacate(self, st: JobState) -> None:
         self._preempt(st)
@@ -245,6 +299,8 @@ class IntervalSimulator:
         for c, st in sorted(moves, key=lambda m: (-m[0].gpus, m[1].spec.submit, m[1].id)):
             if c.servers:
                 p = place_on(self.cluster, st.spec, c.servers)
+            elif c.device_type:
+                p = place_typed(self.cluster, st.spec, c.gpus, c.device_type)
             else:
                 p = pack.place(replace(st.spec, gpus=c.gpus), self.cluster)
             if p is not None:
@@ -279,6 +335,9 @@ class IntervalSimulator:
                 self.core.done(st.spec)
                 if self.runs[st.spec.id].learner is not None:
                     self.runs[st.spec.id].learner.forget(st.spec.id)
+                finished_hook = getattr(self.elastic, "finished", None)
+                if finished_hook is not None:
+                    finished_hook(st.spec.id)
                 done += 1
             # 2. arrivals up to this boundary
             while nxt < len(specs) and specs[nxt].submit <= self.now:
@@ -310,7 +369,7 @@ class IntervalSimulator:
     def _arrive(self, spec: JobSpec) -> None:
         if self.elastic is not None:
             # the elastic policy picks the GPU count: the trace's gang size is ignored
-            spec = replace(spec, gpus=1)
+            spec = replace(spec, gpus=1, requested=spec.requested or spec.gpus)
         if self.core.submit(spec, self.now) is None:
             return
         app = self.perf.pollux.get(spec.model) if self.perf.is_step_based(spec) else None

@@ -18,7 +18,13 @@ from phalanx.cluster.core.scheduler import usable_gpus
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.core.view import ElasticPolicy
 from phalanx.cluster.model.perf import PerfModel, PerfOptions
-from phalanx.cluster.model.profiles import load_pollux_apps, load_profiles
+from phalanx.cluster.model.profiles import (
+    SIA_PROFILED_TYPES,
+    SIA_REFERENCE_TYPE,
+    load_pollux_apps,
+    load_profiles,
+    load_sia_apps,
+)
 from phalanx.cluster.policies import (
     AcceptAll,
     AdmissionPolicy,
@@ -30,9 +36,18 @@ from phalanx.cluster.policies import (
 )
 from phalanx.cluster.policies.goodput import GoodputOptions, GoodputPolicy
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy, LearnedOptions
+from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S, check_thresholds
 from phalanx.cluster.policies.placement import PlacementOptions
 from phalanx.cluster.policies.pollux import PolluxOptions, PolluxPolicy
+from phalanx.cluster.policies.sia import (
+    GavelPolicy,
+    SiaPolicy,
+    TypeInfo,
+    UnawarePolluxPolicy,
+    cluster_types,
+    unaware_layout,
+)
 from phalanx.cluster.sim.event import SimConfig, Simulator
 from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.sim.traces import Trace, TraceOptions, load_trace
@@ -83,6 +98,13 @@ class SimulateOptions:
     goodput_speedup_units: bool = False
     goodput_growth: float = 2.0
     goodput_multistart: bool = False
+    # --policy goodput on several GPU types (policies/goodput_typed.py)
+    typed_p: float = -0.5
+    typed_lambda_n: float = 1.1
+    typed_batch: str = "job"
+    typed_restart: str = "horizon"
+    typed_weight: str = "none"
+    typed_share: bool = True        # per-application priors (tuned on philly 1-4)
     preset: str = ""
 
     def __post_init__(self) -> None:
@@ -96,6 +118,7 @@ class SimulateOptions:
                               f"got {self.starvation}")
         self.goodput()
         self.learned()
+        self.typed()
         self.pollux()
         self.placing()
         if not 0.0 <= self.interference_scale < math.inf:
@@ -119,6 +142,13 @@ class SimulateOptions:
         return LearnedOptions(self.goodput_explore, self.goodput_share, self.goodput_min_gain,
                               self.goodput_speedup_units, self.goodput_growth,
                               self.goodput_multistart)
+
+    def typed(self) -> TypedOptions:
+        return TypedOptions(p=self.typed_p, lambda_n=self.typed_lambda_n,
+                            batch=self.typed_batch, restart=self.typed_restart,
+                            horizon_s=self.goodput_horizon_s,
+                            min_gain=self.goodput_min_gain, weight=self.typed_weight,
+                            share=self.typed_share, growth=self.goodput_growth)
 
     def pollux(self) -> PolluxOptions:
         return PolluxOptions(generations=self.pollux_generations, search=self.pollux_search)
@@ -149,8 +179,16 @@ class Inputs:
 def load_inputs(opts: SimulateOptions) -> Inputs:
     topology = resolve_cluster(opts.cluster, opts.data_dir)
     trace = load_trace(opts.trace, opts.trace_options(), topology)
-    perf = PerfModel(load_profiles(opts.data_dir), load_pollux_apps(opts.data_dir),
-                     perf_options(opts))
+    types = sorted({s.device_type for s in topology.servers})
+    if all(t in SIA_PROFILED_TYPES for t in types):
+        # every GPU type has Sia's per-type profiles: each job runs at its type's speed
+        typed = load_sia_apps(opts.data_dir, types)
+        perf = PerfModel(load_profiles(opts.data_dir), typed[SIA_REFERENCE_TYPE]
+                         if SIA_REFERENCE_TYPE in typed else typed[types[0]],
+                         perf_options(opts), typed)
+    else:
+        perf = PerfModel(load_profiles(opts.data_dir), load_pollux_apps(opts.data_dir),
+                         perf_options(opts))
     return Inputs(topology, trace, perf)
 
 
@@ -164,6 +202,11 @@ PRESETS: dict[str, dict[str, object]] = {
                         "tiresias_thresholds": (57600.0,), "starvation": 0.0,
                         "placement": "count", "interference": False,
                         "cluster": "pollux-64"},
+    # Sia's simulator (siasosp23/artifacts sia-simulator): 60 s rounds (Gavel: 360 s, set
+    # per run), every allocation restarts the job for its application's checkpoint-
+    # restore time (Sia's per-application figures), no interference, its 64-GPU cluster
+    "sia-artifact": {"interval_s": 60.0, "restart_first": True, "interference": False,
+                     "placement": "count", "cluster": "sia-64"},
 }
 
 
@@ -175,6 +218,8 @@ def apply_preset(name: str, given: dict[str, object]) -> dict[str, object]:
     if name not in PRESETS:
         raise ConfigError(f"--preset {name}: unknown (choose from {', '.join(PRESETS)})")
     out = dict(PRESETS[name])
+    if name == "sia-artifact" and given.get("ordering") == "gavel":
+        out["interval_s"] = 360.0     # Sia ran Gavel with 360 s rounds
     out.update(given)
     out["preset"] = name
     return out
@@ -206,14 +251,54 @@ def _pollux(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
         raise ConfigError("--policy pollux: learns its throughput model; --profiles "
                           "oracle is for --policy goodput")
     o = opts.pollux()
-    return PolluxPolicy(inputs.perf.pollux, tuple(s.num_devices for s in inputs.topology.servers),
-                        seed=opts.seed, generations=o.generations, search=o.search)
+    sizes = tuple(s.num_devices for s in inputs.topology.servers)
+    if len({s.device_type for s in inputs.topology.servers}) > 1:
+        # heterogeneity-unaware, as Sia ran it: one homogenised cluster of virtual nodes,
+        # facts of its first type (aws), no job above the smallest type's GPUs
+        vsizes, owner = unaware_layout(sizes)
+        types = [s.device_type for s in inputs.topology.servers]
+        facts = inputs.perf.typed.get("aws") or inputs.perf.pollux
+        smallest = min(sum(x.num_devices for x in inputs.topology.servers
+                           if x.device_type == t) for t in set(types))
+        return UnawarePolluxPolicy(facts, vsizes, seed=opts.seed, generations=o.generations,
+                                   search=o.search, vnode_server=owner,
+                                   server_types=tuple(types), max_gpus=smallest)
+    return PolluxPolicy(inputs.perf.pollux, sizes, seed=opts.seed,
+                        generations=o.generations, search=o.search)
+
+
+def _typed(opts: SimulateOptions, inputs: Inputs, policy: str) -> tuple[TypeInfo, ...]:
+    if not inputs.perf.typed:
+        raise ConfigError(f"--policy {policy}: needs a cluster whose GPU types have "
+                          f"per-type profiles (--cluster sia-64), not {inputs.topology.name}")
+    if opts.profiles != "learned":
+        raise ConfigError(f"--policy {policy}: --profiles oracle is for --policy goodput")
+    return cluster_types([(s.device_type, s.num_devices) for s in inputs.topology.servers])
+
+
+def _sia(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
+    return SiaPolicy(inputs.perf.typed, _typed(opts, inputs, "sia"))
+
+
+def _gavel(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
+    servers: dict[str, tuple[int, ...]] = {}
+    for s in inputs.topology.servers:
+        servers[s.device_type] = servers.get(s.device_type, ()) + (s.index,)
+    return GavelPolicy(inputs.perf.typed, _typed(opts, inputs, "gavel"),
+                       opts.interval_s if opts.interval_s is not None else 360.0, servers)
 
 
 def _goodput(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
     """``--profiles learned``: what Pollux knows; ``oracle``: every measured profile."""
     node_gpus = max(s.num_devices for s in inputs.topology.servers)
     g = opts.goodput()
+    if inputs.perf.typed and len({s.device_type for s in inputs.topology.servers}) > 1:
+        # several GPU types: heterogeneity-aware, on the information Sia has
+        if g.profiles != "learned" or g.priority != "none":
+            raise ConfigError("--policy goodput on several GPU types: learned profiles and "
+                              "--goodput-priority none only")
+        return make_typed_goodput(inputs.perf.typed, _typed(opts, inputs, "goodput"),
+                                  opts.typed())
     if g.profiles == "learned":
         if g.batch == "fixed":
             raise ConfigError("--goodput-batch fixed: an ablation of the oracle policy; "
@@ -230,6 +315,8 @@ ElasticFactory = Callable[["SimulateOptions", Inputs], ElasticPolicy]
 ELASTIC: Catalog[ElasticFactory] = Catalog("elastic policy", "--policy")
 ELASTIC.add("goodput", _goodput, "GPUs and batch per job by goodput (learned or oracle)")
 ELASTIC.add("pollux", _pollux, "the Pollux artifact's policy")
+ELASTIC.add("sia", _sia, "the Sia artifact's MILP policy (GPU types)")
+ELASTIC.add("gavel", _gavel, "Gavel's max-sum-throughput, as Sia ran it (GPU types)")
 
 
 def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
@@ -240,22 +327,24 @@ def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
 def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
              jobs: tuple[JobSpec, ...] | None = None,
              placement: PlacementPolicy | None = None,
-             ordering: OrderingPolicy | None = None) -> tuple[Summary, SimResult]:
+             ordering: OrderingPolicy | None = None,
+             elastic: ElasticPolicy | None = None) -> tuple[Summary, SimResult]:
     """Run one simulation; ``placement`` / ``ordering`` override ``opts.placement`` /
     ``opts.ordering`` with policy objects (studies and benches use variants that have no
-    registry name)."""
+    registry name); ``elastic``, the elastic policy object of ``opts.ordering`` (to read
+    its state after the run)."""
     inputs = inputs or load_inputs(opts)
     admission: AdmissionPolicy = parse_quota(opts.quota) if opts.quota else AcceptAll()
     if placement is None:
         placement = make_placement(opts.placement, opts.threshold, opts.hysteresis)
     specs = jobs if jobs is not None else inputs.trace.jobs
-    elastic = opts.ordering in ELASTIC
-    if opts.interval_s is not None or elastic:
+    is_elastic = opts.ordering in ELASTIC
+    if opts.interval_s is not None or is_elastic:
         interval = opts.interval_s if opts.interval_s is not None else 60.0
         if ordering is None:
-            ordering = make_ordering("fifo" if elastic else opts.ordering, interval,
+            ordering = make_ordering("fifo" if is_elastic else opts.ordering, interval,
                                      opts.tiresias_thresholds, opts.starvation)
-        goodput = make_elastic(opts, inputs) if elastic else None
+        goodput = (elastic or make_elastic(opts, inputs)) if is_elastic else None
         res = IntervalSimulator(inputs.topology, specs, ordering, placement, inputs.perf,
                                 admission, IntervalConfig(interval, opts.restart_cost_s,
                                                           opts.restart_first, opts.progress),
@@ -268,15 +357,15 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
                         SimConfig(opts.checkpoint_cost_s, progress=opts.progress))
         res = sim.run()
     # the elastic policy places its own jobs (pack, biggest first)
-    summary = summarise(res, opts.ordering, _elastic_label(opts) if elastic else opts.placement,
+    summary = summarise(res, opts.ordering, _elastic_label(opts) if is_elastic else opts.placement,
                         inputs.topology.name, opts.trace)
     return replace(summary, skipped_rows=inputs.trace.skipped), res
 
 
 def _elastic_label(opts: SimulateOptions) -> str:
     """The placement column of an elastic run: what it knew (oracle runs are ablations)."""
-    if opts.ordering == "pollux":
-        return "learned"
+    if opts.ordering in ("pollux", "sia", "gavel"):
+        return "learned" if opts.ordering != "gavel" else "measured"
     label = f"{opts.profiles}/{opts.goodput_priority}"
     return label + (" (oracle ablation)" if opts.profiles == "oracle" else "")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +17,13 @@ from pathlib import Path
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.model.perf import ideal_shape
-from phalanx.cluster.model.profiles import load_pollux_apps, load_profiles
+from phalanx.cluster.model.profiles import (
+    SIA_REFERENCE_TYPE,
+    PolluxApplication,
+    load_pollux_apps,
+    load_profiles,
+    load_sia_apps,
+)
 from phalanx.errors import ConfigError, DataError
 from phalanx.limits import MAX_SEED
 
@@ -169,12 +175,13 @@ def read_philly(path: Path, opts: TraceOptions) -> Trace:
     return _finish(jobs, opts, str(path), rows.skipped)
 
 
-def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4) -> Trace:
+def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4,
+                apps: Mapping[str, PolluxApplication] | None = None) -> Trace:
     """A Pollux workload: work = steps to train the application's fixed number of epochs
     at the row's total batch (``PolluxApplication.work_steps``); duration = steps x the
     measured step time on the tightest placement of ``num_replicas`` GPUs on
-    ``node_gpus``-GPU nodes."""
-    apps = load_pollux_apps(opts.data_dir)
+    ``node_gpus``-GPU nodes (of ``apps``' profiles: Pollux's unless given)."""
+    apps = apps if apps is not None else load_pollux_apps(opts.data_dir)
     rows = _Rows(path, POLLUX_HEADER, opts.skip_bad_rows)
     counter = iter(range(1 << 62))
     names: set[str] = set()
@@ -207,6 +214,25 @@ def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4) -> Trace:
 
     jobs = rows.parse(parse)
     return _finish(jobs, opts, str(path), rows.skipped)
+
+
+SIA_WORKLOADS = {"philly": 8, "saturn": 10}
+
+
+def read_sia(spec: str, opts: TraceOptions, node_gpus: int = 4) -> Trace:
+    """``sia:philly:N`` (1..8) or ``sia:saturn:N`` (1..10): Sia's workloads
+    (``sia/workloads/<family>/workload-N.csv``, the Pollux format), read against Sia's
+    profiles of its reference type (``SIA_REFERENCE_TYPE``)."""
+    parts = spec.split(":")
+    fam = parts[1] if len(parts) == 3 else ""
+    n = SIA_WORKLOADS.get(fam, 0)
+    if not n or not parts[2].isdigit() or not 1 <= int(parts[2]) <= n:
+        raise ConfigError(f"--trace {spec}: expected sia:philly:1..8 or sia:saturn:1..10")
+    path = opts.data_dir / "sia" / "workloads" / fam / f"workload-{int(parts[2])}.csv"
+    if not path.exists():
+        raise DataError(f"--trace {spec}: no {path}; is ../shared/data/sia present?")
+    apps = load_sia_apps(opts.data_dir, [SIA_REFERENCE_TYPE])[SIA_REFERENCE_TYPE]
+    return read_pollux(path, opts, node_gpus, apps)
 
 
 # bounds of a synthetic trace: a million jobs, a gang of MAX_GANG, finite rates and times
@@ -270,6 +296,8 @@ def load_trace(spec: str, opts: TraceOptions, topology: Topology | None = None) 
         if not path.exists():
             raise ConfigError(f"--trace {spec}: no {path} (workloads are 1..8)")
         return read_pollux(path, opts, node_gpus)
+    if spec.startswith("sia:"):
+        return read_sia(spec, opts, node_gpus)
     if spec == "synthetic" or spec.startswith("synthetic:"):
         return synthetic(SyntheticSpec.parse(spec), opts)
     path = Path(spec)

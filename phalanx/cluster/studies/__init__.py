@@ -5,6 +5,7 @@ options into the folder.
     phalanx simulate --study pollux --out reports/cluster
     phalanx simulate --study pollux-ablation --out reports/cluster
     phalanx simulate --study load --out reports/cluster
+    phalanx simulate --study sia --out reports/cluster
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from phalanx.cluster.sim.run import SimulateOptions
 from phalanx.cluster.studies.load import load_study
 from phalanx.cluster.studies.pollux import pollux_studies
 from phalanx.cluster.studies.pollux_ablation import ablation_study
+from phalanx.cluster.studies.sia import sia_study
 
 Study = Callable[[SimulateOptions, Path], object]
 STUDIES: Catalog[Study] = Catalog("study", "--study")
@@ -24,6 +26,8 @@ STUDIES.add("pollux", pollux_studies, "mean JCT table on the 8 Pollux workloads 
             "our pollux, goodput)")
 STUDIES.add("pollux-ablation", ablation_study, "the learned policies' ablations")
 STUDIES.add("load", load_study, "pack/spread/load-adaptive at three Philly load levels")
+STUDIES.add("sia", sia_study, "Sia's workloads on its 3-type cluster: reference sia / pollux "
+            "/ gavel and our goodput (equal information)")
 
 
 def run_study(name: str, base: SimulateOptions, out: Path) -> None:

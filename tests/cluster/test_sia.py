@@ -1,0 +1,339 @@
+"""GPU types end to end in the interval engine (issue 35): Sia's cluster, workloads and
+per-type profiles, a job on one type at a time, and the reference policies (sia, gavel,
+pollux unaware of types) on short Sia workloads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
+from phalanx.cluster.core.view import Choice
+from phalanx.cluster.policies.sia import (
+    TypeInfo,
+    cluster_types,
+    gavel_throughput,
+    one_gpu_throughput,
+    solve_sia_milp,
+)
+from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
+from phalanx.cluster.sim.run import SimulateOptions, apply_preset, load_inputs, simulate
+from phalanx.errors import ConfigError
+
+DATA = default_data_dir()
+pytestmark = pytest.mark.skipif(not (DATA / "sia" / "workloads").exists(),
+                                reason="../shared/data/sia missing")
+
+
+def _opts(policy: str, trace: str = "sia:philly:1", limit: int = 12, **kw) -> SimulateOptions:
+    given = {"trace": trace, "ordering": policy, "limit": limit, "data_dir": DATA, **kw}
+    return SimulateOptions(**apply_preset("sia-artifact", given))
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return load_inputs(_opts("sia"))
+
+
+def test_sia_64_is_sias_cluster():
+    topo = resolve_cluster("sia-64", DATA)
+    per = {}
+    for s in topo.servers:
+        per.setdefault(s.device_type, []).append(s.num_devices)
+    assert per == {"aws": [4] * 6, "rtx": [8] * 3, "dgx-ext": [8] * 2}
+    assert topo.num_devices == 64
+    assert [(t.name, t.node_gpus, t.nodes) for t in cluster_types(
+        [(s.device_type, s.num_devices) for s in topo.servers])] == \
+        [("aws", 4, 6), ("dgx-ext", 8, 2), ("rtx", 8, 3)]
+
+
+def test_sia_workloads_load(inputs):
+    jobs = inputs.trace.jobs
+    assert len(jobs) == 12
+    assert {j.model for j in jobs} <= {"bert", "cifar10", "deepspeech2", "imagenet", "yolov3"}
+    # the first rows of philly workload 1: cifar10-0 at 107 s, 6 GPUs, batch 2048, then
+    # deepspeech2-1 at 110 s (times count from the first arrival)
+    assert (jobs[0].name, jobs[0].submit, jobs[0].gpus, jobs[0].batch_size) == \
+        ("cifar10-0", 0.0, 6, 2048)
+    assert (jobs[1].name, jobs[1].submit) == ("deepspeech2-1", 3.0)
+    for bad in ("sia:philly:9", "sia:saturn:0", "sia:nope:1", "sia:philly"):
+        with pytest.raises(ConfigError, match="sia:philly:1..8"):
+            load_inputs(_opts("sia", trace=bad))
+
+
+def test_each_type_has_its_own_speed(inputs):
+    perf = inputs.perf
+    t = {ty: perf.app_on("imagenet", ty).throughput((1,), 100.0)[0]
+         for ty in ("aws", "rtx", "dgx-ext")}
+    # measured: T4 slower than a 2080Ti, slower than an A100
+    assert t["aws"] > t["rtx"] > t["dgx-ext"]
+    # the bootstrap 1-GPU throughput ratio is the artifact's (max batch / max step time)
+    x = {ty: one_gpu_throughput(perf.app_on("cifar10", ty)) for ty in ("aws", "dgx-ext")}
+    rows = perf.app_on("cifar10", "aws").placements["1"]
+    assert x["aws"] == pytest.approx(rows.bsz.max() / (rows.compute + rows.sync).max())
+    assert x["dgx-ext"] > x["aws"]
+    with pytest.raises(ConfigError, match="no profile of 'nope'"):
+        perf.app_on("nope", "aws")
+
+
+@dataclass
+class _Spanning:
+    """A policy that gives the first job one aws and one rtx server."""
+
+    servers: tuple
+    name: str = "spanning"
+    adapts_batch: bool = field(default=False, init=False)
+    uses_remaining: bool = field(default=False, init=False)
+
+    def allocate(self, jobs, capacity, now):
+        return {j.id: Choice(2, None, self.servers) if i == 0 else Choice(0, None)
+                for i, j in enumerate(jobs)}
+
+
+def test_mixed_type_gang_is_refused_with_the_reason(inputs):
+    topo = inputs.topology
+    aws = next(s.index for s in topo.servers if s.device_type == "aws")
+    rtx = next(s.index for s in topo.servers if s.device_type == "rtx")
+    from phalanx.cluster.policies import make_ordering, make_placement
+
+    sim = IntervalSimulator(topo, inputs.trace.jobs[:2], make_ordering("fifo", 60.0),
+                            make_placement("count"), inputs.perf, None,
+                            IntervalConfig(60.0, 30.0, True), _Spanning(((aws, 1), (rtx, 1))))
+    with pytest.raises(ConfigError, match="across GPU types aws, rtx is refused"):
+        sim.run()
+
+
+def test_milp_respects_types_and_pins():
+    types = (TypeInfo("a", 4, 1), TypeInfo("b", 8, 1))
+    configs = [("a", 1, 1), ("a", 1, 4), ("b", 1, 1), ("b", 1, 8)]
+    # three jobs all want the 8-GPU config of b most: only one fits
+    cost = np.array([[-0.2, -0.5, -0.3, -1.0]] * 3)
+    x = solve_sia_milp(cost, configs, types, {}, 1e-6)
+    assert sorted(x).count(3) == 1
+    used = {"a": 0, "b": 0}
+    for j in x:
+        if j >= 0:
+            used[configs[j][0]] += configs[j][2]
+    assert used["a"] <= 4 and used["b"] <= 8
+    # a pinned job keeps its (worse) configuration
+    x = solve_sia_milp(cost, configs, types, {2: 0}, 1e-6)
+    assert x[2] == 0
+
+
+def test_gavel_throughput_reads_the_measured_profile(inputs):
+    app = inputs.perf.app_on("cifar10", "rtx")
+    # 1 GPU: always one accumulation step (gavel.py), calibrated by cifar10's 1.8
+    step, sync = app.throughput((1,), 1024)
+    assert gavel_throughput(app, 1, 2048, 8) == pytest.approx(
+        1.0 / (step + (step - sync)) / 1.8)
+
+
+@pytest.mark.parametrize("policy", ["sia", "gavel", "pollux"])
+def test_reference_policies_run_jobs_on_one_type(policy):
+    kw = {"interval_s": 360.0} if policy == "gavel" else {}
+    if policy == "pollux":
+        kw["pollux_generations"] = 5
+    opts = _opts(policy, limit=6, **kw)
+    inputs = load_inputs(opts)
+    s, res = simulate(opts, inputs)
+    assert s.finished == 6
+    topo = inputs.topology
+    for st in res.jobs:
+        assert st.placements
+        for _, devices in st.placements:
+            types = {topo.servers[topo.device_server[d]].device_type for d in devices}
+            assert len(types) == 1
+            if policy == "gavel":
+                # Gavel runs each job at the trace's gang size
+                assert len(devices) == st.spec.requested
+
+
+# ------------------------------------------------------------------ equal information
+
+FACTS = {"name", "init_batch", "max_batch", "min_local_bsz", "max_local_bsz", "epochs",
+         "device_type", "restart_s"}
+
+
+class TypedTrap:
+    """A GPU type's application that gives the declared facts and the 1-GPU bootstrap
+    profile (``placements["1"]``, what Sia gets at arrival) and raises on anything else:
+    other placements, step times, gradient statistics, work."""
+
+    def __init__(self, app):
+        self._app = app
+
+    @property
+    def placements(self):
+        return _OnlyOneGpu(self._app.placements)
+
+    def __getattr__(self, name):
+        if name in FACTS:
+            return getattr(self._app, name)
+        raise AssertionError(f"policy read {name} of the true profile")
+
+
+class _OnlyOneGpu(dict):
+    def __init__(self, rows):
+        super().__init__({"1": rows["1"]})
+
+    def __getitem__(self, key):
+        if key != "1":
+            raise AssertionError(f"policy read the {key} placement profile")
+        return super().__getitem__(key)
+
+
+def _watch(learner):
+    seen = []
+    observe = learner.observe
+
+    def watched(jid, app, gpus, nodes, *rest, **kw):
+        seen.append((jid, gpus))
+        return observe(jid, app, gpus, nodes, *rest, **kw)
+
+    learner.observe = watched
+    return seen
+
+
+def _run_trapped(policy_cls_or_factory, opts, inputs):
+    from phalanx.cluster.policies import make_ordering, make_placement
+    from phalanx.cluster.sim.run import _typed
+
+    trapped = {t: {a: TypedTrap(x) for a, x in apps.items()}
+               for t, apps in inputs.perf.typed.items()}
+    pol = policy_cls_or_factory(trapped, _typed(opts, inputs, opts.ordering))
+    seen = {t: _watch(lr) for t, lr in pol.tl.by_type.items()}
+    sim = IntervalSimulator(inputs.topology, inputs.trace.jobs, make_ordering("fifo", 60.0),
+                            make_placement("count"), inputs.perf, None,
+                            IntervalConfig(60.0, 30.0, True, check_invariants=True), pol)
+    return pol, seen, sim.run()
+
+
+@pytest.mark.parametrize("policy", ["goodput", "goodput-own", "sia"])
+def test_typed_policies_read_only_what_sia_knows(policy):
+    """The policy gets trapped applications (facts and the 1-GPU bootstrap only), no
+    remaining work, and observations only of set-ups its jobs ran on that type; every job
+    finishes and first runs on one GPU (nothing known yet but the bootstrap)."""
+    from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
+    from phalanx.cluster.policies.sia import SiaPolicy
+
+    opts = _opts("sia" if policy == "sia" else "goodput", limit=6)
+    inputs = load_inputs(opts)
+    if policy == "sia":
+        factory = SiaPolicy
+    else:
+        o = TypedOptions(share=policy != "goodput-own")
+
+        def factory(typed, types):
+            return make_typed_goodput(typed, types, o)
+    pol, seen, res = _run_trapped(factory, opts, inputs)
+    assert not pol.uses_remaining
+    assert len(res.jobs) == 6 and all(j.end > j.submit for j in res.jobs)
+    topo = inputs.topology
+    ran = {}
+    for j in res.jobs:
+        assert len(j.placements[0][1]) == 1
+        for _, d in j.placements:
+            t = topo.servers[topo.device_server[d[0]]].device_type
+            ran.setdefault(t, set()).add((j.spec.id, len(d)))
+    assert any(seen.values())
+    for t, obs in seen.items():
+        assert set(obs) <= ran.get(t, set()), t
+
+
+def test_the_typed_guard_catches_a_leak():
+    """Reading any profile but the 1-GPU bootstrap through the trap fails, and so does a
+    policy that does it, or that reads remaining work."""
+    from phalanx.cluster.core.view import UndeclaredRead
+    from phalanx.cluster.policies.goodput_typed import TypedGoodputPolicy
+
+    opts = _opts("goodput", limit=4)
+    inputs = load_inputs(opts)
+    trap = TypedTrap(inputs.perf.typed["aws"]["cifar10"])
+    assert trap.placements["1"] is inputs.perf.typed["aws"]["cifar10"].placements["1"]
+    with pytest.raises(AssertionError, match="the 14 placement"):
+        trap.placements["14"]
+    with pytest.raises(AssertionError, match="read throughput"):
+        trap.throughput((2,), 64)
+
+    class Peeks(TypedGoodputPolicy):
+        def allocate(self, jobs, capacity, now):
+            for j in jobs:
+                self.typed["rtx"][j.app].throughput((8,), 32)
+            return super().allocate(jobs, capacity, now)
+
+    with pytest.raises(AssertionError, match="read throughput"):
+        _run_trapped(Peeks, opts, inputs)
+
+    class Remaining(TypedGoodputPolicy):
+        def allocate(self, jobs, capacity, now):
+            sum(j.remaining for j in jobs)
+            return super().allocate(jobs, capacity, now)
+
+    with pytest.raises(UndeclaredRead):
+        _run_trapped(Remaining, opts, inputs)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--preset", "sia-artifact", "--trace", "sia:saturn:11", "--policy", "sia"],
+     "--trace sia:saturn:11: expected sia:philly:1..8 or sia:saturn:1..10"),
+    (["--trace", "pollux:1", "--cluster", "pollux-64", "--policy", "gavel"],
+     "--policy gavel: needs a cluster whose GPU types have per-type profiles"),
+    (["--preset", "sia-artifact", "--trace", "sia:philly:1", "--policy", "goodput",
+      "--goodput-priority", "srpt"], "learned profiles and --goodput-priority none only"),
+])
+def test_bad_sia_input_is_one_line(argv, message, capsys):
+    from phalanx.cli import main
+
+    try:
+        code = main(["simulate", "--no-progress", "--limit", "4", *argv])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("phalanx: error: ") and message in err[0]
+
+
+def test_gavel_gets_360_s_rounds_under_the_preset():
+    assert _opts("gavel").interval_s == 360.0
+    assert _opts("gavel", interval_s=60.0).interval_s == 60.0
+    assert _opts("sia").interval_s == 60.0
+
+
+def test_interior_lp_is_optimal_and_splits_ties():
+    """Gavel's LP as ECOS solved it: the optimum of the simplex, and where two GPU types
+    tie, half on each (a vertex would put it all on one)."""
+    from scipy.optimize import linprog
+
+    from phalanx.cluster.policies.sia import lp_interior
+
+    rng = np.random.default_rng(1)
+    n, k = 20, 3
+    c = -rng.uniform(0.1, 2, n * k)
+    a = np.zeros((k + n, n * k))
+    scale = rng.integers(1, 9, n)
+    for j in range(k):
+        a[j, j::k] = scale
+    for i in range(n):
+        a[k + i, i * k:(i + 1) * k] = 1
+    b = np.array([16, 24, 24] + [1] * n, dtype=float)
+    x = lp_interior(c, a, b)
+    assert c @ x == pytest.approx(linprog(c, A_ub=a, b_ub=b, method="highs").fun, rel=1e-6)
+    assert (a @ x - b).max() < 1e-6 and x.min() > -1e-9
+    tie = lp_interior(np.array([-1.0, -1.0]), np.array([[1.0, 1.0]]), np.array([1.0]))
+    assert tie == pytest.approx([0.5, 0.5], abs=1e-6)
+
+
+def test_the_study_table_compares_with_the_reference():
+    from phalanx.cluster.studies.sia import REFERENCE, Row, render
+
+    ref = REFERENCE[("sia", "sia:philly:1")]
+    rows = [Row("sia:philly:1", "sia", 1.0, ref * 1.05, 9000.0, 600.0, 4.0, 160, 1.0),
+            Row("sia:philly:1", "goodput", 1.0, ref * 0.945, 8000.0, 590.0, 3.0, 160, 1.0),
+            Row("sia:philly:5", "sia", 1.5, 3000.0, 9000.0, 600.0, 4.0, 160, 1.0),
+            Row("sia:philly:5", "goodput", 1.5, 2700.0, 8000.0, 550.0, 3.0, 160, 1.0)]
+    md = render(rows)
+    assert "| philly:1 | 1,950 | 2,047 | 1.050 |" in md
+    assert "| 0.900 |" in md          # goodput / our sia on philly 1
+    assert "| test: philly 5-8 (1) | 1.5 | 3,000 | 2,700 | 0.900 |" in md
