@@ -22,7 +22,7 @@ an ablation in ``--study sia``):
   attained service, which needs no remaining work) on top of the power-mean fairness;
 * ``growth``: a job may grow to this many times the most GPUs it ran on any type (Sia:
   2), so fewer restarts on the way to its size;
-* ``share`` (default, chosen on philly 1-4): a job of an application with no model on a
+* ``share`` (an ablation, off by default: Sia's job sees only its own set-ups): a job of an application with no model on a
   type borrows the model fitted to every job of that application on that type (a prior
   from similar jobs: their observations of set-ups they ran, no measured profile), once
   it has run itself (its own gradient statistics).
@@ -65,7 +65,9 @@ class TypedOptions:
     horizon_s: float = 1800.0
     min_gain: float = 0.1
     weight: str = "none"
-    share: bool = True       # tuned on philly 1-4: 0.92x our sia there, 0.95x without
+    # per-application priors: an ablation (0.92x our sia on philly 1-2, 0.95x without):
+    # they read set-ups other jobs ran, which Sia's job does not see
+    share: bool = False
     growth: float = 2.0      # a job may grow to growth x the most GPUs it ran (Sia: 2)
 
     def __post_init__(self) -> None:

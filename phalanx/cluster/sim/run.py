@@ -104,7 +104,7 @@ class SimulateOptions:
     typed_batch: str = "job"
     typed_restart: str = "horizon"
     typed_weight: str = "none"
-    typed_share: bool = True        # per-application priors (tuned on philly 1-4)
+    typed_share: bool = False       # per-application priors: an ablation (more than Sia sees)
     preset: str = ""
 
     def __post_init__(self) -> None:
