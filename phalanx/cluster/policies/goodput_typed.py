@@ -22,10 +22,10 @@ an ablation in ``--study sia``):
   attained service, which needs no remaining work) on top of the power-mean fairness;
 * ``growth``: a job may grow to this many times the most GPUs it ran on any type (Sia:
   2), so fewer restarts on the way to its size;
-* ``share`` (an ablation, off by default: Sia's job sees only its own set-ups): a job of an application with no model on a
-  type borrows the model fitted to every job of that application on that type (a prior
-  from similar jobs: their observations of set-ups they ran, no measured profile), once
-  it has run itself (its own gradient statistics).
+* ``share`` (an ablation, off by default: a Sia job sees only its own set-ups): a job of
+  an application with no model on a type borrows the model fitted to every job of that
+  application on that type (a prior from similar jobs: their observations of set-ups they
+  ran, no measured profile), once it has run itself (its own gradient statistics).
 """
 
 from __future__ import annotations
@@ -158,19 +158,7 @@ class TypedGoodputPolicy(SiaPolicy):
                     row[i] = self.xput1[t][v.app]
             row /= row[row > 0].min()
             return np.maximum(row, ZERO_ALLOC_GAIN)
-        src = fitted[0]
-        for ti in self.types:
-            idx = [i for i, (t, _, g) in enumerate(self.configs) if t == ti.name and g <= cap]
-            if not idx:
-                continue
-            gpus = np.array([self.configs[i][2] for i in idx], dtype=float)
-            if ti.name in fitted:
-                nodes = np.array([self.configs[i][1] for i in idx], dtype=float)
-                row[idx] = self._raw(v, ti.name, nodes, gpus)
-            else:
-                node = next(x.node_gpus for x in self.types if x.name == src)
-                ratio = self.xput1[ti.name][v.app] / self.xput1[src][v.app]
-                row[idx] = self._raw(v, src, np.ceil(gpus / node), gpus) * ratio
+        self._project(v, fitted, cap, row)
         pos = row[row > ZERO_ALLOC_GAIN]
         row = row / (float(pos.min()) if pos.size else 1.0)
         return np.maximum(row, ZERO_ALLOC_GAIN)

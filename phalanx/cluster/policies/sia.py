@@ -187,6 +187,16 @@ class SiaPolicy:
                 if g == 1:
                     row[i] = 1.0
             return np.maximum(row, ZERO_ALLOC_GAIN)
+        self._project(v, fitted, cap, row)
+        pos = row[row > ZERO_ALLOC_GAIN]
+        low = float(pos.min()) if pos.size else 1.0
+        row = row / low
+        return np.maximum(row, ZERO_ALLOC_GAIN)
+
+    def _project(self, v: JobView, fitted: Sequence[str], cap: int, row: np.ndarray) -> None:
+        """Fill ``row`` (one value per configuration up to ``cap`` GPUs): a type the job
+        has a model of from that model, any other type projected from the first fitted
+        one's model times the ratio of the two types' 1-GPU throughputs."""
         src = fitted[0]
         for ti in self.types:
             idx = [i for i, (t, _, g) in enumerate(self.configs) if t == ti.name and g <= cap]
@@ -197,16 +207,11 @@ class SiaPolicy:
                 nodes = np.array([self.configs[i][1] for i in idx], dtype=float)
                 vals = self._raw(v, ti.name, nodes, gpus)
             else:
-                # projected: another type's model x the ratio of 1-GPU throughputs
                 src_nodes = np.ceil(gpus / next(x.node_gpus for x in self.types
                                                 if x.name == src))
                 ratio = self.xput1[ti.name][v.app] / self.xput1[src][v.app]
                 vals = self._raw(v, src, src_nodes, gpus) * ratio
             row[idx] = vals
-        pos = row[row > ZERO_ALLOC_GAIN]
-        low = float(pos.min()) if pos.size else 1.0
-        row = row / low
-        return np.maximum(row, ZERO_ALLOC_GAIN)
 
     def _config_of(self, v: JobView) -> int | None:
         if not v.gpus or not v.device_type:
