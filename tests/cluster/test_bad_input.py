@@ -185,7 +185,7 @@ def test_a_job_list_is_checked_as_phalanx_train_checks_a_run(tmp_path, capsys, g
      "--hysteresis: --placement pack does not use it (only load-adaptive, "
      "load-adaptive-demand); drop it"),
     (["simulate", "--policy", "tiresias", "--profiles", "oracle"],
-     "--profiles: --policy tiresias does not use it (only goodput, pollux); drop it"),
+     "--profiles: --policy tiresias does not use it (only goodput, pollux, sia, gavel); drop it"),
     (["simulate", "--policy", "fifo", "--goodput-batch", "fixed"],
      "--goodput-batch: --policy fifo does not use it (only goodput); drop it"),
     (["simulate", "--compare", "fifo,sjf", "--pollux-search", "greedy"],
