@@ -1,0 +1,44 @@
+import json, sys, time
+from phalanx.cluster.sim.run import SimulateOptions, apply_preset, simulate, load_inputs
+VARIANTS = {
+  "sia": {"ordering": "sia"},
+  "gavel": {"ordering": "gavel", "interval_s": 360.0},
+  "pollux": {"ordering": "pollux"},
+  "goodput": {"ordering": "goodput"},
+  "goodput-restart-sia": {"ordering": "goodput", "typed_restart": "sia"},
+  "goodput-batch-target": {"ordering": "goodput", "typed_batch": "target"},
+  "goodput-las": {"ordering": "goodput", "typed_weight": "las"},
+  "goodput-share": {"ordering": "goodput", "goodput_share": True},
+  "goodput-p-1": {"ordering": "goodput", "typed_p": -1.0},
+  "goodput-gain0": {"ordering": "goodput", "goodput_min_gain": 0.0},
+  "goodput-growth4": {"ordering": "goodput", "goodput_growth": 4.0},
+  "goodput-share-growth4": {"ordering": "goodput", "goodput_share": True, "goodput_growth": 4.0},
+  "goodput-p-0.25": {"ordering": "goodput", "typed_p": -0.25},
+  "goodput-share-growth4-las": {"ordering": "goodput", "goodput_share": True, "goodput_growth": 4.0, "typed_weight": "las"},
+}
+out = sys.argv[1]
+load = 1.0
+for spec in sys.argv[2:]:
+    v, trace = spec.split("@")
+    load = 1.0
+    if "x" in v.split("-")[-1] and v.split("-")[-1].startswith("x"):
+        load = float(v.split("-")[-1][1:]); v = "-".join(v.split("-")[:-1])
+    kw = dict(VARIANTS[v], trace=trace, progress=False, load_scale=load)
+    opts = SimulateOptions(**apply_preset("sia-artifact", kw))
+    t = time.time()
+    s, res = simulate(opts)
+    jcts = sorted(st.end - st.spec.submit for st in res.jobs if st.end >= 0)
+    import numpy as np
+    gpu_h = sum(st.attained for st in res.jobs) / 3600
+    restarts = np.mean([max(len(st.placements) - 1, 0) for st in res.jobs])
+    rec = {"variant": v, "trace": trace, "load": load, "mean_jct_s": s.mean_jct_s, "finished": s.finished,
+           "p99_jct_s": float(np.percentile(jcts, 99)), "gpu_h": gpu_h, "restarts_per_job": float(restarts),
+           "wall_s": time.time() - t}
+    import collections
+    by = collections.defaultdict(list); rs = collections.defaultdict(list)
+    for st in res.jobs:
+        by[st.spec.model].append(st.end - st.spec.submit); rs[st.spec.model].append(max(len(st.placements)-1, 0))
+    rec["per_app"] = {a: (len(v), round(sum(v)/len(v)), round(sum(rs[a])/len(rs[a]), 1)) for a, v in by.items()}
+    with open(out, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    print(rec, flush=True)
