@@ -184,6 +184,56 @@ class FakeExecutor:
         self.left.clear()
 
 
+class LosingExecutor(FakeExecutor):
+    """A FakeExecutor whose server ``lost`` is down from the first poll until ``back_after``
+    polls have passed (never, with None)."""
+
+    def __init__(self, polls: int, lost: str, back_after: int | None) -> None:
+        super().__init__(polls)
+        self.lost, self.back_after, self.polled = lost, back_after, 0
+
+    def poll(self, job):
+        self.polled += 1
+        return super().poll(job)
+
+    def down(self):
+        self.polled += 1
+        back = self.back_after is not None and self.polled > self.back_after
+        return frozenset() if back else frozenset({self.lost})
+
+
+@pytest.mark.parametrize("back_after", [60, None])
+def test_a_job_only_lost_servers_hold_waits_for_them_then_fails(tmp_path, capsys, back_after):
+    """Server s1 of two (1 device each) is lost from the start. ``one`` (1 device) runs on
+    s0; ``both`` (2 devices) can only run once s1 is back: the loop waits for it rather than
+    end with ``both`` never started. When s1 never comes back, ``both`` fails after
+    --lost-wait with a line naming the server."""
+    jobs = tmp_path / "j.yaml"
+    cfg = "{model: mlp, data: synthetic, strategy: sync}"
+    jobs.write_text(f"jobs:\n  - {{name: one, arrival: 0, gpus: 1, config: {cfg}}}\n"
+                    f"  - {{name: both, arrival: 0, gpus: 2, config: {cfg}}}\n")
+    topo = uniform(servers=2, devices=1, switches=1)
+    ex = LosingExecutor(polls=5, lost=topo.servers[1].name, back_after=back_after)
+    res = LiveCluster(topo, load_job_list(jobs), make_ordering("fifo", 0.0, (), 0.0), Pack(),
+                      LiveConfig(tmp_path / "out", poll_s=0.005, lost_wait_s=0.3),
+                      executor=ex).run()
+    by = {st.spec.name: st for st in res.jobs}
+    out = capsys.readouterr().out
+    assert by["one"].end >= 0 and not by["one"].failure
+    assert by["one"].placements[0][1] == (0,)
+    assert "both wait(s) for lost server(s) " + topo.servers[1].name in out, out
+    if back_after is not None:
+        assert not by["both"].failure and by["both"].end > by["one"].end
+        assert by["both"].placements[0][1] == (0, 1)
+        assert f"server {topo.servers[1].name} is back" in out
+    else:
+        assert by["both"].start < 0 and by["both"].end >= 0.3
+        assert by["both"].failure == (f"could not start: server(s) {topo.servers[1].name} "
+                                      "lost for 0.3 s (--lost-wait)")
+        state = json.loads((tmp_path / "out" / "scheduler-state.json").read_text())
+        assert state["jobs"]["both"]["status"] == "done"
+
+
 def test_rounds_never_stop_a_job_that_cannot_resume(tmp_path):
     """Tiresias rounds every poll on 2 slots: the model-parallel job (no resume) keeps its
     slot; the two sync jobs take turns on the other, each resume runs with --resume."""

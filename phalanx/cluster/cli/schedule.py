@@ -91,6 +91,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-job-restarts", type=int, default=1,
                    help="a job whose rank dies or cannot join its group starts again this "
                         "many times, then fails with one line naming the rank (default 1)")
+    p.add_argument("--lost-wait", type=float, default=600.0, metavar="S",
+                   help="when only lost servers keep waiting jobs from running, wait this "
+                        "many seconds for them to come back, then fail those jobs "
+                        "(default 600)")
     p.add_argument("--poll", type=float, default=0.05,
                    help="seconds between checks for exits and arrivals (default 0.05)")
     p.add_argument("--out", default="runs/schedule", help="output folder")
@@ -138,7 +142,8 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
                           "drop --out")
     config = LiveConfig(Path(args.resume or args.out).absolute(), poll_s=args.poll,
                         job_timeout_s=args.job_timeout,
-                        grace_s=args.grace, max_job_restarts=args.max_job_restarts)
+                        grace_s=args.grace, max_job_restarts=args.max_job_restarts,
+                        lost_wait_s=args.lost_wait)
     topology = resolve_cluster(args.cluster, default_data_dir())
     jobs = load_job_list(args.jobs)
     check_fits(jobs, topology, args.jobs)  # the cheap check first

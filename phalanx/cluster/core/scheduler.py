@@ -164,6 +164,11 @@ class SchedulerCore:
         st.spec = dataclasses.replace(st.spec, gpus=gpus)
         self.enqueue(st)
 
+    def abandon(self, st: JobState) -> None:
+        """A waiting job leaves the queue for good without running again (it fails)."""
+        self._dequeue(st)
+        self.done(st.spec)
+
     def done(self, spec: JobSpec) -> None:
         """A job left for good (finished or failed): its VC quota is free again."""
         self._outstanding[spec.vc] -= spec.gpus

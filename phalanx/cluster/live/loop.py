@@ -73,6 +73,7 @@ class LiveConfig:
     grace_s: float = 30.0           # SIGTERM -> SIGKILL: time to write a checkpoint
     python: str = sys.executable
     max_job_restarts: int = 1       # a failed job starts again this many times, then fails
+    lost_wait_s: float = 600.0      # jobs that only lost servers could hold wait this long
 
     def __post_init__(self) -> None:
         if not 0 < self.poll_s <= 5:
@@ -85,6 +86,9 @@ class LiveConfig:
         if not 0 <= self.max_job_restarts <= 1000:
             raise ConfigError(f"--max-job-restarts must be in [0, 1000], "
                               f"got {self.max_job_restarts}")
+        if not 0 <= self.lost_wait_s <= 7 * 86400:
+            raise ConfigError(f"--lost-wait must be in [0, 604800] seconds, "
+                              f"got {self.lost_wait_s}")
 
 
 @dataclass
@@ -169,6 +173,7 @@ class LiveCluster:
         self.lost: set[int] = set()           # servers lost now
         self._holds: dict[int, list[int]] = {}  # lost server -> allocations holding its devices
         self._hold_ids = itertools.count(-1, -1)
+        self._lost_wait_from: float | None = None   # since when only lost servers hold jobs
 
     # ------------------------------------------------------------------ execution
     def _start(self, st: JobState, p: Placement) -> None:
@@ -262,6 +267,32 @@ class LiveCluster:
                 hold = next(self._hold_ids)
                 c.allocate(hold, Placement(tuple(free), ((s, c.cores_free[s]),)))
                 self._holds.setdefault(s, []).append(hold)
+
+    def _wait_for_lost(self) -> bool:
+        """Nothing runs and nothing is still to arrive, yet jobs wait that the lost servers
+        hold up (each fits the whole cluster, which rejected none of them): wait for the
+        servers to come back, at most ``lost_wait_s``; then those jobs fail with one line
+        each. True while the loop should wait."""
+        waiting = list(self.core.waiting.values())
+        if not waiting or not self.lost:
+            return False
+        servers = self.topology.servers
+        names = ", ".join(servers[s].name for s in sorted(self.lost))
+        limit = self.config.lost_wait_s
+        if self._lost_wait_from is None:
+            self._lost_wait_from = self.now
+            print(f"phalanx: scheduler: {', '.join(st.spec.name for st in waiting)} "
+                  f"wait(s) for lost server(s) {names} to come back (at most {limit:g} s, "
+                  "--lost-wait)", flush=True)
+        if self.now - self._lost_wait_from < limit:
+            return True
+        for st in waiting:
+            self.core.abandon(st)
+            st.end = self.now
+            st.remaining = 0.0
+            st.failure = (f"could not {'resume' if st.start >= 0 else 'start'}: "
+                          f"server(s) {names} lost for {limit:g} s (--lost-wait)")
+        return False
 
     def _reap(self) -> int:
         limit = self.config.job_timeout_s
@@ -390,8 +421,13 @@ class LiveCluster:
                 self.decisions.append(time.perf_counter() - t)
                 self.core.sample(self.now)
                 if not self.runs and not pending:
+                    if self._wait_for_lost():
+                        saver.save(pending)
+                        time.sleep(self.config.poll_s)
+                        continue
                     saver.save(pending, finished=True)
                     break   # done (anything still waiting could not start on an idle cluster)
+                self._lost_wait_from = None
                 saver.save(pending)
                 wait = self.config.poll_s
                 if pending and not self.runs:

@@ -23,7 +23,10 @@ device the scheduler gave it, that starts the rank's process itself.
   died, or the node left. Its devices' actors died with it (their rank's wait answers with
   an actor error, read as a SIGKILL); they are dropped, and created again on the node that
   declares the devices when it comes back (``ray start --address`` with the same
-  ``--resources``). The live loop reads :meth:`RayExecutor.down`.
+  ``--resources``). The live loop reads :meth:`RayExecutor.down`. A crashed node's actors
+  are found dead (and its ranks' peers fail) seconds before the cluster calls the node
+  dead, so a dead actor's rank counts as ended only once its node is down or after
+  :func:`verdict_s`: the loop then sees a lost server, not a failed job.
 
 ``ray`` is an optional extra (``pip install -e '.[ray]'``); it is imported only when
 ``--engine ray`` is used.
@@ -214,6 +217,18 @@ def wait_gone(marker: bytes, timeout_s: float = 15.0) -> None:
         time.sleep(0.1)
 
 
+def verdict_s() -> float:
+    """How long the cluster may take to call a dead node dead: its health checks' period
+    times the failures it waits for (Ray's settings, read from this process's environment
+    as a local cluster's nodes get them; Ray's defaults 3 s x 5), plus our polling."""
+    try:
+        period = float(os.environ.get("RAY_health_check_period_ms", "3000")) / 1000
+        times = float(os.environ.get("RAY_health_check_failure_threshold", "5"))
+    except ValueError:
+        period, times = 3.0, 5.0
+    return max(0.0, period) * max(1.0, times) + 2 * NODES_EVERY_S + 2.0
+
+
 class RankActor:
     """One rank (made a Ray actor by :class:`RayExecutor`)."""
 
@@ -269,9 +284,11 @@ def kill_rank_here(pid: int) -> None:
 
 
 class _RayGang:
-    def __init__(self, actors: list[Any], pids: list[int], waits: list[Any]) -> None:
-        self.actors, self.pids, self.waits = actors, pids, waits
+    def __init__(self, actors: list[Any], pids: list[int], waits: list[Any],
+                 nodes: list[str]) -> None:
+        self.actors, self.pids, self.waits, self.nodes = actors, pids, waits, nodes
         self.codes: list[int | None] = [None] * len(actors)
+        self.died: dict[int, float] = {}   # rank -> when its actor was found dead
 
 
 @dataclass
@@ -312,6 +329,7 @@ class RayExecutor:
         self.failed: dict[str, tuple[int, int]] = {}
         self._down: frozenset[str] = frozenset()
         self._nodes_at = -float("inf")
+        self.verdict_s = verdict_s()
 
     def down(self) -> frozenset[str]:
         """The servers none of whose live nodes declares all their devices (lost); the
@@ -378,22 +396,36 @@ class RayExecutor:
         except Exception as e:   # noqa: BLE001 - any Ray failure: nothing may stay behind
             self._kill_ranks(actors)
             raise OSError(f"ray: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
-        self.gangs[gang.job] = _RayGang(actors, pids, [a.wait.remote() for a in actors])
+        self.gangs[gang.job] = _RayGang(actors, pids, [a.wait.remote() for a in actors],
+                                        [p.node for p in pinned])
 
     def poll(self, job: str) -> int | None:
         g = self.gangs[job]
-        pending = [w for w, c in zip(g.waits, g.codes) if c is None]
-        ready, _ = self.ray.wait(pending, num_returns=len(pending), timeout=0)
+        pending = [w for i, (w, c) in enumerate(zip(g.waits, g.codes))
+                   if c is None and i not in g.died]
+        ready, _ = self.ray.wait(pending, num_returns=len(pending), timeout=0) if pending \
+            else ([], [])
         for w in ready:
+            i = g.waits.index(w)
             try:
-                g.codes[g.waits.index(w)] = self.ray.get(w)
-            except Exception:   # noqa: BLE001 - the actor died (its node was lost)
-                g.codes[g.waits.index(w)] = KILLED
+                g.codes[i] = self.ray.get(w)
+            except Exception:   # noqa: BLE001 - the actor died (its node lost?)
+                g.died[i] = time.monotonic()
                 self._nodes_at = -float("inf")   # read the nodes again at once
+        if g.died:
+            # a dead actor's rank ends (as SIGKILL) once the cluster has called its node
+            # dead, or after the cluster's own time to do so: the gang's exit (and so the
+            # live loop's verdict, lost server or failure) waits for it, as a Slurm gang
+            # waits for a lost node's batch job. Its peers fail first (they lost a rank).
+            down = self.down()
+            for i, t in list(g.died.items()):
+                if g.nodes[i] in down or time.monotonic() - t > self.verdict_s:
+                    g.codes[i] = KILLED
+                    del g.died[i]
         note_failure(self.failed, job, g.codes)
-        if failed_rank(g.codes):
-            for a, pid, c in zip(g.actors, g.pids, g.codes):
-                if c is None:
+        if failed_rank(g.codes) or g.died:
+            for i, (a, pid, c) in enumerate(zip(g.actors, g.pids, g.codes)):
+                if c is None and i not in g.died:
                     a.stop.remote(2.0, pid)
         rc = gang_exit(g.codes)
         if rc is not None:
