@@ -136,6 +136,8 @@ def test_schedule_bad_flags_are_one_line(tmp_path, capsys, monkeypatch):
                        (["--poll", "0"], "--poll must be"),
                        (["--grace", "0"], "--grace must be"),
                        (["--max-job-restarts", "-1"], "--max-job-restarts must be in [0, 1000]"),
+                       (["--lost-wait", "-1"], "--lost-wait must be in [0, 604800]"),
+                       (["--lost-wait", "nan"], "--lost-wait must be in [0, 604800]"),
                        (["--policy", "tiresias", "--tiresias-thresholds", "x"],
                         "not a comma list"),
                        (["--ray-address", "127.0.0.1:1"], "only with --engine ray"),
