@@ -56,12 +56,30 @@ def test_yaml_roundtrip(tmp_path):
     (lambda d: d["zones"][0]["racks"][0]["servers"][0].update(devices="eight"),
      r"devices: expected int"),
     (lambda d: d["zones"][1].update(name="ib0"), r"duplicate name 'ib0'"),
+    # an emulated type's slowdown: finite, at least 1 (a type cannot be emulated faster)
+    (lambda d: d["device_types"][1].update(slowdown=0.5),
+     r"c.yaml: device_types\[1\].slowdown: must be a finite number in 1..1000, got 0.5"),
+    (lambda d: d["device_types"][1].update(slowdown=float("inf")), r"slowdown: must be"),
+    (lambda d: d["device_types"][1].update(slowdown=float("nan")), r"slowdown: must be"),
+    (lambda d: d["device_types"][1].update(slowdown="x"), r"slowdown: expected float"),
 ])
 def test_yaml_errors_name_the_entry(edit, message):
     d = yaml.safe_load(yaml.safe_dump(GOOD))
     edit(d)
     with pytest.raises(ConfigError, match=message):
         topology_from_mapping(d, source="c.yaml")
+
+
+def test_slowdown_roundtrips_and_a_gang_runs_on_one_type(tmp_path):
+    d = yaml.safe_load(yaml.safe_dump(GOOD))
+    d["device_types"][1]["slowdown"] = 3
+    t = topology_from_mapping(d)
+    assert t.device_types["k80"].slowdown == 3.0 and t.device_types["v100"].slowdown == 1.0
+    save_topology(t, tmp_path / "c.yaml")
+    assert load_topology(tmp_path / "c.yaml").device_types["k80"].slowdown == 3.0
+    assert t.typed and t.gang_type([0, 1]) == "v100" and t.gang_type([51]) == "k80"
+    with pytest.raises(ConfigError, match="a gang across device types k80, v100 is refused"):
+        t.gang_type([0, 51])
 
 
 def test_bad_yaml_file(tmp_path):

@@ -11,6 +11,7 @@ The YAML form (see docs/cluster.md)::
     name: demo
     device_types:
       - {name: v100, speed: 1.0, memory_gib: 32}
+      - {name: slow, speed: 0.33, slowdown: 3}   # emulated on CPU: 3x slower compute
     zones:
       - name: ib0
         racks:
@@ -32,15 +33,19 @@ from typing import Any
 import yaml
 
 from phalanx.errors import ConfigError
+from phalanx.limits import MAX_SLOW_FACTOR
 
 
 @dataclass(frozen=True)
 class DeviceType:
-    """A GPU model: its name, its speed relative to the reference device, its memory."""
+    """A GPU model: its name, its speed relative to the reference device, its memory, and
+    the slowdown that emulates it on a CPU machine (the live scheduler's ranks on it
+    compute ``slowdown`` times slower, ``--slow-workers``' straggler emulation; 1: none)."""
 
     name: str
     speed: float = 1.0          # throughput relative to the reference device (v100 = 1.0)
     memory_gib: float = 16.0
+    slowdown: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -119,11 +124,30 @@ class Topology:
     def device_speed(self, device: int) -> float:
         return self.device_types[self.servers[self.device_server[device]].device_type].speed
 
+    def device_type_of(self, device: int) -> str:
+        return self.servers[self.device_server[device]].device_type
+
+    def gang_type(self, devices: Sequence[int]) -> str:
+        """The one device type of a gang; a gang across types is refused with the reason
+        (a job runs on one type at a time: one type's speed and, emulated, one slowdown)."""
+        types = sorted({self.device_type_of(d) for d in devices})
+        if len(types) > 1:
+            raise ConfigError(f"a gang across device types {', '.join(types)} is refused: a "
+                              f"job runs on one type at a time (its speed and its emulated "
+                              f"slowdown are one type's)")
+        return types[0] if types else ""
+
+    @property
+    def typed(self) -> bool:
+        """Several device types among the servers (a job then runs on one of them)."""
+        return len({s.device_type for s in self.servers}) > 1
+
     def to_mapping(self) -> dict[str, Any]:
         """The YAML configuration set of this topology (one entry per server, no repeats)."""
         return {
             "name": self.name,
-            "device_types": [{"name": t.name, "speed": t.speed, "memory_gib": t.memory_gib}
+            "device_types": [{"name": t.name, "speed": t.speed, "memory_gib": t.memory_gib,
+                              **({"slowdown": t.slowdown} if t.slowdown != 1 else {})}
                              for t in self.device_types.values()],
             "zones": [{"name": z.name, "racks": [
                 {"name": self.racks[r].name, "servers": [
@@ -258,10 +282,15 @@ def _device_types(data: Any, source: str) -> list[DeviceType]:
     types: list[DeviceType] = []
     for i, t in enumerate(_list(data, "device_types", source)):
         where = f"{source}: device_types[{i}]"
-        _check_keys(t, {"name", "speed", "memory_gib"}, where)
+        _check_keys(t, {"name", "speed", "memory_gib", "slowdown"}, where)
+        slow = float(_field(t, "slowdown", where, float, 1.0))
+        if not 1.0 <= slow <= MAX_SLOW_FACTOR:      # NaN fails both
+            raise ConfigError(f"{where}.slowdown: must be a finite number in "
+                              f"1..{MAX_SLOW_FACTOR:g}, got {t['slowdown']!r}")
         types.append(DeviceType(str(_field(t, "name", where, str)),
                                 float(_field(t, "speed", where, float, 1.0, positive=True)),
-                                float(_field(t, "memory_gib", where, float, 16.0, positive=True))))
+                                float(_field(t, "memory_gib", where, float, 16.0, positive=True)),
+                                slow))
     if len({t.name for t in types}) != len(types):
         raise ConfigError(f"{source}: device_types: duplicate names")
     return types

@@ -204,3 +204,46 @@ def check_fits(jobs: list[LiveJob], topology: Topology, source: str) -> None:
         reason = oversize_reason(g, topology.num_devices, usable)
         if reason:   # enough slots, not enough with a free CPU core each
             raise DataError(f"job list {source}: {job.spec.name}: gpus {g}: {reason}")
+    check_types(jobs, topology, source)
+
+
+def slow_ranks(cfg: RunConfig, slowdown: float) -> dict[int, float]:
+    """``--slow-workers`` for every compute rank of ``cfg`` (none at slowdown 1): how a
+    rank emulates a device type ``slowdown`` times slower."""
+    if slowdown <= 1.0:
+        return {}
+    return dict.fromkeys(range(spec(cfg.strategy).compute_ranks(cfg)[0]), float(slowdown))
+
+
+def check_types(jobs: list[LiveJob], topology: Topology, source: str) -> None:
+    """On a cluster of several device types a gang runs on one type: one that no type can
+    hold is refused. On an emulated type (``slowdown`` > 1) the scheduler sets each
+    compute rank's ``--slow-workers``: a job that sets its own, or whose strategy cannot
+    be slowed, is refused there."""
+    per_type: dict[str, int] = {}
+    for srv in topology.servers:
+        per_type[srv.device_type] = (per_type.get(srv.device_type, 0)
+                                     + min(srv.num_devices, srv.cpu_cores))
+    slowed = {t: x.slowdown for t, x in topology.device_types.items()
+              if x.slowdown > 1 and t in per_type}
+    for job in jobs:
+        g, name = job.spec.gpus, job.spec.name
+        holds = [t for t, n in per_type.items() if n >= g]
+        if topology.typed and not holds:
+            have = ", ".join(f"{t} {n}" for t, n in sorted(per_type.items()))
+            raise DataError(f"job list {source}: {name}: gpus {g}: no device type holds it "
+                            f"({have}); a gang across types is refused (a job runs on one "
+                            f"type at a time)")
+        slow = [t for t in holds if t in slowed]
+        if not slow:
+            continue
+        cfg = RunConfig.from_mapping({**job.config, "workers": g}, source=f"job {name}")
+        if cfg.slow_workers:
+            raise DataError(f"job list {source}: {name}: slow_workers: the cluster emulates "
+                            f"device type {slow[0]} (slowdown {slowed[slow[0]]:g}); the "
+                            f"scheduler sets each rank's slowdown from its device's type")
+        try:
+            check_config(dataclasses.replace(cfg, slow_workers=slow_ranks(cfg, slowed[slow[0]])))
+        except ConfigError as e:
+            raise DataError(f"job list {source}: {name}: cannot run on emulated device type "
+                            f"{slow[0]} (slowdown {slowed[slow[0]]:g}): {e}") from None

@@ -15,17 +15,25 @@ nothing it cannot redo: ranks checkpoint on SIGTERM (sync, average); a driver ne
 resume from their last periodic checkpoint.
 Everything else is non-preemptible: the policy keeps it running once started, and
 ``jobs.csv`` says why.
+
+Emulated device types (a type's ``slowdown`` in the topology, for CPU machines): every
+compute rank of a gang on such a type runs ``--slow-workers R:slowdown`` (the straggler
+emulation: each compute phase is followed by a sleep of (slowdown - 1) times its length).
+A fresh start gets the flag; a resumed one has its run folder's ``config.json`` rewritten
+(``slow_workers`` is no part of the trajectory, so the checkpoint still matches), since
+``--resume`` takes every setting from there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.engines.base import Gang, RankSlot
-from phalanx.cluster.live.joblist import LiveJob
+from phalanx.cluster.live.joblist import LiveJob, slow_ranks
 from phalanx.config import RunConfig
 from phalanx.parallel.registry import spec
 
@@ -64,6 +72,18 @@ def resumable(job: LiveJob, run_dir: Path) -> bool:
     return can is not None and can(cfg)
 
 
+def emulate_type(run_dir: Path, slowdown: float) -> None:
+    """Rewrite a stopped run's ``config.json`` so that its resume computes ``slowdown``
+    times slower on every compute rank (1: at full speed)."""
+    path = run_dir / "config.json"
+    values = json.loads(path.read_text())
+    cfg = RunConfig.from_mapping(values, source=str(path))
+    values["slow_workers"] = {str(r): f for r, f in slow_ranks(cfg, slowdown).items()}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(values, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
 def rank_slots(topology: Topology, devices: tuple[int, ...], per_rank: bool
                ) -> tuple[RankSlot, ...]:
     """One slot per device (ranks), or one slot with the first server's devices (driver)."""
@@ -82,19 +102,26 @@ def rank_slots(topology: Topology, devices: tuple[int, ...], per_rank: bool
 
 
 def build_gang(job: LiveJob, plan: JobPlan, topology: Topology, devices: tuple[int, ...],
-               start: int, out: Path, resume: bool, workers: int | None = None) -> Gang:
+               start: int, out: Path, resume: bool, workers: int | None = None,
+               slowdown: float = 1.0) -> Gang:
     """The command of start number ``start`` (``resume``: continue from the run folder's
-    checkpoint with the settings of its ``config.json``)."""
+    checkpoint with the settings of its ``config.json``), its compute ranks ``slowdown``
+    times slower (an emulated device type)."""
     name = job.spec.name
     run_dir = out / "jobs" / name
     module = ("-m", "phalanx.entry.scheduled") if plan.per_rank else ("-m", "phalanx.cli",
                                                                      "train")
+    n = workers or job.spec.gpus
     if resume:
-        argv = (*module, "--resume", str(run_dir), "--no-progress")
+        emulate_type(run_dir, slowdown)
+        argv: tuple[str, ...] = (*module, "--resume", str(run_dir), "--no-progress")
     else:
         argv = (*module, "--config", str(out / "configs" / f"{name}.json"), "--out",
-                str(run_dir), "--workers", str(workers or job.spec.gpus), "--threads", "1",
-                "--no-progress")
+                str(run_dir), "--workers", str(n), "--threads", "1", "--no-progress")
+        slow = slow_ranks(RunConfig.from_mapping({**job.config, "workers": n},
+                                                 source=f"job {name}"), slowdown)
+        if slow:
+            argv += ("--slow-workers", ",".join(f"{r}:{f:g}" for r, f in slow.items()))
     # the ranks import the same phalanx as the scheduler, whatever their folder
     root = str(Path(__file__).resolve().parents[3])
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))

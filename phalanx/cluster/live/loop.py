@@ -57,7 +57,18 @@ from phalanx.cluster.live.launch_plan import JobPlan, build_gang, plan_of, resum
 from phalanx.cluster.live.restart import Saver, restore
 from phalanx.cluster.live.state import SavedState
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
+from phalanx.cluster.policies.placement import OneType
 from phalanx.errors import ConfigError
+
+
+def type_order(topology: Topology) -> tuple[str, ...]:
+    """The cluster's device types, fastest first (declared speed, then emulated
+    slowdown)."""
+    types = sorted({s.device_type for s in topology.servers},
+                   key=lambda t: (-topology.device_types[t].speed,
+                                  topology.device_types[t].slowdown, t))
+    return tuple(types)
+
 
 LOST_GRACE_S = 2.0   # a job that lost a server: its other ranks' time to go before SIGKILL
 
@@ -160,6 +171,10 @@ class LiveCluster:
         self.ordering = ordering
         self.executor: Executor = executor if executor is not None else LocalExecutor(
             config.python)
+        if topology.typed:
+            # a gang runs on one device type at a time (fastest type first where the
+            # placement policy's own choice spans types)
+            placement = OneType(placement, type_order(topology))
         self.core = SchedulerCore(topology, ordering, placement, admission)
         self.runs: dict[int, _Run] = {}
         self.states: dict[int, JobState] = self.core.states
@@ -186,8 +201,10 @@ class LiveCluster:
         resume = again and resumable(job, run_dir)
         if again and not resume:
             shutil.rmtree(run_dir, ignore_errors=True)   # stopped before it began: anew
+        dtype = self.topology.gang_type(p.devices)   # one type (mixed gangs are refused)
         gang = build_gang(job, plan, self.topology, p.devices, len(st.placements), out, resume,
-                          workers=st.spec.gpus)
+                          workers=st.spec.gpus,
+                          slowdown=self.topology.device_types[dtype].slowdown)
         try:
             log_from = gang.log.stat().st_size
         except OSError:

@@ -70,6 +70,52 @@ def place_on(cluster: ClusterState, job: JobSpec, takes: Iterable[tuple[int, int
     return _build(cluster, job, sorted(takes), tight=True)
 
 
+def place_typed(cluster: ClusterState, spec: JobSpec, gpus: int, device_type: str
+                ) -> Placement | None:
+    """``gpus`` GPUs on servers of ``device_type`` only: the fullest server that holds
+    them all, else whole servers, most free first (a gang never spans types)."""
+    topo = cluster.topology
+    servers = [s.index for s in topo.servers if s.device_type == device_type]
+    free = {s: cluster.usable_on_server(s) for s in servers}
+    fits = [s for s in servers if free[s] >= gpus]
+    if fits:
+        s = min(fits, key=lambda s: (free[s], s))
+        return place_on(cluster, spec, [(s, gpus)])
+    takes, need = [], gpus
+    for s in sorted(servers, key=lambda s: (-free[s], s)):
+        if free[s] and need:
+            k = min(need, free[s])
+            takes.append((s, k))
+            need -= k
+    return place_on(cluster, spec, takes) if not need else None
+
+
+@dataclass(frozen=True)
+class OneType:
+    """A placement on a cluster of several device types: a gang runs on one type at a
+    time (one type's speed; one profile prices it), so ``inner``'s placement is taken when
+    it lies on one type, else the first type of ``order`` (fastest first) that holds the
+    gang, placed there by :func:`place_typed`."""
+
+    inner: PlacementPolicy
+    order: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def place(self, job: JobSpec, cluster: ClusterState) -> Placement | None:
+        topo = cluster.topology
+        p = self.inner.place(job, cluster)
+        if p is not None and len({topo.device_type_of(d) for d in p.devices}) == 1:
+            return p
+        for t in self.order:
+            q = place_typed(cluster, job, job.gpus, t)
+            if q is not None:
+                return q
+        return None
+
+
 def _greedy(cluster: ClusterState, servers: Iterable[int], gpus: int) -> list[tuple[int, int]]:
     """Take devices from ``servers`` in the given order until the gang is complete."""
     takes, need = [], gpus

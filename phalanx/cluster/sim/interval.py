@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from phalanx.cluster.core.allocator import ClusterState, Placement
+from phalanx.cluster.core.allocator import Placement
 from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.jobs import JobSpec, JobState
 from phalanx.cluster.core.result import SimResult
@@ -38,7 +38,7 @@ from phalanx.cluster.model.learned import Learner
 from phalanx.cluster.model.perf import PerfModel
 from phalanx.cluster.model.profiles import BatchConfig, PolluxApplication
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, Pack, PlacementPolicy
-from phalanx.cluster.policies.placement import place_on
+from phalanx.cluster.policies.placement import place_on, place_typed
 from phalanx.cluster.sim.event import allocation_shape
 from phalanx.errors import ConfigError
 from phalanx.metrics import Progress
@@ -146,26 +146,6 @@ def batch_limits(app: PolluxApplication, counts: tuple[int, ...]
 
 def placement_types(topology: Topology, devices: Sequence[int]) -> set[str]:
     return {topology.servers[topology.device_server[d]].device_type for d in devices}
-
-
-def place_typed(cluster: ClusterState, spec: JobSpec, gpus: int, device_type: str
-                ) -> Placement | None:
-    """``gpus`` GPUs on servers of ``device_type`` only: the fullest server that holds
-    them all, else whole servers, most free first (a gang never spans types)."""
-    topo = cluster.topology
-    servers = [s.index for s in topo.servers if s.device_type == device_type]
-    free = {s: cluster.usable_on_server(s) for s in servers}
-    fits = [s for s in servers if free[s] >= gpus]
-    if fits:
-        s = min(fits, key=lambda s: (free[s], s))
-        return place_on(cluster, spec, [(s, gpus)])
-    takes, need = [], gpus
-    for s in sorted(servers, key=lambda s: (-free[s], s)):
-        if free[s] and need:
-            k = min(need, free[s])
-            takes.append((s, k))
-            need -= k
-    return place_on(cluster, spec, takes) if not need else None
 
 
 def _counts_in_order(topology: Topology, p: Placement) -> tuple[int, ...]:
