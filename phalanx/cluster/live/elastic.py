@@ -44,16 +44,19 @@ from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.core.view import Choice, job_view
 from phalanx.cluster.live.engines.base import Executor
 from phalanx.cluster.live.joblist import LiveJob
-from phalanx.cluster.live.launch_plan import resumable
+from phalanx.cluster.live.launch_plan import emulate_type, resumable
 from phalanx.cluster.live.loop import LiveCluster, LiveConfig
 from phalanx.cluster.live.observe import WINDOWS, EventTail, JobObserver, Observation
 from phalanx.cluster.live.resize import resize_run
 from phalanx.cluster.live.resize_ps import refusal
 from phalanx.cluster.live.state import SavedState
 from phalanx.cluster.model.core_share import CoreShare
-from phalanx.cluster.model.learned import AppFacts, JobKnowledge
+from phalanx.cluster.model.learned import AppFacts, JobKnowledge, Learner
 from phalanx.cluster.policies import FIFO, PlacementPolicy
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
+from phalanx.cluster.policies.goodput_typed import TypedGoodputPolicy, TypedOptions
+from phalanx.cluster.policies.placement import place_typed
+from phalanx.cluster.policies.sia import cluster_types
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.parallel.registry import spec
@@ -90,18 +93,27 @@ class ElasticLiveCluster(LiveCluster):
         cap = topology.num_devices
         self.why_fixed = {j.spec.id: self._why_fixed(j) for j in self.jobs}
         elastic = [j for j in self.jobs if not self.why_fixed[j.spec.id]]
-        self.policy = LearnedGoodputPolicy({j.spec.application: job_facts(j, cap)
-                                            for j in elastic},
-                                           node_gpus=max(topology.server_size),
-                                           restart_s=cadence.restart_cost_s,
-                                           horizon_s=horizon_s)
+        self.policy: LearnedGoodputPolicy | TypedGoodputPolicy
+        if topology.typed:
+            self.policy = typed_policy(topology, elastic, [
+                (j.spec.name, self.why_fixed[j.spec.id]) for j in self.jobs
+                if self.why_fixed[j.spec.id]], cadence, horizon_s)
+        else:
+            self.policy = LearnedGoodputPolicy({j.spec.application: job_facts(j, cap)
+                                                for j in elastic},
+                                               node_gpus=max(topology.server_size),
+                                               restart_s=cadence.restart_cost_s,
+                                               horizon_s=horizon_s)
         self.core.elastic = self.policy
         # CPU jobs' ranks share their machines' cores (``cores``: None, never crowded)
         self.cores = cores
         self.on_cpu = {j.spec.id: parse_device(RunConfig.from_mapping(
             j.config, source=j.spec.name).device).kind == "cpu" for j in self.jobs}
-        if cores is not None:
+        if cores is not None and isinstance(self.policy, LearnedGoodputPolicy):
+            # (the typed policy's MILP has no core-share term: measurements are still
+            # taken per whole core, predictions are not stretched)
             self.policy.slowdown = self._slowdown_at
+        self.target_type: dict[int, str] = {}   # the type the round chose ('' any)
         self.observers = {j.spec.id: JobObserver(EventTail(
             config.out / "jobs" / j.spec.name / "events.jsonl")) for j in elastic}
         self.target: dict[int, int] = {}
@@ -119,6 +131,28 @@ class ElasticLiveCluster(LiveCluster):
         if not plan.per_rank:
             return refusal(RunConfig.from_mapping(job.config, source=job.spec.name))
         return ""
+
+    # ------------------------------------------------------------------ device types
+    def _type_of(self, jid: int) -> str:
+        """The device type job ``jid`` runs on now, or last ran on ('' untyped)."""
+        st = self.states[jid]
+        if not self.topology.typed or not st.placements:
+            return ""
+        return self.topology.gang_type(st.placements[-1][1])
+
+    def _learner(self, jid: int, device_type: str | None = None) -> Learner:
+        """The model of job ``jid``'s speed: on a typed cluster, the one fitted to what it
+        ran on ``device_type`` (default: its type now)."""
+        if isinstance(self.policy, TypedGoodputPolicy):
+            return self.policy.learner_for(device_type or self._type_of(jid)
+                                           or self.policy.types[0].name)
+        return self.policy.learner
+
+    def _node_gpus(self, device_type: str = "") -> int:
+        if isinstance(self.policy, TypedGoodputPolicy):
+            return next((t.node_gpus for t in self.policy.types if t.name == device_type),
+                        min(t.node_gpus for t in self.policy.types))
+        return self.policy.node_gpus
 
     def _note(self, st: JobState, line: str) -> None:
         with open(self.config.out / "logs" / f"{st.spec.name}.log", "a") as f:
@@ -143,7 +177,7 @@ class ElasticLiveCluster(LiveCluster):
         if self.cores is None or not self.on_cpu[jid]:
             return 1.0
         return self.cores.predict(n, dict(enumerate(self._demand(skip=jid))),
-                                  self.policy.node_gpus)
+                                  self._node_gpus())
 
     # ------------------------------------------------------------------ observations
     def _observe(self) -> None:
@@ -154,8 +188,9 @@ class ElasticLiveCluster(LiveCluster):
             nodes = len({s.server for s in run.gang.ranks})
             # times are taken in per whole core (divided by the slowdown), predictions
             # times the slowdown where they apply
-            ready, fresh = obs.read(nodes, self._slowdown_now(jid))
-            k = self.policy.learner.knowledge(jid, run.state.spec.application)
+            dtype = self._type_of(jid)
+            ready, fresh = obs.read(nodes, self._slowdown_now(jid), dtype)
+            k = self._learner(jid, dtype).knowledge(jid, run.state.spec.application)
             for w in fresh:
                 # a window measured after the model was fitted to its set-up: the fit's
                 # prediction, held out in time, against what was measured
@@ -163,15 +198,18 @@ class ElasticLiveCluster(LiveCluster):
                 if w.index >= WINDOWS and k.params is not None and (n, g, float(b)) in k.profile:
                     self.held_out.setdefault(jid, []).append(k.predict(g, n, b) / w.step_s - 1)
             for o in ready:
-                self._learn(run.state, obs, o)
+                self._learn(run.state, obs, o, dtype)
 
-    def _learn(self, st: JobState, obs: JobObserver, o: Observation) -> None:
+    def _learn(self, st: JobState, obs: JobObserver, o: Observation, dtype: str) -> None:
         name = st.spec.name
         app = st.spec.application
-        facts = self.policy.learner.facts[app]
-        self.policy.learner.observe(st.spec.id, app, o.gpus, o.nodes, o.batch, o.step_s,
-                                    o.sync_s, obs.grad(facts.init_batch), replace=True)
-        k = self.policy.learner.knowledge(st.spec.id, app)
+        learner = self._learner(st.spec.id, dtype)
+        facts = learner.facts[app]
+        learner.observe(st.spec.id, app, o.gpus, o.nodes, o.batch, o.step_s,
+                        o.sync_s, obs.grad(facts.init_batch), replace=True)
+        k = learner.knowledge(st.spec.id, app)
+        if dtype:
+            name = f"{name} on {dtype}"
         key = (o.gpus, o.nodes, o.batch)
         x = self._slowdown_now(st.spec.id)
         fit, measured = k.predict(o.gpus, o.nodes, o.batch) * x, o.step_s * x
@@ -217,7 +255,8 @@ class ElasticLiveCluster(LiveCluster):
                           # a parameter-server driver starts every worker on its first
                           # node (launch_plan.rank_slots): more workers than a node's
                           # devices would share them
-                          limit=0 if self.plans[st.spec.id].per_rank else self.policy.node_gpus)
+                          limit=0 if self.plans[st.spec.id].per_rank
+                          else self._node_gpus(self._type_of(st.spec.id)))
                  for st in self._elastic_states()]
         if not views:
             return
@@ -231,6 +270,7 @@ class ElasticLiveCluster(LiveCluster):
 
     def keep(self, st: JobState, c: Choice) -> None:
         self.target[st.spec.id] = c.gpus
+        self.target_type[st.spec.id] = c.device_type
         if c.gpus == 0 and st.spec.id not in self.runs:
             self.benched.add(st.spec.id)
 
@@ -240,8 +280,13 @@ class ElasticLiveCluster(LiveCluster):
             self._stop(self.runs[st.spec.id], "preempt")
 
     def move(self, st: JobState, c: Choice) -> None:
-        # a job still stopping is resized to the target when its ranks are gone
+        # a job still stopping is resized to the target when its ranks are gone; on a
+        # typed cluster it resumes on the type chosen (a change of type is a move)
         self.target[st.spec.id] = c.gpus
+        self.target_type[st.spec.id] = c.device_type
+        if c.device_type and c.device_type != self._type_of(st.spec.id) and st.placements:
+            self._note(st, f"phalanx: scheduler: {st.spec.name}: moves from "
+                           f"{self._type_of(st.spec.id)} to {c.device_type} ({c.gpus} GPU)")
         run = self.runs.get(st.spec.id)
         if run is not None and not run.stop:
             self._stop(run, "preempt")
@@ -271,12 +316,16 @@ class ElasticLiveCluster(LiveCluster):
 
     def _resize(self, st: JobState, n: int) -> bool:
         """Rewrite the stopped job's run folder for ``n`` workers (False: it cannot be)."""
-        k = self.policy.learner.knowledge(st.spec.id, st.spec.application)
-        nodes = -(-n // self.policy.node_gpus)
-        batch = self.policy.learner.batch_config(st.spec.id, st.spec.application, nodes, n).atomic
+        dtype = self.target_type.get(st.spec.id) or self._type_of(st.spec.id)
+        learner = self._learner(st.spec.id, dtype)
+        k = learner.knowledge(st.spec.id, st.spec.application)
+        nodes = -(-n // self._node_gpus(dtype))
+        batch = learner.batch_config(st.spec.id, st.spec.application, nodes, n).atomic
         run_dir = self.config.out / "jobs" / st.spec.name
         if not resumable(self._by_id[st.spec.id], run_dir):
             return True      # nothing on disk yet: it starts anew at the new size
+        # the emulated slowdown names the old ranks: the next start sets it for the new
+        emulate_type(run_dir, 1.0)
         try:
             old, new = resize_run(run_dir, n, int(batch))
         except ConfigError as e:
@@ -296,5 +345,43 @@ class ElasticLiveCluster(LiveCluster):
 
     def _fill(self) -> None:
         waiting = [st for jid, st in self.core.waiting.items() if jid not in self.benched]
-        if waiting:
-            self.core.try_start(self.ordering.order(waiting, self.now), self._start)
+        if not waiting:
+            return
+        order = self.ordering.order(waiting, self.now)
+        # a job the round gave a device type starts on that type only
+        for jid in order:
+            t = self.target_type.get(jid)
+            st = self.core.waiting.get(jid)
+            if t and st is not None:
+                p = place_typed(self.core.cluster, st.spec, st.spec.gpus, t)
+                if p is not None:
+                    self._start(st, p)
+        rest = [jid for jid in order if not self.target_type.get(jid)]
+        if rest:
+            self.core.try_start(rest, self._start)
+
+
+def typed_policy(topology: Topology, elastic: Sequence[LiveJob],
+                 fixed: Sequence[tuple[str, str]], cadence: Cadence, horizon_s: float
+                 ) -> TypedGoodputPolicy:
+    """``--policy goodput`` on several device types: the heterogeneity-aware policy on
+    Sia's information. Per type, a job's application facts (from its entry, capped by the
+    type's devices) and a 1-GPU throughput to bootstrap from: the type's declared
+    ``speed`` divided by its emulated ``slowdown``, the same for every job (Sia profiles
+    each job on each type; this prior is coarser, never finer). Then only what the job
+    measured on a type. Its MILP gives each type's GPUs whole, so jobs it cannot resize
+    are refused here rather than run beside it."""
+    if fixed:
+        raise ConfigError(f"--policy goodput on a cluster of several device types "
+                          f"({', '.join(sorted(topology.device_types))}) schedules resizable "
+                          f"jobs only; job {fixed[0][0]} is not ({fixed[0][1]})")
+    types = cluster_types([(s.device_type, s.num_devices) for s in topology.servers])
+    facts = {t.name: {j.spec.application: job_facts(j, t.gpus) for j in elastic}
+             for t in types}
+    speed = {t.name: topology.device_types[t.name].speed / topology.device_types[t.name].slowdown
+             for t in types}
+    boot = {t: dict.fromkeys(facts[t], speed[t]) for t in facts}
+    return TypedGoodputPolicy(facts, types, options=TypedOptions(horizon_s=horizon_s),
+                              restart_s=dict.fromkeys(facts[types[0].name],
+                                                      cadence.restart_cost_s),
+                              bootstrap=boot)

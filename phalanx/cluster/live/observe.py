@@ -77,7 +77,9 @@ class JobObserver:
     """One job's measurements, per set-up, and its latest gradient statistics."""
 
     tail: EventTail
-    windows: dict[tuple[int, int, int], list[tuple[float, float]]] = field(default_factory=dict)
+    # (device type, GPUs, nodes, per-GPU batch) -> (step, sync) of each window
+    windows: dict[tuple[str, int, int, int], list[tuple[float, float]]] = field(
+        default_factory=dict)
     g2: float = math.nan
     s: float = math.nan
     # a BSP parameter-server job: the shards' shares of an update, until all are in
@@ -86,7 +88,8 @@ class JobObserver:
     warm: int = 0       # perf windows still to drop: the first after every (re)start
     epoch: int = 0      # the last epoch the job reported (train, eval, checkpoint events)
 
-    def read(self, nodes: int, slowdown: float = 1.0) -> tuple[list[Observation], list[Window]]:
+    def read(self, nodes: int, slowdown: float = 1.0, device_type: str = ""
+             ) -> tuple[list[Observation], list[Window]]:
         """Take in new events (the job runs on ``nodes`` nodes now); return the set-ups
         that just reached :data:`WINDOWS` windows or doubled them since (3, 6, 12, ...: the
         model is refitted on the growing evidence, as the Pollux artifact's profile keeps
@@ -94,7 +97,8 @@ class JobObserver:
         ``ready`` is the warm-up of a (re)start and is dropped. Times are kept
         divided by ``slowdown``, the share of the cores the job's ranks had
         (:mod:`phalanx.cluster.model.core_share`), so that set-ups measured beside different
-        neighbours compare."""
+        neighbours compare. On a cluster of several device types each type's set-ups
+        are kept apart (``device_type``: the type the job runs on now)."""
         ready, fresh = [], []
         for e in self.tail.new():
             kind = e.get("kind")
@@ -113,12 +117,12 @@ class JobObserver:
                     self.warm -= 1
                     continue
                 key = (int(e["workers"]), nodes, int(e["batch"]))
-                w = self.windows.setdefault(key, [])
+                w = self.windows.setdefault((device_type, *key), [])
                 w.append((float(e["step_s"]) / slowdown, float(e["sync_s"]) / slowdown))
                 fresh.append(Window(key, len(w) - 1, w[-1][0]))
                 n = len(w) // WINDOWS
                 if len(w) % WINDOWS == 0 and n & (n - 1) == 0:
-                    ready.append(self.summary(key))
+                    ready.append(self.summary(key, device_type))
         return ready, fresh
 
     def _share(self, e: dict) -> None:
@@ -135,16 +139,16 @@ class JobObserver:
         self.noise.add(g2, s)
         self.g2, self.s = self.noise.g2, self.noise.s
 
-    def summary(self, key: tuple[int, int, int]) -> Observation:
-        w = self.windows[key]
+    def summary(self, key: tuple[int, int, int], device_type: str = "") -> Observation:
+        w = self.windows[(device_type, *key)]
         step = statistics.median(s for s, _ in w)
         # a sync time at or above the step time (clock noise) would break the fit
         sync = min(statistics.median(s for _, s in w), 0.9 * step)
         return Observation(key[0], key[1], key[2], step, sync, len(w))
 
-    def latest(self, key: tuple[int, int, int]) -> float | None:
+    def latest(self, key: tuple[int, int, int], device_type: str = "") -> float | None:
         """The last measured step time at a set-up (None if not measured)."""
-        w = self.windows.get(key)
+        w = self.windows.get((device_type, *key))
         return w[-1][0] if w else None
 
     def grad(self, init_batch: int) -> tuple[float, float]:

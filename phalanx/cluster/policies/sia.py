@@ -80,8 +80,16 @@ class TypeInfo:
         return self.node_gpus * self.nodes
 
     def configs(self) -> tuple[tuple[int, int], ...]:
-        table = CONFIGS_4GPU if self.node_gpus == 4 else CONFIGS_8GPU
-        return tuple(c for c in table if c[0] <= self.nodes)
+        """(nodes, GPUs) a job may get: the artifact's tables for 4- and 8-GPU nodes;
+        for other node sizes (a live cluster's) the powers of two inside one node, the
+        whole node, then whole nodes."""
+        if self.node_gpus in (4, 8):
+            table = CONFIGS_4GPU if self.node_gpus == 4 else CONFIGS_8GPU
+            return tuple(c for c in table if c[0] <= self.nodes)
+        one = sorted({g for g in (1 << k for k in range(11)) if g < self.node_gpus}
+                     | {self.node_gpus})
+        return tuple((1, g) for g in one) + tuple((n, n * self.node_gpus)
+                                                 for n in range(2, self.nodes + 1))
 
 
 def cluster_types(servers: Sequence[tuple[str, int]]) -> tuple[TypeInfo, ...]:
@@ -136,6 +144,10 @@ class SiaPolicy:
     lambda_a: float = 0.01          # accepted, unused (as in the artifact's objective)
     mip_gap: float = 1e-4
     name: str = "sia"
+    # each type's 1-GPU throughput per application, when the applications have no
+    # measured profile (the live scheduler's jobs: the types' declared speeds); None: from
+    # the 1-GPU profile, as the artifact bootstraps
+    bootstrap: Mapping[str, Mapping[str, float]] | None = None
     adapts_batch: bool = field(default=True, init=False)
     uses_remaining: bool = field(default=False, init=False)
 
@@ -146,8 +158,10 @@ class SiaPolicy:
             raise ConfigError(f"sia: lambda_n must be > 1, got {self.lambda_n}")
         self.tl = TypedLearner({t: {a: AppFacts.of(x) for a, x in apps.items()}
                                 for t, apps in self.typed.items()})
-        self.xput1 = {t: {a: one_gpu_throughput(x) for a, x in apps.items()}
-                      for t, apps in self.typed.items()}
+        self.xput1 = ({t: dict(apps) for t, apps in self.bootstrap.items()}
+                      if self.bootstrap is not None else
+                      {t: {a: one_gpu_throughput(x) for a, x in apps.items()}
+                       for t, apps in self.typed.items()})
         self.configs = [(ti.name, n, g) for ti in self.types for n, g in ti.configs()]
         self.solve_ms: list[float] = []
 

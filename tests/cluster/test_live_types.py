@@ -1,0 +1,124 @@
+"""Device types live (issue 35): a cluster of two emulated types ('fast', and 'slow' whose
+ranks compute 3x slower through the straggler emulation); the heterogeneity-aware goodput
+policy moves a job from the slow type to the fast one when the fast device frees, and the
+job resumes from its checkpoint there. Real processes, local engine. Bad inputs: one line."""
+
+import csv
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx.cli import main
+from phalanx.runtime import rank_record
+
+REPO = Path(__file__).resolve().parents[2]
+TWO_TYPES = """name: two-types
+device_types:
+  - {name: fast}
+  - {name: slow, slowdown: 3}
+zones:
+  - name: z
+    racks:
+      - name: r
+        servers:
+          - {name: f, device_type: fast, devices: 1, cpu_cores: 2}
+          - {name: s, device_type: slow, devices: 1, cpu_cores: 2}
+"""
+SYNC = "model: mlp, data: synthetic, strategy: sync, tensorboard: false"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    path = tmp_path_factory.mktemp("types") / "two.yaml"
+    path.write_text(TWO_TYPES)
+    return path
+
+
+def perf_before_after(events: list[dict]) -> tuple[list[float], list[float]]:
+    """Rank 0's step times before and after its first resume."""
+    at = next(i for i, e in enumerate(events) if e["kind"] == "resume" and e["rank"] == 0)
+    times = [(i, e["step_s"]) for i, e in enumerate(events)
+             if e["kind"] == "perf" and e["rank"] == 0]
+    return [t for i, t in times if i < at], [t for i, t in times if i > at]
+
+
+def test_goodput_moves_a_job_to_the_fast_type_when_it_frees(cluster, tmp_path):
+    # f holds the fast device; s arrives to find only the slow one. When f ends, the
+    # policy (it knows s only from what s measured on slow, and the types' declared
+    # speeds) moves s to fast: stop, checkpoint, resume there
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n"
+                    f"  - {{name: f, arrival: 0, gpus: 1, config: {{{SYNC}, epochs: 3}}}}\n"
+                    f"  - {{name: s, arrival: 0.5, gpus: 1, config: {{{SYNC}, epochs: 8, "
+                    f"checkpoint_every: 100}}}}\n")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
+                        "--cluster", str(cluster), "--policy", "goodput", "--interval", "1",
+                        "--restart-cost", "1", "--out", str(out)],
+                       capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {x["name"]: x for x in csv.DictReader((out / "jobs.csv").open())}
+    assert [rows[n]["status"] for n in "fs"] == ["finished", "finished"]
+    # device 0 is fast (server f), device 1 slow (server s)
+    assert [p.split("@")[1] for p in rows["f"]["placements"].split(";")] == ["0"]
+    s_devices = [p.split("@")[1] for p in rows["s"]["placements"].split(";")]
+    assert s_devices == ["1", "0"] and rows["s"]["preemptions"] == "1", rows["s"]
+    # it moved once f had ended
+    moved_at = float(rows["s"]["placements"].split(";")[1].split("@")[0])
+    assert moved_at >= float(rows["f"]["end"]) - 0.1
+    recs = rank_record.read(out / "ranks" / "s.jsonl")
+    assert [(x.start, x.node, x.devices) for x in recs] == [(0, "s", "1"), (1, "f", "0")]
+    assert "s: moves from slow to fast (1 GPU)" in (out / "logs" / "s.log").read_text()
+    # resumed from the checkpoint its stop wrote (not from scratch), and finished all steps
+    events = [json.loads(ln) for ln in (out / "jobs" / "s" / "events.jsonl").read_text()
+              .splitlines()]
+    ckpt = [e["step"] for e in events if e["kind"] == "checkpoint" and e["rank"] == 0]
+    resumed = [e["step"] for e in events if e["kind"] == "resume" and e["rank"] == 0]
+    assert len(resumed) == 1 and resumed[0] > 0 and resumed[0] in ckpt, (ckpt, resumed)
+    summary = json.loads((out / "jobs" / "s" / "summary.json").read_text())
+    assert summary["steps"] == 8 * 62 > resumed[0]
+    # the slow type really was slower: rank 0's measured step time on fast is well
+    # below slow's (emulated 3x; the bound leaves room for a loaded machine)
+    slow, fast = perf_before_after(events)
+    assert slow and fast, events
+    assert statistics.median(slow) > 1.8 * statistics.median(fast), (slow, fast)
+    # the emulation is the run's setting while it is on the slow type only
+    assert json.loads((out / "jobs" / "s" / "config.json").read_text())["slow_workers"] == {}
+
+
+@pytest.mark.parametrize("gpus,config,line", [
+    (2, SYNC, "gpus 2: no device type holds it (fast 1, slow 1); a gang across types is "
+              "refused (a job runs on one type at a time)"),
+    (1, "model: mlp, data: synthetic, strategy: single",
+     "cannot run on emulated device type slow (slowdown 3): --slow-workers: --strategy single "
+     "has no other worker to wait for (a straggler slows a group; choose a parallel "
+     "strategy, e.g. sync)"),
+    (1, f"{SYNC}, slow_workers: '0:2'",
+     "slow_workers: the cluster emulates device type slow (slowdown 3); the scheduler sets "
+     "each rank's slowdown from its device's type"),
+])
+def test_a_job_the_types_cannot_run_is_one_line(cluster, tmp_path, capsys, gpus, config, line):
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  - {{name: bad, arrival: 0, gpus: {gpus}, config: {{{config}}}}}\n")
+    out = tmp_path / "out"
+    assert main(["schedule", "--jobs", str(jobs), "--cluster", str(cluster), "--out",
+                 str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"phalanx: error: job list {jobs}: bad: {line}"]
+    assert not (out / "jobs").exists()
+
+
+def test_typed_goodput_refuses_a_job_it_cannot_resize(cluster, tmp_path, capsys):
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - {name: h, arrival: 0, gpus: 1, config: {model: mlp, "
+                    "data: synthetic, strategy: hogwild}}\n")
+    assert main(["schedule", "--jobs", str(jobs), "--cluster", str(cluster), "--policy",
+                 "goodput", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "phalanx: error: --policy goodput on a cluster of several device types (fast, slow) "
+        "schedules resizable jobs only; job h is not ("), err
