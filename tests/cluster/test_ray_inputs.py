@@ -4,6 +4,7 @@ TMPDIR no longer breaks Ray's socket paths (AF_UNIX holds 107 bytes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import tempfile
 import time
@@ -51,3 +52,32 @@ def test_the_local_cluster_leaves_a_long_tmpdir_for_tmp(tmp_path, monkeypatch):
     # the longest socket path Ray makes under the chosen root fits AF_UNIX
     name = "/phalanx-ray-abcdefgh/ray/session_2026-11-26_21-42-55_790123_1234567/sockets/"
     assert len(R.ray_temp_root() + name + "plasma_store") <= R.AF_UNIX_MAX
+
+
+def test_each_device_resource_carries_its_type_and_a_mismatch_is_one_line():
+    """A node declares ``phx_type_<type>`` beside its ``phx_dev_<id>`` resources (the
+    local cluster builds its nodes so); the executor checks every server's node against
+    the topology's types (here on the node records ``ray.nodes()`` gives)."""
+    from phalanx.cluster.core.topology import Topology, topology_from_mapping
+
+    topo = topology_from_mapping({"name": "two", "device_types": [
+        {"name": "fast"}, {"name": "slow", "slowdown": 3}], "zones": [{"name": "z", "racks": [
+            {"name": "r", "servers": [
+                {"name": "f", "device_type": "fast", "devices": 2, "cpu_cores": 2},
+                {"name": "s", "device_type": "slow", "devices": 1, "cpu_cores": 2}]}]}]})
+    nodes = [R.node_resources(topo, 0), R.node_resources(topo, 1)]
+    assert nodes == [{"phx_dev_0": 1.0, "phx_dev_1": 1.0, "phx_type_fast": 2.0},
+                     {"phx_dev_2": 1.0, "phx_type_slow": 1.0}]
+    assert R.type_mismatch(topo, nodes) == ""
+    swapped = [{**nodes[0], "phx_type_fast": 0, "phx_type_slow": 2.0}, nodes[1]]
+    del swapped[0]["phx_type_fast"]
+    assert R.type_mismatch(topo, swapped) == (
+        "server f (phx_dev_0, phx_dev_1) is on a node that declares type(s) slow, but "
+        "--cluster two says fast (ray start --resources '{\"phx_type_fast\": 2, ...}')")
+    untyped = [{k: v for k, v in n.items() if not k.startswith("phx_type_")} for n in nodes]
+    assert "server f (phx_dev_0, phx_dev_1) is on a node that declares no type" in (
+        R.type_mismatch(topo, untyped))
+    # a cluster of one type accepts nodes started before types were declared
+    one = Topology("one", [topo.device_types["fast"]], topo.zones, topo.racks,
+                   [dataclasses.replace(s, device_type="fast") for s in topo.servers])
+    assert R.type_mismatch(one, untyped) == ""

@@ -2,7 +2,8 @@
 device the scheduler gave it, that starts the rank's process itself.
 
 * **Placement is ours.** Every node declares one custom resource per device it holds,
-  ``phx_dev_<global device id>`` = 1 (a local cluster is built that way from the
+  ``phx_dev_<global device id>`` = 1, and its devices' type, ``phx_type_<type>`` = their
+  count (checked against the topology at start; a local cluster is built that way from the
   topology; a real cluster's nodes are started with ``ray start --resources``, see
   docs/cluster.md). Each device gets a placement group of one bundle holding exactly its
   resource, so Ray can put it on one node only: the device's; the device's actor lives in
@@ -68,6 +69,7 @@ from phalanx.cluster.live.engines.base import (
 from phalanx.errors import ConfigError
 
 DEVICE = "phx_dev_{}"                # custom resource of one device (global id)
+TYPE = "phx_type_{}"                 # a node's devices of one type (their count)
 LABELS = ("phalanx.zone", "phalanx.rack", "phalanx.server")
 NODE_LABEL = "phalanx.server"
 OBJECT_STORE = 80 * 2**20            # Ray's minimum is 75 MiB; ranks pass no objects
@@ -94,9 +96,34 @@ def have_ray() -> bool:
 
 
 def node_resources(topology: Topology, server: int) -> dict[str, float]:
+    """A server's node: one resource per device, and its device type's count."""
     s = topology.servers[server]
-    return {DEVICE.format(d): 1.0 for d in range(s.first_device,
-                                                 s.first_device + s.num_devices)}
+    out = {DEVICE.format(d): 1.0 for d in s.devices}
+    out[TYPE.format(s.device_type)] = float(s.num_devices)
+    return out
+
+
+def type_mismatch(topology: Topology, nodes: list[dict[str, float]]) -> str:
+    """Where the live nodes (their resources) contradict the topology's device types ('':
+    nowhere): each server's devices must be on a node that declares its type
+    (``phx_type_<type>``) and no other. A node that declares no type is accepted on a
+    cluster of one type (clusters started before types were declared)."""
+    prefix = TYPE.format("")
+    for s in topology.servers:
+        names = [DEVICE.format(d) for d in s.devices]
+        for res in nodes:
+            if not all(n in res for n in names):
+                continue
+            types = sorted(k[len(prefix):] for k in res if k.startswith(prefix))
+            if types == [s.device_type] or (not types and not topology.typed):
+                break
+            have = (f"declares type(s) {', '.join(types)}" if types
+                    else "declares no type")
+            return (f"server {s.name} ({', '.join(names[:2])}{', ...' if len(names) > 2 else ''}) "
+                    f"is on a node that {have}, but --cluster {topology.name} says "
+                    f"{s.device_type} (ray start --resources '{{\"{TYPE.format(s.device_type)}\": "
+                    f"{s.num_devices}, ...}}')")
+    return ""
 
 
 def node_labels(topology: Topology, server: int) -> dict[str, str]:
@@ -322,6 +349,10 @@ class RayExecutor:
                 f"--ray-address {address}: the cluster lacks device resources for --cluster "
                 f"{topology.name} ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}"
                 "); start each node with ray start --resources (docs/cluster.md)")
+        bad = type_mismatch(topology, [n.get("Resources", {}) for n in ray.nodes()
+                                       if n.get("Alive")])
+        if bad:
+            raise ConfigError(f"--ray-address {address}: {bad}")
         self.python, self.topology = python, topology
         self.actor = ray.remote(RankActor)
         self.devices: dict[int, _Device] = {}
