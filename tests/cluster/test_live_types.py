@@ -52,7 +52,7 @@ def test_goodput_moves_a_job_to_the_fast_type_when_it_frees(cluster, tmp_path):
     # speeds) moves s to fast: stop, checkpoint, resume there
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n"
-                    f"  - {{name: f, arrival: 0, gpus: 1, config: {{{SYNC}, epochs: 3}}}}\n"
+                    f"  - {{name: f, arrival: 0, gpus: 1, config: {{{SYNC}, epochs: 10}}}}\n"
                     f"  - {{name: s, arrival: 0.5, gpus: 1, config: {{{SYNC}, epochs: 8, "
                     f"checkpoint_every: 100}}}}\n")
     out = tmp_path / "out"
