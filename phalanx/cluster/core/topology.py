@@ -138,6 +138,11 @@ class Topology:
         return types[0] if types else ""
 
     @property
+    def emulated(self) -> bool:
+        """A type of its servers declares a slowdown: the live scheduler emulates it."""
+        return any(self.device_types[s.device_type].slowdown > 1 for s in self.servers)
+
+    @property
     def typed(self) -> bool:
         """Several device types among the servers (a job then runs on one of them)."""
         return len({s.device_type for s in self.servers}) > 1

@@ -325,7 +325,8 @@ class ElasticLiveCluster(LiveCluster):
         if not resumable(self._by_id[st.spec.id], run_dir):
             return True      # nothing on disk yet: it starts anew at the new size
         # the emulated slowdown names the old ranks: the next start sets it for the new
-        emulate_type(run_dir, 1.0)
+        if self.topology.emulated:
+            emulate_type(run_dir, 1.0)
         try:
             old, new = resize_run(run_dir, n, int(batch))
         except ConfigError as e:

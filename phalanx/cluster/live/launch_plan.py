@@ -103,23 +103,25 @@ def rank_slots(topology: Topology, devices: tuple[int, ...], per_rank: bool
 
 def build_gang(job: LiveJob, plan: JobPlan, topology: Topology, devices: tuple[int, ...],
                start: int, out: Path, resume: bool, workers: int | None = None,
-               slowdown: float = 1.0) -> Gang:
+               slowdown: float | None = None) -> Gang:
     """The command of start number ``start`` (``resume``: continue from the run folder's
     checkpoint with the settings of its ``config.json``), its compute ranks ``slowdown``
-    times slower (an emulated device type)."""
+    times slower (an emulated device type; None: the cluster emulates none, and the
+    job's own ``slow_workers`` stand)."""
     name = job.spec.name
     run_dir = out / "jobs" / name
     module = ("-m", "phalanx.entry.scheduled") if plan.per_rank else ("-m", "phalanx.cli",
                                                                      "train")
     n = workers or job.spec.gpus
-    if resume:
+    if resume and slowdown is not None:
         emulate_type(run_dir, slowdown)
+    if resume:
         argv: tuple[str, ...] = (*module, "--resume", str(run_dir), "--no-progress")
     else:
         argv = (*module, "--config", str(out / "configs" / f"{name}.json"), "--out",
                 str(run_dir), "--workers", str(n), "--threads", "1", "--no-progress")
         slow = slow_ranks(RunConfig.from_mapping({**job.config, "workers": n},
-                                                 source=f"job {name}"), slowdown)
+                                                 source=f"job {name}"), slowdown or 1.0)
         if slow:
             argv += ("--slow-workers", ",".join(f"{r}:{f:g}" for r, f in slow.items()))
     # the ranks import the same phalanx as the scheduler, whatever their folder

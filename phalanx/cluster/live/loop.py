@@ -204,7 +204,8 @@ class LiveCluster:
         dtype = self.topology.gang_type(p.devices)   # one type (mixed gangs are refused)
         gang = build_gang(job, plan, self.topology, p.devices, len(st.placements), out, resume,
                           workers=st.spec.gpus,
-                          slowdown=self.topology.device_types[dtype].slowdown)
+                          slowdown=self.topology.device_types[dtype].slowdown
+                          if self.topology.emulated else None)
         try:
             log_from = gang.log.stat().st_size
         except OSError:
