@@ -100,6 +100,10 @@ class TestHost:
     def popen(self, command: list[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.argv(command), **kwargs)
 
+    def netns(self) -> str:
+        """This host's network namespace as /proc/PID/ns/net names it ('net:[inode]')."""
+        return f"net:[{os.stat(f'/run/netns/{self.name}').st_ino}]"
+
     def processes(self) -> list[str]:
         """The command lines of the processes running in this host."""
         found = []

@@ -28,6 +28,7 @@ class RankRecord:
     pid: int
     host: str
     unix: float = 0.0     # when the rank's process got here (its start-up begins)
+    netns: str = ""       # its network namespace ('net:[inode]'): which test host it ran in
 
 
 def append(path: str | Path, rec: RankRecord) -> None:
@@ -41,9 +42,16 @@ def append(path: str | Path, rec: RankRecord) -> None:
         os.close(fd)
 
 
+def _netns() -> str:
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+
+
 def of_this_process(start: int, rank: int, world: int, node: str, devices: str) -> RankRecord:
     return RankRecord(start, rank, world, node, devices, os.getpid(), socket.gethostname(),
-                      round(time.time(), 4))
+                      round(time.time(), 4), _netns())
 
 
 def read(path: str | Path) -> list[RankRecord]:

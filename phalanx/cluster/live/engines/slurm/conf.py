@@ -115,8 +115,12 @@ def local_conf(topology: Topology, folder: Path, ports: LocalPorts) -> str:
         "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
         "KillWait=5", "MinJobAge=600", "MailProg=/bin/true",
         # a slurmd silent this long is down (its jobs NODE_FAIL): a lost node is noticed in
-        # seconds, not Slurm's default 5 minutes
-        "SlurmdTimeout=6",
+        # seconds, not Slurm's default 5 minutes. The controller's ping of a dead slurmd
+        # waits MessageTimeout (default 10 s) before the node is 'not responding': measured
+        # from a slurmd's SIGTERM, not responding / down after 14 s / 27 s with the
+        # defaults and SlurmdTimeout=6, after 6 s / 12 s with these (a local daemon answers
+        # in milliseconds; 3 s leaves room for a loaded machine)
+        "SlurmdTimeout=5", "MessageTimeout=3",
     ]
     lines += [node_line(s, port, ports.addr(i))
               for i, (s, port) in enumerate(zip(topology.servers, ports.nodes, strict=True))]
