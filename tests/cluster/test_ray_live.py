@@ -229,12 +229,13 @@ def one_host_reference(tmp_path: Path, line: str, name: str) -> dict:
 
 def test_a_gang_spanning_two_hosts_trains_like_one_host(cluster, tmp_path):
     """A (2 devices, first-fit: nodes a and b, hosts 0 and 1) forms its group across hosts
-    and ends with the parameters of the same job on one host."""
+    and ends with the parameters of the same job on one host, bit for bit."""
     net, address, topology = cluster
     line = f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 60}}}}"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n" + line + "\n")
     out = tmp_path / "out"
+    ref = Reference(tmp_path, line, "S", _env())   # the same job on one host, beside it
     r, seen = schedule_in_host0(net, address, jobs, out, ["--engine", "ray", "--placement",
                                                            "first-fit"])
     assert r.returncode == 0, r.stdout + r.stderr
@@ -242,12 +243,7 @@ def test_a_gang_spanning_two_hosts_trains_like_one_host(cluster, tmp_path):
     assert rows["S"]["status"] == "finished", rows["S"]
     recs = rank_record.read(out / "ranks" / "S.jsonl")
     assert sorted((x.rank, x.node) for x in recs) == [(0, "a"), (1, "b")]
-    got = load_checkpoint(out / "jobs" / "S" / "checkpoint.pt")["model"]
-    want = one_host_reference(tmp_path, line, "S")
-    assert got.keys() == want.keys() and got
-    diff = max(float((got[k].float() - want[k].float()).abs().max()) for k in got)
-    print(f"max |diff| two hosts vs one host: {diff:g}")
-    assert diff <= 1e-6, diff
+    ref.assert_same_parameters(out)   # bit for bit
     ranks_listen_on_their_host_only(net, seen)
     # each rank ran in its own host (its network namespace, as the rank itself read it)
     assert {x.rank: x.netns for x in recs} == {0: net.hosts[0].netns(), 1: net.hosts[1].netns()}
