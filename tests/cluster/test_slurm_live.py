@@ -40,6 +40,7 @@ from live_procs import (
 )
 
 from phalanx.cluster.core.clusters import resolve_cluster
+from phalanx.cluster.core.topology import topology_from_mapping
 from phalanx.cluster.live.engines.slurm.executor import SlurmExecutor
 from phalanx.cluster.live.engines.slurm.local import (
     CLIENTS,
@@ -47,6 +48,7 @@ from phalanx.cluster.live.engines.slurm.local import (
     MARKER,
     LocalSlurm,
     marked_pids,
+    slurm_cluster,
 )
 from phalanx.runtime import hosts, rank_record
 from phalanx.runtime.checkpoint import load_checkpoint
@@ -307,6 +309,44 @@ zones:
                         "partition with one GRES gpu:phx<device id> per device "
                         "(docs/cluster.md, Slurm)\n")
     assert not (tmp_path / "out" / "ranks").exists()
+    # issue 35: on a cluster of several device types a node must declare its devices' GPU
+    # type in their GRES type; the module's cluster declares none
+    typed = topo.read_text().replace("devices: 2", "devices: 1").replace(
+        "  - {name: v100, speed: 1.0}", "  - {name: v100, speed: 1.0}\n  - {name: t4, speed: 0.5}"
+    ).replace("{name: c, device_type: v100", "{name: c, device_type: t4")
+    topo.write_text(typed)
+    r = subprocess.run(_cli(target, "schedule", "--jobs", str(tmp_path / "jobs.yaml"),
+                            "--cluster", str(topo), "--engine", "slurm", "--slurm-partition",
+                            target.partition, "--out", str(tmp_path / "out")),
+                       capture_output=True, text=True, env=_env(**target.env), timeout=60,
+                       check=False, cwd=REPO)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ("phalanx: error: --slurm-partition phalanx: --cluster three-nodes "
+                        "server a lacks GRES v100_phx0: each server must be a node of the "
+                        "partition with one GRES gpu:<type>_phx<device id> per device "
+                        "(docs/cluster.md, Slurm)\n")
+
+
+@needs_slurm
+def test_a_local_cluster_of_two_types_declares_them_and_passes_the_check():
+    """A local Slurm cluster built from a topology of two device types declares each
+    device's GPU type in its GRES type (Slurm's own record, scontrol), and the executor's
+    check of the nodes against the topology passes."""
+    topology = topology_from_mapping({"name": "two-types", "device_types": [
+        {"name": "fast", "speed": 1.0}, {"name": "slow", "speed": 1.0, "slowdown": 3.0}],
+        "zones": [{"name": "z", "racks": [{"name": "r", "servers": [
+            {"name": "f", "device_type": "fast", "devices": 1, "cpu_cores": 2},
+            {"name": "s", "device_type": "slow", "devices": 1, "cpu_cores": 2}]}]}]})
+    with slurm_cluster(topology) as target:
+        ex = SlurmExecutor(topology, target, sys.executable)
+        try:
+            assert set(ex.addr) == {"f", "s"}
+            r = subprocess.run([*target.where, "scontrol", "show", "node", "s"],
+                               capture_output=True, text=True, env=_env(**target.env),
+                               check=True)
+            assert "Gres=gpu:slow_phx1:1" in r.stdout, r.stdout
+        finally:
+            ex.close()
 
 
 @needs_slurm

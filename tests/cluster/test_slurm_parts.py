@@ -10,10 +10,17 @@ from pathlib import Path
 import pytest
 
 from phalanx.cli import main
-from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.core.topology import topology_from_mapping, uniform
 from phalanx.cluster.live.engines.base import KILLED
-from phalanx.cluster.live.engines.slurm.conf import LocalPorts, gres_lines, gres_request, local_conf
+from phalanx.cluster.live.engines.slurm.conf import (
+    LocalPorts,
+    gres_lines,
+    gres_request,
+    gres_type,
+    local_conf,
+)
 from phalanx.cluster.live.engines.slurm.executor import batch_script, decode
+from phalanx.errors import ConfigError
 from phalanx.runtime.preempt import PREEMPTED_EXIT
 
 
@@ -89,7 +96,33 @@ def test_local_conf_binds_loopback_and_types_every_device(tmp_path):
     assert gres_lines(t, tmp_path)[2:] == [
         f"NodeName=z0-r0-s1 Name=gpu Type=phx2 File={tmp_path}/nvidia2",
         f"NodeName=z0-r0-s1 Name=gpu Type=phx3 File={tmp_path}/nvidia3"]
-    assert gres_request((2, 3)) == "gpu:phx2:1,gpu:phx3:1"
+    assert gres_request(t, (2, 3)) == "gpu:phx2:1,gpu:phx3:1"
+
+
+def two_types(slow: str = "t4") -> dict:
+    """Two servers: s0 with 2 fast devices, s1 with 1 of type ``slow``."""
+    return {"name": "two-types", "device_types": [
+        {"name": "a100", "speed": 2.0}, {"name": slow, "speed": 0.5}],
+        "zones": [{"name": "z", "racks": [{"name": "r", "servers": [
+            {"name": "s0", "device_type": "a100", "devices": 2, "cpu_cores": 4},
+            {"name": "s1", "device_type": slow, "devices": 1, "cpu_cores": 4}]}]}]}
+
+
+def test_on_several_device_types_the_gres_type_is_the_gpu_type(tmp_path):
+    """Issue 35: a device's GRES type starts with its GPU type, so the cluster's own
+    declaration says which type a device is (and the executor checks it)."""
+    t = topology_from_mapping(two_types())
+    conf = local_conf(t, tmp_path, LocalPorts(7000, (7001, 7002)))
+    gres = [ln.split("Gres=")[1].split()[0] for ln in conf.splitlines()
+            if ln.startswith("NodeName=")]
+    assert gres == ["gpu:a100_phx0:1,gpu:a100_phx1:1", "gpu:t4_phx2:1"]
+    assert gres_lines(t, tmp_path)[2] == \
+        f"NodeName=s1 Name=gpu Type=t4_phx2 File={tmp_path}/nvidia2"
+    assert gres_request(t, (0, 1)) == "gpu:a100_phx0:1,gpu:a100_phx1:1"
+    # a type name Slurm cannot carry in a GRES type is one line, naming it
+    bad = topology_from_mapping(two_types("t4:x"))
+    with pytest.raises(ConfigError, match="device type 't4:x' cannot name a Slurm GRES type"):
+        gres_type(bad, 2)
 
 
 def test_local_conf_on_test_hosts_names_each_daemon_by_its_host_address(tmp_path):

@@ -6,6 +6,9 @@ the node and GRES lines of a topology, and the whole configuration of a local cl
   each node's devices listed in their local order, so ``--gres=gpu:phx5:1`` can only be
   device 5, and the index Slurm reports for it (``SLURM_JOB_GPUS``) is its number on its
   node. A type must not look like a count (``gpu:5`` asks for five GPUs), hence the prefix.
+  On a cluster of several device types the GRES type starts with the GPU type,
+  ``<type>_phx<id>`` (``gpu:a100_phx5:1``), as Slurm names GPU types (``gpu:a100:1``): a
+  node must declare the type the topology gives its devices.
 * A local cluster's devices are character devices that we make (major 195, NVIDIA's, minor
   = the global id) in its own folder: Slurm's GRES needs a device file per GPU, nothing
   opens them.
@@ -17,33 +20,50 @@ with our own key and socket).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.cluster.core.topology import Server, Topology
+from phalanx.errors import ConfigError
 
 GRES_TYPE = "phx{}"              # the GRES type of global device id N
+TYPED_GRES_TYPE = "{}_phx{}"     # ... on a cluster of several device types: <type>_phx<N>
+GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")   # what a GRES type may carry of it
 PARTITION = "phalanx"            # the local cluster's partition
 DEVICE_MAJOR = 195               # NVIDIA's character-device major number
 MAX_LOCAL_SERVERS = 16           # one slurmd each, all on this machine
 
 
-def gres_type(device: int) -> str:
-    return GRES_TYPE.format(device)
+def gres_type(topology: Topology, device: int) -> str:
+    """Device ``device``'s GRES type: ``phx<id>``, or ``<GPU type>_phx<id>`` where the
+    topology has several device types."""
+    if not topology.typed:
+        return GRES_TYPE.format(device)
+    kind = topology.device_type_of(device)
+    if not GPU_TYPE.fullmatch(kind):
+        raise ConfigError(f"--cluster {topology.name}: device type {kind!r} cannot name a "
+                          "Slurm GRES type (letters, digits, '.' and '-' only)")
+    return TYPED_GRES_TYPE.format(kind, device)
+
+
+def gres_pattern(topology: Topology) -> str:
+    """What every device's GRES looks like, for messages."""
+    return "gpu:<type>_phx<device id>" if topology.typed else "gpu:phx<device id>"
 
 
 def device_file(folder: Path, device: int) -> Path:
     return folder / f"nvidia{device}"
 
 
-def gres_request(devices: tuple[int, ...]) -> str:
+def gres_request(topology: Topology, devices: tuple[int, ...]) -> str:
     """``--gres`` that asks for exactly ``devices`` (all on one node)."""
-    return ",".join(f"gpu:{gres_type(d)}:1" for d in devices)
+    return ",".join(f"gpu:{gres_type(topology, d)}:1" for d in devices)
 
 
-def node_line(server: Server, port: int = 0, addr: str = "") -> str:
+def node_line(topology: Topology, server: Server, port: int = 0, addr: str = "") -> str:
     """A ``slurm.conf`` NodeName line: the server's cores and its typed GRES."""
-    gres = ",".join(f"gpu:{gres_type(d)}:1" for d in server.devices)
+    gres = gres_request(topology, server.devices)
     # on a test host slurmd runs under its address as host name (AS_ADDR), and so binds it
     name = "localhost" if addr.startswith("127.") else addr
     where = f" NodeHostname={name} NodeAddr={addr} Port={port}" if port else ""
@@ -54,8 +74,8 @@ def node_line(server: Server, port: int = 0, addr: str = "") -> str:
 
 def gres_lines(topology: Topology, dev_dir: Path) -> list[str]:
     """``gres.conf``: one typed GPU per device file, in local order on each node."""
-    return [f"NodeName={s.name} Name=gpu Type={gres_type(d)} File={device_file(dev_dir, d)}"
-            for s in topology.servers for d in s.devices]
+    return [f"NodeName={s.name} Name=gpu Type={gres_type(topology, d)} "
+            f"File={device_file(dev_dir, d)}" for s in topology.servers for d in s.devices]
 
 
 @dataclass(frozen=True)
@@ -122,7 +142,7 @@ def local_conf(topology: Topology, folder: Path, ports: LocalPorts) -> str:
         # in milliseconds; 3 s leaves room for a loaded machine)
         "SlurmdTimeout=5", "MessageTimeout=3",
     ]
-    lines += [node_line(s, port, ports.addr(i))
+    lines += [node_line(topology, s, port, ports.addr(i))
               for i, (s, port) in enumerate(zip(topology.servers, ports.nodes, strict=True))]
     nodes = ",".join(s.name for s in topology.servers)
     lines.append(f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE "

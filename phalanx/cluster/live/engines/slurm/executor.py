@@ -53,7 +53,7 @@ from phalanx.cluster.live.engines.base import (
     note_failure,
     rank_env,
 )
-from phalanx.cluster.live.engines.slurm.conf import gres_request, gres_type
+from phalanx.cluster.live.engines.slurm.conf import gres_pattern, gres_request, gres_type
 from phalanx.cluster.live.engines.slurm.local import SlurmTarget, run
 from phalanx.errors import ConfigError
 
@@ -145,14 +145,14 @@ class SlurmExecutor:
             name, addr, gres = (line.split("|") + ["", ""])[:3]
             have[name] = (addr, set(GRES.findall(gres)))
         for s in self.topology.servers:
-            want = {gres_type(d) for d in s.devices}
+            want = {gres_type(self.topology, d) for d in s.devices}
             if s.name not in have or not want <= have[s.name][1]:
                 lack = "the node" if s.name not in have else \
                     "GRES " + ",".join(sorted(want - have[s.name][1]))
                 raise ConfigError(
                     f"--slurm-partition {p}: --cluster {self.topology.name} server {s.name} "
                     f"lacks {lack}: each server must be a node of the partition with one GRES "
-                    f"gpu:phx<device id> per device (docs/cluster.md, Slurm)")
+                    f"{gres_pattern(self.topology)} per device (docs/cluster.md, Slurm)")
         return {s.name: have[s.name][0] for s in self.topology.servers}
 
     def down(self) -> frozenset[str]:
@@ -217,7 +217,8 @@ class SlurmExecutor:
                 "argv": list(gang.argv)}
         cmd = ["sbatch", "--parsable", f"--job-name=phalanx-{gang.job}-{gang.start}-{slot.rank}",
                f"--partition={self.target.partition}", f"--nodelist={slot.node}",
-               f"--gres={gres_request(slot.devices)}", "--ntasks=1", "--cpus-per-task=1",
+               f"--gres={gres_request(self.topology, slot.devices)}", "--ntasks=1",
+               "--cpus-per-task=1",
                f"--output={gang.log}", "--open-mode=append", "--no-requeue",
                f"--comment={self.tag}",
                f"--chdir={os.getcwd()}"]
