@@ -24,9 +24,8 @@ demo: $(STAMP)
 	$(PY) -m phalanx.cli demo
 
 # two worker processes (pytest-xdist), each test file whole on one (its module-scoped
-# clusters start once): much of the suite waits on processes it started, so two at a time
-# take 94% of 2 cores where one took far less (README, Layout);
-# TEST_WORKERS=0 runs it in one process
+# clusters start once): much of the suite waits on processes it started (README, Layout,
+# for the times); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -x --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
