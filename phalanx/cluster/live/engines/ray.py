@@ -316,6 +316,7 @@ class _RayGang:
         self.actors, self.pids, self.waits, self.nodes = actors, pids, waits, nodes
         self.codes: list[int | None] = [None] * len(actors)
         self.died: dict[int, float] = {}   # rank -> when its actor was found dead
+        self.stopping = False              # its other ranks were told to stop
 
 
 @dataclass
@@ -454,7 +455,8 @@ class RayExecutor:
                     g.codes[i] = KILLED
                     del g.died[i]
         note_failure(self.failed, job, g.codes)
-        if failed_rank(g.codes) or g.died:
+        if (failed_rank(g.codes) or g.died) and not g.stopping:
+            g.stopping = True   # once: the actors' own polling sends SIGKILL after 2 s
             for i, (a, pid, c) in enumerate(zip(g.actors, g.pids, g.codes)):
                 if c is None and i not in g.died:
                     a.stop.remote(2.0, pid)
