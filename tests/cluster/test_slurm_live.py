@@ -279,7 +279,8 @@ def test_sigint_mid_run_leaves_nothing(tmp_path):
 @needs_slurm
 def test_existing_cluster_is_checked(cluster, tmp_path):
     """A partition whose node lacks a device's typed GRES (here: the topology gives c a
-    second device) is refused before any job, in one line."""
+    second device; then, a topology of two device types) is refused before any job, in
+    one line."""
     target, *_ = cluster
     topo = tmp_path / "four.yaml"
     # three-nodes with a second device on c
@@ -298,33 +299,27 @@ zones:
           - {name: c, device_type: v100, devices: 2, cpu_cores: 2, memory_gib: 8}
 ''')
     (tmp_path / "jobs.yaml").write_text(JOBS)
-    r = subprocess.run(_cli(target, "schedule", "--jobs", str(tmp_path / "jobs.yaml"),
-                            "--cluster", str(topo), "--engine", "slurm", "--slurm-partition",
-                            target.partition, "--out", str(tmp_path / "out")),
-                       capture_output=True, text=True, env=_env(**target.env), timeout=60,
-                       check=False, cwd=REPO)
-    assert r.returncode == 2, r.stderr
-    assert r.stderr == ("phalanx: error: --slurm-partition phalanx: --cluster three-nodes "
-                        "server c lacks GRES phx3: each server must be a node of the "
-                        "partition with one GRES gpu:phx<device id> per device "
-                        "(docs/cluster.md, Slurm)\n")
-    assert not (tmp_path / "out" / "ranks").exists()
     # issue 35: on a cluster of several device types a node must declare its devices' GPU
-    # type in their GRES type; the module's cluster declares none
+    # type in their GRES type (a: v100, c: t4); the module's cluster declares none
     typed = topo.read_text().replace("devices: 2", "devices: 1").replace(
         "  - {name: v100, speed: 1.0}", "  - {name: v100, speed: 1.0}\n  - {name: t4, speed: 0.5}"
     ).replace("{name: c, device_type: v100", "{name: c, device_type: t4")
-    topo.write_text(typed)
-    r = subprocess.run(_cli(target, "schedule", "--jobs", str(tmp_path / "jobs.yaml"),
-                            "--cluster", str(topo), "--engine", "slurm", "--slurm-partition",
-                            target.partition, "--out", str(tmp_path / "out")),
-                       capture_output=True, text=True, env=_env(**target.env), timeout=60,
-                       check=False, cwd=REPO)
-    assert r.returncode == 2, r.stderr
-    assert r.stderr == ("phalanx: error: --slurm-partition phalanx: --cluster three-nodes "
-                        "server a lacks GRES v100_phx0: each server must be a node of the "
-                        "partition with one GRES gpu:<type>_phx<device id> per device "
-                        "(docs/cluster.md, Slurm)\n")
+    for text, lacks, pattern in ((topo.read_text(), "phx3", "gpu:phx<device id>"),
+                                 (typed, "v100_phx0", "gpu:<type>_phx<device id>")):
+        topo.write_text(text)
+        r = subprocess.run(_cli(target, "schedule", "--jobs", str(tmp_path / "jobs.yaml"),
+                                "--cluster", str(topo), "--engine", "slurm",
+                                "--slurm-partition", target.partition, "--out",
+                                str(tmp_path / "out")),
+                           capture_output=True, text=True, env=_env(**target.env), timeout=60,
+                           check=False, cwd=REPO)
+        assert r.returncode == 2, r.stderr
+        server = "c" if lacks == "phx3" else "a"
+        assert r.stderr == (f"phalanx: error: --slurm-partition phalanx: --cluster three-nodes "
+                            f"server {server} lacks GRES {lacks}: each server must be a node "
+                            f"of the partition with one GRES {pattern} per device "
+                            "(docs/cluster.md, Slurm)\n")
+        assert not (tmp_path / "out" / "ranks").exists()
 
 
 @needs_slurm
