@@ -372,6 +372,11 @@ def test_knowledge_ablations_offline_fit_and_oracle(inputs):
     assert pols["equal"]._model("rtx", v) is None  # equal: rtx only projected
     assert pols["offline-fit"]._model("rtx", v).params == offline_fit(typed["rtx"][app]).params
     assert not np.allclose(pols["equal"].goodput_row(v), pols["offline-fit"].goodput_row(v))
+    # the whole profile lifts the growth cap; known_cap="own" keeps equal information's
+    own = make_typed_goodput(typed, types, TypedOptions(knowledge="offline-fit",
+                                                        known_cap="own"))
+    own.learner_for("aws").observe(1, app, 1, 1, 64, step, sync, grad)
+    assert own._cap(v) == pols["equal"]._cap(v) == 2 < pols["offline-fit"]._cap(v)
     # oracle: (2 nodes, 8 GPUs) of aws at the simulator's throughput
     pol = pols["oracle"]
     k = pol._model("aws", v)

@@ -35,7 +35,7 @@ to tell a model-form error from an exploration error, ``reports/cluster/sia``):
   and ``scalability-<type>.csv``); a job predicts, and picks its batch, with it on every
   type from its first report on (its gradient statistics stay its own; before it has any,
   the 1-GPU bootstrap as in equal information), and may grow to ``growth`` x the most GPUs
-  of the profile;
+  of the profile (``known_cap="own"``: of its own set-ups, as in equal information);
 * ``knowledge="oracle"``: as offline-fit, but a configuration's goodput is the simulator's
   own step time for it (``PolluxApplication.config_step_time`` x slowdown, the placement's
   per-GPU batch limits, the best batch of the same candidates), and the job picks its
@@ -95,6 +95,9 @@ class TypedOptions:
     growth: float = 2.0      # a job may grow to growth x the most GPUs it ran (Sia: 2)
     # ablations reading every measured profile (module doc): "offline-fit" / "oracle"
     knowledge: str = "equal"
+    # with offline-fit / oracle: a job still grows to growth x the most GPUs *it* ran
+    # ("own", as in equal information) instead of those of the whole profile ("profile")
+    known_cap: str = "profile"
 
     def __post_init__(self) -> None:
         if not self.p < 0:
@@ -104,7 +107,8 @@ class TypedOptions:
         for v, allowed, what in ((self.batch, BATCHES, "batch"),
                                  (self.restart, RESTARTS, "restart"),
                                  (self.weight, WEIGHTS, "weight"),
-                                 (self.knowledge, KNOWLEDGE, "knowledge")):
+                                 (self.knowledge, KNOWLEDGE, "knowledge"),
+                                 (self.known_cap, ("profile", "own"), "known_cap")):
             if v not in allowed:
                 raise ConfigError(f"goodput: {what} {v!r} unknown ({', '.join(allowed)})")
         if self.share and self.knowledge != "equal":
@@ -305,6 +309,8 @@ class TypedGoodputPolicy(SiaPolicy):
         caps = []
         for ti in self.types:
             k = self._model(ti.name, v)
+            if k is not None and self.options.known_cap == "own":
+                k = self.tl.by_type[ti.name].jobs.get(v.id)
             prof = k.max_profiled_gpus if k is not None else 0
             f = self.typed[ti.name][v.app]
             caps.append(min(max(int(self.options.growth * prof), 1), 64,

@@ -108,6 +108,7 @@ class SimulateOptions:
     # what the typed policy knows of throughput: "equal" (Sia's information); the
     # ablations "offline-fit" / "oracle" read every measured profile (never a headline)
     typed_knowledge: str = "equal"
+    typed_known_cap: str = "profile"    # with those: "own" keeps equal information's cap
     preset: str = ""
 
     def __post_init__(self) -> None:
@@ -152,7 +153,8 @@ class SimulateOptions:
                             horizon_s=self.goodput_horizon_s,
                             min_gain=self.goodput_min_gain, weight=self.typed_weight,
                             share=self.typed_share, growth=self.goodput_growth,
-                            knowledge=self.typed_knowledge)
+                            knowledge=self.typed_knowledge,
+                            known_cap=self.typed_known_cap)
 
     def pollux(self) -> PolluxOptions:
         return PolluxOptions(generations=self.pollux_generations, search=self.pollux_search)
