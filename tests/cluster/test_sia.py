@@ -337,3 +337,55 @@ def test_the_study_table_compares_with_the_reference():
     assert "| philly:1 | 1,950 | 2,047 | 1.050 |" in md
     assert "| 0.900 |" in md          # goodput / our sia on philly 1
     assert "| test: philly 5-8 (1) | 1.5 | 3,000 | 2,700 | 0.900 |" in md
+
+
+def test_knowledge_ablations_offline_fit_and_oracle(inputs):
+    """ABLATIONS (more than Sia knows): after one 1-GPU report, ``offline-fit`` predicts
+    with the model fitted to every measured point (not the 1-point fit of equal
+    information) on every type; ``oracle`` predicts a configuration's goodput at the
+    simulator's own step time, and the job picks that batch."""
+    from phalanx.cluster.core.view import JobView
+    from phalanx.cluster.model.learned import efficiency
+    from phalanx.cluster.model.profiles import BatchConfig
+    from phalanx.cluster.policies.goodput_typed import (
+        TypedOptions,
+        make_typed_goodput,
+        offline_fit,
+    )
+    from phalanx.cluster.sim.interval import run_step_time
+    from phalanx.cluster.sim.run import _typed
+
+    typed, app = inputs.perf.typed, "cifar10"
+    types = _typed(_opts("goodput"), inputs, "goodput")
+    pols = {k: make_typed_goodput(typed, types, TypedOptions(knowledge=k))
+            for k in ("equal", "offline-fit", "oracle")}
+    a = typed["aws"][app]
+    step, sync = a.throughput((1,), 64)
+    grad = a.grad_stats(64, 0)
+    v = JobView(1, app, 0.0, 0, None, 1, 60.0, placement=((0, 1),), device_type="aws")
+    for p in pols.values():
+        assert p._model("aws", v) is None          # nothing reported yet: the bootstrap
+        p.learner_for("aws").observe(1, app, 1, 1, 64, step, sync, grad)
+    eq, fit = pols["equal"]._model("aws", v), pols["offline-fit"]._model("aws", v)
+    assert fit.params == offline_fit(a).params != eq.params
+    assert fit.grad == eq.grad == grad             # its own statistics, as before
+    assert pols["equal"]._model("rtx", v) is None  # equal: rtx only projected
+    assert pols["offline-fit"]._model("rtx", v).params == offline_fit(typed["rtx"][app]).params
+    assert not np.allclose(pols["equal"].goodput_row(v), pols["offline-fit"].goodput_row(v))
+    # the whole profile lifts the growth cap; known_cap="own" keeps equal information's
+    own = make_typed_goodput(typed, types, TypedOptions(knowledge="offline-fit",
+                                                        known_cap="own"))
+    own.learner_for("aws").observe(1, app, 1, 1, 64, step, sync, grad)
+    assert own._cap(v) == pols["equal"]._cap(v) == 2 < pols["offline-fit"]._cap(v)
+    # oracle: (2 nodes, 8 GPUs) of aws at the simulator's throughput
+    pol = pols["oracle"]
+    k = pol._model("aws", v)
+    got = float(pol._raw(v, "aws", np.array([2.0]), np.array([8.0]))[0])
+    cfg = pol.learner_for("aws").batch_config(1, app, 2, 8)
+    assert cfg.replicas == 8 and cfg.atomic >= a.min_local_bsz
+    true_t = run_step_time(a, (4, 4), BatchConfig(cfg.atomic, cfg.accum, 8))
+    want = float(efficiency(cfg.batch, k.facts.init_batch, *grad)) * cfg.batch \
+        / k.facts.init_batch / true_t
+    assert got == pytest.approx(want, rel=1e-12)
+    assert got != pytest.approx(float(pols["offline-fit"]._raw(v, "aws", np.array([2.0]),
+                                                                  np.array([8.0]))[0]))

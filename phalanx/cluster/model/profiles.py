@@ -185,6 +185,12 @@ class PolluxApplication:
         self._gain: dict[tuple[int, int], float] = {}
         self._limits: dict[tuple[int, ...], tuple[float, float | None]] = {}
 
+    def measured(self) -> list[tuple[int, int, float, float, float]]:
+        """Every measured point of this profile: (nodes, GPUs, per-GPU batch, step time,
+        sync time) of each placement row, then each scalability row."""
+        out = [(k[0], k[1], k[2], st, sy) for k, vs in self._points.items() for st, sy in vs]
+        return out + [(int(r[0]), int(r[1]), r[2], r[3], r[4]) for r in self._scal_rows]
+
     # ------------------------------------------------------------------ batch and speed
     def batch_config(self, replicas: int, batch: int) -> BatchConfig:
         """The artifact's rule for a fixed total batch on ``replicas`` GPUs: accumulate

@@ -26,6 +26,20 @@ an ablation in ``--study sia``):
   an application with no model on a type borrows the model fitted to every job of that
   application on that type (a prior from similar jobs: their observations of set-ups they
   ran, no measured profile), once it has run itself (its own gradient statistics).
+
+Two ABLATIONS read information Sia does not have (``knowledge``; never a headline, only
+to tell a model-form error from an exploration error, ``reports/cluster/sia``):
+
+* ``knowledge="offline-fit"``: per (application, type) the throughput model is fitted once,
+  before the run, to *every* measured point of that type's profile (``placements-<type>``
+  and ``scalability-<type>.csv``); a job predicts, and picks its batch, with it on every
+  type from its first report on (its gradient statistics stay its own; before it has any,
+  the 1-GPU bootstrap as in equal information), and may grow to ``growth`` x the most GPUs
+  of the profile (``known_cap="own"``: of its own set-ups, as in equal information);
+* ``knowledge="oracle"``: as offline-fit, but a configuration's goodput is the simulator's
+  own step time for it (``PolluxApplication.config_step_time`` x slowdown, the placement's
+  per-GPU batch limits, the best batch of the same candidates), and the job picks its
+  batch by the same table.
 """
 
 from __future__ import annotations
@@ -37,8 +51,16 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from phalanx.cluster.core.view import Choice, JobView
-from phalanx.cluster.model.learned import AppFacts, JobKnowledge, Learner, optimize_batch
-from phalanx.cluster.model.profiles import PolluxApplication
+from phalanx.cluster.model.learned import (
+    EPS,
+    AppFacts,
+    JobKnowledge,
+    Learner,
+    efficiency,
+    fit_perf_params,
+    optimize_batch,
+)
+from phalanx.cluster.model.profiles import BatchConfig, PolluxApplication
 from phalanx.cluster.policies.sia import (
     GOODPUT_CLIP,
     ZERO_ALLOC_GAIN,
@@ -52,6 +74,8 @@ from phalanx.errors import ConfigError
 BATCHES = ("job", "target")
 RESTARTS = ("horizon", "sia")
 WEIGHTS = ("none", "las")
+# "equal": Sia's information; the others are ablations reading every measured profile
+KNOWLEDGE = ("equal", "offline-fit", "oracle")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +93,11 @@ class TypedOptions:
     # they read set-ups other jobs ran, which Sia's job does not see
     share: bool = False
     growth: float = 2.0      # a job may grow to growth x the most GPUs it ran (Sia: 2)
+    # ablations reading every measured profile (module doc): "offline-fit" / "oracle"
+    knowledge: str = "equal"
+    # with offline-fit / oracle: a job still grows to growth x the most GPUs *it* ran
+    # ("own", as in equal information) instead of those of the whole profile ("profile")
+    known_cap: str = "profile"
 
     def __post_init__(self) -> None:
         if not self.p < 0:
@@ -77,9 +106,13 @@ class TypedOptions:
             raise ConfigError(f"goodput: lambda_n must be > 1, got {self.lambda_n}")
         for v, allowed, what in ((self.batch, BATCHES, "batch"),
                                  (self.restart, RESTARTS, "restart"),
-                                 (self.weight, WEIGHTS, "weight")):
+                                 (self.weight, WEIGHTS, "weight"),
+                                 (self.knowledge, KNOWLEDGE, "knowledge"),
+                                 (self.known_cap, ("profile", "own"), "known_cap")):
             if v not in allowed:
                 raise ConfigError(f"goodput: {what} {v!r} unknown ({', '.join(allowed)})")
+        if self.share and self.knowledge != "equal":
+            raise ConfigError("goodput: share is for equal information (knowledge equal)")
         if not 1 <= self.growth < math.inf:
             raise ConfigError(f"goodput: growth must be >= 1, got {self.growth}")
         if not 0 < self.horizon_s < math.inf or not 0 <= self.min_gain < math.inf:
@@ -94,6 +127,123 @@ class SharedTypedLearner(TypedLearner):
         self.by_type = {t: Learner(dict(f), share=True) for t, f in typed_facts.items()}
 
 
+def offline_fit(app: PolluxApplication) -> JobKnowledge:
+    """ABLATION: the throughput model fitted once to every measured point of ``app``'s
+    profile (as many set-ups as were ever measured, which no Sia job sees)."""
+    pts = np.array(app.measured(), dtype=float)
+    k = JobKnowledge(AppFacts.of(app))
+    k.params = fit_perf_params(pts[:, 0], pts[:, 1], pts[:, 2], pts[:, 3] - pts[:, 4],
+                               pts[:, 3])
+    k.profile = {(int(n), int(g), float(b)): (st, sy) for n, g, b, st, sy in pts}
+    return k
+
+
+def config_counts(nodes: int, gpus: int, node_gpus: int) -> tuple[int, ...]:
+    """GPUs per node of a (nodes, GPUs) configuration, whole nodes packed."""
+    if nodes <= 1:
+        return (gpus,)
+    per = [gpus // nodes] * nodes
+    for i in range(gpus % nodes):
+        per[i] += 1
+    return tuple(per) if gpus % node_gpus else tuple([node_gpus] * (gpus // node_gpus))
+
+
+class TrueTable:
+    """ABLATION (oracle): the simulator's own step time of every candidate batch of a
+    configuration (``optimize_batch``'s 50 geometric total batches, the placement's
+    per-GPU limits as the engine applies them), cached per (application, nodes, GPUs,
+    largest batch)."""
+
+    def __init__(self, apps: Mapping[str, PolluxApplication], node_gpus: int) -> None:
+        self.apps, self.node_gpus = apps, node_gpus
+        self._c: dict[tuple[str, int, int, int], tuple[np.ndarray, ...]] = {}
+
+    def candidates(self, app: str, facts: AppFacts, nodes: int, gpus: int
+                   ) -> tuple[np.ndarray, ...]:
+        key = (app, nodes, gpus, facts.max_batch)
+        hit = self._c.get(key)
+        if hit is None:
+            a = self.apps[app]
+            counts = config_counts(nodes, gpus, self.node_gpus)
+            top, cap = a.local_limits(counts)
+            lo, hi = facts.min_local_bsz, top
+            batch = np.geomspace(max(facts.init_batch, lo * gpus), facts.max_batch)
+            local = batch / gpus
+            accum = np.ceil(local / hi - EPS) - 1
+            if gpus == 1:
+                accum = np.where(local > facts.init_batch + EPS, np.maximum(accum, 1), accum)
+            accum = accum.astype(int)
+            atomic = np.ceil(local / (accum + 1) - EPS).astype(int)
+            ok = (lo <= atomic) & (atomic <= hi)
+            if cap is not None:
+                atomic = np.minimum(atomic, int(cap))
+            atomic = np.minimum(atomic, (facts.max_batch / (gpus * (accum + 1))).astype(int))
+            t = np.array([a.config_step_time(counts, BatchConfig(int(x), int(k), gpus))
+                          * a.slowdown if o else 1.0
+                          for x, k, o in zip(atomic, accum, ok)])
+            total = gpus * atomic * (accum + 1)
+            hit = self._c[key] = (atomic, accum, total, t, ok)
+        return hit
+
+    def best(self, app: str, facts: AppFacts, grad: tuple[float, float], nodes: int,
+             gpus: int) -> tuple[float, int, int]:
+        """(true goodput, per-GPU batch, accumulation steps) of the best candidate."""
+        atomic, accum, total, t, ok = self.candidates(app, facts, nodes, gpus)
+        good = np.where(ok, efficiency(total, facts.init_batch, *grad) * total
+                        / facts.init_batch / t, 0.0)
+        i = int(np.argmax(good))
+        return float(good[i]), int(atomic[i]), int(accum[i])
+
+
+class OracleKnowledge(JobKnowledge):
+    """ABLATION (oracle): a job that picks its batch by the simulator's own table."""
+
+    table: TrueTable
+
+    def batch_config(self, nodes: int, replicas: int, max_local: float | None = None,
+                     replicas_cap: float | None = None) -> BatchConfig:
+        if self.target_batch or self.grad is None:
+            return super().batch_config(nodes, replicas, max_local, replicas_cap)
+        _, a, k = self.table.best(self.facts.name, self.facts, self.grad, nodes, replicas)
+        return BatchConfig(a, k, replicas)
+
+
+class KnownLearner(Learner):
+    """ABLATION: a type's ``Learner`` whose jobs predict with ``offline_fit``'s model of
+    their application (their own gradient statistics), or the true table (oracle)."""
+
+    def __init__(self, facts: Mapping[str, AppFacts], fitted: Mapping[str, JobKnowledge],
+                 table: TrueTable | None) -> None:
+        super().__init__(dict(facts))
+        self.pools, self.table = dict(fitted), table
+
+    def _new(self, app: str, target_batch: int = 0) -> JobKnowledge:
+        if self.table is None:
+            return super()._new(app, target_batch)
+        gammas = self.gammas
+        k = OracleKnowledge(self.facts[app], target_batch,
+                            lambda *a: fit_perf_params(*a, gammas=gammas))
+        k.table = self.table
+        return k
+
+    def knowledge(self, jid: int, app: str) -> JobKnowledge:
+        return self.job(jid, app).with_prior(self.pools[app])
+
+
+class KnownTypedLearner(TypedLearner):
+    """ABLATION: ``TypedLearner`` of ``KnownLearner``s (one per type)."""
+
+    def __init__(self, typed: Mapping[str, Mapping[str, PolluxApplication]],
+                 types: Sequence[TypeInfo], oracle: bool) -> None:
+        node = {t.name: t.node_gpus for t in types}
+        self.by_type = {
+            t: KnownLearner({a: AppFacts.of(x) for a, x in apps.items()},
+                            {a: offline_fit(x) for a, x in apps.items()},
+                            TrueTable(apps, node[t]) if oracle else None)
+            for t, apps in typed.items()}
+        self.grad: dict[int, tuple[float, float]] = {}
+
+
 @dataclass
 class TypedGoodputPolicy(SiaPolicy):
     """``--policy goodput`` on several GPU types (module doc)."""
@@ -106,11 +256,26 @@ class TypedGoodputPolicy(SiaPolicy):
         o = self.options
         self.p, self.lambda_n = o.p, o.lambda_n
         super().__post_init__()
+        if o.knowledge != "equal":
+            self.tl = KnownTypedLearner(self.typed, self.types, o.knowledge == "oracle")
         if o.share:
             self.tl = SharedTypedLearner({t: {a: AppFacts.of(x) for a, x in apps.items()}
                                           for t, apps in self.typed.items()})
 
     def _model(self, t: str, v: JobView) -> JobKnowledge | None:
+        if self.options.knowledge != "equal":
+            # ablation: the offline model on every type, with the job's own gradient
+            # statistics (the current type's when it has them) once it has any
+            grads = [lr.jobs[v.id].grad for tt, lr in self.tl.by_type.items()
+                     if v.id in lr.jobs and lr.jobs[v.id].grad is not None
+                     and (tt == v.device_type or not v.device_type)]
+            grads = grads or [lr.jobs[v.id].grad for lr in self.tl.by_type.values()
+                              if v.id in lr.jobs and lr.jobs[v.id].grad is not None]
+            if not grads:
+                return None
+            out = self.tl.by_type[t].knowledge(v.id, v.app)
+            out.grad = grads[0]
+            return out
         k = self.tl.by_type[t].jobs.get(v.id)
         if k is not None and k.params is not None and k.grad is not None:
             return self.tl.knowledge(t, v.id, v.app, v.device_type)
@@ -135,12 +300,17 @@ class TypedGoodputPolicy(SiaPolicy):
         facts = k.facts
         if self.options.batch == "target" and v.batch:
             facts = replace(facts, max_batch=max(v.batch, facts.init_batch))
+        if isinstance(k, OracleKnowledge):
+            return np.array([k.table.best(v.app, facts, k.grad, int(n), int(g))[0]
+                             for n, g in zip(nodes, gpus)])
         return optimize_batch(k.params, k.grad, facts, nodes, gpus)[0]
 
     def _cap(self, v: JobView) -> int:
         caps = []
         for ti in self.types:
             k = self._model(ti.name, v)
+            if k is not None and self.options.known_cap == "own":
+                k = self.tl.by_type[ti.name].jobs.get(v.id)
             prof = k.max_profiled_gpus if k is not None else 0
             f = self.typed[ti.name][v.app]
             caps.append(min(max(int(self.options.growth * prof), 1), 64,

@@ -105,6 +105,10 @@ class SimulateOptions:
     typed_restart: str = "horizon"
     typed_weight: str = "none"
     typed_share: bool = False       # per-application priors: an ablation (more than Sia sees)
+    # what the typed policy knows of throughput: "equal" (Sia's information); the
+    # ablations "offline-fit" / "oracle" read every measured profile (never a headline)
+    typed_knowledge: str = "equal"
+    typed_known_cap: str = "profile"    # with those: "own" keeps equal information's cap
     preset: str = ""
 
     def __post_init__(self) -> None:
@@ -148,7 +152,9 @@ class SimulateOptions:
                             batch=self.typed_batch, restart=self.typed_restart,
                             horizon_s=self.goodput_horizon_s,
                             min_gain=self.goodput_min_gain, weight=self.typed_weight,
-                            share=self.typed_share, growth=self.goodput_growth)
+                            share=self.typed_share, growth=self.goodput_growth,
+                            knowledge=self.typed_knowledge,
+                            known_cap=self.typed_known_cap)
 
     def pollux(self) -> PolluxOptions:
         return PolluxOptions(generations=self.pollux_generations, search=self.pollux_search)

@@ -14,6 +14,12 @@ VARIANTS = {
   "goodput-growth4": {"ordering": "goodput", "goodput_growth": 4.0},
   "goodput-share-growth4": {"ordering": "goodput", "goodput_share": True, "goodput_growth": 4.0},
   "goodput-p-0.25": {"ordering": "goodput", "typed_p": -0.25},
+  # ablations reading every measured profile (more than Sia knows): the model fitted
+  # offline to all of them, or the simulator's own throughput table
+  "goodput-fit": {"ordering": "goodput", "typed_knowledge": "offline-fit"},
+  "goodput-oracle": {"ordering": "goodput", "typed_knowledge": "oracle"},
+  "goodput-fit-owncap": {"ordering": "goodput", "typed_knowledge": "offline-fit", "typed_known_cap": "own"},
+  "goodput-oracle-owncap": {"ordering": "goodput", "typed_knowledge": "oracle", "typed_known_cap": "own"},
   "goodput-share-growth4-las": {"ordering": "goodput", "goodput_share": True, "goodput_growth": 4.0, "typed_weight": "las"},
 }
 out = sys.argv[1]
