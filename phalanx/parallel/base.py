@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -117,19 +119,27 @@ def ctr_figures(model: nn.Module, data: Dataset, batch: int = 4000) -> dict[str,
     return {"test_auc": auc(torch.cat(logits), data.y)}
 
 
+STRAGGLER_WINDOW = 9   # compute phases whose median a straggler's sleep scales
+
+
 class Straggler:
-    """Emulates a slow device: after each compute phase, sleep (factor - 1) x its duration."""
+    """Emulates a slow device: after each compute phase, sleep (factor - 1) x the median of
+    the last :data:`STRAGGLER_WINDOW` phases' durations (this one's included). The median,
+    not this phase alone: a phase the OS held up for 0.3 s would otherwise make a rank
+    45x slower sleep 13 s, a stall no slower device shows (and its peers' timeouts fire)."""
 
     def __init__(self, factor: float = 1.0) -> None:
         self.factor = factor
         self._t = 0.0
+        self._recent: collections.deque[float] = collections.deque(maxlen=STRAGGLER_WINDOW)
 
     def start(self) -> None:
         self._t = time.perf_counter()
 
     def finish(self) -> None:
         if self.factor > 1.0:
-            time.sleep((self.factor - 1.0) * (time.perf_counter() - self._t))
+            self._recent.append(time.perf_counter() - self._t)
+            time.sleep((self.factor - 1.0) * statistics.median(self._recent))
 
 
 def detached(params: list[torch.Tensor]) -> list[torch.Tensor]:
