@@ -332,8 +332,8 @@ class _Device:
 
 class RayExecutor:
     """Gangs as Ray actors on the nodes the scheduler chose: one actor per device, created
-    the first time a rank runs there and kept (a restart on the same devices then costs two
-    calls, not new worker processes)."""
+    before the clock starts (again when a lost node's devices are first used once it is
+    back) and kept: a start or restart then costs two calls, not new worker processes."""
 
     name = "ray"
 
@@ -362,6 +362,23 @@ class RayExecutor:
         self._down: frozenset[str] = frozenset()
         self._nodes_at = -float("inf")
         self.verdict_s = verdict_s()
+        self._warm_up(address)
+
+    def _warm_up(self, address: str) -> None:
+        """Every device's actor, created now (all at once), before the scheduler's clock
+        starts: created on a job's first start instead, a Ray worker's start-up (seconds,
+        tens of them on a loaded host) would stall the loop while the jobs it already
+        started run unwatched, and no round could preempt them."""
+        n = self.topology.num_devices
+        t = time.perf_counter()
+        try:
+            self._pinned(list(range(n)))
+        except Exception as e:   # noqa: BLE001 - any Ray failure: one line, nothing behind
+            self.close()
+            raise ConfigError(f"ray cluster {address}: the devices' actors did not start "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        print(f"phalanx: ray: {n} device actor{'s' if n != 1 else ''} ready in "
+              f"{time.perf_counter() - t:.1f} s", flush=True)
 
     def down(self) -> frozenset[str]:
         """The servers none of whose live nodes declares all their devices (lost); the
