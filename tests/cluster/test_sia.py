@@ -325,6 +325,42 @@ def test_interior_lp_is_optimal_and_splits_ties():
     assert tie == pytest.approx([0.5, 0.5], abs=1e-6)
 
 
+def test_interior_lp_survives_a_singular_newton_system():
+    """Gavel's LP of a round of sia philly 7 (6 jobs, 3 types): at its 10th iteration the
+    normal equations are singular to working precision (np.linalg.solve raised, and the
+    run died); the least-squares direction reaches the simplex's optimum."""
+    from scipy.optimize import linprog
+
+    from phalanx.cluster.policies.sia import lp_interior
+
+    c = -np.array([1.0960101, 1.02253413, 0.70246133] * 3 + [
+        0.29964907, 3.53686725, 0.57760515, 1.05316669, 3.12261212, 1.51831766,
+        2.48577201, 11.44628219, 4.03939046])
+    scale = [4, 4, 4, 16, 10, 16]
+    a = np.zeros((9, 18))
+    for j in range(3):
+        a[j, j::3] = scale
+    for i in range(6):
+        a[3 + i, i * 3:(i + 1) * 3] = 1
+    b = np.array([24, 16, 24] + [1] * 6, dtype=float)
+    singular = []
+    solve = np.linalg.solve
+
+    def watched(k, r):
+        try:
+            return solve(k, r)
+        except np.linalg.LinAlgError:
+            singular.append(1)
+            raise
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(np.linalg, "solve", watched)
+        x = lp_interior(c, a, b)
+    assert singular   # the case this test is about
+    assert c @ x == pytest.approx(linprog(c, A_ub=a, b_ub=b, method="highs").fun, rel=1e-8)
+    assert (a @ x - b).max() < 1e-6 and x.min() > -1e-9
+
+
 def test_the_study_table_compares_with_the_reference():
     from phalanx.cluster.studies.sia import REFERENCE, Row, render
 

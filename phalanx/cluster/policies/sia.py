@@ -322,8 +322,15 @@ def solve_sia_milp(cost: np.ndarray, configs: Sequence[tuple[str, int, int]],
 def _newton(mm: np.ndarray, k: np.ndarray, d: np.ndarray, z: np.ndarray, w: np.ndarray,
             rp: np.ndarray, rd: np.ndarray, rc: np.ndarray
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One Newton direction of the interior-point method (normal equations)."""
-    dy = np.linalg.solve(k, rp + mm @ (d * rd) - mm @ (rc / w))
+    """One Newton direction of the interior-point method (normal equations). Near the
+    optimum of a degenerate LP some of ``d`` reach 1e-9 and others 1e10, and ``k`` can be
+    singular to working precision (Gavel on sia philly 7 hit one at iteration 10): the
+    least-squares solution is then the direction."""
+    rhs = rp + mm @ (d * rd) - mm @ (rc / w)
+    try:
+        dy = np.linalg.solve(k, rhs)
+    except np.linalg.LinAlgError:
+        dy = np.linalg.lstsq(k, rhs, rcond=None)[0]
     dz = d * (mm.T @ dy - rd) + rc / w
     return dz, dy, (rc - w * dz) / z
 
