@@ -24,11 +24,12 @@ demo: $(STAMP)
 	$(PY) -m phalanx.cli demo
 
 # two worker processes (pytest-xdist), each test file whole on one (its module-scoped
-# clusters start once): much of the suite waits on processes it started (README, Layout,
-# for the times); TEST_WORKERS=0 runs it in one process
+# clusters start once), the longest files first (tests/conftest.py): much of the suite
+# waits on processes it started (README, Layout, for the times); TEST_WORKERS=0 runs it
+# in one process
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -x --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+	$(PY) -m pytest -q -x --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b --quick || exit 1; done
