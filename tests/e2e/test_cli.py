@@ -132,13 +132,15 @@ def test_models_lists_parameter_counts(capsys):
      "phalanx: error: --data-on-device: 'maybe' is not one of auto, yes, no"),
     (["--worker-threads", "-1"], "phalanx: error: --worker-threads: -1 must be in 0..1024"),
 ])
-def test_placement_errors_are_one_line(tmp_path, flags, line):
+def test_placement_errors_are_one_line(tmp_path, capsys, flags, line):
+    # in-process (the entry point a real process runs: test_bad_flag_in_a_real_process)
     if torch.cuda.is_available() and "cuda" in " ".join(flags):
         pytest.skip("checks the CPU-only machine's message")
-    r = phalanx("train", "--model", "mlp", "--data", "synthetic", "--max-steps", "2",
-                "--out", str(tmp_path / "run"), "--no-progress", *flags)
-    assert r.returncode == 2
-    assert r.stderr.strip() == line
+    code, cap = run_main(capsys, "train", "--model", "mlp", "--data", "synthetic",
+                         "--max-steps", "2", "--out", str(tmp_path / "run"), "--no-progress",
+                         *flags)
+    assert code == 2
+    assert cap.err.strip() == line and cap.out == ""
     assert not (tmp_path / "run" / "events.jsonl").exists()  # refused before anything ran
 
 
