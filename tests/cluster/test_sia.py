@@ -325,6 +325,24 @@ def test_interior_lp_is_optimal_and_splits_ties():
     assert tie == pytest.approx([0.5, 0.5], abs=1e-6)
 
 
+def test_gavel_breaks_equal_priorities_by_submission_order(inputs):
+    """Three identical 24-GPU jobs: only aws and rtx (24 GPUs each) can hold one, and the
+    three have equal priorities. The artifact's job list is in submission order, so the two
+    earliest run, whatever order the engine hands the jobs over in (handed over as they
+    came, our gavel restarted the rotating ImageNet gangs on fewer rounds than the
+    artifact and ran saturn 10 at 0.83x its mean JCT; in submission order 1.00x)."""
+    from phalanx.cluster.core.view import JobView
+    from phalanx.cluster.sim.run import _gavel
+
+    opts = _opts("gavel", interval_s=360.0)
+    views = [JobView(i, "cifar10", float(i), 0, None, 0, 0.0, batch=2048, requested=24)
+             for i in (3, 2, 1)]
+    for order in (views, views[::-1]):
+        got = _gavel(opts, inputs).allocate(order, 64, 0.0)
+        assert {i for i, c in got.items() if c.gpus} == {1, 2}, got
+        assert {got[1].device_type, got[2].device_type} == {"aws", "rtx"}
+
+
 def test_interior_lp_survives_a_singular_newton_system():
     """Gavel's LP of a round of sia philly 7 (6 jobs, 3 types): at its 10th iteration the
     normal equations are singular to working precision (np.linalg.solve raised, and the

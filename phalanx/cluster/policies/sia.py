@@ -422,6 +422,10 @@ class GavelPolicy:
             return {}
         from scipy.optimize import linprog
 
+        # the artifact's job order (its active jobs in submission order): equal priorities
+        # are common (every job's time share is a multiple of half a round), and the
+        # stable sort below breaks them by this order
+        jobs = sorted(jobs, key=lambda v: (v.submit, v.id))
         names = [t.name for t in self.types]
         for v in jobs:
             if v.id not in self.job_time:
