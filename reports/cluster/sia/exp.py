@@ -14,6 +14,8 @@ VARIANTS = {
   "goodput-growth4": {"ordering": "goodput", "goodput_growth": 4.0},
   "goodput-share-growth4": {"ordering": "goodput", "goodput_share": True, "goodput_growth": 4.0},
   "goodput-p-0.25": {"ordering": "goodput", "typed_p": -0.25},
+  "goodput-growth8": {"ordering": "goodput", "goodput_growth": 8.0},
+  "goodput-growth4-gain0": {"ordering": "goodput", "goodput_growth": 4.0, "goodput_min_gain": 0.0},
   # ablations reading every measured profile (more than Sia knows): the model fitted
   # offline to all of them, or the simulator's own throughput table
   "goodput-fit": {"ordering": "goodput", "typed_knowledge": "offline-fit"},
