@@ -82,10 +82,12 @@ def test_goodput_moves_a_job_to_the_fast_type_when_it_frees(cluster, tmp_path):
     summary = json.loads((out / "jobs" / "s" / "summary.json").read_text())
     assert summary["steps"] == 8 * 62 > resumed[0]
     # the slow type really was slower: rank 0's measured step time on fast is well
-    # below slow's (emulated 3x; the bound leaves room for a loaded machine)
+    # below slow's. The emulation stretches the compute 3x, not the step's fixed costs:
+    # at load ~3-5 (simulations beside the suite) slow/fast was 1.58 in one run (the bound
+    # was 1.8 then), so the bound is 1.4 (without the emulation it would be ~1)
     slow, fast = perf_before_after(events)
     assert slow and fast, events
-    assert statistics.median(slow) > 1.8 * statistics.median(fast), (slow, fast)
+    assert statistics.median(slow) > 1.4 * statistics.median(fast), (slow, fast)
     # the emulation is the run's setting while it is on the slow type only
     assert json.loads((out / "jobs" / "s" / "config.json").read_text())["slow_workers"] == {}
 

@@ -430,7 +430,7 @@ def test_knowledge_ablations_offline_fit_and_oracle(inputs):
     own = make_typed_goodput(typed, types, TypedOptions(knowledge="offline-fit",
                                                         known_cap="own"))
     own.learner_for("aws").observe(1, app, 1, 1, 64, step, sync, grad)
-    assert own._cap(v) == pols["equal"]._cap(v) == 2 < pols["offline-fit"]._cap(v)
+    assert own._cap(v) == pols["equal"]._cap(v) == 8 < pols["offline-fit"]._cap(v)
     # oracle: (2 nodes, 8 GPUs) of aws at the simulator's throughput
     pol = pols["oracle"]
     k = pol._model("aws", v)

@@ -100,6 +100,7 @@ class SimulateOptions:
     goodput_multistart: bool = False
     # --policy goodput on several GPU types (policies/goodput_typed.py)
     typed_p: float = -0.5
+    typed_growth: float = 8.0       # a job grows to this x the most GPUs it ran (Sia: 2)
     typed_lambda_n: float = 1.1
     typed_batch: str = "job"
     typed_restart: str = "horizon"
@@ -152,7 +153,7 @@ class SimulateOptions:
                             batch=self.typed_batch, restart=self.typed_restart,
                             horizon_s=self.goodput_horizon_s,
                             min_gain=self.goodput_min_gain, weight=self.typed_weight,
-                            share=self.typed_share, growth=self.goodput_growth,
+                            share=self.typed_share, growth=self.typed_growth,
                             knowledge=self.typed_knowledge,
                             known_cap=self.typed_known_cap)
 

@@ -5,24 +5,28 @@ VARIANTS = {
   "gavel": {"ordering": "gavel", "interval_s": 360.0},
   "pollux": {"ordering": "pollux"},
   "goodput": {"ordering": "goodput"},
+  # the typed policy's growth cap was 2 (Sia's) before the tune4 runs, 8 since
+  "goodput-growth2": {"ordering": "goodput", "typed_growth": 2.0},
   "goodput-restart-sia": {"ordering": "goodput", "typed_restart": "sia"},
   "goodput-batch-target": {"ordering": "goodput", "typed_batch": "target"},
   "goodput-las": {"ordering": "goodput", "typed_weight": "las"},
   "goodput-share": {"ordering": "goodput", "goodput_share": True},
   "goodput-p-1": {"ordering": "goodput", "typed_p": -1.0},
   "goodput-gain0": {"ordering": "goodput", "goodput_min_gain": 0.0},
-  "goodput-growth4": {"ordering": "goodput", "goodput_growth": 4.0},
-  "goodput-share-growth4": {"ordering": "goodput", "goodput_share": True, "goodput_growth": 4.0},
+  "goodput-growth4": {"ordering": "goodput", "typed_growth": 4.0},
+  "goodput-share-growth4": {"ordering": "goodput", "goodput_share": True, "typed_growth": 4.0},
   "goodput-p-0.25": {"ordering": "goodput", "typed_p": -0.25},
-  "goodput-growth8": {"ordering": "goodput", "goodput_growth": 8.0},
-  "goodput-growth4-gain0": {"ordering": "goodput", "goodput_growth": 4.0, "goodput_min_gain": 0.0},
+  "goodput-growth8": {"ordering": "goodput", "typed_growth": 8.0},
+  "goodput-growth16": {"ordering": "goodput", "typed_growth": 16.0},
+  "goodput-growth64": {"ordering": "goodput", "typed_growth": 64.0},
+  "goodput-growth4-gain0": {"ordering": "goodput", "typed_growth": 4.0, "goodput_min_gain": 0.0},
   # ablations reading every measured profile (more than Sia knows): the model fitted
   # offline to all of them, or the simulator's own throughput table
   "goodput-fit": {"ordering": "goodput", "typed_knowledge": "offline-fit"},
   "goodput-oracle": {"ordering": "goodput", "typed_knowledge": "oracle"},
   "goodput-fit-owncap": {"ordering": "goodput", "typed_knowledge": "offline-fit", "typed_known_cap": "own"},
   "goodput-oracle-owncap": {"ordering": "goodput", "typed_knowledge": "oracle", "typed_known_cap": "own"},
-  "goodput-share-growth4-las": {"ordering": "goodput", "goodput_share": True, "goodput_growth": 4.0, "typed_weight": "las"},
+  "goodput-share-growth4-las": {"ordering": "goodput", "goodput_share": True, "typed_growth": 4.0, "typed_weight": "las"},
 }
 out = sys.argv[1]
 load = 1.0
