@@ -25,6 +25,7 @@ import csv
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -256,6 +257,10 @@ def test_tiresias_preempts_and_resumes_a_gang(cluster, tmp_path):
     out = tmp_path / "out"
     r, seen = schedule_in_host0(net, address, jobs, out, SCHEDULE)
     assert r.returncode == 0, r.stdout + r.stderr
+    # every device's actor was up before the clock started: created inside A's start, at
+    # load ~4 it held the loop 43 s while A ran, and no round could preempt it (CI failed)
+    assert re.search(r"^phalanx: ray: 3 device actors ready in [\d.]+ s$", r.stdout, re.M), \
+        r.stdout
     rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
     assert all(rows[n]["status"] == "finished" for n in "ABC"), rows
     assert all(rows[n]["preemptible"] == "yes" for n in "ABC")
