@@ -19,6 +19,9 @@ VARIANTS = {
   "goodput-growth8": {"ordering": "goodput", "typed_growth": 8.0},
   "goodput-growth16": {"ordering": "goodput", "typed_growth": 16.0},
   "goodput-growth64": {"ordering": "goodput", "typed_growth": 64.0},
+  "goodput-h900": {"ordering": "goodput", "goodput_horizon_s": 900.0},
+  "goodput-h3600": {"ordering": "goodput", "goodput_horizon_s": 3600.0},
+  "goodput-p-1.0": {"ordering": "goodput", "typed_p": -1.0},
   "goodput-growth4-gain0": {"ordering": "goodput", "typed_growth": 4.0, "goodput_min_gain": 0.0},
   # ablations reading every measured profile (more than Sia knows): the model fitted
   # offline to all of them, or the simulator's own throughput table
