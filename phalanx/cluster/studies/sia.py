@@ -40,8 +40,8 @@ LOADS = (1.0, 1.5)
 # time: {(policy, workload): seconds}; reports/cluster/sia/reference.jsonl has each run's
 # per-application figures. Sia was run on 7 workloads of 18 (6-19 min each here), Gavel on
 # all; the artifact's Pollux (a genetic search every 60 s round) had not finished philly 1
-# after 90 minutes, nor in a second run (reports/cluster/sia/README.md: the jobs it had
-# finished, against ours at the same simulated times).
+# after 90 minutes, nor in a second run (reports/cluster/sia/README.md: its first jobs
+# done against ours).
 REFERENCE: dict[tuple[str, str], float] = {
     ("gavel", "sia:philly:1"): 6016.46,
     ("gavel", "sia:philly:2"): 7572.36,
