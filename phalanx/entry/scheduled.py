@@ -6,6 +6,7 @@ before torch is imported:
   launcher was placed on (``PHALANX_NODE``) and its devices (``CUDA_VISIBLE_DEVICES``),
   appended to ``PHALANX_RANK_RECORD``;
 * it dies with its launcher (``PR_SET_PDEATHSIG``);
+* it arms its claim to be the gang's first failure (:mod:`phalanx.runtime.first_failure`);
 * a preemptible rank (``PHALANX_PREEMPTIBLE=1``) arms its stop flag
   (:mod:`phalanx.runtime.stop_flag`): a SIGTERM, even one during start-up, makes every rank
   checkpoint at the first step they agree on and exit with ``PREEMPTED_EXIT``.
@@ -21,7 +22,7 @@ import signal
 import sys
 from collections.abc import Mapping
 
-from phalanx.runtime import rank_record, stop_flag
+from phalanx.runtime import first_failure, rank_record, stop_flag
 from phalanx.runtime.signals import PR_SET_PDEATHSIG
 
 
@@ -45,6 +46,8 @@ def prepare(env: Mapping[str, str]) -> None:
             int(env.get("PHALANX_START", "0")), int(env.get("RANK", "0")),
             int(env.get("WORLD_SIZE", "1")), env.get("PHALANX_NODE", ""),
             env.get("CUDA_VISIBLE_DEVICES", "")))
+    # the first rank of the gang to fail says so before it exits (an error, a fault)
+    first_failure.arm(env.get("PHALANX_FIRST_FAILURE", ""), int(env.get("RANK", "0")))
     if env.get("PHALANX_PREEMPTIBLE") == "1":
         stop_flag.arm()
     # the launcher started us with SIGTERM blocked: a stop that came during start-up is

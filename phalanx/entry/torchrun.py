@@ -41,7 +41,7 @@ from phalanx.metrics import EventLog
 from phalanx.parallel.base import read_result
 from phalanx.parallel.registry import spec
 from phalanx.parallel.spec import StrategySpec
-from phalanx.runtime import groupstore, netif, nodes, preempt
+from phalanx.runtime import first_failure, groupstore, netif, nodes, preempt
 from phalanx.runtime.launch import DEFAULT_TIMEOUT_S
 
 
@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(preempt.PREEMPTED_EXIT)
     except PhalanxError as e:
+        first_failure.claim(2)
         sys.stderr.write(f"phalanx: error: {e}\n")
         sys.stderr.flush()
         # leave without the interpreter's teardown: a backend thread still blocked on a lost

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from phalanx.errors import ConfigError
+from phalanx.runtime import first_failure
 
 KILLED_WORKER_EXIT = -signal.SIGKILL  # negative: die by this signal (os.kill), not exit
 KILLED_SERVER_EXIT = 3
@@ -86,6 +87,7 @@ def die(log: Callable[..., Any] | None, role: str, rank: int, at: str, code: int
     what the fault cost (e.g. updates lost by a killed server)."""
     if log is not None:
         log("fault", fault=f"kill-{role}", **{role: rank}, at=at)  # e.g. worker=2
+    first_failure.claim(code)
     sys.stderr.write(f"phalanx: fault injection: {role} {rank} killed at {at}\n")
     sys.stderr.flush()
     if code < 0:

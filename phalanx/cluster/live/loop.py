@@ -59,6 +59,7 @@ from phalanx.cluster.live.state import SavedState
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
 from phalanx.cluster.policies.placement import OneType
 from phalanx.errors import ConfigError
+from phalanx.runtime import first_failure
 
 
 def type_order(topology: Topology) -> tuple[str, ...]:
@@ -210,6 +211,7 @@ class LiveCluster:
             log_from = gang.log.stat().st_size
         except OSError:
             log_from = 0
+        gang.claim.unlink(missing_ok=True)   # a killed scheduler's start may have left one
         t = time.perf_counter()
         try:
             self.executor.start(gang)
@@ -353,7 +355,8 @@ class LiveCluster:
                 continue
             failed = run.stop != "timeout" and rc != 0 and not finished
             if failed:
-                rank, code = first if first is not None else (0, rc)
+                rank, code = first_failure.cause(first or (), first_failure.read(
+                    run.gang.claim)) or (0, rc)
                 line = failure_line(run.gang.log, run.log_from, rank, code)
                 if st.restarts < self.config.max_job_restarts:
                     # a rank died or could not join: the job starts again (from its

@@ -68,6 +68,11 @@ class Gang:
     record: Path                    # where ranks append their rank records
     env: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def claim(self) -> Path:
+        """Where the first rank of this start to fail says so (:mod:`first_failure`)."""
+        return self.record.with_name(f"{self.record.stem}.{self.start}.failed")
+
 
 def rank_env(gang: Gang, slot: RankSlot, master: tuple[str, int], node: str,
              local_world: int, visible: tuple[int, ...]) -> dict[str, str]:
@@ -76,6 +81,7 @@ def rank_env(gang: Gang, slot: RankSlot, master: tuple[str, int], node: str,
     env = dict(gang.env)
     env.update(CUDA_VISIBLE_DEVICES=",".join(map(str, visible)),
                PHALANX_RANK_RECORD=str(gang.record), PHALANX_START=str(gang.start),
+               PHALANX_FIRST_FAILURE=str(gang.claim),
                PHALANX_NODE=node, PHALANX_PREEMPTIBLE="1" if gang.preemptible else "0",
                OMP_NUM_THREADS="1")
     if gang.per_rank:
@@ -163,15 +169,16 @@ def gang_exit(codes: list[int | None]) -> int | None:
     return PREEMPTED_EXIT if PREEMPTED_EXIT in codes else 0
 
 
-def note_failure(failed: dict[str, tuple[int, int]], job: str,
+def note_failure(failed: dict[str, tuple[tuple[int, int], ...]], job: str,
                  codes: list[int | None]) -> None:
-    """Remember the first rank of ``job`` seen ending badly, with its code (the cause the
-    live loop reports: later ranks only fail because it did)."""
+    """Remember every rank of ``job`` seen ending badly at the first poll that saw any, with
+    its code: the cause is among them (later ranks only fail because it did), and
+    :func:`phalanx.runtime.first_failure.cause` picks it."""
     if job not in failed:
-        for rank, c in enumerate(codes):
-            if c is not None and c not in (0, PREEMPTED_EXIT):
-                failed[job] = (rank, c)
-                return
+        bad = tuple((rank, c) for rank, c in enumerate(codes)
+                    if c is not None and c not in (0, PREEMPTED_EXIT))
+        if bad:
+            failed[job] = bad
 
 
 def failed_rank(codes: list[int | None]) -> bool:
@@ -202,7 +209,8 @@ class Executor(Protocol):
         """The servers (topology names) lost now: their node died or left the cluster.
         Cheap to call at every poll (an engine caches what it asks its cluster)."""
 
-    # ``failed``: {job: (rank, exit code)} of the first rank seen failing (:func:`note_failure`);
+    # ``failed``: {job: ((rank, exit code), ...)} of the ranks first seen failing
+    # (:func:`note_failure`);
     # the live loop takes its entry when the gang has ended.
     # ``stop_leftovers(logs, grace_s)`` (optional): an engine whose ranks outlive their
     # scheduler (an existing Slurm cluster) stops those of a killed scheduler's jobs before

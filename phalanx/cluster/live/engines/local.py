@@ -32,7 +32,7 @@ class LocalExecutor:
         # hands out the node's network address even when every rank is on one machine)
         self.python, self.master_addr = python, master_addr
         self.gangs: dict[str, list[RankProcess]] = {}
-        self.failed: dict[str, tuple[int, int]] = {}
+        self.failed: dict[str, tuple[tuple[int, int], ...]] = {}
 
     def start(self, gang: Gang) -> None:
         try:

@@ -358,7 +358,7 @@ class RayExecutor:
         self.actor = ray.remote(RankActor)
         self.devices: dict[int, _Device] = {}
         self.gangs: dict[str, _RayGang] = {}
-        self.failed: dict[str, tuple[int, int]] = {}
+        self.failed: dict[str, tuple[tuple[int, int], ...]] = {}
         self._down: frozenset[str] = frozenset()
         self._nodes_at = -float("inf")
         self.verdict_s = verdict_s()

@@ -110,7 +110,7 @@ class SlurmExecutor:
         self.refresh_s, self.pending_s = refresh_s, pending_s
         self.addr = self._check_nodes()
         self.gangs: dict[str, _SlurmGang] = {}
-        self.failed: dict[str, tuple[int, int]] = {}
+        self.failed: dict[str, tuple[tuple[int, int], ...]] = {}
         self.states: dict[str, tuple[str, int, str]] = {}   # job id -> state, status, reason
         self.refreshed = 0.0
         # every job of this run carries it (--comment): close() finds even one whose sbatch
