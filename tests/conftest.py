@@ -21,22 +21,24 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # short ones. xdist's own order (most tests first) handed out the Ray and Slurm files, a
 # few long tests each, last: one worker ran them alone at the end while the other idled.
 LONGEST_FIRST = (
-    "tests/cluster/test_ray_live.py",
-    "tests/e2e/test_compare_experiments.py",
-    "tests/cluster/test_slurm_live.py",
-    "tests/unit/test_gpu_check.py",
-    "tests/distributed/test_gpt_workloads.py",
-    "tests/cluster/test_live_elastic.py",
-    "tests/distributed/test_signals.py",
-    "tests/e2e/test_cli.py",
-    "tests/distributed/test_startup_death.py",
-    "tests/multinode/test_strategies.py",
-    "tests/cluster/test_cli_e2e.py",
-    "tests/cluster/test_resize_ps.py",
-    "tests/cluster/test_learned.py",
-    "tests/cluster/test_live_restart.py",
-    "tests/cluster/test_live_types.py",
-    "tests/cluster/test_live.py",
+    "tests/cluster/test_ray_live.py",            # 203 s (a fresh clone's durations)
+    "tests/cluster/test_slurm_live.py",          # 107 s
+    "tests/unit/test_gpu_check.py",              # 51 s
+    "tests/cluster/test_live_elastic.py",        # 49 s
+    "tests/distributed/test_signals.py",         # 47 s
+    "tests/distributed/test_ps_preempt.py",      # 44 s
+    "tests/e2e/test_compare_experiments.py",     # 38 s (87 s with bandwidth's quick run)
+    "tests/distributed/test_gpt_workloads.py",   # 34 s
+    "tests/multinode/test_strategies.py",        # 34 s
+    "tests/multinode/test_node_loss.py",         # 31 s
+    "tests/cluster/test_learned.py",             # 31 s
+    "tests/cluster/test_cli_e2e.py",             # 25 s
+    "tests/cluster/test_live_restart.py",        # 22 s
+    "tests/distributed/test_startup_death.py",   # 22 s
+    "tests/cluster/test_live.py",                # 21 s
+    "tests/cluster/test_live_addresses.py",      # 20 s
+    "tests/e2e/test_cli.py",                     # 18 s
+    "tests/cluster/test_resize_ps.py",           # 18 s
 )
 
 

@@ -109,8 +109,13 @@ def test_dc_asgd_over_seeds_writes_means_intervals_and_a_verdict(tmp_path, capsy
 
 
 # the GPT studies beside gpt-strategies: their verdicts are tested on made-up seeds
-# (tests/unit/test_gpt_studies.py); their quick runs (~18 s together) run with -m slow
-SLOW_QUICK = {"gpt-pipeline-bubble", "gpt-dc-asgd", "gpt-staleness", "gpt-compression"}
+# (tests/unit/test_gpt_studies.py); their quick runs (~18 s together) run with -m slow.
+# So does bandwidth's (8 torchrun groups on test hosts: ~30 s quiet, ~50 s at CI's load, the
+# suite's longest test but one); its report and verdicts: tests/unit/test_bandwidth_study.py,
+# and what it rests on (tbf's cap, the kernel's byte counts, ring bytes across hosts):
+# tests/multinode/test_hosts.py, test_wire_bytes.py
+SLOW_QUICK = {"gpt-pipeline-bubble", "gpt-dc-asgd", "gpt-staleness", "gpt-compression",
+              "bandwidth"}
 
 
 # dc-asgd's quick run is covered over two seeds above
