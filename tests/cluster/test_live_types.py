@@ -114,13 +114,40 @@ def test_a_job_the_types_cannot_run_is_one_line(cluster, tmp_path, capsys, gpus,
     assert not (out / "jobs").exists()
 
 
-def test_typed_goodput_refuses_a_job_it_cannot_resize(cluster, tmp_path, capsys):
+def test_a_job_it_cannot_resize_runs_beside_it_and_its_device_is_not_given(cluster, tmp_path):
+    """h (Hogwild!: its workers cannot be resized) arrives first and takes the fast device,
+    first come, first served; e (sync) arrives next. The policy's MILP counts the fast
+    device as held, so it gives e the slow one and e starts at once, beside h. (Given the
+    fast device it could not have, e would wait for h to end.)"""
     jobs = tmp_path / "jobs.yaml"
-    jobs.write_text("jobs:\n  - {name: h, arrival: 0, gpus: 1, config: {model: mlp, "
-                    "data: synthetic, strategy: hogwild}}\n")
-    assert main(["schedule", "--jobs", str(jobs), "--cluster", str(cluster), "--policy",
-                 "goodput", "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(
-        "phalanx: error: --policy goodput on a cluster of several device types (fast, slow) "
-        "schedules resizable jobs only; job h is not ("), err
+    jobs.write_text("jobs:\n"
+                    "  - {name: h, arrival: 0, gpus: 1, config: {model: mlp, data: synthetic, "
+                    "strategy: hogwild, tensorboard: false, epochs: 3}}\n"
+                    f"  - {{name: e, arrival: 0.5, gpus: 1, config: {{{SYNC}, epochs: 3}}}}\n")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
+                        "--cluster", str(cluster), "--policy", "goodput", "--interval", "1",
+                        "--restart-cost", "1", "--out", str(out)],
+                       capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "h: runs at its 1 GPU(s), not resized: not preemptible (--strategy hogwild cannot " \
+        "resume)" in r.stdout, r.stdout
+    rows = {x["name"]: x for x in csv.DictReader((out / "jobs.csv").open())}
+    assert [rows[n]["status"] for n in "he"] == ["finished", "finished"]
+    # device 0 is fast (server f), device 1 slow (server s)
+    assert [p.split("@")[1] for p in rows["h"]["placements"].split(";")] == ["0"]
+    # e started on slow at once and stayed there while h ran (without the held device
+    # counted, the round moved it "to fast" at its first step: stopped, it waited ~17 s
+    # for h to end); it may move to fast once h has ended
+    placed = [(float(t), d) for t, d in (p.split("@") for p in rows["e"]["placements"].split(";"))]
+    h_end = float(rows["h"]["end"])
+    assert placed[0][1] == "1" and placed[0][0] < 2.0, rows["e"]
+    assert all(t >= h_end - 1 for t, _ in placed[1:]), (rows["e"], h_end)
+    assert int(rows["e"]["preemptions"]) == len(placed) - 1
+    # its time waiting: none at the start, at most a restart's after h ended (the stop
+    # while h ran left it waiting 17.2 of h's 24.1 s)
+    assert float(rows["e"]["queue_delay"]) < 5.0, rows["e"]
+    assert rank_record.read(out / "ranks" / "e.jsonl")[0].node == "s"
+
+
+

@@ -120,6 +120,12 @@ def test_milp_respects_types_and_pins():
     # a pinned job keeps its (worse) configuration
     x = solve_sia_milp(cost, configs, types, {2: 0}, 1e-6)
     assert x[2] == 0
+    # GPUs held outside the MILP (a live job it cannot resize): 1 of b's 8 held, so b's
+    # 8-GPU configuration fits no job, and b's 1-GPU one at most 7
+    x = solve_sia_milp(cost, configs, types, {}, 1e-6, held={"b": 1})
+    assert 3 not in x and x.count(1) == 1 and x.count(2) == 2, x
+    x = solve_sia_milp(cost, configs, types, {}, 1e-6, held={"a": 4, "b": 8})
+    assert x == [-1, -1, -1]
 
 
 def test_gavel_throughput_reads_the_measured_profile(inputs):

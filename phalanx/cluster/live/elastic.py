@@ -28,8 +28,9 @@ initial batch is ``batch_size x gpus``; a worker's batch may range over
 cluster's devices. A parameter-server job is resized in its workers (its shards stay;
 :mod:`~phalanx.cluster.live.resize_ps`). Jobs that cannot be resized (single, Hogwild!, the
 stage strategies, SandBlaster, or a job that cannot be preempted) keep their declared
-gang and run first come, first served on the devices the resizable jobs were not given;
-the CLI prints why each is not resizable.
+gang and run first come, first served on the devices the resizable jobs were not given
+(on a typed cluster, the MILP's capacity per type excludes the devices they hold); the CLI
+prints why each is not resizable.
 """
 
 from __future__ import annotations
@@ -95,9 +96,7 @@ class ElasticLiveCluster(LiveCluster):
         elastic = [j for j in self.jobs if not self.why_fixed[j.spec.id]]
         self.policy: LearnedGoodputPolicy | TypedGoodputPolicy
         if topology.typed:
-            self.policy = typed_policy(topology, elastic, [
-                (j.spec.name, self.why_fixed[j.spec.id]) for j in self.jobs
-                if self.why_fixed[j.spec.id]], cadence, horizon_s)
+            self.policy = typed_policy(topology, elastic, cadence, horizon_s)
         else:
             self.policy = LearnedGoodputPolicy({j.spec.application: job_facts(j, cap)
                                                 for j in elastic},
@@ -248,8 +247,16 @@ class ElasticLiveCluster(LiveCluster):
         self._account()
         self._observe()
         live = {jid for jid, r in self.runs.items() if not r.stop}
-        pinned = sum(r.state.spec.gpus for jid, r in self.runs.items()
-                     if jid not in self.observers)
+        fixed = [r for jid, r in self.runs.items() if jid not in self.observers]
+        pinned = sum(r.state.spec.gpus for r in fixed)
+        if isinstance(self.policy, TypedGoodputPolicy):
+            # the typed MILP gives each type's GPUs: those the jobs it cannot resize hold
+            # are not its to give
+            held: dict[str, int] = {}
+            for r in fixed:
+                t = self.topology.gang_type(r.state.placements[-1][1])
+                held[t] = held.get(t, 0) + len(r.state.placements[-1][1])
+            self.policy.held = held
         views = [job_view(st, self.topology, self.policy, held=st.spec.id in live,
                           epoch=self.observers[st.spec.id].epoch, remaining=None,
                           # a parameter-server driver starts every worker on its first
@@ -362,20 +369,16 @@ class ElasticLiveCluster(LiveCluster):
             self.core.try_start(rest, self._start)
 
 
-def typed_policy(topology: Topology, elastic: Sequence[LiveJob],
-                 fixed: Sequence[tuple[str, str]], cadence: Cadence, horizon_s: float
-                 ) -> TypedGoodputPolicy:
+def typed_policy(topology: Topology, elastic: Sequence[LiveJob], cadence: Cadence,
+                 horizon_s: float) -> TypedGoodputPolicy:
     """``--policy goodput`` on several device types: the heterogeneity-aware policy on
     Sia's information. Per type, a job's application facts (from its entry, capped by the
     type's devices) and a 1-GPU throughput to bootstrap from: the type's declared
     ``speed`` divided by its emulated ``slowdown``, the same for every job (Sia profiles
     each job on each type; this prior is coarser, never finer). Then only what the job
-    measured on a type. Its MILP gives each type's GPUs whole, so jobs it cannot resize
-    are refused here rather than run beside it."""
-    if fixed:
-        raise ConfigError(f"--policy goodput on a cluster of several device types "
-                          f"({', '.join(sorted(topology.device_types))}) schedules resizable "
-                          f"jobs only; job {fixed[0][0]} is not ({fixed[0][1]})")
+    measured on a type. Jobs it cannot resize run first come, first served beside it, on
+    whatever type they are placed; each round its MILP gives each type's GPUs less those
+    they hold (``TypedGoodputPolicy.held``)."""
     types = cluster_types([(s.device_type, s.num_devices) for s in topology.servers])
     facts = {t.name: {j.spec.application: job_facts(j, t.gpus) for j in elastic}
              for t in types}

@@ -253,6 +253,9 @@ class TypedGoodputPolicy(SiaPolicy):
     options: TypedOptions = field(default_factory=TypedOptions)
     restart_s: Mapping[str, float] = field(default_factory=dict)
     name: str = "goodput"
+    # GPUs per type that jobs outside the policy hold now (set by the live engine before
+    # each round: the jobs it cannot resize run beside the policy's); none in simulation
+    held: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         o = self.options
@@ -361,7 +364,8 @@ class TypedGoodputPolicy(SiaPolicy):
             if o.weight == "las":
                 c = c / (1.0 + v.attained / 3600.0)
             cost[i] = c
-        x = solve_sia_milp(cost, self.configs, self.types, pinned, self.mip_gap, self.solve_ms)
+        x = solve_sia_milp(cost, self.configs, self.types, pinned, self.mip_gap, self.solve_ms,
+                           held=self.held)
         out = {}
         for i, v in enumerate(jobs):
             if x[i] < 0:

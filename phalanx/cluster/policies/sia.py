@@ -282,10 +282,12 @@ class SiaPolicy:
 
 def solve_sia_milp(cost: np.ndarray, configs: Sequence[tuple[str, int, int]],
                    types: Sequence[TypeInfo], pinned: Mapping[int, int], gap: float,
-                   times_ms: list[float] | None = None) -> list[int]:
+                   times_ms: list[float] | None = None,
+                   held: Mapping[str, int] | None = None) -> list[int]:
     """Binary x[job, config]: minimise ``sum cost x`` with at most one configuration per
-    job and each type's GPUs; ``pinned`` jobs keep theirs. The chosen configuration per
-    job (-1: none)."""
+    job and each type's GPUs, less those ``held`` by jobs outside the MILP (a live
+    cluster's jobs that cannot be resized); ``pinned`` jobs keep theirs. The chosen
+    configuration per job (-1: none)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import csr_matrix
 
@@ -300,7 +302,8 @@ def solve_sia_milp(cost: np.ndarray, configs: Sequence[tuple[str, int, int]],
     rows = np.concatenate([var // m, n + type_of[var % m]])
     vals = np.concatenate([np.ones(n * m), gpus[var % m]])
     a = csr_matrix((vals, (rows, np.concatenate([var, var]))), shape=(n + k, n * m))
-    ub = np.array([1.0] * n + [float(t.gpus) for t in types])
+    held = held or {}
+    ub = np.array([1.0] * n + [float(max(t.gpus - held.get(t.name, 0), 0)) for t in types])
     lb = np.zeros(n * m)
     for i, j in pinned.items():
         lb[i * m + j] = 1.0
