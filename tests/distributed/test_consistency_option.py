@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import phalanx
+from phalanx.cli import main
 
 BASE = {"model": "mlp", "data": "synthetic", "train_limit": 512, "test_limit": 256,
         "batch_size": 32, "max_steps": 12, "workers": 2, "progress": False,
@@ -22,13 +20,9 @@ def test_dc_asgd_runs_under_an_ssp_bound(tmp_path) -> None:
     assert plain["consistency"] == "asp"
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "phalanx.cli", "train", "--model", "mlp",
-                           "--data", "synthetic", *args], capture_output=True, text=True,
-                          timeout=120)
-
-
-def test_bad_consistency_flags_are_one_line(tmp_path) -> None:
+def test_bad_consistency_flags_are_one_line(tmp_path, capsys) -> None:
+    """In-process, as ``phalanx train`` parses them (the real-process path of a bad flag:
+    tests/e2e/test_cli.py::test_bad_flag_in_a_real_process)."""
     for args, message in (
             (["--strategy", "asp", "--consistency", "eventual"],
              "--consistency: 'eventual' is not one of bsp, asp, ssp, softsync"),
@@ -36,6 +30,9 @@ def test_bad_consistency_flags_are_one_line(tmp_path) -> None:
              "--consistency: only the parameter-server strategies have a consistency model"),
             (["--strategy", "asp", "--workers", "2", "--staleness", "5"],
              "--staleness: consistency asp does not use it (only consistency ssp)")):
-        r = _cli(*args, "--out", str(tmp_path / "x"))
-        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-        assert r.stderr.startswith("phalanx: error: ") and message in r.stderr, r.stderr
+        code = main(["train", "--model", "mlp", "--data", "synthetic", *args, "--out",
+                     str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith("phalanx: error: ") and message in err, err
+        assert not (tmp_path / "x").exists()

@@ -248,8 +248,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         pairs = [(opts.ordering, opts.placement)]
     _check_policies(pairs)
     _check_read(args, pairs)
+    inputs = load_inputs(opts)     # a bad trace or cluster leaves no --out folder behind
     out = _out_dir(args.out)
-    inputs = load_inputs(opts)
     if inputs.trace.skipped:
         print(f"skipped {inputs.trace.skipped} malformed row(s) of {inputs.trace.source}")
     too_big = check_fits(inputs)
