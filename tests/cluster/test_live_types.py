@@ -4,6 +4,7 @@ policy moves a job from the slow type to the fast one when the fast device frees
 job resumes from its checkpoint there. Real processes, local engine. Bad inputs: one line."""
 
 import csv
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -151,3 +152,80 @@ def test_a_job_it_cannot_resize_runs_beside_it_and_its_device_is_not_given(clust
 
 
 
+
+
+# ---------------------------------------------------------------- per-job profiles
+
+def _profiled(tmp_path: Path, cluster: Path, profile: str):
+    """The live typed policy built for one sync job whose entry gives ``profile``."""
+    from phalanx.cluster.core.cadence import Cadence
+    from phalanx.cluster.core.clusters import resolve_cluster
+    from phalanx.cluster.live.elastic import typed_policy
+    from phalanx.cluster.live.joblist import check_profiles, load_job_list
+
+    tmp_path.mkdir()
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  - {{name: p, arrival: 0, gpus: 1, {profile}"
+                    f"config: {{{SYNC}, epochs: 1}}}}\n")
+    topology = resolve_cluster(str(cluster), tmp_path)
+    (job,) = load_job_list(jobs)
+    check_profiles([job], topology, str(jobs), True)
+    # as the live loop names it: each entry is its own application
+    job = dataclasses.replace(job, spec=dataclasses.replace(job.spec, app="p"))
+    return typed_policy(topology, [job], Cadence(1.0, 1.0), 1800.0)
+
+
+def test_a_job_s_own_profile_is_its_bootstrap_and_decides_its_first_type(cluster, tmp_path):
+    """Declared speeds make fast 3x slow for every job (slowdown 3), so a job never run is
+    offered fast first; a job whose profile says it runs 5x faster on slow (its own 1-GPU
+    measurements, Sia's bootstrap) is offered slow."""
+    from phalanx.cluster.core.view import JobView
+
+    never_run = [JobView(0, "p", 0.0, 0, None, 0, 0.0)]
+    plain = _profiled(tmp_path / "a", cluster, "")
+    assert plain.xput1 == {"fast": {"p": 1.0}, "slow": {"p": pytest.approx(1 / 3)}}
+    assert plain.allocate(never_run, 2, 0.0)[0].device_type == "fast"
+    own = _profiled(tmp_path / "b", cluster, "profile: {fast: 100, slow: 500}, ")
+    assert own.xput1 == {"fast": {"p": 100.0}, "slow": {"p": 500.0}}
+    choice = own.allocate(never_run, 2, 0.0)[0]
+    assert (choice.device_type, choice.gpus) == ("slow", 1)
+
+
+@pytest.mark.parametrize("entry,flags,line", [
+    ("profile: [1, 2], ", [], "profile must be a mapping of device type to samples/s on 1 GPU "
+                              "of it (e.g. {a100: 900, t4: 250}), got [1, 2]"),
+    ("profile: {}, ", [], "profile must be a mapping of device type to samples/s on 1 GPU of "
+                          "it (e.g. {a100: 900, t4: 250}), got {}"),
+    ("profile: {fast: 0, slow: 1}, ", [], "profile.fast must be > 0 samples/s, got 0"),
+    ("profile: {fast: x, slow: 1}, ", [], "profile.fast must be a number, got 'x'"),
+    ("profile: {fast: 1, slow: 1, h100: 3}, ", ["--policy", "goodput"],
+     "profile: unknown device type(s) h100 (the cluster's: fast, slow)"),
+    ("profile: {fast: 1}, ", ["--policy", "goodput"],
+     "profile: lacks slow (give every type of the cluster: fast, slow)"),
+    ("profile: {fast: 1, slow: 1}, ", [],
+     "profile: only --policy goodput on a cluster of several device types reads it (this "
+     "cluster: fast, slow)"),
+])
+def test_a_bad_profile_is_one_line(cluster, tmp_path, capsys, entry, flags, line):
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  - {{name: p, arrival: 0, gpus: 1, {entry}"
+                    f"config: {{{SYNC}}}}}\n")
+    out = tmp_path / "out"
+    assert main(["schedule", "--jobs", str(jobs), "--cluster", str(cluster), *flags,
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("phalanx: error: job list ") \
+        and err[0].endswith(line), err
+    assert not out.exists()
+
+
+def test_a_profile_of_a_job_the_policy_does_not_schedule_is_refused(cluster, tmp_path, capsys):
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - {name: h, arrival: 0, gpus: 1, profile: {fast: 2, slow: 1}, "
+                    "config: {model: mlp, data: synthetic, strategy: hogwild}}\n")
+    assert main(["schedule", "--jobs", str(jobs), "--cluster", str(cluster), "--policy",
+                 "goodput", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "phalanx: error: h: profile: the policy does not schedule it (not preemptible "
+        "(--strategy hogwild cannot resume): it runs at its own gang, first come, first "
+        "served); drop the profile"]

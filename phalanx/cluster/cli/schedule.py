@@ -32,7 +32,12 @@ from phalanx.cluster.core.result import SimResult
 from phalanx.cluster.live.elastic import ElasticLiveCluster
 from phalanx.cluster.live.engines import ENGINES
 from phalanx.cluster.live.engines.base import EngineOptions
-from phalanx.cluster.live.joblist import check_fits, check_settings, load_job_list
+from phalanx.cluster.live.joblist import (
+    check_fits,
+    check_profiles,
+    check_settings,
+    load_job_list,
+)
 from phalanx.cluster.live.loop import LiveCluster, LiveConfig
 from phalanx.cluster.live.state import STATE_FILE, unfinished
 from phalanx.cluster.live.state import load as load_state
@@ -147,6 +152,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     topology = resolve_cluster(args.cluster, default_data_dir())
     jobs = load_job_list(args.jobs)
     check_fits(jobs, topology, args.jobs)  # the cheap check first
+    check_profiles(jobs, topology, args.jobs, elastic and topology.typed)
     check_settings(jobs, args.jobs)
     out = config.out
     saved = load_state(out, jobs, topology, args.jobs) if args.resume else None

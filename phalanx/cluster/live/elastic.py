@@ -94,6 +94,11 @@ class ElasticLiveCluster(LiveCluster):
         cap = topology.num_devices
         self.why_fixed = {j.spec.id: self._why_fixed(j) for j in self.jobs}
         elastic = [j for j in self.jobs if not self.why_fixed[j.spec.id]]
+        for j in self.jobs:
+            if j.profile and self.why_fixed[j.spec.id]:
+                raise ConfigError(f"{j.spec.name}: profile: the policy does not schedule it "
+                                  f"({self.why_fixed[j.spec.id]}: it runs at its own gang, "
+                                  "first come, first served); drop the profile")
         self.policy: LearnedGoodputPolicy | TypedGoodputPolicy
         if topology.typed:
             self.policy = typed_policy(topology, elastic, cadence, horizon_s)
@@ -384,7 +389,10 @@ def typed_policy(topology: Topology, elastic: Sequence[LiveJob], cadence: Cadenc
              for t in types}
     speed = {t.name: topology.device_types[t.name].speed / topology.device_types[t.name].slowdown
              for t in types}
-    boot = {t: dict.fromkeys(facts[t], speed[t]) for t in facts}
+    # a job's own profile where its entry gives one (every type: check_profiles), else
+    # the types' declared speeds
+    boot = {t: {j.spec.application: j.profile.get(t, speed[t]) for j in elastic}
+            for t in facts}
     return TypedGoodputPolicy(facts, types, options=TypedOptions(horizon_s=horizon_s),
                               restart_s=dict.fromkeys(facts[types[0].name],
                                                       cadence.restart_cost_s),

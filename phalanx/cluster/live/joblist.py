@@ -7,6 +7,9 @@ YAML::
         arrival: 0             # seconds after the scheduler starts
         gpus: 1                # gang size: devices (slots) held, and --workers of the run
         duration: 30           # optional estimate in seconds (what SJF orders by)
+        profile: {a100: 900, t4: 250}   # optional, on a cluster of several device types:
+                               # samples/s on 1 GPU of each type (Sia's bootstrap profile;
+                               # read by --policy goodput only)
         config: {model: mlp, data: synthetic, max_steps: 20, strategy: single}
 
 CSV: a header ``name,arrival,gpus[,duration],<RunConfig field>...``; each further column is
@@ -58,6 +61,9 @@ class LiveJob:
 
     spec: JobSpec                  # submit = arrival offset (s), gpus = gang size
     config: dict[str, Any]         # RunConfig settings (values checked by the run itself)
+    # samples/s on 1 GPU of each device type, as the user measured it (Sia's bootstrap
+    # profile); empty: the types' declared speeds (:func:`check_profiles`)
+    profile: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _number(v: Any, where: str, field: str, integer: bool, minimum: float) -> float:
@@ -76,10 +82,11 @@ def _number(v: Any, where: str, field: str, integer: bool, minimum: float) -> fl
 def _job(i: int, entry: Any, where: str, seen: set[str]) -> LiveJob:
     if not isinstance(entry, dict):
         raise DataError(f"{where}: expected a mapping with name, arrival, gpus, config")
-    unknown = sorted(set(entry) - {"name", "arrival", "gpus", "duration", "config"})
+    unknown = sorted(set(entry) - {"name", "arrival", "gpus", "duration", "profile",
+                                   "config"})
     if unknown:
         raise DataError(f"{where}: unknown key(s) {', '.join(map(str, unknown))} (allowed: "
-                        f"name, arrival, gpus, duration, config)")
+                        f"name, arrival, gpus, duration, profile, config)")
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise DataError(f"{where}: name must be 1-64 letters, digits, '-', '_' or '.', "
@@ -110,9 +117,17 @@ def _job(i: int, entry: Any, where: str, seen: set[str]) -> LiveJob:
             raise DataError(f"{where}: config.{key}: unknown training setting")
     if duration > MAX_ARRIVAL_S:
         raise DataError(f"{where}: duration {duration:g} s is more than {MAX_ARRIVAL_S:g} s")
+    profile = entry.get("profile", {})
+    if not isinstance(profile, dict) or ("profile" in entry and not profile):
+        raise DataError(f"{where}: profile must be a mapping of device type to samples/s "
+                        f"on 1 GPU of it (e.g. {{a100: 900, t4: 250}}), got {profile!r}")
+    rates = {str(t): _number(v, where, f"profile.{t}", False, 0) for t, v in profile.items()}
+    for t, v in rates.items():
+        if v <= 0:
+            raise DataError(f"{where}: profile.{t} must be > 0 samples/s, got {v:g}")
     spec = JobSpec(i, name, arrival, gpus, max(duration, 1.0), duration,
                    str(config.get("model", "")), cpu_per_gpu=1)
-    return LiveJob(spec, dict(config))
+    return LiveJob(spec, dict(config), rates)
 
 
 def _rows_from_csv(p: Path, text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -205,6 +220,29 @@ def check_fits(jobs: list[LiveJob], topology: Topology, source: str) -> None:
         if reason:   # enough slots, not enough with a free CPU core each
             raise DataError(f"job list {source}: {job.spec.name}: gpus {g}: {reason}")
     check_types(jobs, topology, source)
+
+
+def check_profiles(jobs: list[LiveJob], topology: Topology, source: str,
+                   typed_goodput: bool) -> None:
+    """A job's ``profile`` is read by ``--policy goodput`` on a cluster of several device
+    types only, and must give every type of the cluster (its figures are compared with
+    each other, never with the types' declared speeds)."""
+    have = sorted({s.device_type for s in topology.servers})
+    for job in jobs:
+        if not job.profile:
+            continue
+        where = f"job list {source}: {job.spec.name}: profile"
+        if not typed_goodput:
+            raise DataError(f"{where}: only --policy goodput on a cluster of several device "
+                            f"types reads it (this cluster: {', '.join(have)})")
+        unknown = sorted(set(job.profile) - set(have))
+        missing = [t for t in have if t not in job.profile]
+        if unknown:
+            raise DataError(f"{where}: unknown device type(s) {', '.join(unknown)} (the "
+                            f"cluster's: {', '.join(have)})")
+        if missing:
+            raise DataError(f"{where}: lacks {', '.join(missing)} (give every type of the "
+                            f"cluster: {', '.join(have)})")
 
 
 def slow_ranks(cfg: RunConfig, slowdown: float) -> dict[int, float]:
