@@ -39,6 +39,16 @@ def cluster(tmp_path_factory):
     return path
 
 
+def schedule_goodput(jobs: Path, cluster: Path, out: Path) -> subprocess.CompletedProcess:
+    """``phalanx schedule --policy goodput`` with 1 s rounds, as a user runs it."""
+    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
+                        "--cluster", str(cluster), "--policy", "goodput", "--interval", "1",
+                        "--restart-cost", "1", "--out", str(out)],
+                       capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
 def perf_before_after(events: list[dict]) -> tuple[list[float], list[float]]:
     """Rank 0's step times before and after its first resume."""
     at = next(i for i, e in enumerate(events) if e["kind"] == "resume" and e["rank"] == 0)
@@ -57,11 +67,7 @@ def test_goodput_moves_a_job_to_the_fast_type_when_it_frees(cluster, tmp_path):
                     f"  - {{name: s, arrival: 0.5, gpus: 1, config: {{{SYNC}, epochs: 8, "
                     f"checkpoint_every: 100}}}}\n")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
-                        "--cluster", str(cluster), "--policy", "goodput", "--interval", "1",
-                        "--restart-cost", "1", "--out", str(out)],
-                       capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
-    assert r.returncode == 0, r.stdout + r.stderr
+    schedule_goodput(jobs, cluster, out)
     rows = {x["name"]: x for x in csv.DictReader((out / "jobs.csv").open())}
     assert [rows[n]["status"] for n in "fs"] == ["finished", "finished"]
     # device 0 is fast (server f), device 1 slow (server s)
@@ -126,11 +132,7 @@ def test_a_job_it_cannot_resize_runs_beside_it_and_its_device_is_not_given(clust
                     "strategy: hogwild, tensorboard: false, epochs: 3}}\n"
                     f"  - {{name: e, arrival: 0.5, gpus: 1, config: {{{SYNC}, epochs: 3}}}}\n")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
-                        "--cluster", str(cluster), "--policy", "goodput", "--interval", "1",
-                        "--restart-cost", "1", "--out", str(out)],
-                       capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = schedule_goodput(jobs, cluster, out)
     assert "h: runs at its 1 GPU(s), not resized: not preemptible (--strategy hogwild cannot " \
         "resume)" in r.stdout, r.stdout
     rows = {x["name"]: x for x in csv.DictReader((out / "jobs.csv").open())}
