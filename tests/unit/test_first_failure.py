@@ -72,3 +72,6 @@ def test_the_cause_among_ranks_seen_ended_together():
     # a rank that killed itself with a signal after claiming is the claimant, not "killed"
     assert cause(((0, 2), (1, -9)), (1, -9)) == (1, -9)
     assert cause(((0, -15), (1, -9)), (1, -9)) == (0, -15)
+    # rank 0 claimed and aborted itself (-6); rank 1, SIGKILLed, could not claim: the
+    # outside kill is the cause (a claimant's own signal does not make it "killed")
+    assert cause(((0, -6), (1, -9)), (0, -6)) == (1, -9)
