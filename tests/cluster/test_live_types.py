@@ -62,9 +62,13 @@ def test_goodput_moves_a_job_to_the_fast_type_when_it_frees(cluster, tmp_path):
     # policy (it knows s only from what s measured on slow, and the types' declared
     # speeds) moves s to fast: stop, checkpoint, resume there
     jobs = tmp_path / "jobs.yaml"
+    # f trains ~4.5 s (1,860 steps), so s (arriving 0.5 s later) steps on slow for a while
+    # before f ends, even when its start-up is slow: with 620 steps (~1.6 s), f once ended
+    # while s was still starting (CI, after start-up got faster): s moved at step 2 and had
+    # measured nothing on slow
     jobs.write_text("jobs:\n"
-                    f"  - {{name: f, arrival: 0, gpus: 1, config: {{{SYNC}, epochs: 10}}}}\n"
-                    f"  - {{name: s, arrival: 0.5, gpus: 1, config: {{{SYNC}, epochs: 8, "
+                    f"  - {{name: f, arrival: 0, gpus: 1, config: {{{SYNC}, epochs: 30}}}}\n"
+                    f"  - {{name: s, arrival: 0.5, gpus: 1, config: {{{SYNC}, epochs: 20, "
                     f"checkpoint_every: 100}}}}\n")
     out = tmp_path / "out"
     schedule_goodput(jobs, cluster, out)
@@ -87,7 +91,7 @@ def test_goodput_moves_a_job_to_the_fast_type_when_it_frees(cluster, tmp_path):
     resumed = [e["step"] for e in events if e["kind"] == "resume" and e["rank"] == 0]
     assert len(resumed) == 1 and resumed[0] > 0 and resumed[0] in ckpt, (ckpt, resumed)
     summary = json.loads((out / "jobs" / "s" / "summary.json").read_text())
-    assert summary["steps"] == 8 * 62 > resumed[0]
+    assert summary["steps"] == 20 * 62 > resumed[0]
     # the slow type really was slower: rank 0's measured step time on fast is well
     # below slow's. The emulation stretches the compute 3x, not the step's fixed costs:
     # at load ~3-5 (simulations beside the suite) slow/fast was 1.58 in one run (the bound
