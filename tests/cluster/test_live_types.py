@@ -127,37 +127,29 @@ def test_a_job_the_types_cannot_run_is_one_line(cluster, tmp_path, capsys, gpus,
 
 def test_a_job_it_cannot_resize_runs_beside_it_and_its_device_is_not_given(cluster, tmp_path):
     """h (Hogwild!: its workers cannot be resized) arrives first and takes the fast device,
-    first come, first served; e (sync) arrives next. The policy's MILP counts the fast
-    device as held, so it gives e the slow one and e starts at once, beside h. (Given the
-    fast device it could not have, e would wait for h to end.)"""
+    first come, first served; e (sync, a short job) arrives next. The policy's MILP counts
+    the fast device as held, so it gives e the slow one: e starts at once, beside h, and
+    runs there to its end, never stopped. (Offered the fast device it could not have, e
+    was stopped at its first round and waited for h to end: 17.2-21.6 s, measured.)"""
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n"
                     "  - {name: h, arrival: 0, gpus: 1, config: {model: mlp, data: synthetic, "
-                    "strategy: hogwild, tensorboard: false, epochs: 3}}\n"
-                    f"  - {{name: e, arrival: 0.5, gpus: 1, config: {{{SYNC}, epochs: 3}}}}\n")
+                    "strategy: hogwild, tensorboard: false, epochs: 80}}\n"
+                    f"  - {{name: e, arrival: 0.5, gpus: 1, config: {{{SYNC}, epochs: 1}}}}\n")
     out = tmp_path / "out"
     r = schedule_goodput(jobs, cluster, out)
     assert "h: runs at its 1 GPU(s), not resized: not preemptible (--strategy hogwild cannot " \
         "resume)" in r.stdout, r.stdout
     rows = {x["name"]: x for x in csv.DictReader((out / "jobs.csv").open())}
     assert [rows[n]["status"] for n in "he"] == ["finished", "finished"]
-    # device 0 is fast (server f), device 1 slow (server s)
+    # device 0 is fast (server f), device 1 slow (server s); e ended while h still ran
     assert [p.split("@")[1] for p in rows["h"]["placements"].split(";")] == ["0"]
-    # e started on slow at once and stayed there while h ran (without the held device
-    # counted, the round moved it "to fast" at its first step: stopped, it waited ~17 s
-    # for h to end); it may move to fast once h has ended
-    placed = [(float(t), d) for t, d in (p.split("@") for p in rows["e"]["placements"].split(";"))]
-    h_end = float(rows["h"]["end"])
-    assert placed[0][1] == "1" and placed[0][0] < 2.0, rows["e"]
-    assert all(t >= h_end - 1 for t, _ in placed[1:]), (rows["e"], h_end)
-    assert int(rows["e"]["preemptions"]) == len(placed) - 1
-    # its time waiting: none at the start, at most a restart's after h ended (the stop
-    # while h ran left it waiting 17.2 of h's 24.1 s)
-    assert float(rows["e"]["queue_delay"]) < 5.0, rows["e"]
-    assert rank_record.read(out / "ranks" / "e.jsonl")[0].node == "s"
-
-
-
+    assert float(rows["e"]["end"]) < float(rows["h"]["end"]), (rows["e"], rows["h"])
+    (placed,) = rows["e"]["placements"].split(";")
+    assert placed.split("@")[1] == "1" and float(placed.split("@")[0]) < 2.0, rows["e"]
+    assert rows["e"]["preemptions"] == "0" and float(rows["e"]["queue_delay"]) < 1.0, rows["e"]
+    assert "moves" not in (out / "logs" / "e.log").read_text()
+    assert [x.node for x in rank_record.read(out / "ranks" / "e.jsonl")] == ["s"]
 
 
 # ---------------------------------------------------------------- per-job profiles
