@@ -38,7 +38,7 @@ LOADS = (1.0, 1.5)
 # sia-simulator/multi_simulator*.py with run_experiment.sh's flags) run here, in a scratch
 # venv (numpy 1.23, pandas 1.5, pymoo 0.4.2.1, cvxpy with CBC and ECOS), one workload at a
 # time: {(policy, workload): seconds}; reports/cluster/sia/reference.jsonl has each run's
-# per-application figures. Sia was run on 8 workloads of 18 (6-19 min each here), Gavel on
+# per-application figures. Sia was run on 12 workloads of 18 (6-19 min each here), Gavel on
 # all; the artifact's Pollux (a genetic search every 60 s round) had not finished philly 1
 # after 90 minutes, nor in a second run (reports/cluster/sia/README.md: its first jobs
 # done against ours).
@@ -64,7 +64,11 @@ REFERENCE: dict[tuple[str, str], float] = {
     ("sia", "sia:philly:1"): 1949.75,
     ("sia", "sia:philly:2"): 2690.68,
     ("sia", "sia:philly:3"): 2070.08,
+    ("sia", "sia:philly:4"): 2485.02,
     ("sia", "sia:philly:5"): 2401.93,
+    ("sia", "sia:philly:6"): 2103.56,
+    ("sia", "sia:philly:7"): 3028.42,
+    ("sia", "sia:philly:8"): 2299.82,
     ("sia", "sia:saturn:1"): 2091.09,
     ("sia", "sia:saturn:2"): 2575.18,
     ("sia", "sia:saturn:3"): 2627.98,
