@@ -50,9 +50,8 @@ def read(path: str | Path) -> tuple[int, int] | None:
     """The claim in ``path``: (rank, exit code), or None if there is none or it is not two
     integers (a rank killed between create and write leaves it empty)."""
     try:
-        parts = Path(path).read_text().split()
-        rank, code = (int(p) for p in parts) if len(parts) == 2 else (-1, 0)
-    except (OSError, ValueError):
+        rank, code = map(int, Path(path).read_text().split())
+    except (OSError, ValueError):   # ValueError: not two integers
         return None
     return (rank, code) if rank >= 0 else None
 

@@ -14,6 +14,11 @@ from pathlib import Path
 import pytest
 
 from phalanx.cli import main
+from phalanx.cluster.core.cadence import Cadence
+from phalanx.cluster.core.clusters import resolve_cluster
+from phalanx.cluster.core.view import JobView
+from phalanx.cluster.live.elastic import typed_policy
+from phalanx.cluster.live.joblist import check_profiles, load_job_list
 from phalanx.runtime import rank_record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,11 +165,6 @@ def test_a_job_it_cannot_resize_runs_beside_it_and_its_device_is_not_given(clust
 
 def _profiled(tmp_path: Path, cluster: Path, profile: str):
     """The live typed policy built for one sync job whose entry gives ``profile``."""
-    from phalanx.cluster.core.cadence import Cadence
-    from phalanx.cluster.core.clusters import resolve_cluster
-    from phalanx.cluster.live.elastic import typed_policy
-    from phalanx.cluster.live.joblist import check_profiles, load_job_list
-
     tmp_path.mkdir()
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n  - {{name: p, arrival: 0, gpus: 1, {profile}"
@@ -181,8 +181,6 @@ def test_a_job_s_own_profile_is_its_bootstrap_and_decides_its_first_type(cluster
     """Declared speeds make fast 3x slow for every job (slowdown 3), so a job never run is
     offered fast first; a job whose profile says it runs 5x faster on slow (its own 1-GPU
     measurements, Sia's bootstrap) is offered slow."""
-    from phalanx.cluster.core.view import JobView
-
     never_run = [JobView(0, "p", 0.0, 0, None, 0, 0.0)]
     plain = _profiled(tmp_path / "a", cluster, "")
     assert plain.xput1 == {"fast": {"p": 1.0}, "slow": {"p": pytest.approx(1 / 3)}}

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 
 from phalanx.cluster.core.cadence import Cadence
@@ -257,11 +258,11 @@ class ElasticLiveCluster(LiveCluster):
         if isinstance(self.policy, TypedGoodputPolicy):
             # the typed MILP gives each type's GPUs: those the jobs it cannot resize hold
             # are not its to give
-            held: dict[str, int] = {}
+            held: Counter[str] = Counter()
             for r in fixed:
-                t = self.topology.gang_type(r.state.placements[-1][1])
-                held[t] = held.get(t, 0) + len(r.state.placements[-1][1])
-            self.policy.held = held
+                devices = r.state.placements[-1][1]
+                held[self.topology.gang_type(devices)] += len(devices)
+            self.policy.held = dict(held)
         views = [job_view(st, self.topology, self.policy, held=st.spec.id in live,
                           epoch=self.observers[st.spec.id].epoch, remaining=None,
                           # a parameter-server driver starts every worker on its first
