@@ -1,6 +1,6 @@
 """The click model (``--model ctr``, a sparse embedding table) on CUDA with 2 ranks sharing
 one GPU: the parameter server (``asp``, 1 shard: the workers pull and push table rows) and
-sync data parallel (dense and ``--sparse-allreduce``). Marked ``gpu``: skipped where CUDA
+sync data parallel. Marked ``gpu``: skipped where CUDA
 is not available (tests/conftest.py).
 
 The first GPU check (2026-11-27) found the parameter-server worker's evaluation asking
@@ -19,10 +19,10 @@ pytestmark = pytest.mark.gpu
 # small enough for a few seconds: 26 fields x 1,000 rows x 8 values
 SMALL = {"ctr_rows": 1000, "ctr_dim": 8, "train_limit": 8000, "test_limit": 1500,
          "batch_size": 64, "progress": False, "tensorboard": False}
+# (sync with --sparse-allreduce runs on CUDA in bench/ctr.py, the check's bench-ctr step)
 RUNS = {
     "asp": {"strategy": "asp", "servers": 1},
     "sync": {"strategy": "sync"},
-    "sync-sparse": {"strategy": "sync", "sparse_allreduce": True},
 }
 
 
