@@ -15,12 +15,25 @@ Targets (issue 11, a machine with >= 16 cores): sync ring and native >= 1.0 x DD
 N; efficiency >= 0.8 at N = 8 for sync (ring, native) and ASP with 2 shards. Targets at an
 N the machine cannot run are listed under ``not_measured``, never dropped silently. On 2
 cores only ``--quick`` (N = 2) means anything: N workers (+ shards) share two cores.
+
+A measurement that fails (a run that raises: a dead worker, a diverged loss) does not stop
+the others: it is printed, listed under ``results.failed`` as ``NAME_NN: its one-line
+reason``, its ratios are absent (a target that needs it is not met) and the benchmark
+exits 1 after its JSON line (the last line, as always).
+
+Learning rate: SGD 0.05 (single's default), except Hogwild!, whose N workers race on one
+copy of the weights: a worker's gradient is computed on weights that the other N - 1 have
+written to since it read them (staleness ~ N - 1), so it takes lr 0.05 / max(1, N - 1), the
+staleness-aware step of ``--staleness-lr`` (Zhang et al. 2016: lr / staleness). N = 2 keeps
+0.05. Measured on the first GPU check's 16 cores (2026-11-27): 15 writers at lr 0.05 diverged
+at step 10 (loss nan); 8 did not. The rate does not depend on lr: only the run must last.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +55,7 @@ from phalanx.runtime.placement import cores
 
 WARMUP = 10  # steps not timed (a multiple of the strategies' LOG_EVERY)
 BATCH = 64
+LR = 0.05  # SGD, every strategy but Hogwild! (see hogwild_lr)
 # name -> RunConfig options; N is --workers
 STRATEGIES = {
     "sync_ring": {"strategy": "sync", "allreduce": "ring"},
@@ -100,8 +114,15 @@ def _ddp(rank: int, world: int, job: Job, device: str, out: str) -> None:
         Path(out).write_text(json.dumps({"seconds": elapsed}))
 
 
+def hogwild_lr(n: int) -> float:
+    """Hogwild!'s lr with ``n`` racing writers: LR over the staleness, n - 1 (the module
+    doc)."""
+    return LR / max(1, n - 1)
+
+
 def config(tmp: str, name: str, n: int, steps: int, device: str, **options) -> RunConfig:
-    return RunConfig(model="lenet5", data="synthetic", workers=n, batch_size=BATCH, lr=0.05,
+    lr = hogwild_lr(n) if options.get("strategy") == "hogwild" else LR
+    return RunConfig(model="lenet5", data="synthetic", workers=n, batch_size=BATCH, lr=lr,
                      rule="sgd", max_steps=steps, epochs=1000.0, eval_every=10**9,
                      progress=False, tensorboard=False, test_limit=100, worker_threads=1,
                      threads=1, device=device, out=f"{tmp}/{name}_N{n}",
@@ -134,7 +155,23 @@ def worker_counts(text: str, top: int, ap: argparse.ArgumentParser) -> list[int]
     return ns
 
 
-def main() -> None:
+def one_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def attempt(name: str, n: int, steps: int, device: str, data,
+            failed: dict[str, str]) -> float | None:
+    """``measure``, or None with the failure's one line in ``failed`` (the others go on)."""
+    try:
+        return measure(name, n, steps, device, data)
+    except Exception as e:  # a dead worker, a diverged loss: reported, never hidden
+        failed[f"{name}_N{n}"] = one_line(e)
+        print(f"N={n} {name}: FAILED: {failed[f'{name}_N{n}']}", flush=True)
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--max-workers", type=int, default=0, help="largest N (default: cores)")
@@ -142,7 +179,7 @@ def main() -> None:
                     help="comma list of the N to measure, each <= --max-workers (default: "
                          "1, 2, 4, ... up to --max-workers): e.g. 8,15 on 16 cores")
     ap.add_argument("--quick", action="store_true", help="N = 2 only, fewer steps")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.worker_counts and args.quick:
         ap.error("--worker-counts: --quick measures N = 2 only; drop one of them")
     torch.set_num_threads(1)
@@ -150,7 +187,7 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         _common.emit("scaling", {"device": "cuda", "note": "skipped: CUDA not available"},
                      {}, {})
-        return
+        return 0
     top = args.max_workers or n_cores
     ns = [1]
     while ns[-1] * 2 <= top:
@@ -161,28 +198,32 @@ def main() -> None:
         ns = [2]  # one N against the single loop: under a minute on two cores
     steps = 60 if args.quick else 160
     data = load_data("synthetic", None, 0)
+    failed: dict[str, str] = {}
     # the reference is measured before, between and after the others (median): one
     # measurement of a one-second run on a shared machine can be off by a factor
-    singles = [measure("single", 1, steps, args.device, data)]
+    singles = [attempt("single", 1, steps, args.device, data, failed)]
     rates: dict[str, dict[str, float]] = {}
     for n in ns:
         for i, name in enumerate(("ddp", *STRATEGIES)):
-            rates.setdefault(name, {})[f"N{n}"] = round(measure(name, n, steps, args.device,
-                                                                data), 1)
-            print(f"N={n} {name}: {rates[name][f'N{n}']:.0f} samples/s", flush=True)
+            rate = attempt(name, n, steps, args.device, data, failed)
+            if rate is not None:
+                rates.setdefault(name, {})[f"N{n}"] = round(rate, 1)
+                print(f"N={n} {name}: {rate:.0f} samples/s", flush=True)
             if i == len(STRATEGIES) // 2:
-                singles.append(measure("single", 1, steps, args.device, data))
-    singles.append(measure("single", 1, steps, args.device, data))
-    single = _common.median(singles)
+                singles.append(attempt("single", 1, steps, args.device, data, failed))
+    singles.append(attempt("single", 1, steps, args.device, data, failed))
+    measured = [v for v in singles if v is not None]
+    single = _common.median(measured) if measured else None
     ratios: dict[str, float] = {}
     for name, by_n in rates.items():
         for key, rate in by_n.items():
-            n = int(key[1:])
-            ratios[f"{name}_efficiency_{key}"] = round(rate / (n * single), 3)
+            if single:
+                ratios[f"{name}_efficiency_{key}"] = round(rate / (int(key[1:]) * single), 3)
     for n in ns:
         for name in ("sync_ring", "sync_native"):
-            ratios[f"{name}_over_ddp_N{n}"] = round(rates[name][f"N{n}"] / rates["ddp"][f"N{n}"],
-                                                    3)
+            ours, ddp = rates.get(name, {}).get(f"N{n}"), rates.get("ddp", {}).get(f"N{n}")
+            if ours is not None and ddp:
+                ratios[f"{name}_over_ddp_N{n}"] = round(ours / ddp, 3)
     targets: dict[str, float] = {}
     for n in ns:
         targets[f"sync_ring_over_ddp_N{n}"] = targets[f"sync_native_over_ddp_N{n}"] = 1.0
@@ -194,17 +235,28 @@ def main() -> None:
             targets[key] = 0.8
         else:
             not_measured.append(f"{key} >= 0.8 (needs --max-workers 8 and >= 8 cores)")
+    # a target whose measurement failed stays in targets (not met) and says why here
+    not_measured += [f"{key} (a measurement failed: {', '.join(sorted(failed))})"
+                     for key in targets if key not in ratios]
     note = ("2 cores: N workers (+ shards) share two cores, so efficiency here measures "
             "contention; the many-core targets need a many-core machine"
             if n_cores < 8 else "")
+    if failed:
+        note = (f"{len(failed)} measurement(s) FAILED: {', '.join(failed)}"
+                + (f"; {note}" if note else ""))
     _common.emit("scaling", {"device": args.device, "cores": n_cores, "workers": ns,
                              "steps": steps, "warmup_steps": WARMUP, "batch": BATCH,
-                             "model": "lenet5", "single_samples_per_s": round(single, 1),
-                             "single_all": [round(v, 1) for v in singles],
-                             "samples_per_s": rates, "not_measured": not_measured,
-                             "note": note},
+                             "model": "lenet5", "lr": LR,
+                             "hogwild_lr": {f"N{n}": hogwild_lr(n) for n in ns},
+                             "single_samples_per_s": None if single is None else round(
+                                 single, 1),
+                             "single_all": [None if v is None else round(v, 1)
+                                            for v in singles],
+                             "samples_per_s": rates, "failed": failed,
+                             "not_measured": not_measured, "note": note},
                  ratios, targets)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

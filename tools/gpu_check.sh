@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for the GPU machine (docs/gpu.md): the environment, the GPU tests, the GPU and
-# scaling benchmarks, every strategy for a few steps on CUDA (LeNet-5 on Fashion-MNIST, and
-# the GPT and CTR models where this checkout has them), the model benchmarks. Each step runs
+# scaling benchmarks, the model benchmarks, every strategy for a few steps on CUDA (LeNet-5
+# on Fashion-MNIST, and the GPT and CTR models where this checkout has them). Each step runs
 # under its own time bound and a failed step does not stop the next; the whole finishes
 # inside GPU_CHECK_BUDGET seconds (480).
 #
@@ -23,13 +23,24 @@ if [ ! -f pyproject.toml ] || [ ! -f phalanx/cli.py ] || [ ! -f tools/gpu_runs.p
 fi
 
 # step -> its share of the budget in seconds (the shares of the steps that run are scaled
-# to the budget less RESERVE); a step may also use what the steps before it left unused
-ORDER=(nvidia-smi env data pytest bench-gpu scaling-cuda scaling-cpu runs-lenet5 runs-gpt
-       runs-ctr bench-gpt bench-ctr)
-declare -A SHARE=([nvidia-smi]=10 [env]=20 [data]=5 [pytest]=135 [bench-gpu]=40
-                  [scaling-cuda]=40 [scaling-cpu]=75 [runs-lenet5]=60 [runs-gpt]=25
-                  [runs-ctr]=25 [bench-gpt]=15 [bench-ctr]=15)
+# to the budget less RESERVE); a step may also use what the steps before it left unused.
+# From the first real run (H200, 16 cores, 2026-11-27; docs/gpu.md "Results"): measured
+# nvidia-smi 0 s, env 9, data 0, bench-gpu 28, scaling-cuda 30; pytest 32 s for 8 of its 25
+# tests (estimated 90); scaling-cpu 59 s up to N=15's last run (estimated 63); bench-gpt cut
+# at 26 s after 1 of its 4 parts (estimated 60: 5 runs of ~10 s left); bench-ctr 11 s to
+# its first run's end (estimated 30 for 3); the strategy runs 5-20 s each (170 s for
+# LeNet-5's 13 one at a time), estimated 40, 47 and 35 s with RUN_JOBS at once. The
+# strategy runs come last: an overrun skips single runs (each listed), not a benchmark.
+ORDER=(nvidia-smi env data pytest bench-gpu scaling-cuda scaling-cpu bench-gpt bench-ctr
+       runs-lenet5 runs-gpt runs-ctr)
+declare -A SHARE=([nvidia-smi]=5 [env]=15 [data]=5 [pytest]=100 [bench-gpu]=35
+                  [scaling-cuda]=35 [scaling-cpu]=65 [bench-gpt]=65 [bench-ctr]=30
+                  [runs-lenet5]=35 [runs-gpt]=40 [runs-ctr]=35)
 RESERVE=15  # the summary and packing the logs
+# strategy runs at once (tools/gpu_runs.py --jobs): a run is a driver and 2-3 ranks, busy
+# mostly with start-up (imports, CUDA init, rendezvous: 5-10 s of its 5-20 s); 6 at once
+# keep about 9-12 of the 16 cores busy, and each uses well under 1 GiB of the GPU
+RUN_JOBS=6
 # the scaling benchmark on the CPU: N = 8 (issue 11's targets) and 15 (the cores, less one)
 SCALING_CPU=(--device cpu --max-workers 15 --worker-counts 8,15)
 
@@ -124,7 +135,7 @@ runs() {  # MODEL : every strategy a few steps on CUDA (checked only, in a dry r
     left=$((END[$name] - SECONDS - 10))  # the runner writes its table before the bound
     [ "$left" -lt 5 ] && left=5
     step "$name" "$PY" tools/gpu_runs.py --model "$1" --data "$DATA" --out "$LOGS" \
-        --budget "$left" "${DRYARG[@]}"
+        --budget "$left" --jobs "$RUN_JOBS" "${DRYARG[@]}"
 }
 
 finish() {
@@ -176,13 +187,14 @@ bench bench-gpu bench/gpu.py --quick
 bench scaling-cuda bench/scaling.py --device cuda --quick
 bench scaling-cpu bench/scaling.py "${SCALING_CPU[@]}"
 
-# 5. every strategy of the registry for a few steps with --device cuda
+# 5. the model benchmarks, where this checkout has them
+bench bench-gpt bench/gpt.py --device cuda --quick
+bench bench-ctr bench/ctr.py --device cuda --quick
+
+# 6. every strategy of the registry for a few steps with --device cuda, RUN_JOBS at once
+# (last: a step cut short skips single runs, each listed with its reason)
 runs lenet5
 runs gpt
 runs ctr
-
-# 6. the model benchmarks, where this checkout has them
-bench bench-gpt bench/gpt.py --device cuda --quick
-bench bench-ctr bench/ctr.py --device cuda --quick
 
 finish

@@ -1,7 +1,8 @@
 """Every strategy for a few steps on CUDA, on one model: step ``runs-MODEL`` of
 tools/gpu_check.sh (docs/gpu.md).
 
-    python3 tools/gpu_runs.py --model lenet5 --data .gpu-data --out OUT/logs --budget 60 [--dry]
+    python3 tools/gpu_runs.py --model lenet5 --data .gpu-data --out OUT/logs --budget 60 \
+        [--jobs K] [--dry]
 
 The strategies come from the registry (``phalanx.parallel.registry.NAMES``), each with the
 conformance suite's small settings (its spec's ``example``, ``--workers 2`` unless the spec
@@ -14,8 +15,17 @@ standing in for the GPU.
 
 A run phalanx refuses with its one-line error (exit 2: a strategy that cannot split this
 model, say) is ``refused``: listed with its reason, not a failure. Exit status: 0 no run
-failed or timed out, 1 one did (or the data does not load), 3 the model is not in this
-checkout (skipped: the last line says why), 2 bad arguments.
+failed or timed out, 1 one did (or the data does not load, or the runner was stopped by
+SIGTERM), 3 the model is not in this checkout (skipped: the last line says why), 2 bad
+arguments.
+
+``--jobs K``: up to K runs at once, started in the registry's order as slots free up; the
+table stays in that order, and each run keeps its own log, exit code, bound (never past
+the budget) and process-group kill. The runs are a functional check: their samples/s, with
+K runs sharing the GPU and the cores, are not a measurement of speed (the benchmarks are;
+the table records K). In a dry run the checks run in this process, one at a time.
+SIGTERM (the step's bound): every running group is stopped (SIGTERM, SIGKILL 5 s later),
+no further run starts, and the table is written.
 """
 
 from __future__ import annotations
@@ -31,7 +41,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +57,8 @@ if str(ROOT) not in sys.path:
 SMALL = {"max_steps": 8, "batch_size": 32, "train_limit": 1024, "test_limit": 256, "seed": 3}
 PER_RUN_S = 60  # one run's bound (start-up included); the step's budget bounds them all
 MIN_RUN_S = 10  # a run is not started with less left than this
+STOP = threading.Event()  # SIGTERM: stop the running groups, start no more
+CHECKING = threading.Lock()  # a dry run's check redirects this process's stderr
 TEXT_FILE = "text/tinyshakespeare.txt"  # inside the data folder (tools/gpu_prepare.sh)
 
 
@@ -70,6 +85,7 @@ class Table:
     model: str
     dry: bool
     strategies: list[str]
+    jobs: int = 1  # runs at once: their samples/s are a functional check's, not a benchmark
     data: str = ""
     data_dir: str = ""
     skipped: str = ""  # the whole model was skipped: why
@@ -212,9 +228,23 @@ def last_line(path: Path) -> str:
     return lines[-1][:500] if lines else ""
 
 
+def stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to the run's process group (the driver stops its ranks), SIGKILL ``grace``
+    seconds later if it is still there."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def execute(run: PlannedRun, log: Path, timeout: float) -> dict:
     """Run it as its own process group, bounded by ``timeout``: past it, SIGTERM (the
-    driver stops its ranks), then SIGKILL to the group 10 s later."""
+    driver stops its ranks), then SIGKILL to the group 10 s later. :data:`STOP` set (the
+    runner got SIGTERM) stops it at once, with 5 s of grace."""
     with tempfile.TemporaryDirectory(prefix="gpu-check-run-") as tmp:
         out = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "phalanx.cli", "train", *run.argv, "--out", str(out)]
@@ -224,16 +254,17 @@ def execute(run: PlannedRun, log: Path, timeout: float) -> dict:
             f.flush()
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            try:
-                rc = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGTERM)
+            stopped = False
+            while True:
                 try:
-                    proc.wait(timeout=10)
+                    rc = proc.wait(timeout=min(0.2, max(0.01, t0 + timeout - time.monotonic())))
+                    break
                 except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                rc = 124
+                    stopped = STOP.is_set()
+                    if stopped or time.monotonic() >= t0 + timeout:
+                        stop_group(proc, 5 if stopped else 10)
+                        rc = 124
+                        break
         row = {"rc": rc, "seconds": round(time.monotonic() - t0, 1)}
         summary = out / "summary.json"
         if rc == 0 and summary.is_file():
@@ -241,7 +272,9 @@ def execute(run: PlannedRun, log: Path, timeout: float) -> dict:
             row.update({k: s.get(k) for k in ("steps", "test_accuracy", "samples_per_s",
                                               "startup_s", "wall_s")})
     row["status"] = "ok" if rc == 0 else "timeout" if rc == 124 else "failed"
-    if rc == 124:
+    if rc == 124 and stopped:
+        row["reason"] = "stopped with the runner (SIGTERM: the step's bound)"
+    elif rc == 124:
         row["reason"] = f"past its {round(timeout, 1):g} s bound"
     elif rc != 0:
         row["reason"] = last_line(log)
@@ -250,45 +283,77 @@ def execute(run: PlannedRun, log: Path, timeout: float) -> dict:
     return row
 
 
+def in_order(items: Sequence, jobs: int, work: Callable[[int], dict]) -> list[dict]:
+    """``work(i)`` for each index of ``items``, up to ``jobs`` at once, started in the
+    items' order as slots free up; the results in the items' order."""
+    if jobs <= 1:
+        return [work(i) for i in range(len(items))]
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="run") as pool:
+        futures = [pool.submit(work, i) for i in range(len(items))]  # FIFO: registry order
+        return [f.result() for f in futures]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--data", required=True, help="the data folder (tools/gpu_prepare.sh)")
     ap.add_argument("--out", required=True, help="folder of runs-MODEL.json and runs/")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds for all the runs")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
     ap.add_argument("--dry", action="store_true", help="check each run, start none")
     args = ap.parse_args(argv)
     if args.budget <= 0:
         ap.error(f"--budget: {args.budget} must be > 0")
+    if args.jobs < 1:
+        ap.error(f"--jobs: {args.jobs} must be >= 1")
     deadline = time.monotonic() + args.budget
     from phalanx.parallel.registry import NAMES
 
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    table = Table(model=args.model, dry=args.dry, strategies=list(NAMES))
+    table = Table(model=args.model, dry=args.dry, strategies=list(NAMES), jobs=args.jobs)
     case, skipped, error = case_for(args.model, Path(args.data))
     table.skipped, table.error = skipped, error
-    if case is not None:
-        table.data, table.data_dir = case.data, case.data_dir
-        for run in plan(case):
-            row = {"strategy": run.strategy, "command": shlex.join(
-                ["python3", "-m", "phalanx.cli", "train", *run.argv])}
-            log = out / "runs" / f"{args.model}-{run.strategy}.log"
-            left = deadline - time.monotonic()
-            if run.skip:
-                row.update(status="skipped", reason=run.skip)
-            elif error:  # nothing to train on: every run fails for the one reason
-                row.update(status="failed", reason=error)
-            elif left < MIN_RUN_S:
-                row.update(status="skipped", reason="the step's time bound is spent")
-            elif args.dry:
-                status, reason = check(run, Path(tempfile.gettempdir()) / "gpu-check-run")
-                row.update(status=status, reason=reason)
-            else:
-                row.update(execute(run, log, min(PER_RUN_S, left)), log=f"runs/{log.name}")
-            table.runs.append(row)
-            print(f"{args.model} {run.strategy}: {row['status']}"
-                  + (f" ({row['reason']})" if row.get("reason") else ""), flush=True)
+    printing = threading.Lock()
+    STOP.clear()
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: STOP.set()) if main_thread else None
+    try:
+        if case is not None:
+            table.data, table.data_dir = case.data, case.data_dir
+            planned = plan(case)
+
+            def one(i: int) -> dict:
+                run = planned[i]
+                row = {"strategy": run.strategy, "command": shlex.join(
+                    ["python3", "-m", "phalanx.cli", "train", *run.argv])}
+                log = out / "runs" / f"{args.model}-{run.strategy}.log"
+                left = deadline - time.monotonic()  # when a slot frees for it
+                if run.skip:
+                    row.update(status="skipped", reason=run.skip)
+                elif error:  # nothing to train on: every run fails for the one reason
+                    row.update(status="failed", reason=error)
+                elif STOP.is_set():
+                    row.update(status="skipped", reason="the runner was stopped (SIGTERM)")
+                elif left < MIN_RUN_S:
+                    row.update(status="skipped", reason="the step's time bound is spent")
+                elif args.dry:
+                    with CHECKING:
+                        status, reason = check(run, Path(tempfile.gettempdir())
+                                               / "gpu-check-run")
+                    row.update(status=status, reason=reason)
+                else:
+                    row.update(execute(run, log, min(PER_RUN_S, left)),
+                               log=f"runs/{log.name}")
+                with printing:
+                    print(f"{args.model} {run.strategy}: {row['status']}"
+                          + (f" ({row['reason']})" if row.get("reason") else ""), flush=True)
+                return row
+
+            table.runs = in_order(planned, args.jobs, one)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     text = json.dumps(dataclasses.asdict(table), indent=1)
     (out / f"runs-{args.model}.json").write_text(text + "\n")
     if skipped:
@@ -303,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     refused = [r["strategy"] for r in table.runs if r["status"] == "refused"]
     if refused and not bad:  # a strategy may decline a model: shown, not a failure
         print(f"refused by phalanx (one-line errors, in the table): {', '.join(refused)}")
+    if STOP.is_set():
+        print("stopped by SIGTERM (the step's bound): the runs not started are skipped")
+        return 1
     return 1 if bad else 0
 
 

@@ -95,8 +95,11 @@ def run_lines(runs: dict) -> list[str]:
         counts = {s: sum(r["status"] == s for r in rows)
                   for s in ("ok", "refused", "failed", "timeout", "skipped")}
         data = table.get("data", "") + (f" {table['data_dir']}" if table.get("data_dir") else "")
+        jobs = table.get("jobs", 1)
         lines.append(f"  {model} ({data}): " + ", ".join(f"{n} {s}" for s, n in counts.items())
-                     + f" of {len(table.get('strategies', []))} strategies")
+                     + f" of {len(table.get('strategies', []))} strategies"
+                     + (f"; {jobs} runs at once: samples/s are a functional check's, not a "
+                        "benchmark" if jobs > 1 else ""))
         for r in rows:
             if r["status"] != "ok":
                 lines.append(f"    {r['status']} {r['strategy']}: {r.get('reason', '')}")

@@ -90,16 +90,18 @@ def check_factory(model_fn: Callable[[], nn.Module]) -> None:
                           "parameters: nothing to train")
 
 
-def train(model: str | Callable[[], nn.Module] | None = None,
-          data: str | tuple[Dataset, Dataset] | None = None, *,
-          config: RunConfig | None = None, **options: Any) -> RunResult:
-    """Train a model with a strategy and return its summary and history.
-
-    ``model`` is a model name (``mlp``, ``lenet5``, ``resnet``) or a factory returning any
-    ``nn.Module`` (picklable when the strategy starts processes). ``data`` is a data-set
-    name or a ``(train, test)`` pair of :class:`~phalanx.data.Dataset`. Every other option
-    is a :class:`~phalanx.config.RunConfig` field (``strategy``, ``rule``, ``workers``, ...).
-    """
+def prepare(model: str | Callable[[], nn.Module] | None = None,
+            data: str | tuple[Dataset, Dataset] | None = None, *,
+            config: RunConfig | None = None,
+            **options: Any) -> tuple[RunConfig, StrategySpec, Job, float]:
+    """What :func:`train` does before it writes in a run folder or starts a process: every
+    check of the settings (each on its own, against the strategy's spec, the settings the
+    strategy would ignore, ``--resume``'s folder), the device and backend on this machine,
+    the data (loaded) and the model (built once). Returns the checked configuration, its
+    strategy, the job and the seconds the data took to load; the strategy's own
+    ``check_job`` runs next (:meth:`StrategySpec.run_job`). Raises
+    :class:`~phalanx.errors.PhalanxError` in one line. tests/unit/test_gpu_test_settings.py
+    runs it on the GPU tests' settings, the CPU standing in for the GPU."""
     if config is None:
         values = dict(options)
         if isinstance(data, str):
@@ -126,6 +128,20 @@ def train(model: str | Callable[[], nn.Module] | None = None,
     job = make_job(cfg, model, data if isinstance(data, tuple) else None)
     data_s = time.perf_counter() - loading  # the start-up's data phase (summary's startup)
     check_job_data(job)  # no strategy may loop over empty epochs (phalanx.entry.preflight)
+    return cfg, strategy, job, data_s
+
+
+def train(model: str | Callable[[], nn.Module] | None = None,
+          data: str | tuple[Dataset, Dataset] | None = None, *,
+          config: RunConfig | None = None, **options: Any) -> RunResult:
+    """Train a model with a strategy and return its summary and history.
+
+    ``model`` is a model name (``mlp``, ``lenet5``, ``resnet``) or a factory returning any
+    ``nn.Module`` (picklable when the strategy starts processes). ``data`` is a data-set
+    name or a ``(train, test)`` pair of :class:`~phalanx.data.Dataset`. Every other option
+    is a :class:`~phalanx.config.RunConfig` field (``strategy``, ``rule``, ``workers``, ...).
+    """
+    cfg, strategy, job, data_s = prepare(model, data, config=config, **options)
     # empty, cleared by --overwrite, or resumed: never two runs mixed in one folder
     lock = hold_run_dir(job.run_dir)  # one run writes in a folder at a time (closed below)
     out = prepare_run_dir(job.run_dir, overwrite=cfg.overwrite, resume=bool(cfg.resume))

@@ -51,9 +51,13 @@ class HashedFields(nn.EmbeddingBag):
         nn.init.normal_(self.weight, 0.0, 0.01)  # small: a fresh model predicts the base rate
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """The table rows a batch reads, (B, F) int64: field offset + id mod rows."""
+        """The table rows a batch reads, (B, F) int64: field offset + id mod rows, computed
+        on ``x``'s device, whatever the table's: a parameter-server worker on a GPU asks
+        for the rows of the test set, which stays on the host (the first GPU check failed
+        there: cuda:0 and cpu). The offsets are F integers; ``x`` may be the whole test
+        set, so it is not the one moved."""
         ids = x[:, self.dense :].to(torch.int64)
-        return ids.remainder(self.field_rows) + self.offsets_
+        return ids.remainder(self.field_rows) + self.offsets_.to(ids.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         rows = self.rows(x)
@@ -109,6 +113,7 @@ def ctr(input_shape: tuple[int, ...], num_classes: int, *, dense: int, rows: int
 
 def table_rows(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The sorted, unique table rows a batch ``x`` reads, for a model whose first layer is
-    the table (:class:`HashedFields`, or a plain embedding indexed by ``x`` itself)."""
+    the table (:class:`HashedFields`, or a plain embedding indexed by ``x`` itself), on
+    ``x``'s device (not necessarily the model's)."""
     first = next(iter(model.children()))
     return (first.rows(x) if isinstance(first, HashedFields) else x).unique()

@@ -85,6 +85,25 @@ def test_the_model_returns_zero_and_the_click_logit_so_cross_entropy_is_log_loss
     assert torch.equal(model[0].rows(x), model[0].rows(x2))
 
 
+def test_rows_are_computed_on_the_inputs_device_not_the_tables():
+    """A parameter-server worker on a GPU asks for the rows of the host's test set
+    (table_rows(model on cuda:0, x on the CPU)): the rows must not need x on the model's
+    device (the first GPU check failed there, cuda:0 and cpu). Here the table is on the
+    CPU and ``meta`` stands in for the other device: the rows come out on x's device, with
+    the values they have on the CPU."""
+    train, _ = small_data()
+    model = build_model("ctr", train.input_shape, 2, dense=13, rows=1000, dim=8)
+    x = train.x[:50]
+    on_cpu = model[0].rows(x)
+    assert on_cpu.shape == (50, 26) and on_cpu.dtype == torch.int64
+    # field f's rows are f x 1000 + id mod 1000
+    assert torch.equal(on_cpu, x[:, 13:].long() % 1000 + torch.arange(26) * 1000)
+    elsewhere = model[0].rows(x.to("meta"))
+    assert elsewhere.device.type == "meta" and elsewhere.shape == on_cpu.shape
+    assert elsewhere.dtype == torch.int64
+    assert torch.equal(table_rows(model, x), on_cpu.unique())
+
+
 @pytest.mark.parametrize("rule", [sgd(0.1), adagrad(0.05)])
 def test_touched_rows_only_equals_the_dense_update(rule):
     """For SGD and AdaGrad a row with no gradient does not move: updating the touched rows

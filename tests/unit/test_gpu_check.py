@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,8 @@ from phalanx.parallel.registry import NAMES, spec
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = ["nvidia-smi", "env", "data", "pytest", "bench-gpu", "scaling-cuda", "scaling-cpu",
-         "runs-lenet5", "runs-gpt", "runs-ctr", "bench-gpt", "bench-ctr"]
+         "bench-gpt", "bench-ctr", "runs-lenet5", "runs-gpt", "runs-ctr"]
+RUN_JOBS = 6  # tools/gpu_check.sh: strategy runs at once
 RESULTS = {"SUMMARY.txt", "steps.json", "env.json", "runs.json", "benches.json",
            "logs.tar.gz"}
 
@@ -102,6 +105,7 @@ def test_dry_run_plans_every_strategy_with_its_spec(dry):
     _, out, data = dry
     table = json.loads((out / "runs.json").read_text())["lenet5"]
     assert table["strategies"] == list(NAMES) and table["dry"] is True
+    assert table["jobs"] == RUN_JOBS  # checked through the pool: the table keeps the order
     assert [row["strategy"] for row in table["runs"]] == list(NAMES)
     assert table["data_dir"] == str(data / "fashion-mnist")
     for row in table["runs"]:
@@ -186,13 +190,53 @@ def test_the_data_folder_is_ignored():
     assert ".gpu-data/" in (REPO / ".gitignore").read_text().splitlines()
 
 
-def test_a_run_is_bounded_and_its_figures_read(tmp_path, monkeypatch):
+@pytest.fixture
+def gpu_runs(monkeypatch):
+    spec_ = importlib.util.spec_from_file_location("gpu_runs", REPO / "tools" / "gpu_runs.py")
+    module = importlib.util.module_from_spec(spec_)
+    monkeypatch.setitem(sys.modules, "gpu_runs", module)  # its dataclasses look it up
+    spec_.loader.exec_module(module)
+    return module
+
+
+def test_runs_at_once_start_in_order_and_come_back_in_order(gpu_runs):
+    """--jobs K: at most K at once, started in the registry's order as slots free up, the
+    table in that order whatever order they finish in."""
+    lock, running, peak, started = threading.Lock(), [0], [0], []
+
+    def work(i: int) -> dict:
+        with lock:
+            started.append(i)
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.3 if i % 3 == 0 else 0.05)  # the first of each three is slow
+        with lock:
+            running[0] -= 1
+        return {"i": i}
+
+    items = list(range(10))
+    t0 = time.monotonic()
+    rows = gpu_runs.in_order(items, 3, work)
+    wall = time.monotonic() - t0
+    assert [r["i"] for r in rows] == items
+    assert started[:3] == [0, 1, 2] and sorted(started) == items
+    assert peak[0] == 3
+    assert wall < 0.3 * 4 + 0.05 * 6  # the serial time: they overlapped
+    started.clear()
+    assert [r["i"] for r in gpu_runs.in_order(items, 1, work)] == items == started
+
+
+def test_jobs_must_be_positive(gpu_runs, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu_runs.main(["--model", "lenet5", "--data", str(tmp_path), "--out", str(tmp_path),
+                       "--jobs", "0"])
+    assert e.value.code == 2
+    assert "--jobs: 0 must be >= 1" in capsys.readouterr().err
+
+
+def test_a_run_is_bounded_and_its_figures_read(tmp_path, gpu_runs):
     """The runner's real path, on the CPU: a run's summary figures, and a run past its
     bound stopped (its whole process group) as a timeout."""
-    spec_ = importlib.util.spec_from_file_location("gpu_runs", REPO / "tools" / "gpu_runs.py")
-    gpu_runs = importlib.util.module_from_spec(spec_)
-    monkeypatch.setitem(sys.modules, "gpu_runs", gpu_runs)  # its dataclasses look it up
-    spec_.loader.exec_module(gpu_runs)
     run = gpu_runs.PlannedRun(strategy="sync", argv=(
         "--model", "mlp", "--data", "synthetic", "--strategy", "sync", "--workers", "2",
         "--max-steps", "4", "--batch-size", "32", "--train-limit", "512", "--test-limit",
@@ -204,3 +248,12 @@ def test_a_run_is_bounded_and_its_figures_read(tmp_path, monkeypatch):
     assert row == {"rc": 124, "seconds": row["seconds"], "status": "timeout",
                    "reason": "past its 0.5 s bound"}
     assert row["seconds"] < 15
+    # the runner told to stop (SIGTERM: the step's bound) stops a running run at once
+    threading.Timer(1.0, gpu_runs.STOP.set).start()
+    try:
+        row = gpu_runs.execute(run, tmp_path / "stopped.log", 120)
+    finally:
+        gpu_runs.STOP.clear()
+    assert row["status"] == "timeout" and row["rc"] == 124, row
+    assert row["reason"] == "stopped with the runner (SIGTERM: the step's bound)"
+    assert row["seconds"] < 10
