@@ -34,6 +34,19 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
+def pids_in_netns(ns: str) -> list[int]:
+    """Every process whose network namespace is ``ns`` ('net:[inode]'), from /proc."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry.name}/ns/net") == ns:
+                    found.append(int(entry.name))
+            except OSError:  # ended meanwhile, or not ours to read
+                continue
+    return sorted(found)
+
+
 def _no_ipv6(ns: str, dev: str) -> None:
     """No IPv6 on the test links: its neighbour discovery would add bytes nobody sent."""
     subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
@@ -104,10 +117,16 @@ class TestHost:
         """This host's network namespace as /proc/PID/ns/net names it ('net:[inode]')."""
         return f"net:[{os.stat(f'/run/netns/{self.name}').st_ino}]"
 
+    def pids(self) -> list[int]:
+        """The processes running in this host: those whose network namespace is this
+        host's (what ``ip netns pids`` prints, read here without starting a process: the
+        tests sample hosts several times a second)."""
+        return pids_in_netns(self.netns())
+
     def processes(self) -> list[str]:
         """The command lines of the processes running in this host."""
         found = []
-        for pid in _ip("netns", "pids", self.name, check=False).stdout.split():
+        for pid in self.pids():
             try:
                 found.append(Path(f"/proc/{pid}/cmdline").read_bytes()
                              .replace(b"\0", b" ").decode().strip())
@@ -117,7 +136,7 @@ class TestHost:
 
     def kill_all(self) -> list[int]:
         """SIGKILL every process in this host (a machine lost at once); their pids."""
-        pids = [int(p) for p in _ip("netns", "pids", self.name, check=False).stdout.split()]
+        pids = self.pids()
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -140,10 +159,19 @@ class TestHost:
         """Every listening TCP socket of this host (from /proc/net/tcp{,6} as the host sees
         them) with the processes that hold it (found through /proc/PID/fd; ``cmdline``
         joins the holders' command lines with " | ")."""
-        owners = self._socket_owners()
+        pids = self.pids()
+        owners = self._socket_owners(pids)
         found = []
         for table, width in (("tcp", 8), ("tcp6", 32)):
-            text = self.run(["cat", f"/proc/net/{table}"], check=True).stdout
+            # /proc/PID/net is the view of PID's network namespace: that of any process in
+            # the host will do (a host without a process holds no socket)
+            text = ""
+            for pid in pids:
+                try:
+                    text = Path(f"/proc/{pid}/net/{table}").read_text()
+                    break
+                except OSError:  # it ended meanwhile: the next one
+                    continue
             for line in text.splitlines()[1:]:
                 cols = line.split()
                 if len(cols) > 9 and cols[3] == "0A":  # TCP_LISTEN
@@ -153,9 +181,9 @@ class TestHost:
                                           pid, cmd))
         return found
 
-    def _socket_owners(self) -> dict[str, tuple[int, str]]:
+    def _socket_owners(self, pids: list[int]) -> dict[str, tuple[int, str]]:
         owners = {}
-        for pid in _ip("netns", "pids", self.name, check=False).stdout.split():
+        for pid in pids:
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
                 for fd in os.listdir(f"/proc/{pid}/fd"):

@@ -180,9 +180,10 @@ def cluster():
     assert not any(Path(t).exists() for t in c.temps), "Ray's temp folders were left behind"
 
 
-def schedule_in_host0(net, address: str, jobs: Path, out: Path, args: list[str]):
-    """``phalanx schedule`` inside host 0 against the external cluster, while every
-    listening socket of the hosts is sampled: returns (the run, {host: listeners})."""
+@contextlib.contextmanager
+def watching_listeners(net):
+    """Samples every listening socket of the hosts while the block runs: yields
+    {host: listeners}."""
     seen: dict[int, set] = {i: set() for i in range(len(net.hosts))}
     done = threading.Event()
 
@@ -195,13 +196,20 @@ def schedule_in_host0(net, address: str, jobs: Path, out: Path, args: list[str])
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join()
+
+
+def schedule_in_host0(net, address: str, jobs: Path, out: Path, args: list[str]):
+    """``phalanx schedule`` inside host 0 against the external cluster, while every
+    listening socket of the hosts is sampled: returns (the run, {host: listeners})."""
+    with watching_listeners(net) as seen:
         r = net.hosts[0].run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
                               str(jobs), "--cluster", TOPOLOGY, *args, "--ray-address",
                               address, "--out", str(out)], env=_env(), cwd=REPO,
                              timeout=300, check=False)
-    finally:
-        done.set()
-        watcher.join()
     return r, seen
 
 
@@ -226,28 +234,6 @@ def one_host_reference(tmp_path: Path, line: str, name: str) -> dict:
                     "--cluster", "uniform:1,1,1,2", "--out", str(ref)], check=True,
                    env=_env(), cwd=REPO, capture_output=True, timeout=120)
     return load_checkpoint(ref / "jobs" / name / "checkpoint.pt")["model"]
-
-
-def test_a_gang_spanning_two_hosts_trains_like_one_host(cluster, tmp_path):
-    """A (2 devices, first-fit: nodes a and b, hosts 0 and 1) forms its group across hosts
-    and ends with the parameters of the same job on one host, bit for bit."""
-    net, address, topology = cluster
-    line = f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 60}}}}"
-    jobs = tmp_path / "jobs.yaml"
-    jobs.write_text("jobs:\n" + line + "\n")
-    out = tmp_path / "out"
-    ref = Reference(tmp_path, line, "S", _env())   # the same job on one host, beside it
-    r, seen = schedule_in_host0(net, address, jobs, out, ["--engine", "ray", "--placement",
-                                                           "first-fit"])
-    assert r.returncode == 0, r.stdout + r.stderr
-    rows = {row["name"]: row for row in csv.DictReader((out / "jobs.csv").open())}
-    assert rows["S"]["status"] == "finished", rows["S"]
-    recs = rank_record.read(out / "ranks" / "S.jsonl")
-    assert sorted((x.rank, x.node) for x in recs) == [(0, "a"), (1, "b")]
-    ref.assert_same_parameters(out)   # bit for bit
-    ranks_listen_on_their_host_only(net, seen)
-    # each rank ran in its own host (its network namespace, as the rank itself read it)
-    assert {x.rank: x.netns for x in recs} == {0: net.hosts[0].netns(), 1: net.hosts[1].netns()}
 
 
 def test_tiresias_preempts_and_resumes_a_gang(cluster, tmp_path):
@@ -327,7 +313,12 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
     while S runs (every process of host b is killed). The scheduler marks b's device lost,
     S resumes from its checkpoint on a and c (all that is left), and G (3 devices: every
     node) can run only once b is back (``ray start`` again). Both finish; S ends with the
-    parameters of an uninterrupted run; nothing is left behind."""
+    parameters of an uninterrupted run; nothing is left behind.
+
+    It is also the test of a gang spanning hosts: each of S's starts forms its group across
+    two hosts (0 and 1, then 0 and 2: every rank in its own network namespace, as the rank
+    itself read it) and the ranks listen on their host's own address only; S still ends
+    with the parameters of the same job run on one host, bit for bit."""
     t_test = time.monotonic()
     c = cluster
     net = c.net
@@ -343,10 +334,16 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
                             "--placement", "first-fit", "--ray-address", c.address, "--out",
                             str(out)], env=_env(), cwd=REPO, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
-    back = False
-    try:
+    crashed = back = False
+    with contextlib.ExitStack() as stack:
+        seen = stack.enter_context(watching_listeners(net))
+        # on the way out, whatever happened: node b up again (the next tests need every
+        # node), then the scheduler gone
+        stack.callback(lambda: c.start_node(1) if crashed and not back else None)
+        stack.callback(lambda: p.kill() if p.poll() is None else None)
         wait_for_checkpoint(out, "S", p)
         t_kill = time.monotonic()
+        crashed = True
         c.crash_node(1)
         # S's second start: on a and c
         deadline = time.monotonic() + 120
@@ -357,14 +354,14 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
         c.start_node(1)
         back = True
         stdout, stderr = p.communicate(timeout=240)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        if not back:
-            c.start_node(1)   # the next tests need every node
     assert p.returncode == 0, stdout + stderr
     check_lost_node_run(out, stdout)
-    ref.assert_same_parameters(out)
+    ref.assert_same_parameters(out)   # bit for bit
+    recs = rank_record.read(out / "ranks" / "S.jsonl")
+    ns = {h.netns(): i for i, h in enumerate(net.hosts)}
+    assert sorted((x.start, x.rank, ns.get(x.netns)) for x in recs) == [
+        (0, 0, 0), (0, 1, 1), (1, 0, 0), (1, 1, 2)]
+    ranks_listen_on_their_host_only(net, seen)
     assert not _pids_with(str(out)), "rank processes left behind"
     print(f"S resumed {resumed_after:.1f} s after the kill; test {time.monotonic() - t_test:.1f} s")
 

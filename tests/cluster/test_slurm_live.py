@@ -135,14 +135,12 @@ def cluster():
     assert not marked_pids(f"{MARKER}={folder}".encode()), "Slurm steps were left behind"
 
 
-@needs_slurm
-def schedule_in_host0(target, net, args: list[str], timeout: float = 180):
-    """``phalanx schedule ARGS --slurm-partition P`` inside host 0, while every listening
-    socket of the hosts, and of our processes outside them, is sampled: returns (the run,
-    {host: listeners}, listeners outside the hosts)."""
+@contextlib.contextmanager
+def watching_listeners(target, net, out: str):
+    """Samples every listening socket of the hosts, and of our processes outside them,
+    while the block runs: yields ({host: listeners}, listeners outside the hosts)."""
     seen: dict[int, set] = {i: set() for i in range(len(net.hosts))}
     outside: set[str] = set()
-    out = args[args.index("--out") + 1]
     done = threading.Event()
 
     def watch() -> None:   # every listener of the daemons, steps and ranks, while running
@@ -155,12 +153,21 @@ def schedule_in_host0(target, net, args: list[str], timeout: float = 180):
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        r = subprocess.run(_cli(target, "schedule", *args, "--slurm-partition",
-                                target.partition), capture_output=True, text=True,
-                           env=_env(**target.env), timeout=timeout, check=False, cwd=REPO)
+        yield seen, outside
     finally:
         done.set()
         watcher.join()
+
+
+@needs_slurm
+def schedule_in_host0(target, net, args: list[str], timeout: float = 180):
+    """``phalanx schedule ARGS --slurm-partition P`` inside host 0, while every listening
+    socket of the hosts, and of our processes outside them, is sampled: returns (the run,
+    {host: listeners}, listeners outside the hosts)."""
+    with watching_listeners(target, net, args[args.index("--out") + 1]) as (seen, outside):
+        r = subprocess.run(_cli(target, "schedule", *args, "--slurm-partition",
+                                target.partition), capture_output=True, text=True,
+                           env=_env(**target.env), timeout=timeout, check=False, cwd=REPO)
     return r, seen, outside
 
 
@@ -172,36 +179,6 @@ def listen_on_their_host_only(net, seen, outside) -> None:
         assert {x.addr for x in seen[i]} == {host.addr}, (i, sorted(
             (x.addr, x.port, x.cmdline[:80]) for x in seen[i]))
     assert not outside, outside
-
-
-@needs_slurm
-def test_a_gang_spanning_two_hosts_trains_like_one_host(cluster, tmp_path):
-    """S (2 devices, first-fit: nodes a and b, hosts 0 and 1) forms its group across hosts,
-    rank 0 serving it at node a's NodeAddr, and ends with the parameters of the same job on
-    one host, bit for bit."""
-    t_test = time.monotonic()
-    target, topo_path, topology, net, _ = cluster
-    line = f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 60}}}}"
-    jobs = tmp_path / "jobs.yaml"
-    jobs.write_text("jobs:\n" + line + "\n")
-    ref = Reference(tmp_path, line, "S", _env())
-    out = tmp_path / "out"
-    r, seen, outside = schedule_in_host0(target, net, [
-        "--jobs", str(jobs), "--cluster", topo_path, "--engine", "slurm", "--placement",
-        "first-fit", "--out", str(out)])
-    t_schedule = time.monotonic() - t_test
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert rows_of(out)["S"]["status"] == "finished", rows_of(out)["S"]
-    recs = rank_record.read(out / "ranks" / "S.jsonl")
-    assert sorted((x.rank, x.node) for x in recs) == [(0, "a"), (1, "b")]
-    # each rank ran in its own host (its network namespace, as the rank itself read it):
-    # the group really spanned two hosts. (Sampling the hosts' listeners for a rank missed
-    # rank 1's, which lives for well under a second on a quiet machine.)
-    assert {x.rank: x.netns for x in recs} == {0: net.hosts[0].netns(), 1: net.hosts[1].netns()}
-    ref.assert_same_parameters(out)
-    listen_on_their_host_only(net, seen, outside)
-    print(f"2-host gang test {time.monotonic() - t_test:.1f} s (phalanx schedule "
-          f"{t_schedule:.1f} s, S ran {float(rows_of(out)['S']['jct']):.1f} s of it)")
 
 
 @needs_slurm
@@ -396,7 +373,13 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
     is stopped while S runs (its job steps die with it). Once Slurm marks b down
     (SlurmdTimeout) the scheduler takes b's device out of service, S resumes from its
     checkpoint on a and c, and G (3 devices) runs only once b's slurmd is back. Both
-    finish; S ends with an uninterrupted run's parameters; nothing is left behind."""
+    finish; S ends with an uninterrupted run's parameters; nothing is left behind.
+
+    It is also the test of a gang spanning hosts: each of S's starts forms its group across
+    two hosts (0 and 1, then 0 and 2: every rank in its own network namespace, as the rank
+    itself read it; rank 0 serves it at node a's NodeAddr), S ends with the parameters of
+    the same job run on one host, bit for bit, and every listener (daemons, steps, ranks)
+    is on its host's own address, none of ours outside the hosts."""
     t_test = time.monotonic()
     target, topo_path, topology, net, local = cluster
     env = _env(**target.env)
@@ -422,6 +405,8 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
                 stdin=subprocess.DEVNULL, start_new_session=True))
 
     try:
+        watch = watching_listeners(target, net, str(out))
+        seen, outside = watch.__enter__()
         wait_for_checkpoint(out, "S", p)
         t_stop = time.monotonic()
         os.kill(_slurmd_reaper(target.folder, "b"), signal.SIGTERM)
@@ -434,13 +419,19 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
         back = True
         stdout, stderr = p.communicate(timeout=240)
     finally:
+        watch.__exit__(None, None, None)
         if p.poll() is None:
             p.kill()
         if not back:
             restart_b()
     assert p.returncode == 0, stdout + stderr
     check_lost_node_run(out, stdout)
-    ref.assert_same_parameters(out)
+    ref.assert_same_parameters(out)   # bit for bit
+    recs = rank_record.read(out / "ranks" / "S.jsonl")
+    ns = {h.netns(): i for i, h in enumerate(net.hosts)}
+    assert sorted((x.start, x.rank, ns.get(x.netns)) for x in recs) == [
+        (0, 0, 0), (0, 1, 1), (1, 0, 0), (1, 1, 2)]
+    listen_on_their_host_only(net, seen, outside)
     assert not pids_with(str(out)), "rank processes left behind"
     assert _squeue(target, "-h").stdout.strip() == ""
     print(f"S resumed {resumed_after:.1f} s after slurmd b stopped; test "

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Protocol
 
 from phalanx.cluster.core.topology import Topology
-from phalanx.runtime.preempt import PREEMPTED_EXIT
+from phalanx.runtime.stop_flag import PREEMPTED_EXIT
 
 KILLED = -int(signal.SIGKILL)   # Popen's code for a process that SIGKILL ended
 

@@ -1,0 +1,20 @@
+"""What a process imports is paid at every start: a Ray device actor is a process of its
+own, and every ``phalanx schedule --engine ray`` starts one per device (three per schedule
+in the Ray tests; ~1-2 s of CPU each for torch). The actor's module must not import torch:
+the ranks it starts import it themselves."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_ray_actors_module_imports_no_torch():
+    code = ("import sys, phalanx.cluster.live.engines.ray as m; "
+            "assert hasattr(m, 'RankActor'); print(sorted(k for k in sys.modules "
+            "if k == 'torch' or k.startswith('torch.')))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
