@@ -216,11 +216,12 @@ def _run_trapped(policy_cls_or_factory, opts, inputs):
     return pol, seen, sim.run()
 
 
-@pytest.mark.parametrize("policy", ["goodput", "goodput-own", "sia"])
+@pytest.mark.parametrize("policy", ["goodput", "goodput-own", "goodput-start4", "sia"])
 def test_typed_policies_read_only_what_sia_knows(policy):
     """The policy gets trapped applications (facts and the 1-GPU bootstrap only), no
     remaining work, and observations only of set-ups its jobs ran on that type; every job
-    finishes and first runs on one GPU (nothing known yet but the bootstrap)."""
+    finishes and first runs on one GPU (nothing known yet but the bootstrap), or on up to
+    ``start`` GPUs of one node."""
     from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
     from phalanx.cluster.policies.sia import SiaPolicy
 
@@ -229,7 +230,7 @@ def test_typed_policies_read_only_what_sia_knows(policy):
     if policy == "sia":
         factory = SiaPolicy
     else:
-        o = TypedOptions(share=policy != "goodput-own")
+        o = TypedOptions(share=policy == "goodput", start=4 if policy.endswith("4") else 1)
 
         def factory(typed, types):
             return make_typed_goodput(typed, types, o)
@@ -238,14 +239,49 @@ def test_typed_policies_read_only_what_sia_knows(policy):
     assert len(res.jobs) == 6 and all(j.end > j.submit for j in res.jobs)
     topo = inputs.topology
     ran = {}
+    first = [len(j.placements[0][1]) for j in res.jobs]
+    if policy.endswith("4"):
+        assert 1 < max(first) <= 4, first   # an empty cluster: more than one GPU at once
+    else:
+        assert set(first) == {1}, first
     for j in res.jobs:
-        assert len(j.placements[0][1]) == 1
         for _, d in j.placements:
             t = topo.servers[topo.device_server[d[0]]].device_type
             ran.setdefault(t, set()).add((j.spec.id, len(d)))
     assert any(seen.values())
     for t, obs in seen.items():
         assert set(obs) <= ran.get(t, set()), t
+
+
+def test_a_job_with_nothing_fitted_starts_on_up_to_start_gpus_of_one_node(inputs):
+    """Before its first report a job's row holds its 1-GPU bootstrap x GPUs on the
+    one-node configurations of up to ``start`` GPUs of each type (a prior of perfect
+    scaling, the same for every job) and nothing elsewhere; start 1 is Sia's 1 GPU.
+    A start that is not a whole number of GPUs in 1..64 is refused."""
+    from phalanx.cluster.core.view import JobView
+    from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
+    from phalanx.cluster.policies.sia import ZERO_ALLOC_GAIN
+    from phalanx.cluster.sim.run import _typed
+
+    typed, app = inputs.perf.typed, "cifar10"
+    types = _typed(_opts("goodput"), inputs, "goodput")
+    v = JobView(1, app, 0.0, 0, None, 1, 60.0)
+    rows = {k: make_typed_goodput(typed, types, TypedOptions(start=k)) for k in (1, 4, 8)}
+    slowest = min(p.xput1[t][app] for p in rows.values() for t in p.xput1)
+    for k, pol in rows.items():
+        row = pol.goodput_row(v)
+        for i, (t, n, g) in enumerate(pol.configs):
+            if n == 1 and g <= k:
+                assert row[i] == pytest.approx(pol.xput1[t][app] * g / slowest), (k, t, g)
+            else:
+                assert row[i] == ZERO_ALLOC_GAIN, (k, t, n, g)
+    # aws nodes have 4 GPUs: start 8 offers 8 GPUs on rtx and dgx-ext, 4 on aws
+    got = {(t, g) for (t, n, g), x in zip(rows[8].configs, rows[8].goodput_row(v))
+           if x > ZERO_ALLOC_GAIN}
+    assert ("aws", 4) in got and ("aws", 8) not in got and ("rtx", 8) in got
+    for bad in (0, 65, 2.0, True):
+        with pytest.raises(ConfigError, match="start must be a whole number"):
+            TypedOptions(start=bad)
 
 
 def test_the_typed_guard_catches_a_leak():

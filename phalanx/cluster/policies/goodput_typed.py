@@ -24,6 +24,11 @@ an ablation in ``--study sia``):
   2; ours 8), so fewer restarts and rounds on the way to its size: short jobs (CIFAR-10,
   80% of the jobs) spent much of their life growing 1 -> 2 -> 4 -> 8 (philly 1-4, mean
   JCT / our sia: 0.961 at 2, 0.943 at 4, 0.931 at 8, philly 1-2 no better at 16);
+* ``start``: a job nothing is fitted for yet (its 1-GPU bootstrap profile only) may
+  start on up to this many GPUs of one node, valued at the bootstrap x GPUs (a prior of
+  perfect scaling, the same for every job: no other job's data, no profile beyond the
+  bootstrap). Sia starts it on 1 GPU (``start=1``, the default until the test workloads
+  said otherwise; ``reports/cluster/sia`` "A job's first size");
 * ``share`` (an ablation, off by default: a Sia job sees only its own set-ups): a job of
   an application with no model on a type borrows the model fitted to every job of that
   application on that type (a prior from similar jobs: their observations of set-ups they
@@ -95,6 +100,7 @@ class TypedOptions:
     # they read set-ups other jobs ran, which Sia's job does not see
     share: bool = False
     growth: float = 8.0      # a job may grow to growth x the most GPUs it ran (Sia: 2)
+    start: int = 1           # GPUs (one node) a job may start on before any fit (Sia: 1)
     # ablations reading every measured profile (module doc): "offline-fit" / "oracle"
     knowledge: str = "equal"
     # with offline-fit / oracle: a job still grows to growth x the most GPUs *it* ran
@@ -115,6 +121,10 @@ class TypedOptions:
                 raise ConfigError(f"goodput: {what} {v!r} unknown ({', '.join(allowed)})")
         if self.share and self.knowledge != "equal":
             raise ConfigError("goodput: share is for equal information (knowledge equal)")
+        if isinstance(self.start, bool) or not isinstance(self.start, int) \
+                or not 1 <= self.start <= 64:
+            raise ConfigError(f"goodput: start must be a whole number of GPUs in 1..64, "
+                              f"got {self.start!r}")
         if not 1 <= self.growth < math.inf:
             raise ConfigError(f"goodput: growth must be >= 1, got {self.growth}")
         if not 0 < self.horizon_s < math.inf or not 0 <= self.min_gain < math.inf:
@@ -327,10 +337,11 @@ class TypedGoodputPolicy(SiaPolicy):
         cap = self._cap(v)
         row = np.zeros(len(self.configs))
         if not fitted:
-            # nothing known but the 1-GPU bootstrap: 1 GPU of each type, valued by it
-            for i, (t, _, g) in enumerate(self.configs):
-                if g == 1:
-                    row[i] = self.xput1[t][v.app]
+            # nothing known but the 1-GPU bootstrap: up to ``start`` GPUs of one node of
+            # each type, valued by it x GPUs (start 1: Sia's 1 GPU)
+            for i, (t, n, g) in enumerate(self.configs):
+                if n == 1 and g <= self.options.start:
+                    row[i] = self.xput1[t][v.app] * g
             row /= row[row > 0].min()
             return np.maximum(row, ZERO_ALLOC_GAIN)
         self._project(v, fitted, cap, row)

@@ -17,6 +17,8 @@ VARIANTS = {
   "goodput-share-growth4": {"ordering": "goodput", "goodput_share": True, "typed_growth": 4.0},
   "goodput-p-0.25": {"ordering": "goodput", "typed_p": -0.25},
   "goodput-growth8": {"ordering": "goodput", "typed_growth": 8.0},
+  "goodput-start4": {"ordering": "goodput", "typed_start": 4},
+  "goodput-start2": {"ordering": "goodput", "typed_start": 2},
   "goodput-growth16": {"ordering": "goodput", "typed_growth": 16.0},
   "goodput-growth64": {"ordering": "goodput", "typed_growth": 64.0},
   "goodput-h900": {"ordering": "goodput", "goodput_horizon_s": 900.0},
