@@ -216,7 +216,7 @@ def _run_trapped(policy_cls_or_factory, opts, inputs):
     return pol, seen, sim.run()
 
 
-@pytest.mark.parametrize("policy", ["goodput", "goodput-own", "goodput-start4", "sia"])
+@pytest.mark.parametrize("policy", ["goodput", "goodput-start1", "goodput-share", "sia"])
 def test_typed_policies_read_only_what_sia_knows(policy):
     """The policy gets trapped applications (facts and the 1-GPU bootstrap only), no
     remaining work, and observations only of set-ups its jobs ran on that type; every job
@@ -230,7 +230,8 @@ def test_typed_policies_read_only_what_sia_knows(policy):
     if policy == "sia":
         factory = SiaPolicy
     else:
-        o = TypedOptions(share=policy == "goodput", start=4 if policy.endswith("4") else 1)
+        o = TypedOptions(share=policy == "goodput-share",
+                         start=1 if policy == "goodput-start1" else TypedOptions().start)
 
         def factory(typed, types):
             return make_typed_goodput(typed, types, o)
@@ -240,7 +241,7 @@ def test_typed_policies_read_only_what_sia_knows(policy):
     topo = inputs.topology
     ran = {}
     first = [len(j.placements[0][1]) for j in res.jobs]
-    if policy.endswith("4"):
+    if policy in ("goodput", "goodput-share"):   # start 4, the default
         assert 1 < max(first) <= 4, first   # an empty cluster: more than one GPU at once
     else:
         assert set(first) == {1}, first

@@ -101,7 +101,7 @@ class SimulateOptions:
     # --policy goodput on several GPU types (policies/goodput_typed.py)
     typed_p: float = -0.5
     typed_growth: float = 8.0       # a job grows to this x the most GPUs it ran (Sia: 2)
-    typed_start: int = 1            # GPUs of one node a job may start on, nothing fitted
+    typed_start: int = 4            # GPUs of one node a job may start on, nothing fitted
     typed_lambda_n: float = 1.1
     typed_batch: str = "job"
     typed_restart: str = "horizon"

@@ -38,8 +38,8 @@ LOADS = (1.0, 1.5)
 # sia-simulator/multi_simulator*.py with run_experiment.sh's flags) run here, in a scratch
 # venv (numpy 1.23, pandas 1.5, pymoo 0.4.2.1, cvxpy with CBC and ECOS), one workload at a
 # time: {(policy, workload): seconds}; reports/cluster/sia/reference.jsonl has each run's
-# per-application figures. Sia was run on 14 workloads of 18 (6-19 min each here), Gavel on
-# all; the artifact's Pollux (a genetic search every 60 s round) had not finished philly 1
+# per-application figures. Sia and Gavel were run on all 18 workloads (a Sia run 6-22 min
+# here); the artifact's Pollux (a genetic search every 60 s round) had not finished philly 1
 # after 90 minutes, nor in a second run (reports/cluster/sia/README.md: its first jobs
 # done against ours).
 REFERENCE: dict[tuple[str, str], float] = {
@@ -75,6 +75,10 @@ REFERENCE: dict[tuple[str, str], float] = {
     ("sia", "sia:saturn:4"): 3041.89,
     ("sia", "sia:saturn:5"): 2389.81,
     ("sia", "sia:saturn:6"): 2408.76,
+    ("sia", "sia:saturn:7"): 2100.78,
+    ("sia", "sia:saturn:8"): 2859.06,
+    ("sia", "sia:saturn:9"): 3660.16,
+    ("sia", "sia:saturn:10"): 2864.19,
 }
 
 

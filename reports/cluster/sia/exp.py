@@ -17,7 +17,11 @@ VARIANTS = {
   "goodput-share-growth4": {"ordering": "goodput", "goodput_share": True, "typed_growth": 4.0},
   "goodput-p-0.25": {"ordering": "goodput", "typed_p": -0.25},
   "goodput-growth8": {"ordering": "goodput", "typed_growth": 8.0},
+  # a job's first size before any fit: 4 since 2026-11-27 (the files before start.jsonl
+  # were made at 1: goodput-start1 repeats them)
+  "goodput-start1": {"ordering": "goodput", "typed_start": 1},
   "goodput-start4": {"ordering": "goodput", "typed_start": 4},
+  "goodput-start8": {"ordering": "goodput", "typed_start": 8},
   "goodput-start2": {"ordering": "goodput", "typed_start": 2},
   "goodput-growth16": {"ordering": "goodput", "typed_growth": 16.0},
   "goodput-growth64": {"ordering": "goodput", "typed_growth": 64.0},
