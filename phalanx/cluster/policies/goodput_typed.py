@@ -29,7 +29,7 @@ an ablation in ``--study sia``):
   2026-11-27: 1), valued at the bootstrap x GPUs: a prior of perfect scaling, the same
   for every job (no other job's data, no profile beyond the bootstrap). Short jobs then
   skip the round on 1 GPU and a restart; philly 1-4 (the tuning set), mean JCT / our sia:
-  0.931 at 1, 0.913 at 4, 0.932 at 8; the test workloads gained at both loads
+  0.931 at 1, 0.929 at 2, 0.913 at 4, 0.932 at 8; the test workloads gained at both loads
   (``reports/cluster/sia`` "A job's first size");
 * ``share`` (an ablation, off by default: a Sia job sees only its own set-ups): a job of
   an application with no model on a type borrows the model fitted to every job of that
