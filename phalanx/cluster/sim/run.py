@@ -102,6 +102,7 @@ class SimulateOptions:
     typed_p: float = -0.5
     typed_growth: float = 8.0       # a job grows to this x the most GPUs it ran (Sia: 2)
     typed_start: int = 4            # GPUs of one node a job may start on, nothing fitted
+    typed_min_gain: float = 0.2     # a change must beat the kept configuration by this
     typed_lambda_n: float = 1.1
     typed_batch: str = "job"
     typed_restart: str = "horizon"
@@ -153,7 +154,7 @@ class SimulateOptions:
         return TypedOptions(p=self.typed_p, lambda_n=self.typed_lambda_n,
                             batch=self.typed_batch, restart=self.typed_restart,
                             horizon_s=self.goodput_horizon_s,
-                            min_gain=self.goodput_min_gain, weight=self.typed_weight,
+                            min_gain=self.typed_min_gain, weight=self.typed_weight,
                             share=self.typed_share, growth=self.typed_growth,
                             start=self.typed_start,
                             knowledge=self.typed_knowledge,

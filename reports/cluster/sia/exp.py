@@ -12,7 +12,7 @@ VARIANTS = {
   "goodput-las": {"ordering": "goodput", "typed_weight": "las"},
   "goodput-share": {"ordering": "goodput", "goodput_share": True},
   "goodput-p-1": {"ordering": "goodput", "typed_p": -1.0},
-  "goodput-gain0": {"ordering": "goodput", "goodput_min_gain": 0.0},
+  "goodput-gain0": {"ordering": "goodput", "typed_min_gain": 0.0},
   "goodput-growth4": {"ordering": "goodput", "typed_growth": 4.0},
   "goodput-share-growth4": {"ordering": "goodput", "goodput_share": True, "typed_growth": 4.0},
   "goodput-p-0.25": {"ordering": "goodput", "typed_p": -0.25},
@@ -22,8 +22,11 @@ VARIANTS = {
   "goodput-start1": {"ordering": "goodput", "typed_start": 1},
   "goodput-start4": {"ordering": "goodput", "typed_start": 4},
   "goodput-start8": {"ordering": "goodput", "typed_start": 8},
-  "goodput-gain0.2": {"ordering": "goodput", "goodput_min_gain": 0.2},
-  "goodput-gain0.05": {"ordering": "goodput", "goodput_min_gain": 0.05},
+  # the typed policy's minimum gain: 0.2 since 2026-11-27 (0.1 before; the gain0.2 /
+  # gain0.05 runs in start.jsonl were made at start 4 with min gain 0.1 as the default)
+  "goodput-gain0.1": {"ordering": "goodput", "typed_min_gain": 0.1},
+  "goodput-gain0.2": {"ordering": "goodput", "typed_min_gain": 0.2},
+  "goodput-gain0.05": {"ordering": "goodput", "typed_min_gain": 0.05},
   "goodput-lambda1.5": {"ordering": "goodput", "typed_lambda_n": 1.5},
   "goodput-start2": {"ordering": "goodput", "typed_start": 2},
   "goodput-growth16": {"ordering": "goodput", "typed_growth": 16.0},
@@ -31,7 +34,7 @@ VARIANTS = {
   "goodput-h900": {"ordering": "goodput", "goodput_horizon_s": 900.0},
   "goodput-h3600": {"ordering": "goodput", "goodput_horizon_s": 3600.0},
   "goodput-p-1.0": {"ordering": "goodput", "typed_p": -1.0},
-  "goodput-growth4-gain0": {"ordering": "goodput", "typed_growth": 4.0, "goodput_min_gain": 0.0},
+  "goodput-growth4-gain0": {"ordering": "goodput", "typed_growth": 4.0, "typed_min_gain": 0.0},
   # ablations reading every measured profile (more than Sia knows): the model fitted
   # offline to all of them, or the simulator's own throughput table
   "goodput-fit": {"ordering": "goodput", "typed_knowledge": "offline-fit"},
