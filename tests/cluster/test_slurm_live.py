@@ -404,26 +404,24 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
                 env={**os.environ, **target.env}, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True))
 
-    try:
-        watch = watching_listeners(target, net, str(out))
-        seen, outside = watch.__enter__()
-        wait_for_checkpoint(out, "S", p)
-        t_stop = time.monotonic()
-        os.kill(_slurmd_reaper(target.folder, "b"), signal.SIGTERM)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and p.poll() is None and not any(
-                x.start == 1 for x in rank_record.read(out / "ranks" / "S.jsonl")):
-            time.sleep(0.1)
-        resumed_after = time.monotonic() - t_stop
-        restart_b()
-        back = True
-        stdout, stderr = p.communicate(timeout=240)
-    finally:
-        watch.__exit__(None, None, None)
-        if p.poll() is None:
-            p.kill()
-        if not back:
+    with watching_listeners(target, net, str(out)) as (seen, outside):
+        try:
+            wait_for_checkpoint(out, "S", p)
+            t_stop = time.monotonic()
+            os.kill(_slurmd_reaper(target.folder, "b"), signal.SIGTERM)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and p.poll() is None and not any(
+                    x.start == 1 for x in rank_record.read(out / "ranks" / "S.jsonl")):
+                time.sleep(0.1)
+            resumed_after = time.monotonic() - t_stop
             restart_b()
+            back = True
+            stdout, stderr = p.communicate(timeout=240)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            if not back:
+                restart_b()
     assert p.returncode == 0, stdout + stderr
     check_lost_node_run(out, stdout)
     ref.assert_same_parameters(out)   # bit for bit
