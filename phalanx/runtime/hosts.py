@@ -308,15 +308,19 @@ RDZV_PORT = 29400  # inside the test hosts every port is free: each has its own 
 
 
 def torchrun_argv(net: TestNetwork, node: int, nproc: int, target: list[str], *,
-                  nnodes: str = "", max_restarts: int = 0, run_id: str = "phalanx") -> list[str]:
+                  nnodes: str = "", max_restarts: int = 0, run_id: str = "phalanx",
+                  log_dir: Path | None = None) -> list[str]:
     """The ``torchrun`` command a user would type on test host ``node`` (the phalanx rendezvous on
     host 0). ``--local-addr``: torchrun otherwise advertises the host name, which resolves to
     127.0.0.1 here; ``is_host``: torchrun recognises the rendezvous host by its host name or
-    addresses, and all test hosts share one host name."""
+    addresses, and all test hosts share one host name. ``log_dir``: torchrun's own folder
+    (its per-attempt error files); without ``--log-dir`` torchrun makes a
+    ``torchelastic_*`` folder in the temp folder and never removes it."""
     import sys
 
     host = net.hosts[node]
-    return [sys.executable, "-m", "torch.distributed.run",
+    logs = ["--log-dir", str(log_dir)] if log_dir is not None else []
+    return [sys.executable, "-m", "torch.distributed.run", *logs,
             "--nnodes", nnodes or str(len(net.hosts)), "--nproc-per-node", str(nproc),
             "--rdzv-backend", "phalanx", "--rdzv-endpoint", f"{net.hosts[0].addr}:{RDZV_PORT}",
             "--rdzv-id", run_id,
@@ -328,13 +332,16 @@ def torchrun_argv(net: TestNetwork, node: int, nproc: int, target: list[str], *,
 def start_torchrun(net: TestNetwork, nproc: int, target: list[str], log_dir: Path, *,
                    nodes: list[int] | None = None, env: dict[str, str] | None = None,
                    **kwargs) -> list[subprocess.Popen]:
-    """Start torchrun on every host (or ``nodes``); output goes to ``log_dir/host<i>.log``."""
+    """Start torchrun on every host (or ``nodes``); output goes to ``log_dir/host<i>.log``,
+    torchrun's own files to ``log_dir/torchelastic-host<i>`` (not the temp folder)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for node in (range(len(net.hosts)) if nodes is None else nodes):
         with open(log_dir / f"host{node}.log", "w") as out:
             procs.append(net.hosts[node].popen(
-                torchrun_argv(net, node, nproc, target, **kwargs), stdout=out,
+                torchrun_argv(net, node, nproc, target,
+                              log_dir=log_dir / f"torchelastic-host{node}", **kwargs),
+                stdout=out,
                 stderr=subprocess.STDOUT, text=True,
                 env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
                 start_new_session=True))

@@ -111,7 +111,8 @@ def test_silent_worker_ends_the_run_with_a_clear_error_under_stop(tmp_path):
 
 def test_torchrun_on_localhost(tmp_path):
     torchrun = Path(sys.executable).parent / "torchrun"
-    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "3", "-m",
+    cmd = [str(torchrun), "--standalone", "--log-dir", str(tmp_path / "torchelastic"),
+           "--nproc-per-node", "3", "-m",
            "phalanx.entry.torchrun", "--strategy", "asp", "--workers", "2",
            "--servers", "1", "--model", "mlp", "--data", "synthetic", "--max-steps", "20",
            "--batch-size", "32", "--lr", "0.1", "--no-progress", "--no-tensorboard",

@@ -61,7 +61,8 @@ def test_torchrun_restarts_a_killed_sync_worker_and_finishes(tmp_path: Path,
                                                              reference) -> None:
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.2",
+           "--log-dir", str(tmp_path / "torchelastic"), "--nproc-per-node", "2",
+           "--max-restarts", "1", "--monitor-interval", "0.2",
            "-m", "phalanx.entry.torchrun", "--strategy", "sync",
            *_cli_flags(FLAGS), "--checkpoint-every", str(K), "--kill-worker", "1@12",
            "--out", str(run_dir)]

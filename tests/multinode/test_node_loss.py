@@ -85,6 +85,9 @@ def _lose_host_and_replace(tmp_path: Path, values: dict, when, *, replace: bool,
                                and "torch.distributed.run" not in p],
                   60, "the surviving workers to exit")
         log0 = (tmp_path / "logs" / "host0.log").read_text()
+        # torchrun's own files (per-attempt error files) are in the run's log folder, not
+        # a torchelastic_* folder left in the temp folder
+        assert list((tmp_path / "logs" / "torchelastic-host0").glob("*/attempt_0"))
         return run_dir, [procs[0].poll(), log0], time.monotonic() - killed_at
 
 

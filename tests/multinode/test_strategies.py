@@ -130,7 +130,7 @@ def test_gloo_binds_the_host_address_and_loopback_on_one_host(runs) -> None:
 
 def test_hogwild_under_torchrun_is_a_one_line_error(tmp_path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "1", "-m", "phalanx.entry.torchrun",
+           "1", "--log-dir", str(tmp_path / "torchelastic"), "-m", "phalanx.entry.torchrun",
            *flags({**BASE, "strategy": "hogwild", "workers": 2, "out": str(tmp_path)})]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
