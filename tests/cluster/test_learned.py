@@ -167,7 +167,7 @@ def test_learned_policies_read_only_what_pollux_knows(short_inputs, policy, prio
     one GPU (nothing known yet) and ncf never on more than one."""
     opts, inputs = short_inputs
     opts = replace(opts, ordering=policy, goodput_priority=priority,
-                   pollux_generations=10)
+                   pollux_generations=3)
     pol, res = _run_guarded(opts, inputs)
     assert pol.uses_remaining == (policy == "goodput" and priority == "srpt")
     assert len(res.jobs) == 24 and all(j.end > j.submit for j in res.jobs)
