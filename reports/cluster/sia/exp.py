@@ -34,6 +34,8 @@ VARIANTS = {
   "goodput-h900": {"ordering": "goodput", "goodput_horizon_s": 900.0},
   "goodput-h3600": {"ordering": "goodput", "goodput_horizon_s": 3600.0},
   "goodput-p-1.0": {"ordering": "goodput", "typed_p": -1.0},
+  "goodput-p-0.75": {"ordering": "goodput", "typed_p": -0.75},
+  "goodput-lambda1.05": {"ordering": "goodput", "typed_lambda_n": 1.05},
   "goodput-growth4-gain0": {"ordering": "goodput", "typed_growth": 4.0, "typed_min_gain": 0.0},
   # ablations reading every measured profile (more than Sia knows): the model fitted
   # offline to all of them, or the simulator's own throughput table
