@@ -34,6 +34,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import sys
 import time
@@ -130,8 +131,33 @@ def process_context():
         ctx = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
             ctx.set_forkserver_preload(_preload_list())
+            _own_temp_dir()
         _CONTEXT.append(ctx)
     return _CONTEXT[0]
+
+
+MP_TEMP = "phalanx-mp-"
+
+
+def _own_temp_dir() -> None:
+    """multiprocessing keeps the fork server's socket in a temp folder of its own
+    (``pymp-*``), removed when the driver exits; a driver killed by SIGKILL leaves it
+    behind, and nothing tells it from another program's. Name it ``phalanx-mp-<pid>-*``
+    instead, so the next run sweeps it (:func:`~phalanx.runtime.signals.sweep_stale_dirs`),
+    as it sweeps the ``phalanx-spawn-*`` folders. The folder lives as long as the driver
+    (the fork server's socket must) and is removed at its exit as multiprocessing's own."""
+    from multiprocessing import process, util
+
+    from phalanx.runtime.signals import make_run_tempdir
+
+    config = getattr(process.current_process(), "_config", None)
+    if not isinstance(config, dict) or config.get("tempdir") is not None:
+        return   # set already (an earlier fork server), or a Python without this hook
+    path = make_run_tempdir(MP_TEMP)
+    remove = getattr(util, "_remove_temp_dir", None)   # also resets the config's entry
+    util.Finalize(None, remove or shutil.rmtree,
+                  args=(shutil.rmtree, path) if remove else (path, True), exitpriority=-100)
+    config["tempdir"] = path
 
 
 class Inherit:

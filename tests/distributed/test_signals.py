@@ -153,12 +153,17 @@ def test_kill9_of_the_driver_takes_its_children_and_the_next_run_sweeps_its_temp
     assert len(left) == 1  # nobody could remove it ...
     sweep_stale_dirs("phalanx-spawn-")  # ... so the next run does, first thing
     assert not left[0].exists()
+    # the fork server's socket folder (multiprocessing's, named for the driver): left too,
+    # never a pymp-* folder nothing could tell from another program's; the next run's
+    # first rank start sweeps it
+    (mp,) = Path(tempfile.gettempdir()).glob(f"phalanx-mp-{p.pid}-*")
     assert rings[0].exists()  # the rings too: the next parameter-server run sweeps them
     nxt = subprocess.run([sys.executable, "-m", "phalanx.cli", *ASP, "--max-steps", "2",
                           "--out", str(tmp_path / "next")], capture_output=True, text=True,
                          timeout=START_S)
     assert nxt.returncode == 0, nxt.stderr
     assert not rings[0].exists()
+    assert not mp.exists()
 
 
 @pytest.mark.slow  # ~30 s: --ps-timeout plus the launcher's grace for left-over workers
