@@ -285,6 +285,32 @@ def test_a_job_with_nothing_fitted_starts_on_up_to_start_gpus_of_one_node(inputs
             TypedOptions(start=bad)
 
 
+def test_a_change_is_worth_its_goodput_over_the_horizon_less_the_minimum_gain(inputs):
+    """A configuration the job does not hold is valued T / (T + restart) / (1 + min gain)
+    of its goodput; with ``restart="attained"`` T is at least the time the job has run at
+    its current size (attained GPU-seconds over its GPUs)."""
+    from phalanx.cluster.core.view import JobView
+    from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
+    from phalanx.cluster.sim.run import _typed
+
+    typed = inputs.perf.typed
+    types = _typed(_opts("goodput"), inputs, "goodput")
+    fixed = make_typed_goodput(typed, types, TypedOptions())
+    grows = make_typed_goodput(typed, types, TypedOptions(restart="attained"))
+    r = fixed.restart_s["cifar10"]
+    assert r > 0
+    young = JobView(1, "cifar10", 0.0, 0, None, 4, 4 * 600.0)     # ran 600 s on 4 GPUs
+    old = JobView(2, "cifar10", 0.0, 0, None, 4, 4 * 7200.0)      # 2 h on 4 GPUs
+    for v in (young, old):
+        assert fixed.change_factor(v, 0.0) == pytest.approx(1800 / (1800 + r) / 1.2)
+    assert grows.change_factor(young, 0.0) == pytest.approx(1800 / (1800 + r) / 1.2)
+    assert grows.change_factor(old, 0.0) == pytest.approx(7200 / (7200 + r) / 1.2)
+    waiting = JobView(3, "cifar10", 0.0, 0, None, 0, 4 * 7200.0)   # holds none: per GPU
+    assert grows.change_factor(waiting, 0.0) == pytest.approx(28800 / (28800 + r) / 1.2)
+    with pytest.raises(ConfigError, match="restart 'age' unknown"):
+        TypedOptions(restart="age")
+
+
 def test_the_typed_guard_catches_a_leak():
     """Reading any profile but the 1-GPU bootstrap through the trap fails, and so does a
     policy that does it, or that reads remaining work."""

@@ -99,7 +99,7 @@ class SimulateOptions:
     goodput_growth: float = 2.0
     goodput_multistart: bool = False
     # --policy goodput on several GPU types (policies/goodput_typed.py)
-    typed_p: float = -0.5
+    typed_p: float = -0.25          # the power mean's p (Sia's: -0.5; our sia keeps it)
     typed_growth: float = 8.0       # a job grows to this x the most GPUs it ran (Sia: 2)
     typed_start: int = 4            # GPUs of one node a job may start on, nothing fitted
     typed_min_gain: float = 0.2     # a change must beat the kept configuration by this

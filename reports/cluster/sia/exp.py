@@ -35,6 +35,16 @@ VARIANTS = {
   "goodput-h3600": {"ordering": "goodput", "goodput_horizon_s": 3600.0},
   "goodput-p-1.0": {"ordering": "goodput", "typed_p": -1.0},
   "goodput-p-0.75": {"ordering": "goodput", "typed_p": -0.75},
+  "goodput-p-0.1": {"ordering": "goodput", "typed_p": -0.1},
+  # the typed policy's p: -0.25 since 2026-11-27 (-0.5 before: the p variants above and
+  # the files before p.jsonl were made at -0.5, and goodput-p-0.5 repeats them)
+  "goodput-p-0.5": {"ordering": "goodput", "typed_p": -0.5},
+  "goodput-attained": {"ordering": "goodput", "typed_restart": "attained"},
+  "goodput-p-0.25-gain0.1": {"ordering": "goodput", "typed_p": -0.25, "typed_min_gain": 0.1},
+  "goodput-p-0.25-gain0.3": {"ordering": "goodput", "typed_p": -0.25, "typed_min_gain": 0.3},
+  "goodput-p-0.25-lambda1.2": {"ordering": "goodput", "typed_p": -0.25, "typed_lambda_n": 1.2},
+  "goodput-p-0.25-h900": {"ordering": "goodput", "typed_p": -0.25, "goodput_horizon_s": 900.0},
+  "goodput-p-0.25-lambda1.05": {"ordering": "goodput", "typed_p": -0.25, "typed_lambda_n": 1.05},
   "goodput-lambda1.05": {"ordering": "goodput", "typed_lambda_n": 1.05},
   "goodput-growth4-gain0": {"ordering": "goodput", "typed_growth": 4.0, "typed_min_gain": 0.0},
   # ablations reading every measured profile (more than Sia knows): the model fitted
