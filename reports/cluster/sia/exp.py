@@ -40,12 +40,13 @@ VARIANTS = {
   # the files before p.jsonl were made at -0.5, and goodput-p-0.5 repeats them)
   "goodput-p-0.5": {"ordering": "goodput", "typed_p": -0.5},
   "goodput-attained": {"ordering": "goodput", "typed_restart": "attained"},
+  "goodput-p-0.5-attained": {"ordering": "goodput", "typed_p": -0.5, "typed_restart": "attained"},
+  "goodput-p-0.5-las": {"ordering": "goodput", "typed_p": -0.5, "typed_weight": "las"},
   "goodput-p-0.25-gain0.1": {"ordering": "goodput", "typed_p": -0.25, "typed_min_gain": 0.1},
   "goodput-p-0.25-gain0.3": {"ordering": "goodput", "typed_p": -0.25, "typed_min_gain": 0.3},
   "goodput-p-0.25-lambda1.2": {"ordering": "goodput", "typed_p": -0.25, "typed_lambda_n": 1.2},
   "goodput-p-0.25-h900": {"ordering": "goodput", "typed_p": -0.25, "goodput_horizon_s": 900.0},
   "goodput-p-0.25-lambda1.05": {"ordering": "goodput", "typed_p": -0.25, "typed_lambda_n": 1.05},
-  "goodput-lambda1.05": {"ordering": "goodput", "typed_lambda_n": 1.05},
   "goodput-growth4-gain0": {"ordering": "goodput", "typed_growth": 4.0, "typed_min_gain": 0.0},
   # ablations reading every measured profile (more than Sia knows): the model fitted
   # offline to all of them, or the simulator's own throughput table
