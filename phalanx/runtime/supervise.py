@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import PhalanxError
+from phalanx.runtime.signals import make_run_tempdir
 from phalanx.runtime.stop_flag import PREEMPTED_EXIT
 
 STOPPING = "stopping"  # file in the error folder: the driver is stopping everyone
@@ -147,8 +148,6 @@ def _own_temp_dir() -> None:
     as it sweeps the ``phalanx-spawn-*`` folders. The folder lives as long as the driver
     (the fork server's socket must) and is removed at its exit as multiprocessing's own."""
     from multiprocessing import process, util
-
-    from phalanx.runtime.signals import make_run_tempdir
 
     config = getattr(process.current_process(), "_config", None)
     if not isinstance(config, dict) or config.get("tempdir") is not None:
