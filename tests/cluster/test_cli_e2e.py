@@ -1,7 +1,9 @@
 """``phalanx simulate`` as a user runs it: a subprocess, real files, one-line errors (bad
 flags in-process)."""
 
+import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +30,12 @@ def test_simulate_writes_outputs(tmp_path):
     assert s["mean_jct_s"] >= s["median_jct_s"] > 0 and 0 < s["utilisation_mean"] <= 1
     lines = (out / "jobs.csv").read_text().splitlines()
     assert lines[0].startswith("id,name,vc,model,gpus,submit,start,end,jct") and len(lines) == 36
+    # each (re)start at its time to 0.1 s, as start and end are: the first is the start
+    rows = list(csv.DictReader((out / "jobs.csv").open()))
+    for row in rows:
+        times = [p.split("@")[0] for p in row["placements"].split(";")]
+        assert all(re.fullmatch(r"\d+\.\d", t) for t in times), row["placements"]
+        assert times[0] == row["start"]
     for name in ("jct_cdf.png", "utilisation.png", "queue.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

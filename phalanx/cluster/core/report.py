@@ -79,7 +79,8 @@ def _status(j: JobState) -> str:
 
 def write_jobs_csv(res: SimResult, path: Path) -> None:
     """One row per job; ``placements`` lists ``start_time@device,device,...`` separated by
-    ``;`` (one entry per (re)start)."""
+    ``;`` (one entry per (re)start; times to 0.1 s, as start and end: whole seconds made a
+    move at 6.2 s read as 6, before the 6.2 s end of the job it waited for)."""
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["id", "name", "vc", "model", "gpus", "submit", "start", "end", "jct",
@@ -89,7 +90,7 @@ def write_jobs_csv(res: SimResult, path: Path) -> None:
             s = j.spec
             jct = j.end - s.submit if j.end >= 0 else ""
             delay = (j.end - s.submit - j.executed) if j.end >= 0 else ""
-            places = ";".join(f"{t:.0f}@" + ",".join(map(str, d)) for t, d in j.placements)
+            places = ";".join(f"{t:.1f}@" + ",".join(map(str, d)) for t, d in j.placements)
             w.writerow([s.id, s.name, s.vc, s.model, s.gpus, f"{s.submit:.1f}",
                         f"{j.start:.1f}", f"{j.end:.1f}", jct if jct == "" else f"{jct:.1f}",
                         delay if delay == "" else f"{delay:.1f}", f"{j.executed:.1f}",
