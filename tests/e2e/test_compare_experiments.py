@@ -20,9 +20,12 @@ def run_main(capsys, *args):
 
 def test_compare_writes_report_table_and_plots(tmp_path, capsys):
     out = tmp_path / "cmp"
+    # 4,096 samples: 32 pushes per ASP worker (batch 64). Staleness needs the two workers'
+    # pushes to interleave; with 8 each (1,024 samples) one worker once finished before
+    # the other had started (a fresh-clone run, busy machine): staleness_max 0
     code, cap = run_main(capsys, "compare", "--strategies", "single,asp", "--workers", "2",
                          "--model", "mlp", "--data", "synthetic", "--epochs", "1",
-                         "--train-limit", "1024", "--target-accuracy", "0.3",
+                         "--train-limit", "4096", "--target-accuracy", "0.3",
                          "--no-tensorboard", "--out", str(out))
     assert code == 0, cap.err
     report = (out / "report.md").read_text()
