@@ -54,7 +54,13 @@ if str(ROOT) not in sys.path:
 
 # the conformance suite's small run (tests/conformance/test_strategy_conformance.py), a few
 # more steps: 1024 samples keep 8 steps of 2 workers x 32 inside one epoch
-SMALL = {"max_steps": 8, "batch_size": 32, "train_limit": 1024, "test_limit": 256, "seed": 3}
+SMALL = {"max_steps": 8, "batch_size": 32, "train_limit": 1024, "test_limit": 256, "seed": 3,
+         # one intra-op thread per process: several runs share the machine, and each left
+         # to its defaults takes every core (the driver PyTorch's all, each rank cores /
+         # ranks). The GPU check of 2026-11-27 ran the GPT's runs six at once that way and
+         # each passed its 60 s bound (7 s alone); 3 GPT runs at once on a 2-core machine
+         # took 21 s in all by default, 9.5 s with one thread each
+         "threads": 1, "worker_threads": 1}
 PER_RUN_S = 60  # one run's bound (start-up included); the step's budget bounds them all
 MIN_RUN_S = 10  # a run is not started with less left than this
 STOP = threading.Event()  # SIGTERM: stop the running groups, start no more

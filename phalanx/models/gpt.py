@@ -113,15 +113,27 @@ def gpt(input_shape: tuple[int, ...], num_classes: int, *, layers: int = 4, head
 @torch.no_grad()
 def generate(model: nn.Module, prompt: torch.Tensor, tokens: int, context: int, *,
              temperature: float = 1.0, seed: int = 0) -> torch.Tensor:
-    """Sample ``tokens`` more tokens after ``prompt`` (1-D ids), seeded, in eval mode."""
+    """Sample ``tokens`` more tokens after ``prompt`` (1-D ids), seeded, in eval mode.
+
+    On the CPU it runs on one intra-op thread: each token is a chain of tiny operations, and
+    several threads only wait on each other. Alone, 200 tokens of the default GPT took 0.58 s
+    on 1 thread and 0.77 s on 2; with other runs on the machine, each thread's barrier waits
+    for a core (3 runs' samples at once on a busy 2-core machine: 15 s each on 2 threads;
+    six ``phalanx train`` GPT runs on a 16-core GPU machine, 16 threads each, stuck here
+    past a minute, in the GPU check of 2026-11-27)."""
     was = model.training
     model.eval()
     device = next(model.parameters()).device
     g = torch.Generator(device="cpu").manual_seed(seed)
     ids = prompt.to(device).long().view(1, -1)
-    for _ in range(tokens):
-        logits = model(ids[:, -context:])[:, -1, :].float().cpu() / max(temperature, 1e-6)
-        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)
-        ids = torch.cat([ids, nxt.to(device)], dim=1)
-    model.train(was)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(tokens):
+            logits = model(ids[:, -context:])[:, -1, :].float().cpu() / max(temperature, 1e-6)
+            nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)
+            ids = torch.cat([ids, nxt.to(device)], dim=1)
+    finally:
+        torch.set_num_threads(threads)
+        model.train(was)
     return ids[0].cpu()

@@ -1,5 +1,6 @@
 """Tensor parallelism, Megatron-style: every transformer block split over ``--workers``
-ranks, with ``torch.distributed.tensor.parallel`` (DTensor, on gloo or NCCL).
+ranks, with ``torch.distributed.tensor.parallel`` (DTensor: gloo on the CPU; NCCL on GPUs, one per
+rank: gloo does not carry its GPU collectives, see ``DEVICE``).
 
 In each block the query, key and value projections and the MLP's first projection are
 split by columns (``ColwiseParallel``: each rank holds a slice of the heads and of the
@@ -34,7 +35,11 @@ from phalanx.parallel.worker import WorkerKit
 from phalanx.rules import make_rule
 from phalanx.runtime.placement import DeviceSupport, Placement, setup_rank
 
-DEVICE = DeviceSupport()
+# DTensor's collectives take the GPU tensors themselves; gloo has no way for all of them
+# (two ranks sharing the GPU check's one H200 over gloo, 2026-11-27: rank 0 died of SIGSEGV)
+DEVICE = DeviceSupport(gloo_gpu="tensor parallel's DTensor collectives run on the GPU "
+                       "tensors themselves, and gloo does not carry them (a rank died of "
+                       "SIGSEGV); give each rank its own GPU, or use --device cpu")
 
 
 def tensor_plan(model: nn.Module) -> dict[str, dict[str, str]]:

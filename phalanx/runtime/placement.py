@@ -43,11 +43,15 @@ class DeviceSupport:
     ``cuda``: its CUDA path exists. ``nccl``: its traffic between GPU ranks is collectives
     or point-to-point between known peers (NCCL can carry it); False where a receive from
     any source is needed (the parameter server) or there is no traffic (Hogwild!).
-    ``reason``: why not, when ``cuda`` is False (one line for the user)."""
+    ``reason``: why not, when ``cuda`` is False (one line for the user).
+    ``gloo_gpu``: why its GPU ranks cannot talk over gloo (ranks sharing a GPU, or
+    ``--backend gloo``), where they cannot: empty where its traffic goes through host
+    buffers (every strategy's own code does)."""
 
     cuda: bool = True
     nccl: bool = True
     reason: str = ""
+    gloo_gpu: str = ""
     host_servers: bool = False  # the first --servers ranks are CPU parameter-server shards
     one_device: bool = False  # every rank computes on one shared model: all on one GPU
 
@@ -135,6 +139,11 @@ def plan(device: str | Device, backend: str = "auto", worker_threads: int = 0,
                               "ranks")
     nccl = backend == "nccl" or (backend == "auto" and strategy_support.nccl and not shares
                                  and compute_ranks > 1)
+    if not nccl and compute_ranks > 1 and strategy_support.gloo_gpu:
+        why = (f"{compute_ranks} ranks would share a GPU" if shares
+               else "--backend gloo was asked for")
+        raise ConfigError(f"--device {device}: this strategy's GPU ranks need NCCL, one GPU "
+                          f"each, and {why}: {strategy_support.gloo_gpu}")
     if on_cpu:
         # a parameter-server shard: host tensors only, whatever the workers use
         return Placement("cpu", NCCL_WITH_HOST if nccl else "gloo", False, False, threads,
@@ -210,6 +219,9 @@ def setup_rank(cfg, rank: int, world: int, support: DeviceSupport, **kwargs) -> 
         # the group was opened with gloo by a launcher that did not ask us (torchrun's
         # entry): GPU tensors must then go through host buffers
         p = dataclasses.replace(p, backend="gloo", host_staging=p.is_cuda)
+        if p.is_cuda and support.gloo_gpu:
+            raise ConfigError(f"--device {cfg.device}: this strategy's GPU ranks need NCCL "
+                              f"and the process group was opened with gloo: {support.gloo_gpu}")
     torch.set_num_threads(p.threads)
     if p.is_cuda:
         torch.cuda.set_device(p.torch_device)

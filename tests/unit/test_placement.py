@@ -107,3 +107,24 @@ def test_every_strategy_declares_its_device_support():
         assert s.cuda or s.reason, name  # a CUDA path, or one line saying why not
     assert not spec("sandblaster").device.cuda
     assert DeviceSupport().nccl
+
+
+def test_tensor_parallel_gpu_ranks_are_refused_over_gloo_and_placed_over_nccl():
+    # DTensor's collectives take the GPU tensors themselves: over gloo a rank died of
+    # SIGSEGV (the GPU check, 2026-11-27), so ranks sharing a GPU or told --backend gloo
+    # are refused in one line, before any process starts (check_run calls plan)
+    tp = spec("tensor").device
+    assert tp.gloo_gpu and all(not spec(n).device.gloo_gpu for n in STRATEGIES if n != "tensor")
+    with pytest.raises(ConfigError, match=r"^--device cuda: .*2 ranks would share a GPU: "
+                                          r"tensor parallel's DTensor"):
+        plan("cuda", compute_ranks=2, processes=2, device_count=1, strategy_support=tp)
+    with pytest.raises(ConfigError, match=r"^--device cuda: .*--backend gloo was asked for"):
+        plan("cuda", "gloo", compute_ranks=2, processes=2, device_count=2, strategy_support=tp)
+    ps = [plan("cuda", compute_rank=r, compute_ranks=2, processes=2, device_count=2,
+               strategy_support=tp) for r in range(2)]
+    assert [(p.device, p.uses_nccl, p.host_staging) for p in ps] == [
+        ("cuda:0", True, False), ("cuda:1", True, False)]
+    assert plan("cpu", compute_ranks=2, processes=2, strategy_support=tp).backend == "gloo"
+    # the other strategies stage through host buffers on a shared GPU, as before
+    assert plan("cuda", compute_ranks=2, processes=2, device_count=1,
+                strategy_support=spec("sync").device).host_staging

@@ -141,6 +141,31 @@ def test_generate_is_seeded_and_extends_the_prompt():
     assert not torch.equal(a, generate(model, prompt, 30, 16, seed=4))
 
 
+
+def test_generate_runs_on_one_thread_and_gives_the_count_back():
+    # each token's operations are tiny: more threads only wait at each other's barriers
+    # (six runs' samples at once on a 16-core machine, 16 threads each: past a minute)
+    model = build_model("gpt", (16,), 20, layers=1, dim=16, heads=2)
+    seen = []
+    model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a = generate(model, torch.tensor([1, 2, 3]), 5, 16, seed=3)
+        assert len(seen) == 5 and set(seen) == {1}
+        assert torch.get_num_threads() == 2 and model.training
+        model.eval()
+        generate(model, torch.tensor([1, 2, 3]), 1, 16, seed=3)
+        assert not model.training  # the mode it was given back
+        seen.clear()
+        model.register_forward_pre_hook(lambda *_: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            generate(model, torch.tensor([1, 2, 3]), 5, 16, seed=3)
+        assert torch.get_num_threads() == 2  # given back on an error too
+        assert a.shape == (8,)
+    finally:
+        torch.set_num_threads(before)
+
 def test_the_gpt_recipe_applies_only_when_the_user_chose_no_rule():
     cfg = check_config(RunConfig(model="gpt", data="shakespeare"))
     assert (cfg.rule, cfg.lr, cfg.schedule, cfg.warmup_steps, cfg.weight_decay) == \
