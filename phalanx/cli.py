@@ -25,10 +25,11 @@ from phalanx.experiments.demo import run_demo
 from phalanx.limits import short
 from phalanx.models import MODELS, build_model, count_parameters
 from phalanx.models.zoo import MODEL_TASKS
-from phalanx.parallel.registry import check_flags_apply
+from phalanx.parallel.registry import check_flags_apply, spec
 from phalanx.runtime.hosts import hosts_down, hosts_up, kept_hosts
 from phalanx.runtime.signals import install_driver_handlers, restore, signal_of
 from phalanx.runtime.stop_flag import PREEMPTED_EXIT
+from phalanx.runtime.supervise import fork_server_from_here
 
 # modules that add sub-commands: each has register(subparsers)
 COMMAND_MODULES = (cluster_cli, experiments_cli)
@@ -41,6 +42,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         check_out(cfg.out)
     args.interrupt_hint = resume_hint(cfg)
     args.resume_folder = cfg.resume or cfg.out
+    if not cfg.resume and spec(cfg.strategy).world_size(cfg) > 1:
+        # its ranks fork from a copy of this process, torch imported, nothing else begun
+        fork_server_from_here()
     result = train(config=cfg)
     s = result.summary
     rate = "-" if s["samples_per_s"] is None else f"{s['samples_per_s']:.0f}"

@@ -27,6 +27,7 @@ import pytest
 
 from phalanx.comm.shm import SHM_PREFIX, SHM_ROOT
 from phalanx.runtime.signals import sweep_stale_dirs
+from phalanx.runtime.supervise import FORK_SERVER_NAME
 
 ASP = ["train", "--strategy", "asp", "--workers", "2", "--data", "synthetic", "--model", "mlp",
        "--batch-size", "32", "--ps-timeout", "3", "--heartbeat-s", "0.5", "--no-progress",
@@ -58,9 +59,18 @@ def children(pid: int) -> list[int]:
 
 def ranks(pid: int) -> list[int]:
     """Pids of the run's rank processes: forks of the driver's pre-loaded fork server
-    (phalanx.runtime.supervise), in start order."""
-    servers = [c for c in children(pid) if "forkserver" in _cmdline(c)]
+    (phalanx.runtime.supervise: a fresh interpreter under phalanx.train, a fork of the
+    ``phalanx`` command, named so, under the CLI), in start order."""
+    servers = [c for c in children(pid)
+               if "forkserver" in _cmdline(c) or _comm(c) == FORK_SERVER_NAME]
     return sorted(r for s in servers for r in children(s))
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _cmdline(pid: int) -> str:

@@ -1,0 +1,116 @@
+"""The fork server forked from the ``phalanx`` command (``supervise.fork_server_from_here``),
+with real processes: ranks are its children, it ignores SIGTERM as the fresh-interpreter
+server does, it ends with the process that started it (``kill -9`` included), it does not
+hold that process's end of the "alive" pipe, and a process in a state unsafe to fork from
+gets the fresh-interpreter server instead."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from phalanx.runtime.supervise import FORK_SERVER_NAME
+
+DRIVER = r"""
+import os, signal, sys, threading, time
+import torch
+from phalanx.runtime import supervise
+if sys.argv[1] == "thread":  # a Python thread: not a state to fork from
+    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+forked = supervise.fork_server_from_here()
+again = supervise.fork_server_from_here()
+ctx = supervise.process_context()
+rank = ctx.Process(target=time.sleep, args=(1.5,))
+rank.start()
+time.sleep(0.5)
+with open(f"/proc/{rank.pid}/stat") as f:
+    server = int(f.read().rsplit(")", 1)[1].split()[1])
+print(forked, again, server, rank.pid, flush=True)
+if sys.argv[1] == "kill":
+    os.kill(server, signal.SIGTERM)  # ignored: it must outlive its ranks' checkpoints
+    time.sleep(0.3)
+    rank.join()
+    print(rank.exitcode, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+rank.join()
+print(rank.exitcode, flush=True)
+"""
+
+
+def _comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _start(mode: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", DRIVER, mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_ranks_fork_from_a_fork_of_the_driver_which_ends_with_it_even_on_kill_9() -> None:
+    p = _start("kill")
+    first = p.stdout.readline().split()
+    assert first[:2] == ["True", "False"], (first, p.stderr.read() if p.poll() else "")
+    server, rank = int(first[2]), int(first[3])
+    assert _ppid(server) == p.pid and _comm(server) == FORK_SERVER_NAME
+    assert server != p.pid and rank != server
+    # the rank finished although its server got SIGTERM, which the server ignores
+    assert p.stdout.readline().strip() == "0"
+    p.wait(timeout=10)
+    assert p.returncode == -signal.SIGKILL
+    # the driver gone, the server's "alive" pipe is at EOF: the server held no write end
+    gone = _gone(server, 5.0)
+    if not gone:
+        os.kill(server, signal.SIGKILL)  # not left behind by a failing test
+    assert gone, f"fork server {server} outlived its driver"
+    p.stderr.close()
+    p.stdout.close()
+
+
+def test_a_driver_with_a_thread_gets_the_fresh_interpreter_server() -> None:
+    p = _start("thread")
+    first = p.stdout.readline().split()
+    assert first[:2] == ["False", "False"], (first, p.stderr.read() if p.poll() else "")
+    server = int(first[2])
+    cmdline = Path(f"/proc/{server}/cmdline").read_bytes().decode(errors="replace")
+    assert "multiprocessing.forkserver" in cmdline and _comm(server) != FORK_SERVER_NAME
+    out, err = p.communicate(timeout=60)
+    assert out.strip() == "0" and p.returncode == 0, err
+
+
+def test_the_cli_run_leaves_no_fork_server(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "train", "--strategy", "sync",
+                        "--workers", "2", "--model", "mlp", "--data", "synthetic",
+                        "--max-steps", "5", "--no-tensorboard", "--no-progress", "--out",
+                        str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if _comm(int(pid)) == FORK_SERVER_NAME and str(out) in Path(
+                    f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                left.append(pid)
+        except OSError:
+            pass
+    assert not left
