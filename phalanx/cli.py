@@ -118,6 +118,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     print(f"phalanx demo: {', '.join(DEMO_STRATEGIES)} on Fashion-MNIST (LeNet-5, "
           f"{args.epochs:g} epoch(s), {args.workers} workers) -> {args.out}", flush=True)
+    fork_server_from_here()  # every strategy's ranks fork from a copy of this process
     text, report = run_demo(Path(args.out), epochs=args.epochs, workers=args.workers,
                             data=args.data)
     print(text)

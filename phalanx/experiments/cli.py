@@ -15,6 +15,7 @@ from phalanx.experiments import EXPERIMENTS, run_experiment
 from phalanx.experiments.compare import compare, parse_strategies
 from phalanx.experiments.seeds import pairwise_verdicts, parse_seeds, seeded_table
 from phalanx.parallel.registry import check_config
+from phalanx.runtime.supervise import fork_server_from_here
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -30,6 +31,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     check_out(base.out)  # before any run: a file, /proc or a read-only folder is one line
     command = "phalanx " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     seeds = parse_seeds(args.seeds, base.seed)
+    fork_server_from_here()  # every run's ranks fork from a copy of this process
     runs, report = compare(base, strategies, Path(base.out), target=args.target_accuracy,
                            command=command, seeds=seeds, reuse=args.reuse)
     print(seeded_table(runs, args.target_accuracy))
@@ -50,6 +52,7 @@ def _cmd_experiments(args: argparse.Namespace) -> int:
     if args.name not in EXPERIMENTS:
         raise ConfigError(f"experiments run: {args.name!r} is not one of {', '.join(EXPERIMENTS)}")
     out = check_out(args.out or f"runs/experiments/{args.name}")
+    fork_server_from_here()
     report = run_experiment(args.name, out, quick=args.quick, data=args.data,
                             seeds=parse_seeds(args.seeds, args.seed), reuse=args.reuse)
     print(Path(report).read_text())
