@@ -152,8 +152,10 @@ def fork_server_from_here() -> bool:
     too), opened no GPU and taken no lock, the state a forked rank may start from. The
     server is then the one :func:`process_context` gives: its stdlib protocol, its socket,
     its "alive" pipe (it ends when this process does), signal dispositions as a fresh
-    interpreter's. False (nothing started) where the start method is not the fork server
-    or a server runs already."""
+    interpreter's (SIGTERM ignored, as ``runtime/preloaded.py`` has it). False (nothing
+    started; the first rank then starts the fresh server) where the start method is not
+    the fork server, a server runs already, or this process has a Python thread or has
+    initialised CUDA."""
     from multiprocessing import forkserver, resource_tracker, util
 
     if START_METHOD != "forkserver" or not hasattr(util, "spawnv_passfds"):
@@ -203,9 +205,13 @@ def _fork_passfds(path: str, args: list[str], passfds: list[int]) -> int:
         except (OSError, AttributeError):
             pass
         signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        for signum in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # as runtime/preloaded.py has the fresh server do (whether or not this process
+        # imported that module already): a SIGTERM to the run's process group must leave
+        # the server up while its ranks write their checkpoints
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         exec(code, {"__name__": "__phalanx_fork_server__"})  # noqa: S102 - the stdlib's own
         status = 0
     except SystemExit as e:  # the server's way out: the driver's pipe closed
