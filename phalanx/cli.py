@@ -29,7 +29,7 @@ from phalanx.parallel.registry import check_flags_apply, spec
 from phalanx.runtime.hosts import hosts_down, hosts_up, kept_hosts
 from phalanx.runtime.signals import install_driver_handlers, restore, signal_of
 from phalanx.runtime.stop_flag import PREEMPTED_EXIT
-from phalanx.runtime.supervise import fork_server_from_here
+from phalanx.runtime.supervise import fork_server_from_here, preload
 
 # modules that add sub-commands: each has register(subparsers)
 COMMAND_MODULES = (cluster_cli, experiments_cli)
@@ -42,8 +42,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         check_out(cfg.out)
     args.interrupt_hint = resume_hint(cfg)
     args.resume_folder = cfg.resume or cfg.out
-    if not cfg.resume and spec(cfg.strategy).world_size(cfg) > 1:
-        # its ranks fork from a copy of this process, torch imported, nothing else begun
+    strategy = spec(cfg.strategy)
+    if not cfg.resume and strategy.world_size(cfg) > 1:
+        # its ranks fork from a copy of this process, torch and what the strategy's ranks
+        # need imported, nothing else begun
+        preload(*strategy.preload)
         fork_server_from_here()
     result = train(config=cfg)
     s = result.summary

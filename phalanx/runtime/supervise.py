@@ -32,6 +32,7 @@ the same moment as the driver, and the fork server ignores it (``runtime/preload
 from __future__ import annotations
 
 import ctypes
+import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -82,6 +83,9 @@ PRELOADED = "phalanx.runtime.preloaded"  # imported last: when the preloading en
 # "spawn" (a fresh interpreter per rank, as before issue 24) only for bench/startup.py's
 # before/after comparison
 START_METHOD = "forkserver"
+# the ``phalanx`` command forks the fork server from itself (fork_server_from_here); False
+# only for bench/startup.py's comparison with the fresh-interpreter server
+FORK_FROM_COMMAND = True
 
 
 def preload(*modules: str) -> None:
@@ -158,7 +162,8 @@ def fork_server_from_here() -> bool:
     initialised CUDA."""
     from multiprocessing import forkserver, resource_tracker, util
 
-    if START_METHOD != "forkserver" or not hasattr(util, "spawnv_passfds"):
+    if (START_METHOD != "forkserver" or not FORK_FROM_COMMAND
+            or not hasattr(util, "spawnv_passfds")):
         return False
     torch = sys.modules.get("torch")
     if threading.active_count() > 1 or (torch is not None and torch.cuda.is_initialized()):
@@ -167,6 +172,8 @@ def fork_server_from_here() -> bool:
     server = forkserver._forkserver
     if getattr(server, "_forkserver_pid", None) is not None:
         return False
+    for name in PRELOAD:  # here, once, what the server would import (a strategy's preload)
+        importlib.import_module(name)
     resource_tracker.ensure_running()  # a fresh interpreter of its own, as always
     real = util.spawnv_passfds
     util.spawnv_passfds = _fork_passfds
