@@ -126,11 +126,15 @@ def _run_attempt(fn, args: tuple, attempt: int, timeout_s: float = DEFAULT_TIMEO
         raise
     except Exception as e:  # noqa: BLE001 - a peer's loss surfaces as any backend error
         raise PhalanxError(table.failure_line(rank, e)) from None
-    finally:
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - the group may already be broken by a lost node
-            pass
+    # not on a failure: the process then leaves at once (main: os._exit after its line).
+    # Destroying a gloo group waits for its operations in flight (ProcessGroupGloo joins its
+    # worker threads): one blocked on a peer that is itself stuck waits out --timeout, and
+    # the line naming the lost node came 30 s late, or never (a lost host, once in ~20
+    # runs; a rank failing beside an async allreduce: until its peer exited)
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the group may already be broken by a lost node
+        pass
 
 
 def build_parser() -> _Parser:

@@ -68,13 +68,16 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
         except preempt.Preempted:
             raise  # stopped on request, its state on disk: not a failure
         except BaseException as e:
-            _record_failure(error_dir, rank, e)  # before our connections close below
+            _record_failure(error_dir, rank, e)  # before our connections close (os._exit)
             raise
-        finally:
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - the group may already be broken by a dead peer
-                pass
+        # only after success: a failed or stopped rank leaves at once below (os._exit).
+        # Destroying a gloo group waits for its operations in flight, and one blocked on a
+        # peer that waits for this rank would hold the exit until --timeout
+        # (tests/distributed/test_torchrun_failure_line.py: the torchrun entry's case)
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the group may already be broken by a dead peer
+            pass
     except preempt.Preempted:
         sys.stdout.flush()
         sys.stderr.flush()
