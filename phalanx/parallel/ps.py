@@ -168,7 +168,12 @@ def _spawn(job: Job, servers: int, shm: str | None) -> None:
           survivable=lambda rank: goes_on and rank >= servers,
           name=lambda rank: f"server {rank}" if rank < servers else f"worker {rank - servers}",
           stand_ins=goes_on,  # else a loss ends it at once
-          note=lambda rank: "" if rank < servers else "; --on-worker-loss stop ends the run",
+          note=lambda rank: "" if rank < servers else (
+              # continue: its death ended the run only because no stand-in could take its
+              # place (launch._published): a peer may have read its address already
+              "; it had told its peers where to connect, so no stand-in could take its "
+              "place in the rendezvous and the run cannot go on without it" if goes_on
+              else "; --on-worker-loss stop ends the run"),
           # stopped, the shards write their state first (a checkpoint of the whole slice)
           saves_on_stop=(lambda rank: rank < servers) if cfg.checkpoint_every else None,
           grace_s=STOP_GRACE_S if cfg.checkpoint_every else 3.0,
