@@ -36,8 +36,9 @@ COMMON = ["--model", "mlp", "--data", "synthetic", "--max-steps", "2", "--no-pro
 # the command as ``python -m phalanx.cli`` runs it (phalanx.cli is the main module, which
 # multiprocessing runs again in every rank), with the rank start method chosen first
 LAUNCH = ("import runpy, sys; import phalanx.runtime.supervise as s; m = sys.argv[1]; "
+          "import phalanx.runtime.command_fork as c; "
           "s.START_METHOD = 'spawn' if m == 'spawn' else 'forkserver'; "
-          "s.FORK_FROM_COMMAND = m == 'command'; sys.argv = ['phalanx', *sys.argv[2:]]; "
+          "c.FORK_FROM_COMMAND = m == 'command'; sys.argv = ['phalanx', *sys.argv[2:]]; "
           "runpy.run_module('phalanx.cli', run_name='__main__', alter_sys=True)")
 METHODS = ("command", "forkserver", "spawn")
 

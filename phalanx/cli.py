@@ -26,10 +26,11 @@ from phalanx.limits import short
 from phalanx.models import MODELS, build_model, count_parameters
 from phalanx.models.zoo import MODEL_TASKS
 from phalanx.parallel.registry import check_flags_apply, spec
+from phalanx.runtime.command_fork import fork_server_from_here
 from phalanx.runtime.hosts import hosts_down, hosts_up, kept_hosts
 from phalanx.runtime.signals import install_driver_handlers, restore, signal_of
 from phalanx.runtime.stop_flag import PREEMPTED_EXIT
-from phalanx.runtime.supervise import fork_server_from_here, preload
+from phalanx.runtime.supervise import preload
 
 # modules that add sub-commands: each has register(subparsers)
 COMMAND_MODULES = (cluster_cli, experiments_cli)

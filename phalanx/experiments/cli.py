@@ -15,7 +15,7 @@ from phalanx.experiments import EXPERIMENTS, run_experiment
 from phalanx.experiments.compare import compare, parse_strategies
 from phalanx.experiments.seeds import pairwise_verdicts, parse_seeds, seeded_table
 from phalanx.parallel.registry import check_config
-from phalanx.runtime.supervise import fork_server_from_here
+from phalanx.runtime.command_fork import fork_server_from_here
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""The fork server forked from the ``phalanx`` command (``supervise.fork_server_from_here``),
+"""The fork server forked from the ``phalanx`` command (``command_fork.fork_server_from_here``),
 with real processes: ranks are its children, it ignores SIGTERM as the fresh-interpreter
 server does, it ends with the process that started it (``kill -9`` included), it does not
 hold that process's end of the "alive" pipe, and a process in a state unsafe to fork from
@@ -13,16 +13,16 @@ import sys
 import time
 from pathlib import Path
 
-from phalanx.runtime.supervise import FORK_SERVER_NAME
+from phalanx.runtime.command_fork import FORK_SERVER_NAME
 
 DRIVER = r"""
 import os, signal, sys, threading, time
 import torch
-from phalanx.runtime import supervise
+from phalanx.runtime import command_fork, supervise
 if sys.argv[1] == "thread":  # a Python thread: not a state to fork from
     threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
-forked = supervise.fork_server_from_here()
-again = supervise.fork_server_from_here()
+forked = command_fork.fork_server_from_here()
+again = command_fork.fork_server_from_here()
 ctx = supervise.process_context()
 rank = ctx.Process(target=time.sleep, args=(1.5,))
 rank.start()

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from phalanx.comm.shm import SHM_PREFIX, SHM_ROOT
+from phalanx.runtime.command_fork import FORK_SERVER_NAME
 from phalanx.runtime.signals import sweep_stale_dirs
-from phalanx.runtime.supervise import FORK_SERVER_NAME
 
 ASP = ["train", "--strategy", "asp", "--workers", "2", "--data", "synthetic", "--model", "mlp",
        "--batch-size", "32", "--ps-timeout", "3", "--heartbeat-s", "0.5", "--no-progress",
