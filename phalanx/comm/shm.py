@@ -250,6 +250,14 @@ class ShmTransport:
                         queue.popleft()
             time.sleep(_SEND_POLL_S)
 
+    def forget(self, lost: Collection[int]) -> None:
+        """Drop the frames still queued for ``lost`` ranks (found dead): nothing will read
+        their rings."""
+        with self._lock:
+            for key in list(self._queued):
+                if key[0] in lost:
+                    self._queued[key].clear()
+
     def flush(self, lost: Collection[int] = ()) -> None:
         """Wait until every queued frame is in its ring (those to ``lost`` ranks are
         dropped); a destination that died meanwhile raises :class:`PeerLost`."""

@@ -66,6 +66,8 @@ class Transport(Protocol):
 
     def flush(self, lost: Collection[int] = ()) -> None: ...
 
+    def forget(self, lost: Collection[int]) -> None: ...
+
 
 def _is_control(header: Header) -> bool:
     return header.kind == Kind.FINAL
@@ -144,6 +146,9 @@ class InProcTransport:
         return Message(sender, header, list(tensors))
 
     def flush(self, lost: Collection[int] = ()) -> None:
+        pass
+
+    def forget(self, lost: Collection[int]) -> None:
         pass
 
 
@@ -328,6 +333,16 @@ class GlooTransport:
             # a send to a dead peer is not waited for (it could only fail, or block until
             # the group's timeout); the backend keeps its buffer until it gives up
             self._wait([s for s in inflight if s[0] not in lost])
+
+    def forget(self, lost: Collection[int]) -> None:
+        """Stop tracking the sends still in flight to ``lost`` (ranks just found dead: a
+        parameter server's dropped workers). Waiting on one could only fail, or block until
+        the group's timeout, and ``send`` waits on the oldest sends as more are posted: a
+        server that went on answering its live workers after losing a host once stopped
+        answering them 0.16 s later (the survivor gave up after 20 s)."""
+        with self._lock:
+            self._inflight = [s for s in self._inflight if s[0] not in lost]
+            self._dead.update(lost)
 
 
 def _short(gloo_message: str) -> str:

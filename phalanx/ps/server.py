@@ -167,6 +167,7 @@ class _ServeLoop:
             if w not in state.active:  # already dropped (a lost host breaks several pairs)
                 continue
             state.log_worker_lost(w, why)
+            self.transport.forget({self.layout.worker_rank(w)})  # its replies in flight
             self.deliver(state.drop_worker(w))
 
     def deliver(self, outs: list[Outgoing]) -> None:

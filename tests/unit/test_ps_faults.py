@@ -182,6 +182,23 @@ def test_serve_drops_a_dead_worker_and_finishes(consistency):
     assert s.stats.pushes_applied == 2 * 20 + 5
 
 
+def test_a_dropped_worker_s_sends_in_flight_are_forgotten():
+    # a send still in flight to a dead worker could block the server when it waits on its
+    # oldest sends (GlooTransport.send): the server tells its transport as it drops one
+    layout = Layout(1, 3)
+    net = InProcNetwork(layout.world)
+    transport = net.transport(0)
+    forgotten = []
+    transport.forget = lambda lost: forgotten.append(set(lost))
+    s = make(Asynchronous())
+    threads = run_workers(layout, net, s.part, steps=10, stop_after={1: 2})
+    serve(s, transport, layout, timeout_s=0.5, heartbeats=True, on_worker_loss="continue")
+    for t in threads:
+        t.join(10)
+    assert s.lost_workers == {1: 2}
+    assert forgotten == [{layout.worker_rank(1)}]
+
+
 def test_serve_stops_with_an_error_naming_the_dead_worker():
     layout = Layout(1, 3)
     net = InProcNetwork(layout.world)

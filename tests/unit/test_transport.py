@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx.comm.transport import InProcNetwork, TransportTimeout
+from phalanx.comm.transport import GlooTransport, InProcNetwork, TransportTimeout
 from phalanx.comm.wire import HEADER_BYTES, HEADER_LEN, MAGIC, Header, Kind, WireError
 
 
@@ -88,3 +88,15 @@ def test_inproc_rejects_payload_that_contradicts_header():
     net.transport(0).send_raw(1, bad, [torch.ones(4)])
     with pytest.raises(WireError, match="magic"):
         net.transport(1).recv()
+
+
+def test_gloo_transport_forgets_the_sends_in_flight_to_dead_ranks():
+    # bookkeeping only (no process group): the sends to rank 2 leave the in-flight list, so
+    # neither send's trimming nor flush waits on them; rank 1's stay
+    t = GlooTransport(0, 3)
+    t._inflight = [(1, ["w1"], []), (2, ["w2"], []), (1, ["w3"], []), (2, ["w4"], [])]
+    t.forget({2})
+    assert t._inflight == [(1, ["w1"], []), (1, ["w3"], [])]
+    assert t._dead == {2}
+    t.forget({1})
+    assert t._inflight == [] and t._dead == {1, 2}
