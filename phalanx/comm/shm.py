@@ -254,18 +254,19 @@ class ShmTransport:
         """Drop the frames still queued for ``lost`` ranks (found dead): nothing will read
         their rings."""
         with self._lock:
-            for key in list(self._queued):
-                if key[0] in lost:
-                    self._queued[key].clear()
+            self._drop_queued(lost)
+
+    def _drop_queued(self, lost: Collection[int]) -> None:  # the lock held
+        for key, queue in self._queued.items():
+            if key[0] in lost:
+                queue.clear()
 
     def flush(self, lost: Collection[int] = ()) -> None:
         """Wait until every queued frame is in its ring (those to ``lost`` ranks are
         dropped); a destination that died meanwhile raises :class:`PeerLost`."""
         while True:
             with self._lock:
-                for key in list(self._queued):
-                    if key[0] in lost:
-                        self._queued[key].clear()
+                self._drop_queued(lost)
                 waiting = [k[0] for k, q in self._queued.items() if q]
             if not waiting:
                 return

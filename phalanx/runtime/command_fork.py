@@ -65,8 +65,8 @@ def _fork_passfds(path: str, args: list[str], passfds: list[int]) -> int:
     """``util.spawnv_passfds`` for :func:`fork_server_from_here`: fork, and run in the
     child the ``-c`` code the stdlib built for the new interpreter."""
     code = args[args.index("-c") + 1]
-    pipes = {os.readlink(f"/proc/self/fd/{fd}") for fd in passfds
-             if os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")}
+    pipes = {link for fd in passfds
+             if (link := os.readlink(f"/proc/self/fd/{fd}")).startswith("pipe:")}
     with warnings.catch_warnings():  # Python 3.12: a process with threads; see above
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
