@@ -9,6 +9,12 @@ again (``forkserver``: issue 24 to 2026-11-27), and spawned as fresh interpreter
 in the same run, the floor every command pays once. Ratios: each case over ``import
 torch``, and each older way over ``command``. Target: sync N=4 first step <= 3 s on 2
 cores, quiet (the load is reported).
+
+And ``phalanx schedule`` (local engine) of one 2-rank sync job: from the command's launch
+to the job's first step, its ranks forked from the scheduler's own fork server
+(``schedule_sync2_command``: now) or started as fresh interpreters
+(``schedule_sync2_fresh``: before 2026-11-27; what a scheduler that cannot fork still
+does); each resume of a preempted job pays the same start again.
 """
 
 from __future__ import annotations
@@ -58,6 +64,25 @@ def first_step_s(method: str, case: str, out: Path) -> float:
     return min(e["unix"] for e in events if e["kind"] == "train") - t0
 
 
+SCHEDULE_JOBS = ("jobs:\n  - {name: A, arrival: 0, gpus: 2, config: {model: mlp, data: "
+                 "synthetic, max_steps: 2, strategy: sync, tensorboard: false}}\n")
+
+
+def schedule_first_step_s(method: str, tmp: Path) -> float:
+    """``phalanx schedule`` of one 2-rank sync job: seconds to the job's first step."""
+    jobs, out = tmp / f"jobs-{method}.yaml", tmp / f"schedule-{method}"
+    jobs.write_text(SCHEDULE_JOBS)
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-c", LAUNCH, method, "schedule", "--jobs", str(jobs),
+                        "--cluster", "uniform:1,1,1,2", "--out", str(out)],
+                       capture_output=True, text=True, cwd=_common.ROOT, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"startup bench: schedule ({method}) failed: {r.stderr[-500:]}")
+    events = [json.loads(line) for line in
+              (out / "jobs" / "A" / "events.jsonl").read_text().splitlines()]
+    return min(e["unix"] for e in events if e["kind"] == "train") - t0
+
+
 def import_torch_s() -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import torch"], check=True)
@@ -81,6 +106,12 @@ def main() -> None:
                     t = first_step_s(method, case, Path(tmp) / f"{case}-{method}")
                     times.setdefault(f"{case}_{method}", []).append(t)
                     print(f"{case:10s} {method:10s} first step after {t:5.2f} s", flush=True)
+            for method, name in (("command", "command"), ("forkserver", "fresh")):
+                # under ``schedule`` the forkserver method means no fork of the command:
+                # the ranks are fresh interpreters (Popen), as before
+                t = schedule_first_step_s(method, Path(tmp))
+                times.setdefault(f"schedule_sync2_{name}", []).append(t)
+                print(f"schedule   {name:10s} first step after {t:5.2f} s", flush=True)
     med = {k: round(_common.median(v), 3) for k, v in times.items()}
     # the summary's start-up phases (medians; the driver's own start-up, before its
     # "start" event, is the rest of the time to the first step)
@@ -95,6 +126,8 @@ def main() -> None:
     ratios.update({f"{case}_{m}_over_command": round(med[f"{case}_{m}"] / med[f"{case}_command"],
                                                      2)
                    for case in CASES for m in METHODS[1:]})
+    ratios["schedule_sync2_fresh_over_command"] = round(
+        med["schedule_sync2_fresh"] / med["schedule_sync2_command"], 2)
     targets = {"sync4_command_first_step_s": "<= 3.0"}
     met = {"sync4_command_first_step_s": med["sync4_command"] <= 3.0}
     print(json.dumps({"bench": "startup", "results": results, "ratios": ratios,

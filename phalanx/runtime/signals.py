@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from phalanx.errors import ConfigError
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -92,6 +94,22 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+AF_UNIX_MAX = 107  # bytes in an AF_UNIX socket's path (sun_path, less its NUL)
+
+
+def socket_temp_root(tail: int, what: str) -> str:
+    """Where a temp folder goes whose sockets lie ``tail`` bytes below the temp root: the
+    temp folder (``TMPDIR``) when their paths fit AF_UNIX's limit, else /tmp (users'
+    TMPDIRs are often long); a one-line error naming TMPDIR when neither can hold them."""
+    root = tempfile.gettempdir()
+    for candidate in (root, "/tmp"):
+        if len(os.fsencode(candidate)) + tail <= AF_UNIX_MAX and os.access(candidate, os.W_OK):
+            return candidate
+    raise ConfigError(f"TMPDIR {root}: too long for {what} ({AF_UNIX_MAX} bytes at most; "
+                      f"give a temp folder of at most {AF_UNIX_MAX - tail} bytes) and /tmp "
+                      "is not writable")
 
 
 def make_run_tempdir(prefix: str, root: str | None = None) -> str:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import PhalanxError
-from phalanx.runtime.signals import make_run_tempdir
+from phalanx.runtime.signals import make_run_tempdir, socket_temp_root
 from phalanx.runtime.stop_flag import PREEMPTED_EXIT
 
 STOPPING = "stopping"  # file in the error folder: the driver is stopping everyone
@@ -152,7 +152,10 @@ def _own_temp_dir() -> None:
     config = getattr(process.current_process(), "_config", None)
     if not isinstance(config, dict) or config.get("tempdir") is not None:
         return   # set already (an earlier fork server), or a Python without this hook
-    path = make_run_tempdir(MP_TEMP)
+    # the server's socket (``listener-`` and 8 characters) must fit an AF_UNIX path
+    root = socket_temp_root(len(f"/{MP_TEMP}{os.getpid()}-") + 8 + len("/listener-") + 8,
+                            "the fork server's socket")
+    path = make_run_tempdir(MP_TEMP, root)
     remove = getattr(util, "_remove_temp_dir", None)   # also resets the config's entry
     util.Finalize(None, remove or shutil.rmtree,
                   args=(shutil.rmtree, path) if remove else (path, True), exitpriority=-100)

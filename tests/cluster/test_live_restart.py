@@ -23,7 +23,7 @@ SYNC = ("{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard:
         "seed: 3, worker_threads: 1")
 # FIFO on 2 slots: F (a short 2-rank sync job) first, then S (the one killed mid-run: it
 # checkpoints every 30 steps), then L (one slot) once S is done
-S_LINE = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 150, "
+S_LINE = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 300, "
           "checkpoint_every: 30}}")
 JOBS = f"""jobs:
   - {{name: F, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 10}}}}

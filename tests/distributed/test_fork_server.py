@@ -6,6 +6,7 @@ gets the fresh-interpreter server instead."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -114,3 +115,20 @@ def test_the_cli_run_leaves_no_fork_server(tmp_path: Path) -> None:
         except OSError:
             pass
     assert not left
+
+
+def test_a_long_tmpdir_puts_the_servers_socket_under_tmp(tmp_path: Path) -> None:
+    """A TMPDIR too long for an AF_UNIX path (107 bytes) with the server's socket below it
+    was a traceback (``OSError: AF_UNIX path too long``) for every multi-process run: the
+    socket's folder goes to /tmp instead, and the run trains."""
+    temp = tmp_path / ("t" * 80)
+    temp.mkdir()
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "train", "--strategy", "sync",
+                        "--workers", "2", "--model", "mlp", "--data", "synthetic",
+                        "--max-steps", "5", "--no-tensorboard", "--no-progress", "--out",
+                        str(out)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TMPDIR": str(temp)})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads((out / "summary.json").read_text())["steps"] == 5
+    assert not list(temp.iterdir())

@@ -36,6 +36,9 @@ LAZY = {
     # `import phalanx` (e.g. for the scheduler simulator) must not load torch and every
     # strategy; phalanx.train loads the API on first call
     ("phalanx", "phalanx.entry.api"),
+    # Ray's device actors import the engines package (without torch: ~1.5 s per actor);
+    # the rank the local engine forks imports torch, and only the scheduler needs it
+    ("phalanx.cluster.live.engines.local", "phalanx.entry.forked_rank"),
 }
 
 

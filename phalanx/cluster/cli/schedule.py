@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from pathlib import Path
 
 from phalanx.cluster.cli import (
@@ -45,6 +46,9 @@ from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
 from phalanx.cluster.policies.ordering import parse_thresholds
 from phalanx.errors import ConfigError
+from phalanx.parallel import registry
+from phalanx.runtime.command_fork import fork_server_from_here
+from phalanx.runtime.supervise import preload
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -153,6 +157,13 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     jobs = load_job_list(args.jobs)
     check_fits(jobs, topology, args.jobs)  # the cheap check first
     check_profiles(jobs, topology, args.jobs, elastic and topology.typed)
+    if args.engine == "local" and config.python == sys.executable:
+        # the local engine's torchrun-style ranks fork from a copy of this process, made
+        # now (before it reads data), with what they import already imported
+        names = {str(j.config.get("strategy")) for j in jobs} & set(registry.NAMES)
+        preload("phalanx.entry.forked_rank",
+                *(m for name in sorted(names) for m in registry.spec(name).preload))
+        fork_server_from_here()
     check_settings(jobs, args.jobs)
     out = config.out
     saved = load_state(out, jobs, topology, args.jobs) if args.resume else None

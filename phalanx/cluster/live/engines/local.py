@@ -1,10 +1,16 @@
 """The local engine: every device of the topology is a slot of this machine, and a rank is
-a child process of the scheduler."""
+a child process of the scheduler, or under ``phalanx schedule`` of the copy of it that is
+its fork server (:class:`ForkedRank`)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
 
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.engines.base import (
@@ -19,6 +25,7 @@ from phalanx.cluster.live.engines.base import (
     note_failure,
     rank_env,
 )
+from phalanx.runtime import command_fork, supervise
 
 
 class LocalExecutor:
@@ -31,6 +38,10 @@ class LocalExecutor:
         # ``master_addr``: the address rank 0 is told to serve at (an engine such as Ray
         # hands out the node's network address even when every rank is on one machine)
         self.python, self.master_addr = python, master_addr
+        # torchrun-style ranks fork from the ``phalanx schedule`` command's own fork
+        # server when it has one (cli/schedule.py); ranks of another Python, or of a
+        # scheduler run from a program, start as fresh interpreters
+        self.fork = python == sys.executable and command_fork.running()
         self.gangs: dict[str, list[RankProcess]] = {}
         self.failed: dict[str, tuple[tuple[int, int], ...]] = {}
 
@@ -45,9 +56,12 @@ class LocalExecutor:
         slots = gang.ranks if gang.per_rank else gang.ranks[:1]
         try:
             for slot in slots:
-                procs.append(RankProcess(self.python, gang.argv,
-                                         rank_env(gang, slot, master, slot.node, lw,
-                                                  slot.devices), gang.log, gang.per_rank))
+                env = rank_env(gang, slot, master, slot.node, lw, slot.devices)
+                if self.fork and gang.per_rank and gang.argv[:2] == SCHEDULED:
+                    procs.append(ForkedRank(gang.argv[2:], env, gang.log))
+                else:
+                    procs.append(RankProcess(self.python, gang.argv, env, gang.log,
+                                             gang.per_rank))
         except OSError:
             for p in procs:
                 p.kill()
@@ -79,6 +93,69 @@ class LocalExecutor:
             for p in procs:
                 p.kill()
         self.gangs.clear()
+
+
+SCHEDULED = ("-m", "phalanx.entry.scheduled")   # a torchrun-style rank's command
+
+
+class ForkedRank(RankProcess):
+    """A torchrun-style rank (``python -m phalanx.entry.scheduled ARGS``) forked from this
+    process's fork server (:func:`phalanx.runtime.command_fork.fork_server_from_here`)
+    instead: :mod:`phalanx.entry.forked_rank` gives it what ``RankProcess`` gives a fresh
+    interpreter (its own session, SIGTERM held until its stop flag is armed, the log, the
+    environment). Stopping, polling and exit codes are ``RankProcess``'s: the fork server
+    reports the exit as Popen does (a negative signal number for a signal). ``argv``: the
+    flags after ``-m phalanx.entry.scheduled``."""
+
+    SESSION_WAIT_S = 10.0
+
+    def __init__(self, argv: tuple[str, ...], env: Mapping[str, str], log: Path) -> None:
+        # not RankProcess's __init__: no Popen here
+        from phalanx.entry import forked_rank  # torch: never in Ray's actors (see LAZY)
+
+        with open(log, "ab"):   # here, as RankProcess opens it: an OSError is the caller's
+            pass
+        full = dict(os.environ)
+        full.update(env)
+        self.proc = supervise.process_context().Process(
+            target=forked_rank.main, args=(argv, full, os.getcwd(), str(log)),
+            name=f"phalanx-scheduled-rank{env.get('RANK', '0')}")
+        self.proc.start()
+        self.pid = self.proc.pid
+        self.kill_at = float("inf")
+        # until it leads its own session: a stop sent before would find no process group
+        # (and a fork server's SIGTERM ignored). SIGTERM is blocked by then.
+        deadline = time.monotonic() + self.SESSION_WAIT_S
+        while self.proc.exitcode is None and _pgid(self.pid) != self.pid:
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                self.proc.join()
+                raise OSError(f"rank process {self.pid} did not start its session in "
+                              f"{self.SESSION_WAIT_S:g} s")
+            time.sleep(0.001)
+
+    def poll(self) -> int | None:
+        rc = self.proc.exitcode
+        if rc is None and time.monotonic() >= self.kill_at:
+            self.signal(signal.SIGKILL)
+        return rc
+
+    def stop(self, grace_s: float) -> None:
+        if self.proc.exitcode is None:
+            self.signal(signal.SIGTERM)
+            self.kill_at = min(self.kill_at, time.monotonic() + grace_s)
+
+    def kill(self) -> int:
+        self.signal(signal.SIGKILL)
+        self.proc.join()
+        return self.proc.exitcode
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:   # gone already (its exit code comes next)
+        return -1
 
 
 def local_engine(topology: Topology, options: EngineOptions,

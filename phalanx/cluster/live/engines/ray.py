@@ -67,6 +67,7 @@ from phalanx.cluster.live.engines.base import (
     rank_env,
 )
 from phalanx.errors import ConfigError
+from phalanx.runtime.signals import AF_UNIX_MAX, socket_temp_root  # noqa: F401 - the limit, for its tests
 
 DEVICE = "phx_dev_{}"                # custom resource of one device (global id)
 TYPE = "phx_type_{}"                 # a node's devices of one type (their count)
@@ -134,7 +135,6 @@ def node_labels(topology: Topology, server: int) -> dict[str, str]:
 # Ray's longest socket path below its temp root: "/ray/session_<date>_<time>_<us>_<pid>"
 # (<= 48 bytes) + "/sockets/plasma_store" (21); an AF_UNIX path holds at most 107 bytes
 RAY_SOCKET_TAIL = 69
-AF_UNIX_MAX = 107
 PROBE_S = 5.0  # seconds to wait for --ray-address to answer
 
 
@@ -142,16 +142,8 @@ def ray_temp_root() -> str:
     """Where the local cluster's temp folder goes: the temp folder (``TMPDIR``) when Ray's
     socket paths fit under it, else /tmp (users' TMPDIRs are often long); a one-line error
     when neither can hold them."""
-    folder = len("/phalanx-ray-") + 8  # mkdtemp's name
-    root = tempfile.gettempdir()
-    for candidate in (root, "/tmp"):
-        if (len(os.fsencode(candidate)) + folder + RAY_SOCKET_TAIL <= AF_UNIX_MAX
-                and os.access(candidate, os.W_OK)):
-            return candidate
-    raise ConfigError(f"TMPDIR {root}: too long for Ray's socket paths ({AF_UNIX_MAX} bytes "
-                      f"at most; give a temp folder of at most "
-                      f"{AF_UNIX_MAX - folder - RAY_SOCKET_TAIL} bytes) and /tmp is not "
-                      "writable")
+    return socket_temp_root(len("/phalanx-ray-") + 8 + RAY_SOCKET_TAIL,  # + mkdtemp's name
+                            "Ray's socket paths")
 
 
 def check_address(address: str, timeout_s: float = PROBE_S) -> None:
