@@ -23,7 +23,6 @@ from phalanx.runtime import supervise
 FORK_FROM_COMMAND = True
 FORK_SERVER_NAME = "phalanx-fork"  # /proc/PID/comm of a fork server forked from the driver
 PR_SET_NAME = 15
-_FORKED: list[int] = []  # the pid of the server this process forked from itself, if any
 
 
 def fork_server_from_here() -> bool:
@@ -59,18 +58,7 @@ def fork_server_from_here() -> bool:
         server.ensure_running()
     finally:
         util.spawnv_passfds = real
-    _FORKED[:] = [server._forkserver_pid]
     return True
-
-
-def running() -> bool:
-    """Whether this process's fork server is the copy of itself that
-    :func:`fork_server_from_here` started (so what this process imported, a forked rank
-    finds imported)."""
-    from multiprocessing import forkserver
-
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    return bool(_FORKED) and pid == _FORKED[0]
 
 
 def _fork_passfds(path: str, args: list[str], passfds: list[int]) -> int:

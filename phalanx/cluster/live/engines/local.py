@@ -25,7 +25,7 @@ from phalanx.cluster.live.engines.base import (
     note_failure,
     rank_env,
 )
-from phalanx.runtime import command_fork, supervise
+from phalanx.runtime import supervise
 
 
 class LocalExecutor:
@@ -38,10 +38,11 @@ class LocalExecutor:
         # ``master_addr``: the address rank 0 is told to serve at (an engine such as Ray
         # hands out the node's network address even when every rank is on one machine)
         self.python, self.master_addr = python, master_addr
-        # torchrun-style ranks fork from the ``phalanx schedule`` command's own fork
-        # server when it has one (cli/schedule.py); ranks of another Python, or of a
-        # scheduler run from a program, start as fresh interpreters
-        self.fork = python == sys.executable and command_fork.running()
+        # torchrun-style ranks fork from this process's fork server: under ``phalanx
+        # schedule`` a fork of the command itself (cli/schedule.py), in a program the
+        # fresh-interpreter server (one ``import torch`` for all its ranks); ranks of
+        # another Python start as fresh interpreters
+        self.fork = python == sys.executable and supervise.START_METHOD == "forkserver"
         self.gangs: dict[str, list[RankProcess]] = {}
         self.failed: dict[str, tuple[tuple[int, int], ...]] = {}
 
@@ -100,8 +101,10 @@ SCHEDULED = ("-m", "phalanx.entry.scheduled")   # a torchrun-style rank's comman
 
 class ForkedRank(RankProcess):
     """A torchrun-style rank (``python -m phalanx.entry.scheduled ARGS``) forked from this
-    process's fork server (:func:`phalanx.runtime.command_fork.fork_server_from_here`)
-    instead: :mod:`phalanx.entry.forked_rank` gives it what ``RankProcess`` gives a fresh
+    process's fork server instead (:func:`phalanx.runtime.supervise.process_context`;
+    under ``phalanx schedule`` a copy of the command,
+    :func:`phalanx.runtime.command_fork.fork_server_from_here`).
+    :mod:`phalanx.entry.forked_rank` gives it what ``RankProcess`` gives a fresh
     interpreter (its own session, SIGTERM held until its stop flag is armed, the log, the
     environment). Stopping, polling and exit codes are ``RankProcess``'s: the fork server
     reports the exit as Popen does (a negative signal number for a signal). ``argv``: the
