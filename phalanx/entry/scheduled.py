@@ -22,7 +22,7 @@ import signal
 import sys
 from collections.abc import Mapping
 
-from phalanx.runtime import first_failure, rank_record, stop_flag
+from phalanx.runtime import first_failure, rank_record, signals, stop_flag
 from phalanx.runtime.signals import PR_SET_PDEATHSIG
 
 
@@ -40,6 +40,7 @@ def _die_with_parent() -> None:
 
 def prepare(env: Mapping[str, str]) -> None:
     _die_with_parent()
+    signals.enable_stack_dumps()  # kill -USR2: every thread's stack on the job's log
     path = env.get("PHALANX_RANK_RECORD", "")
     if path:
         rank_record.append(path, rank_record.of_this_process(

@@ -10,11 +10,15 @@
   polling thread where prctl is missing).
 * Temp folders of a driver killed by ``kill -9`` are removed by the next run
   (:func:`sweep_stale_dirs`): their names carry the pid that made them.
+* ``kill -USR2 PID`` of a driver or a rank prints every thread's Python stack on its
+  stderr, and the process goes on (:func:`enable_stack_dumps`): what a run that hangs is
+  doing, without a debugger.
 """
 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import shutil
 import signal
@@ -45,11 +49,29 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
+STACK_DUMP_SIGNAL = signal.SIGUSR2
+
+
+def enable_stack_dumps() -> None:
+    """``STACK_DUMP_SIGNAL`` prints every thread's Python stack on stderr (as it is now:
+    call again after moving stderr), from C, so a thread blocked in a C++ wait is shown
+    too; the process goes on. Registered anew each time: a fork inherits faulthandler's
+    note that the signal is taken even where its handler was reset since (a fork server
+    resets it), and registering again would then install nothing."""
+    try:
+        faulthandler.unregister(STACK_DUMP_SIGNAL)
+        faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        pass  # no usable stderr (a closed or replaced stream): nothing to print to
+
+
 def install_driver_handlers() -> dict[int, object]:
     """SIGTERM and SIGHUP (the terminal went away) -> :class:`Terminated` in the main
-    thread (a no-op elsewhere). Returns the previous handlers for :func:`restore`."""
+    thread (a no-op elsewhere), and stack dumps (:func:`enable_stack_dumps`). Returns the
+    previous handlers for :func:`restore`."""
     if threading.current_thread() is not threading.main_thread():
         return {}
+    enable_stack_dumps()
     return {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
 
 
@@ -68,7 +90,9 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def child_setup(parent_pid: int) -> None:
-    """Call first thing in a child process: die with the driver, leave SIGINT to it."""
+    """Call first thing in a child process: die with the driver, leave SIGINT to it; stack
+    dumps on its stderr (:func:`enable_stack_dumps`)."""
+    enable_stack_dumps()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     armed = False

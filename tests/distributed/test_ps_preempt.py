@@ -27,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from stacks import communicate_or_dump
 from test_signals import START_S, ranks
 
 import phalanx
@@ -92,7 +93,7 @@ def stop(p: subprocess.Popen, said: int = 0) -> str:
     """SIGTERM to the whole group, as ``phalanx schedule`` stops a job: one line (after the
     ``said`` lines of earlier events), exit 75, nothing left."""
     os.killpg(p.pid, signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
+    _, err = communicate_or_dump(p, 60)
     assert p.returncode == PREEMPTED_EXIT, err
     lines = err.splitlines()[said:]
     assert len(lines) == 1 and lines[0].startswith("phalanx: preempted by SIGTERM"), err
@@ -210,7 +211,7 @@ def test_on_worker_loss_stop_ends_the_run_at_once_when_a_worker_is_killed(tmp_pa
     wait_for(lambda: len(applied(events(out))) >= 10, "10 updates", p)
     os.kill(ranks(p.pid)[1], signal.SIGKILL)  # worker 0 (rank 1: server 0 is rank 0)
     killed = time.monotonic()
-    _, err = p.communicate(timeout=60)
+    _, err = communicate_or_dump(p, 60)
     took = time.monotonic() - killed
     assert p.returncode == 2, err
     assert err.splitlines() == ["phalanx: error: worker 0 was killed by SIGKILL; "

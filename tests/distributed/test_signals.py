@@ -24,10 +24,12 @@ import time
 from pathlib import Path
 
 import pytest
+import stacks
+from stacks import communicate_or_dump
 
 from phalanx.comm.shm import SHM_PREFIX, SHM_ROOT
 from phalanx.runtime.command_fork import FORK_SERVER_NAME
-from phalanx.runtime.signals import sweep_stale_dirs
+from phalanx.runtime.signals import STACK_DUMP_SIGNAL, sweep_stale_dirs
 
 ASP = ["train", "--strategy", "asp", "--workers", "2", "--data", "synthetic", "--model", "mlp",
        "--batch-size", "32", "--ps-timeout", "3", "--heartbeat-s", "0.5", "--no-progress",
@@ -121,6 +123,26 @@ def test_sigkill_of_an_asp_worker_is_survived(tmp_path):
     assert summary["workers_lost"] == [1]  # per shard: the server dropped it (heartbeats)
 
 
+def test_sigusr2_prints_each_process_stack_and_the_run_goes_on(tmp_path):
+    """``kill -USR2`` of the driver and each rank (runtime/signals.py: what a hung run is
+    doing): every one prints its threads' Python stacks on stderr and goes on; the run
+    then stops on SIGTERM as usual. A fork server (its handler reset) is not signalled."""
+    out = tmp_path / "run"
+    p = start(*ASP, "--epochs", "1000", "--checkpoint-every", "5", "--out", str(out))
+    wait_for(lambda: (out / "ps_shard0.ckpt").exists(), START_S, "a checkpoint", p)
+    dumping = [q for q in stacks.tree(p.pid) if stacks.dumps_stacks(q)]
+    assert p.pid in dumping and len(dumping) == 4, dumping  # the driver, a shard, 2 workers
+    for q in dumping:
+        os.kill(q, STACK_DUMP_SIGNAL)
+    time.sleep(1.0)
+    assert p.poll() is None and all(map(alive, dumping))
+    p.send_signal(signal.SIGTERM)
+    _, err = communicate_or_dump(p, 30)
+    assert p.returncode == 75, err
+    assert err.count("Current thread 0x") == 4, err   # one per process, whole stacks
+    assert 'in _cmd_train' in err and 'in serve' in err and 'in worker_main' in err, err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_sigint_to_the_driver_stop_the_run_cleanly(tmp_path, sig):
     out = tmp_path / "run"
@@ -130,7 +152,7 @@ def test_sigterm_and_sigint_to_the_driver_stop_the_run_cleanly(tmp_path, sig):
     assert children
     t0 = time.monotonic()
     p.send_signal(sig)  # the driver alone, not its process group
-    _, err = p.communicate(timeout=30)
+    _, err = communicate_or_dump(p, 30)
     assert time.monotonic() - t0 < 15  # ~1-2 s on an idle machine
     # the shards wrote their state when stopped: a SIGTERM is a preemption (exit 75, as
     # the scheduler's ranks), a Ctrl-C an interrupt
@@ -156,7 +178,7 @@ def test_kill9_of_the_driver_takes_its_children_and_the_next_run_sweeps_its_temp
     rings = shm_dirs(p.pid)
     assert len(rings) == 1 and list(rings[0].glob("d-*"))  # messages go through /dev/shm
     p.kill()
-    _, err = p.communicate(timeout=30)
+    _, err = communicate_or_dump(p, 30)
     wait_for(lambda: not any(alive(c) for c in children), 5, "the children to exit")
     assert "Traceback" not in err
     left = list(Path(tempfile.gettempdir()).glob(f"phalanx-spawn-{p.pid}-*"))
