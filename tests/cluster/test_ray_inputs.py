@@ -14,6 +14,8 @@ import pytest
 from phalanx.cli import main
 from phalanx.cluster.live.engines import ray as R
 from phalanx.errors import ConfigError
+from phalanx.runtime import signals
+from phalanx.runtime.signals import AF_UNIX_MAX
 
 
 def test_an_address_where_nothing_listens_is_one_line_at_once(tmp_path, capsys):
@@ -51,7 +53,14 @@ def test_the_local_cluster_leaves_a_long_tmpdir_for_tmp(tmp_path, monkeypatch):
     assert R.ray_temp_root() == short
     # the longest socket path Ray makes under the chosen root fits AF_UNIX
     name = "/phalanx-ray-abcdefgh/ray/session_2026-11-26_21-42-55_790123_1234567/sockets/"
-    assert len(R.ray_temp_root() + name + "plasma_store") <= R.AF_UNIX_MAX
+    assert len(R.ray_temp_root() + name + "plasma_store") <= AF_UNIX_MAX
+    # neither the long TMPDIR nor a /tmp it may not write: one line naming TMPDIR
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    monkeypatch.setattr(signals.os, "access", lambda path, mode: False)
+    with pytest.raises(ConfigError) as e:
+        R.ray_temp_root()
+    assert str(e.value).startswith(f"TMPDIR {long}: too long for Ray's socket paths (107 "
+                                   "bytes at most; give a temp folder of at most ")
 
 
 def test_each_device_resource_carries_its_type_and_a_mismatch_is_one_line():

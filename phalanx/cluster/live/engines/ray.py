@@ -67,7 +67,7 @@ from phalanx.cluster.live.engines.base import (
     rank_env,
 )
 from phalanx.errors import ConfigError
-from phalanx.runtime.signals import AF_UNIX_MAX, socket_temp_root  # noqa: F401 - the limit, for its tests
+from phalanx.runtime.signals import socket_temp_root
 
 DEVICE = "phx_dev_{}"                # custom resource of one device (global id)
 TYPE = "phx_type_{}"                 # a node's devices of one type (their count)
