@@ -34,6 +34,7 @@ from phalanx.cluster.live.elastic import ElasticLiveCluster
 from phalanx.cluster.live.engines import ENGINES
 from phalanx.cluster.live.engines.base import EngineOptions
 from phalanx.cluster.live.joblist import (
+    LiveJob,
     check_fits,
     check_profiles,
     check_settings,
@@ -158,12 +159,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     check_fits(jobs, topology, args.jobs)  # the cheap check first
     check_profiles(jobs, topology, args.jobs, elastic and topology.typed)
     if args.engine == "local" and config.python == sys.executable:
-        # the local engine's torchrun-style ranks fork from a copy of this process, made
-        # now (before it reads data), with what they import already imported
-        names = {str(j.config.get("strategy")) for j in jobs} & set(registry.NAMES)
-        preload("phalanx.entry.forked_rank",
-                *(m for name in sorted(names) for m in registry.spec(name).preload))
-        fork_server_from_here()
+        _fork_server_for(jobs)
     check_settings(jobs, args.jobs)
     out = config.out
     saved = load_state(out, jobs, topology, args.jobs) if args.resume else None
@@ -209,6 +205,15 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         res = live.run()
     _report(args, res, placement.name, topology.name, out)
     return 0
+
+
+def _fork_server_for(jobs: list[LiveJob]) -> None:
+    """The local engine's torchrun-style ranks fork from a copy of this process, made now
+    (before it reads data), with what they import already imported."""
+    names = {str(j.config.get("strategy")) for j in jobs} & set(registry.NAMES)
+    preload("phalanx.entry.forked_rank",
+            *(m for name in sorted(names) for m in registry.spec(name).preload))
+    fork_server_from_here()
 
 
 def _report(args: argparse.Namespace, res: SimResult, placement: str, cluster: str,
