@@ -52,17 +52,17 @@ def dumps_stacks(pid: int) -> bool:
     return bool(int(caught, 16) & (1 << (STACK_DUMP_SIGNAL - 1)))
 
 
-def dump_and_kill(p: subprocess.Popen, wait_s: float = 1.0) -> str:
+def dump_and_kill(p: subprocess.Popen, wait_s: float = 0.3) -> str:
     """The listing of ``p``'s tree; each process printed its stacks (to the stderr the test
     reads next); then the whole tree is killed, so ``communicate`` returns."""
     pids = tree(p.pid)
     listing = "\n".join(_describe(q) for q in pids)
-    for q in filter(dumps_stacks, pids):
+    for q in filter(dumps_stacks, pids):  # one at a time: they share the test's pipe
         try:
             os.kill(q, STACK_DUMP_SIGNAL)
         except OSError:
-            pass
-    time.sleep(wait_s)
+            continue
+        time.sleep(wait_s)
     for q in pids:
         try:
             os.kill(q, signal.SIGKILL)
