@@ -37,6 +37,22 @@ def pids_with(text: str) -> list[int]:
     return out
 
 
+def alive(pid: int) -> bool:
+    """Running (a zombie an init that does not reap would keep is gone for us)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def gone(pids: list[int], timeout_s: float = 5.0) -> bool:
+    """Whether every process of ``pids`` has ended within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while any(alive(q) for q in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(q) for q in pids)
+
+
 def listeners(pids: list[int]) -> set[str]:
     """Local addresses (hex, as /proc/net/tcp{,6} writes them) of LISTEN sockets of pids."""
     inodes = set()

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from live_procs import alive, gone
+
 from phalanx.runtime import rank_record
 from phalanx.runtime.command_fork import FORK_SERVER_NAME
 from phalanx.runtime.stop_flag import PREEMPTED_EXIT
@@ -28,13 +30,6 @@ def _stat(pid: int) -> tuple[str, int]:
     """(state, parent pid) of a process."""
     rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return rest[0], int(rest[1])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return _stat(pid)[0] != "Z"   # a zombie an init that does not reap keeps is gone
-    except OSError:
-        return False
 
 
 def _comm(pid: int) -> str:
@@ -70,16 +65,13 @@ def test_ranks_are_forks_of_the_schedulers_server_and_die_with_its_kill_9(tmp_pa
 
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(map(_alive, [server, *ranks])):
-            time.sleep(0.05)
-        assert not any(map(_alive, [server, *ranks])), "the fork server or a rank outlived " \
-                                                       "the scheduler's kill -9"
+        assert gone([server, *ranks]), "the fork server or a rank outlived the scheduler's " \
+                                       "kill -9"
     finally:
         if p.poll() is None:
             p.kill()
         for pid in ranks:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)   # a failed check ends here, not a job later
         p.communicate(timeout=30)
 

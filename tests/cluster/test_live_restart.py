@@ -12,7 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-from live_procs import Reference, pids_with, resumed, rows_of, wait_for_checkpoint
+from live_procs import (
+    Reference,
+    alive,
+    gone,
+    pids_with,
+    resumed,
+    rows_of,
+    wait_for_checkpoint,
+)
 
 from phalanx.cli import main
 from phalanx.cluster.live.state import STATE_FILE
@@ -31,21 +39,6 @@ JOBS = f"""jobs:
   - {{name: L, arrival: 0, gpus: 1, config: {{model: mlp, data: synthetic, max_steps: 10,
       strategy: single, tensorboard: false}}}}
 """
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie an init that does not reap would keep is gone for us)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _gone(pids: list[int], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while any(_alive(q) for q in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not any(_alive(q) for q in pids)
 
 
 def _env(tmp: Path) -> dict:
@@ -82,7 +75,7 @@ def test_kill_9_then_resume_finishes_every_job_as_if_uninterrupted(tmp_path, cap
     assert state["jobs"]["F"]["status"] == "done" and state["jobs"]["S"]["status"] == "running"
     assert state["pending"] == [] and state["queue"] == ["L"]
     # S's ranks died with their scheduler (PR_SET_PDEATHSIG): nothing to adopt
-    assert _gone(ranks), [Path(f"/proc/{q}/stat").read_text() for q in ranks if _alive(q)]
+    assert gone(ranks), [Path(f"/proc/{q}/stat").read_text() for q in ranks if alive(q)]
     f_summary = (out / "jobs" / "F" / "summary.json").stat().st_mtime_ns
 
     # a fresh run into the same folder is refused; --resume with another list too
@@ -192,7 +185,7 @@ def test_a_process_left_by_a_killed_scheduler_is_stopped_by_its_folder(tmp_path)
         took = time.monotonic() - t0
         stubborn.wait(timeout=5)
         assert stubborn.returncode == -signal.SIGKILL and 0.5 <= took < 5, took
-        assert _gone([child]) and bystander.poll() is None
+        assert gone([child]) and bystander.poll() is None
     finally:
         for p in (stubborn, bystander):
             if p.poll() is None:
