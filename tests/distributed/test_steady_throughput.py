@@ -20,10 +20,20 @@ def test_sync_steady_rate_agrees_with_its_train_events(tmp_path):
         if e["kind"] == "train":
             by_rank.setdefault(e["rank"], []).append(e)
     assert set(by_rank) == {0, 1}
-    # the rate each rank's train events show between its first and last, summed
+    # the steady window, read from the events themselves: from the moment the last rank
+    # was ready to the last train event; its samples are what the ranks say they trained
+    began = max(e["unix"] for e in r.events if e["kind"] == "ready")
+    ended = max(v[-1]["unix"] for v in by_rank.values())
+    assert s["train_s"] == pytest.approx(ended - began, abs=1e-3), (s, began, ended)
+    assert s["train_samples"] == sum(v[-1]["samples"] for v in by_rank.values())
+    # and its rate is about what each rank's train events show between its first and last,
+    # summed. Loosely: the window is under a second here and holds the first LOG_EVERY
+    # steps' warm-up, which the events' rate leaves out (10-20% of it on this machine; a
+    # fresh-clone run once measured 16% and failed a 15% bound). Counting start-up in
+    # would put it at a fifth of that rate.
     from_events = sum((v[-1]["samples"] - v[0]["samples"]) / (v[-1]["wall_s"] - v[0]["wall_s"])
                       for v in by_rank.values())
-    assert abs(s["samples_per_s"] - from_events) <= 0.15 * from_events, (s, from_events)
+    assert 0.5 * from_events <= s["samples_per_s"] <= 1.5 * from_events, (s, from_events)
     # the wall clock holds start-up, training and the final evaluation, in that order
     assert s["startup_s"] > 0 and s["train_s"] > 0
     assert s["startup_s"] + s["train_s"] < s["wall_s"]
