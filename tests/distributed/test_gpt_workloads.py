@@ -38,6 +38,20 @@ TINY = {"model": "gpt", "gpt_layers": 2, "gpt_dim": 32, "gpt_heads": 2, "context
 TEXT = {"data": "shakespeare", "train_limit": 480, "test_limit": 64}
 
 
+def assert_gpt_states_equal(ours: dict, ref: dict, tol: float = 1e-5) -> None:
+    """Every tensor within ``tol``, but the attention's key biases loosely (1e-3). A key's
+    bias adds one constant to each score of a query, which the softmax takes back: its
+    gradient is zero in exact arithmetic and rounding noise in floats, which AdamW scales
+    to steps of about ``lr``. Measured (sync against DDP, 20 AdamW steps, AVX-512): the
+    key biases 5e-6 and 1.3e-5 apart, every other tensor under 1e-6."""
+    assert set(ours) == set(ref)
+    loose = {k for k in ours if k.endswith("attn.k.bias")}
+    assert max_state_diff({k: ours[k] for k in ours if k not in loose},
+                          {k: ref[k] for k in ours if k not in loose}) <= tol
+    for k in loose:
+        assert (ours[k] - ref[k]).abs().max().item() <= 1e-3, k
+
+
 # ---- a GPT as a user writes it for plain PyTorch (not phalanx's) -------------------------
 
 class UserBlock(nn.Module):
@@ -113,8 +127,7 @@ def test_stages_equal_single_on_the_gpt(tmp_path, strategy, extra):
     result = phalanx.train(**opts)
     ref = _reference(opts)
     assert result.summary["steps"] == 12
-    diff = max_state_diff(result.model.state_dict(), ref.state)
-    assert diff <= 1e-5, diff
+    assert_gpt_states_equal(result.model.state_dict(), ref.state)
     # it learned: the loss fell from ln(65) and the LM figures are consistent
     s = result.summary
     assert s["test_loss"] < math.log(65) - 0.3
@@ -207,4 +220,4 @@ def test_sync_equals_ddp_with_adamw_on_the_gpt(tmp_path, allreduce):
     reference = torch.load(tmp_path / "ddp.pt", weights_only=True)
     start = job.build_model().state_dict()
     assert max_state_diff(reference, start) > 1e-2, "the reference did not train"
-    assert max_state_diff(ours.model.state_dict(), reference) <= 1e-5
+    assert_gpt_states_equal(ours.model.state_dict(), reference)
