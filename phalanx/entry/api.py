@@ -33,6 +33,7 @@ from phalanx.parallel.divergence import check_parameters, diverged
 from phalanx.parallel.registry import check_config, check_flags_apply, spec
 from phalanx.parallel.spec import StrategySpec
 from phalanx.runtime.placement import check_run
+from phalanx.runtime.supervise import refuse_reimported_main
 
 # the events a run's history is made of: its training curve and its test evaluations
 HISTORY_KINDS = ("train", "eval", "lbfgs")
@@ -141,6 +142,7 @@ def train(model: str | Callable[[], nn.Module] | None = None,
     name or a ``(train, test)`` pair of :class:`~phalanx.data.Dataset`. Every other option
     is a :class:`~phalanx.config.RunConfig` field (``strategy``, ``rule``, ``workers``, ...).
     """
+    refuse_reimported_main()  # a script without `if __name__ == "__main__":`, in a rank
     cfg, strategy, job, data_s = prepare(model, data, config=config, **options)
     # empty, cleared by --overwrite, or resumed: never two runs mixed in one folder
     lock = hold_run_dir(job.run_dir)  # one run writes in a folder at a time (closed below)

@@ -57,9 +57,30 @@ def default_name(rank: int) -> str:
     return f"process {rank}"
 
 
+# A rank that found the driver's script calling phalanx.train again as multiprocessing ran
+# it in the rank (no ``if __name__ == "__main__":`` around the call): it exits with this
+# (EX_CONFIG) before doing anything, and the driver says what to change
+REIMPORTED_MAIN_EXIT = 78
+REIMPORTED_MAIN = ("exited at once: it runs your script again on starting (Python's "
+                   "multiprocessing does, to find the script's functions), and the script "
+                   "called phalanx.train again; put that call under "
+                   "`if __name__ == \"__main__\":`")
+
+
+def refuse_reimported_main() -> None:
+    """In a rank that is running the driver's script on starting (see
+    :data:`REIMPORTED_MAIN_EXIT`): exit at once, before a second run starts processes of
+    its own (multiprocessing would refuse that with a traceback in every rank)."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        sys.stderr.flush()
+        os._exit(REIMPORTED_MAIN_EXIT)
+
+
 def describe_exit(code: int) -> str:
     if code == PREEMPTED_EXIT:
         return "was stopped (SIGTERM) and wrote its state"
+    if code == REIMPORTED_MAIN_EXIT:
+        return REIMPORTED_MAIN
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"

@@ -132,3 +132,31 @@ def test_a_long_tmpdir_puts_the_servers_socket_under_tmp(tmp_path: Path) -> None
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert json.loads((out / "summary.json").read_text())["steps"] == 5
     assert not list(temp.iterdir())
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_change(tmp_path: Path) -> None:
+    """multiprocessing runs the driver's script again in each rank it starts; a script that
+    calls phalanx.train at its top level (no ``if __name__ == "__main__":``) started a
+    second run there: a traceback from every rank (multiprocessing's RuntimeError) and
+    "worker 0 exited with code 1". Each rank now exits at once (REIMPORTED_MAIN_EXIT), the
+    driver's error says what to change, and the same script with the guard trains."""
+    body = ('phalanx.train("mlp", "synthetic", strategy="sync", workers=2, max_steps=5, '
+            f'progress=False, tensorboard=False, out={str(tmp_path / "run")!r}, '
+            'overwrite=True)\nprint("trained")\n')
+    bare = tmp_path / "bare.py"
+    bare.write_text("import phalanx\n" + body)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, str(bare)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "trained" not in r.stdout, r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("phalanx.runtime.launch.WorkerFailed: worker ") and last.endswith(
+        'put that call under `if __name__ == "__main__":`'), r.stderr
+    assert "RuntimeError" not in r.stderr and r.stderr.count("Traceback") == 1, r.stderr
+    assert time.monotonic() - t0 < 60
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text("import phalanx\nif __name__ == '__main__':\n"
+                       + "".join(f"    {line}\n" for line in body.splitlines()))
+    r = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "trained", r.stdout + r.stderr
