@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
 from collections.abc import Iterator
 
 PREEMPTED_EXIT = 75      # EX_TEMPFAIL: stopped on request, continue later from the checkpoint
@@ -26,15 +25,23 @@ class Stop(BaseException):
 
 
 class _StopRequest:
-    """The one flag a signal handler may set (signals are per process, so is this)."""
+    """The one flag a signal handler may set (signals are per process, so is this).
+
+    Plain attributes, no lock: the handler runs in the main thread between two bytecodes,
+    and a second SIGTERM can run it again inside itself (the driver repeats its SIGTERM
+    every 0.2 s until a rank ends). It was a ``threading.Event``, whose ``set()`` takes a
+    lock: a shard whose first handler held it when the second SIGTERM came waited for
+    itself for ever (seen in a stack dump: ``handle -> Event.set -> Condition.__enter__``
+    nested once per later SIGTERM; the run hung until killed, about 1 stop in 100 under
+    load)."""
 
     def __init__(self) -> None:
         self.armed = False
         self.waiting = False  # inside interruptible(): the handler raises Stop
-        self.requested = threading.Event()
+        self.requested = False
 
     def handle(self, signum: int, frame: object) -> None:
-        self.requested.set()
+        self.requested = True
         if self.waiting:
             self.waiting = False  # once: the code that handles Stop is not cut again
             raise Stop()
@@ -56,7 +63,7 @@ def armed() -> bool:
 
 def requested() -> bool:
     """A stop was asked for (SIGTERM arrived since :func:`arm`)."""
-    return _STOP.requested.is_set()
+    return _STOP.requested
 
 
 @contextlib.contextmanager
