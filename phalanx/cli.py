@@ -7,6 +7,7 @@ Every user error (bad flag, bad value, bad file) prints one line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from phalanx.config import RunConfig
 from phalanx.entry.api import train
 from phalanx.entry.flags import _Parser, add_run_config_flags, config_from_args, one_line
 from phalanx.entry.paths import check_out, resume_hint
+from phalanx.entry.resume import saved_config
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import cli as experiments_cli
 from phalanx.experiments.demo import STRATEGIES as DEMO_STRATEGIES
@@ -43,10 +45,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         check_out(cfg.out)
     args.interrupt_hint = resume_hint(cfg)
     args.resume_folder = cfg.resume or cfg.out
-    strategy = spec(cfg.strategy)
-    if not cfg.resume and strategy.world_size(cfg) > 1:
+    run = cfg
+    if cfg.resume:  # the run's own strategy and world; train() says what is wrong with it
+        with contextlib.suppress(PhalanxError):
+            run = saved_config(cfg)
+    strategy = spec(run.strategy)
+    if strategy.world_size(run) > 1:
         # its ranks fork from a copy of this process, torch and what the strategy's ranks
-        # need imported, nothing else begun
+        # need imported, nothing else begun (a resumed run too: it started a fresh server,
+        # ~1.5 s of CPU more per resume, each preemption of a scheduled PS job)
         preload(*strategy.preload)
         fork_server_from_here()
     result = train(config=cfg)

@@ -20,6 +20,19 @@ from phalanx.parallel.registry import NAMES, check_config, spec
 
 def resume_config(cfg: RunConfig) -> RunConfig:
     """The configuration of the run in ``cfg.resume``, ready to resume (validated)."""
+    resumed = saved_config(cfg)
+    strategy = spec(resumed.strategy)
+    if strategy.check_resume is None:
+        able = [n for n in NAMES if spec(n).can_resume]
+        raise ConfigError(f"--resume: --strategy {resumed.strategy} cannot resume a run "
+                          f"(only {', '.join(able)} can)")
+    strategy.check_resume(resumed)
+    return resumed
+
+
+def saved_config(cfg: RunConfig) -> RunConfig:
+    """The settings the run in ``cfg.resume`` was started with (its ``config.json``,
+    checked as settings), pointed at its folder; its checkpoints not yet looked at."""
     run_dir = Path(cfg.resume)
     if not run_dir.is_dir():
         raise ConfigError(f"--resume: {run_dir}: no such directory")
@@ -37,11 +50,4 @@ def resume_config(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"--resume: {path}: not a mapping of setting -> value")
     values.update(resume=str(run_dir), out=str(run_dir), kill_worker="", kill_server="",
                   overwrite=False)
-    resumed = check_config(RunConfig.from_mapping(values, source=f"--resume {path}"))
-    strategy = spec(resumed.strategy)
-    if strategy.check_resume is None:
-        able = [n for n in NAMES if spec(n).can_resume]
-        raise ConfigError(f"--resume: --strategy {resumed.strategy} cannot resume a run "
-                          f"(only {', '.join(able)} can)")
-    strategy.check_resume(resumed)
-    return resumed
+    return check_config(RunConfig.from_mapping(values, source=f"--resume {path}"))

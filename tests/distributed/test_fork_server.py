@@ -160,3 +160,47 @@ def test_a_script_without_a_main_guard_is_told_what_to_change(tmp_path: Path) ->
     r = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "trained", r.stdout + r.stderr
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if _ppid(int(p)) == pid:
+                kids.append(int(p))
+        except (OSError, IndexError):
+            pass
+    return kids
+
+
+def test_a_resumed_run_forks_its_ranks_from_the_command_too(tmp_path: Path) -> None:
+    """``phalanx train --resume DIR`` reads the run's strategy from DIR before anything
+    starts and forks its fork server from itself, as a fresh run does (it started a fresh
+    interpreter that imported torch again: ~1.5 s of CPU per resume, each preemption of a
+    scheduled parameter-server job). The resumed run then finishes."""
+    out = tmp_path / "run"
+    flags = ["--no-tensorboard", "--no-progress"]
+    p = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "train", "--strategy", "asp",
+                          "--workers", "2", "--model", "mlp", "--data", "synthetic",
+                          "--max-steps", "1500", "--checkpoint-every", "5", *flags,
+                          "--out", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / "ps_shard0.ckpt").exists() and p.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint"
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 75, err
+    r = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "train", "--resume", str(out),
+                          "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    server = []
+    deadline = time.monotonic() + 30
+    while not server and r.poll() is None and time.monotonic() < deadline:
+        server = [k for k in _children(r.pid) if _comm(k) == FORK_SERVER_NAME]
+        time.sleep(0.05)
+    _, err = r.communicate(timeout=120)
+    assert server, "the resumed run's fork server was not a fork of the command"
+    assert r.returncode == 0, err
+    assert json.loads((out / "summary.json").read_text())["steps"] > 0
