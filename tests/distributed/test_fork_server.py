@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import stacks
+
 from phalanx.runtime.command_fork import FORK_SERVER_NAME
 
 DRIVER = r"""
@@ -162,15 +164,11 @@ def test_a_script_without_a_main_guard_is_told_what_to_change(tmp_path: Path) ->
     assert r.returncode == 0 and r.stdout.strip() == "trained", r.stdout + r.stderr
 
 
-def _children(pid: int) -> list[int]:
-    kids = []
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if _ppid(int(p)) == pid:
-                kids.append(int(p))
-        except (OSError, IndexError):
-            pass
-    return kids
+def _is_server_of(pid: int, parent: int) -> bool:
+    try:
+        return _ppid(pid) == parent and _comm(pid) == FORK_SERVER_NAME
+    except (OSError, IndexError):
+        return False  # gone meanwhile
 
 
 def test_a_resumed_run_forks_its_ranks_from_the_command_too(tmp_path: Path) -> None:
@@ -198,7 +196,7 @@ def test_a_resumed_run_forks_its_ranks_from_the_command_too(tmp_path: Path) -> N
     server = []
     deadline = time.monotonic() + 30
     while not server and r.poll() is None and time.monotonic() < deadline:
-        server = [k for k in _children(r.pid) if _comm(k) == FORK_SERVER_NAME]
+        server = [k for k in stacks.tree(r.pid)[1:] if _is_server_of(k, r.pid)]
         time.sleep(0.05)
     _, err = r.communicate(timeout=120)
     assert server, "the resumed run's fork server was not a fork of the command"
