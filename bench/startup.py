@@ -15,6 +15,11 @@ to the job's first step, its ranks forked from the scheduler's own fork server
 (``schedule_sync2_command``: now) or started as fresh interpreters
 (``schedule_sync2_fresh``: before 2026-11-27; what a scheduler that cannot fork still
 does); each resume of a preempted job pays the same start again.
+
+And ``phalanx train --resume`` of a preempted ASP N=2 run: from the command's launch to the
+resumed attempt's first step, its fork server a fork of the command (``resume_asp2_command``:
+now) or a fresh interpreter (``resume_asp2_fresh``: what every resume did before
+2026-11-27).
 """
 
 from __future__ import annotations
@@ -83,6 +88,55 @@ def schedule_first_step_s(method: str, tmp: Path) -> float:
     return min(e["unix"] for e in events if e["kind"] == "train") - t0
 
 
+RESUMED = ["--strategy", "asp", "--workers", "2", "--model", "mlp", "--data", "synthetic",
+           "--max-steps", "1000000", "--checkpoint-every", "5", "--no-progress",
+           "--no-tensorboard"]
+
+
+def _preempted_run(out: Path) -> None:
+    """An ASP N=2 run stopped by SIGTERM after its shard's first checkpoint."""
+    p = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "train", *RESUMED, "--out",
+                          str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, cwd=_common.ROOT)
+    deadline = time.monotonic() + 120
+    while not (out / "ps_shard0.ckpt").exists():
+        if p.poll() is not None or time.monotonic() > deadline:
+            p.kill()
+            raise SystemExit("startup bench: the run to resume failed: "
+                             f"{p.communicate()[1][-500:]}")
+        time.sleep(0.05)
+    p.terminate()
+    if p.wait(timeout=120) == 0:
+        raise SystemExit("startup bench: the run to resume finished instead of stopping")
+
+
+def resume_first_step_s(method: str, tmp: Path) -> float:
+    """``phalanx train --resume`` of a preempted ASP N=2 run: seconds from the command's
+    launch to the resumed attempt's first step (then stopped again)."""
+    out = tmp / f"resume-{method}"
+    _preempted_run(out)
+    events = out / "events.jsonl"
+    t0 = time.time()
+    p = subprocess.Popen([sys.executable, "-c", LAUNCH, method, "train", "--resume", str(out),
+                          "--no-progress"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, cwd=_common.ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None:
+            run = [json.loads(line) for line in events.read_text().splitlines() if line]
+            starts = [i for i, e in enumerate(run) if e.get("kind") == "start"]
+            steps = [e["unix"] for e in run[starts[-1]:] if e.get("kind") == "train"] \
+                if len(starts) > 1 else []
+            if steps:
+                return min(steps) - t0
+            time.sleep(0.02)
+        raise SystemExit(f"startup bench: resume ({method}) took no step: "
+                         f"{(p.communicate()[1] if p.poll() is not None else '')[-500:]}")
+    finally:
+        p.terminate()
+        p.wait(timeout=120)
+
+
 def import_torch_s() -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import torch"], check=True)
@@ -92,7 +146,7 @@ def import_torch_s() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true",
-                    help="1 repeat of sync4, asp4 and schedule (under a minute)")
+                    help="1 repeat of sync4, asp4, schedule and resume (under a minute)")
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     reps = 1 if a.quick else a.repeats
@@ -101,7 +155,11 @@ def main() -> None:
     results: dict = {"load_1min_before": round(load, 2)}
     times: dict[str, list[float]] = {"import_torch": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(reps):
+        for rep in range(reps):
+            # a folder per repeat: a second schedule into the same folder appended to its
+            # job's events, and the first repeat's step made the time negative
+            here = Path(tmp) / f"rep{rep}"
+            here.mkdir()
             times["import_torch"].append(import_torch_s())
             for case in cases:
                 for method in METHODS:  # alternated: the same load for each
@@ -111,9 +169,13 @@ def main() -> None:
             for method, name in (("command", "command"), ("forkserver", "fresh")):
                 # under ``schedule`` the forkserver method means no fork of the command:
                 # the ranks are fresh interpreters (Popen), as before
-                t = schedule_first_step_s(method, Path(tmp))
+                t = schedule_first_step_s(method, here)
                 times.setdefault(f"schedule_sync2_{name}", []).append(t)
                 print(f"schedule   {name:10s} first step after {t:5.2f} s", flush=True)
+            for method, name in (("command", "command"), ("forkserver", "fresh")):
+                t = resume_first_step_s(method, here)
+                times.setdefault(f"resume_asp2_{name}", []).append(t)
+                print(f"resume     {name:10s} first step after {t:5.2f} s", flush=True)
     med = {k: round(_common.median(v), 3) for k, v in times.items()}
     # the summary's start-up phases (medians; the driver's own start-up, before its
     # "start" event, is the rest of the time to the first step)
@@ -130,6 +192,8 @@ def main() -> None:
                    for case in cases for m in METHODS[1:]})
     ratios["schedule_sync2_fresh_over_command"] = round(
         med["schedule_sync2_fresh"] / med["schedule_sync2_command"], 2)
+    ratios["resume_asp2_fresh_over_command"] = round(
+        med["resume_asp2_fresh"] / med["resume_asp2_command"], 2)
     targets = {"sync4_command_first_step_s": "<= 3.0"}
     met = {"sync4_command_first_step_s": med["sync4_command"] <= 3.0}
     print(json.dumps({"bench": "startup", "results": results, "ratios": ratios,
