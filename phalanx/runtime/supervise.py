@@ -61,10 +61,6 @@ def default_name(rank: int) -> str:
 # it in the rank (no ``if __name__ == "__main__":`` around the call): it exits with this
 # (EX_CONFIG) before doing anything, and the driver says what to change
 REIMPORTED_MAIN_EXIT = 78
-REIMPORTED_MAIN = ("exited at once: it runs your script again on starting (Python's "
-                   "multiprocessing does, to find the script's functions), and the script "
-                   "called phalanx.train again; put that call under "
-                   "`if __name__ == \"__main__\":`")
 
 
 def refuse_reimported_main() -> None:
@@ -80,7 +76,9 @@ def describe_exit(code: int) -> str:
     if code == PREEMPTED_EXIT:
         return "was stopped (SIGTERM) and wrote its state"
     if code == REIMPORTED_MAIN_EXIT:
-        return REIMPORTED_MAIN
+        return ("exited at once: it runs your script again on starting (Python's "
+                "multiprocessing does, to find the script's functions), and the script called "
+                "phalanx.train again; put that call under `if __name__ == \"__main__\":`")
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
