@@ -42,12 +42,28 @@ LONGEST_FIRST = (
 )
 
 
+def pytest_addoption(parser):
+    parser.addoption("--file-order-seed", type=int, default=None,
+                     help="hand out the test files in an order shuffled with this seed "
+                          "(the tests of a file keep theirs) instead of longest first: "
+                          "tools/flakes.py's random order")
+
+
 def pytest_collection_modifyitems(config, items):
-    """The longest files first (``LONGEST_FIRST``; the rest keep their order). Tests
-    marked ``gpu`` need CUDA: without it they are skipped, saying so."""
+    """The longest files first (``LONGEST_FIRST``; the rest keep their order), or the files
+    shuffled (``--file-order-seed``). Tests marked ``gpu`` need CUDA: without it they are
+    skipped, saying so."""
+    import random
+
     import pytest
 
-    rank = {f: i for i, f in enumerate(LONGEST_FIRST)}
+    seed = config.getoption("--file-order-seed")
+    if seed is None:
+        rank = {f: i for i, f in enumerate(LONGEST_FIRST)}
+    else:
+        files = sorted({item.nodeid.split("::")[0] for item in items})
+        random.Random(seed).shuffle(files)
+        rank = {f: i for i, f in enumerate(files)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
     if torch.cuda.is_available():
         return
