@@ -16,6 +16,7 @@ from pathlib import Path
 from phalanx import __version__
 from phalanx.cluster.cli import simulate as cluster_cli
 from phalanx.config import RunConfig
+from phalanx.dashboard import cli as dashboard_cli
 from phalanx.entry.api import train
 from phalanx.entry.flags import _Parser, add_run_config_flags, config_from_args, one_line
 from phalanx.entry.paths import check_out, resume_hint
@@ -35,7 +36,7 @@ from phalanx.runtime.stop_flag import PREEMPTED_EXIT
 from phalanx.runtime.supervise import preload
 
 # modules that add sub-commands: each has register(subparsers)
-COMMAND_MODULES = (cluster_cli, experiments_cli)
+COMMAND_MODULES = (cluster_cli, experiments_cli, dashboard_cli)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

@@ -26,7 +26,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ps", ("phalanx.ps",)),
     ("parallel", ("phalanx.parallel",)),
     ("entry", ("phalanx.entry",)),
-    ("experiments, cluster", ("phalanx.experiments", "phalanx.cluster")),
+    # the dashboard reads the scheduler's topology files; `phalanx schedule --dashboard`
+    # serves it: one layer, and it imports nothing of the training side (no torch)
+    ("experiments, cluster, dashboard", ("phalanx.experiments", "phalanx.cluster",
+                                         "phalanx.dashboard")),
     ("command", ("phalanx.cli", "phalanx.__main__", "phalanx")),
 ]
 
@@ -39,6 +42,9 @@ LAZY = {
     # Ray's device actors import the engines package (without torch: ~1.5 s per actor);
     # the rank the local engine forks imports torch, and only the scheduler needs it
     ("phalanx.cluster.live.engines.local", "phalanx.entry.forked_rank"),
+    # every `phalanx` command builds its parser with `dashboard` in it: the web stack
+    # (Starlette, uvicorn: ~0.15 s) is imported only when a dashboard is served
+    ("phalanx.dashboard.serve", "phalanx.dashboard.app"),
 }
 
 

@@ -46,6 +46,7 @@ from phalanx.cluster.live.state import load as load_state
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
 from phalanx.cluster.policies.ordering import parse_thresholds
+from phalanx.dashboard.beside import serve_beside
 from phalanx.errors import ConfigError
 from phalanx.parallel import registry
 from phalanx.runtime.command_fork import fork_server_from_here
@@ -112,6 +113,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="continue the schedule whose --out is OUT after its scheduler died "
                         "(the same --jobs and --cluster): finished jobs are not run again, "
                         "the others resume from their checkpoints")
+    p.add_argument("--dashboard", type=int, default=None, metavar="PORT",
+                   help="serve the read-only dashboard of --out on 127.0.0.1:PORT while the "
+                        "schedule runs (0: any free port; docs/dashboard.md)")
     p.set_defaults(func=_cmd_schedule)
     remember_defaults(p)
 
@@ -175,6 +179,9 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     except OSError:
         raise ConfigError(f"--out {out}: cannot create a folder there") from None
     with contextlib.ExitStack() as stack:
+        if args.dashboard is not None:
+            stack.callback(serve_beside(out, topology, [(j.spec.name, j.spec.submit)
+                                                        for j in jobs], args.dashboard).stop)
         # the engine's executor; a cluster it starts here is stopped when ``stack`` closes
         executor = ENGINES.get(args.engine)(topology, EngineOptions(
             python=config.python, ray_address=args.ray_address,
