@@ -1,0 +1,258 @@
+"""The analytical model: one step of a strategy on a network, from the workload layer, the
+collectives of the system layer and the network layer's alpha-beta phases.
+
+Placement: worker i runs on device i (workers packed server by server, as the scheduler's
+pack policy places a gang). Parameter-server shards run on CPU-only machines of their own
+(``dedicated``, BytePS's servers) or one on each of the first S workers' servers
+(``colocated``, TensorFlow's usual set-up).
+
+The asynchronous family gets a bound here (a worker's cycle alone, or the shards' capacity
+for N workers, whichever is slower); the event simulation (:mod:`phalanx.scale.eventsim`)
+gives its queueing and staleness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from phalanx.errors import ConfigError
+from phalanx.scale import collectives as C
+from phalanx.scale.collectives import CommCost
+from phalanx.scale.network import Network
+from phalanx.scale.overlap import bucket_timeline
+from phalanx.scale.setting import ASYNC, Prediction, Setting
+from phalanx.scale.workload import Workload
+
+
+def _check_fits(net: Network, n: int) -> None:
+    if n > net.devices:
+        raise ConfigError(f"--workers: {n} do not fit cluster {net.topology.name!r} "
+                          f"({net.devices} devices)")
+
+
+def _result(s: Setting, w: Workload, *, compute: float, exposed: float, comm: CommCost,
+            server: float = 0.0, bubble: float = 0.0, straggler: float = 0.0,
+            samples: float, staleness: float | None = None, notes: tuple[str, ...] = (),
+            step: float | None = None) -> Prediction:
+    step_s = step if step is not None else compute + exposed + server + bubble + straggler
+    single = w.batch / w.step_compute_s
+    rate = samples / step_s
+    return Prediction(s.strategy, s.workers, step_s, compute, exposed, comm.seconds, server,
+                      bubble, straggler, comm.bytes_per_worker, comm.bytes_by_level,
+                      comm.bottleneck, samples, rate, rate / (s.workers * single), staleness,
+                      notes)
+
+
+def _grad_exchange(s: Setting, net: Network, devices: list[int], w: Workload
+                   ) -> Callable[[float], CommCost]:
+    """The sync strategies' exchange of ``bytes`` of gradient (compressed as set)."""
+    comp = s.compress
+
+    def exchange(nbytes: float) -> CommCost:
+        if comp.topk:  # (index, value) pairs of the top fraction, gathered from everyone
+            return C.all_gather_ring(net, devices, nbytes / w.element_size * comp.topk * 8)
+        return C.allreduce(s.allreduce, net, devices, nbytes * comp.dense_scale)
+    return exchange
+
+
+def predict(w: Workload, s: Setting, net: Network) -> Prediction:
+    """Predict one step of ``s`` for ``w`` on ``net``."""
+    _check_fits(net, s.workers)
+    try:
+        fn = _STRATEGIES[s.strategy]
+    except KeyError:
+        raise ConfigError(f"--strategy: {s.strategy!r} has no model") from None
+    return fn(w, s, net)
+
+
+def _single(w: Workload, s: Setting, net: Network) -> Prediction:
+    return _result(s, w, compute=w.step_compute_s, exposed=0.0, comm=C.NONE, samples=w.batch)
+
+
+def _sync(w: Workload, s: Setting, net: Network) -> Prediction:
+    devices = list(range(s.workers))
+    exchange = _grad_exchange(s, net, devices, w)
+    cap = int(s.bucket_mb * 1e6)
+    tl = bucket_timeline(w, cap, lambda b: exchange(b).seconds)
+    whole = exchange(float(w.grad_bytes))  # bytes and levels of one step's gradient
+    strag = w.step_compute_s * (s.stragglers.expected_max(s.workers) - 1)
+    comm = CommCost(tl.comm_s, whole.bytes_per_worker, whole.bytes_by_level, whole.bottleneck)
+    notes = (f"{tl.buckets} buckets of <= {s.bucket_mb:g} MB; {s.allreduce} allreduce",)
+    if w.sparse is not None:
+        notes += ("the embedding gradient travels densified (whole table), as phalanx's "
+                  "buckets send it",)
+    return _result(s, w, compute=w.step_compute_s, exposed=tl.exposed_s, comm=comm,
+                   straggler=strag, samples=w.batch * s.workers, notes=notes)
+
+
+def _average(w: Workload, s: Setting, net: Network) -> Prediction:
+    devices = list(range(s.workers))
+    per = C.allreduce(s.allreduce, net, devices, w.grad_bytes * s.compress.dense_scale)
+    comm = per.scaled(1.0 / s.period)
+    strag = w.step_compute_s * (s.stragglers.expected_max(s.workers) - 1)
+    return _result(s, w, compute=w.step_compute_s, exposed=comm.seconds, comm=comm,
+                   straggler=strag, samples=w.batch * s.workers,
+                   notes=(f"parameters averaged every {s.period} steps, after the step",))
+
+
+def ps_layout(net: Network, s: Setting) -> tuple[Network, list[int]]:
+    """The network with the shards' machines and the shards' device ids."""
+    if s.server_placement == "dedicated":
+        bigger = net.with_extra(s.servers)
+        return bigger, [net.devices + i for i in range(s.servers)]
+    servers = sorted({net.server_of(d) for d in range(s.workers)})
+    if s.servers > len(servers):
+        raise ConfigError(f"--servers: {s.servers} colocated shards need as many worker "
+                          f"servers; the workers use {len(servers)}")
+    first = {}
+    for d in range(s.workers):
+        first.setdefault(net.server_of(d), d)
+    return net, [first[servers[i]] for i in range(s.servers)]
+
+
+def ps_bytes(w: Workload, s: Setting) -> tuple[float, float]:
+    """(push, pull) bytes per worker per exchange: the CTR table's rows travel sparse
+    (distinct rows of the batch: ids + values), the rest dense (compressed on the push)."""
+    dense = w.dense_params * w.element_size
+    push = dense * s.compress.dense_scale
+    if s.compress.topk:
+        push = w.dense_params * s.compress.topk * 8
+    pull = float(dense)
+    if w.sparse is not None:
+        rows = w.sparse.unique_rows(w.batch)
+        sparse = rows * (w.sparse.dim * w.element_size + 8)
+        push, pull = push + sparse, pull + sparse
+    return push, pull
+
+
+def _ps_costs(w: Workload, s: Setting, net: Network, workers: list[int]
+              ) -> tuple[CommCost, CommCost, float]:
+    big, shards = ps_layout(net, s)
+    push_b, pull_b = ps_bytes(w, s)
+    frac = [1.0 / s.servers] * s.servers
+    push, pull = C.ps_exchange(big, workers, shards, frac, push_b, pull_b, duplex=s.duplex)
+    # a shard applies every worker's push one after another
+    server = len(workers) * (s.server_msg_s + push_b / s.servers * s.server_byte_s)
+    return push, pull, server
+
+
+def _bsp(w: Workload, s: Setting, net: Network) -> Prediction:
+    workers = list(range(s.workers))
+    push, pull, server = _ps_costs(w, s, net, workers)
+    comm = push + pull
+    strag = w.step_compute_s * (s.stragglers.expected_max(s.workers) - 1)
+    notes = (f"{s.servers} shard(s), {s.server_placement}; push then pull"
+             + (" (overlapped, duplex)" if s.duplex else ""),)
+    return _result(s, w, compute=w.step_compute_s, exposed=comm.seconds, comm=comm,
+                   server=server, straggler=strag, samples=w.batch * s.workers, notes=notes)
+
+
+def _async(w: Workload, s: Setting, net: Network) -> Prediction:
+    """A worker's cycle: max(its cycle alone, the shards' time for N workers' exchanges);
+    downpour pushes every npush and fetches every nfetch steps."""
+    workers = list(range(s.workers))
+    alone_push, alone_pull, _ = _ps_costs(w, s, net, workers[:1])
+    push, pull, server = _ps_costs(w, s, net, workers)
+    every_push = s.npush if s.strategy == "downpour" else 1
+    every_pull = s.nfetch if s.strategy == "downpour" else 1
+    compute = w.step_compute_s * s.stragglers.mean(s.workers)
+    alone = compute + alone_push.seconds / every_push + alone_pull.seconds / every_pull
+    shared = push.seconds / every_push + pull.seconds / every_pull + server / every_push
+    step = max(alone, shared)
+    comm = push.scaled(1.0 / every_push) + pull.scaled(1.0 / every_pull)
+    staleness = float(s.workers - 1)  # ASP's mean when pushes interleave evenly
+    if s.strategy == "softsync":
+        staleness = s.workers / s.softsync - 1 if s.softsync < s.workers else 0.0
+    elif s.strategy == "ssp":
+        staleness = min(staleness, float(s.staleness * s.workers))
+    bound = "shards" if shared > alone else "worker"
+    return _result(s, w, compute=compute, exposed=step - compute, comm=comm,
+                   samples=w.batch * s.workers, staleness=max(staleness, 0.0), step=step,
+                   server=0.0,
+                   notes=(f"bound by the {bound}; staleness is the even-interleaving estimate:"
+                          " run the event simulation (phalanx scale async) for its "
+                          "distribution",))
+
+
+def _hogwild(w: Workload, s: Setting, net: Network) -> Prediction:
+    if net.server_of(s.workers - 1) != net.server_of(0):
+        raise ConfigError(f"--workers: hogwild shares one machine's memory; {s.workers} "
+                          f"workers span several servers")
+    # every worker writes its update into the one shared copy (device 0's memory)
+    comm = C.point_to_point(net, [(d, 0) for d in range(1, s.workers)], float(w.grad_bytes))
+    return _result(s, w, compute=w.step_compute_s, exposed=comm.seconds, comm=comm,
+                   samples=w.batch * s.workers, staleness=float(s.workers - 1),
+                   notes=("lock-free writes to shared memory; staleness ~ N-1 (estimate)",))
+
+
+def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, batch: float
+                   ) -> tuple[float, float, float, CommCost]:
+    """(compute per stage, bubble, send time, sends) of GPipe over ``devices`` as stages."""
+    p = len(devices)
+    per_stage = w.step_compute_s * batch / w.batch / p
+    act = w.activation_bytes * batch / micro
+    pairs = [(devices[i], devices[i + 1]) for i in range(p - 1)]
+    send = C.point_to_point(net, pairs, act)
+    slot = per_stage / micro + 2 * send.seconds  # forward send + backward send per micro
+    bubble = (p - 1) * slot
+    sends = CommCost(2 * micro * send.seconds, 2 * micro * act,
+                     {k: v * 2 * micro for k, v in send.bytes_by_level.items()},
+                     send.bottleneck)
+    return per_stage, bubble, 2 * micro * send.seconds, sends
+
+
+def _model_parallel(w: Workload, s: Setting, net: Network) -> Prediction:
+    devices = list(range(s.workers))
+    per_stage, bubble, send_s, sends = _pipeline_step(w, net, devices, 1, w.batch)
+    return _result(s, w, compute=per_stage, exposed=send_s, comm=sends, bubble=bubble,
+                   samples=w.batch, notes=("layers split over N stages, one batch in flight",))
+
+
+def _pipeline(w: Workload, s: Setting, net: Network) -> Prediction:
+    devices = list(range(s.workers))
+    per_stage, bubble, send_s, sends = _pipeline_step(w, net, devices, s.micro_batches, w.batch)
+    p, m = s.workers, s.micro_batches
+    return _result(s, w, compute=per_stage, exposed=send_s, comm=sends, bubble=bubble,
+                   samples=w.batch,
+                   notes=(f"GPipe: bubble (P-1)/(M+P-1) = {(p - 1) / (m + p - 1):.3f} of the "
+                          f"slots",))
+
+
+def _hybrid(w: Workload, s: Setting, net: Network) -> Prediction:
+    p = s.stages or min(4, s.workers)
+    if s.workers % p:
+        raise ConfigError(f"--stages: {p} does not divide --workers {s.workers}")
+    r = s.workers // p
+    per_stage, bubble, send_s, sends = _pipeline_step(w, net, list(range(p)),
+                                                      s.micro_batches, w.batch)
+    groups = [[rep * p + st for rep in range(r)] for st in range(p)]
+    dp = C.ring_groups(net, groups, w.grad_bytes / p * s.compress.dense_scale)
+    comm = sends + dp
+    return _result(s, w, compute=per_stage, exposed=send_s + dp.seconds, comm=comm,
+                   bubble=bubble, samples=w.batch * r,
+                   notes=(f"{p} stages x {r} replicas; each stage's gradient allreduced "
+                          f"among its replicas after the pipeline",))
+
+
+def _tensor(w: Workload, s: Setting, net: Network) -> Prediction:
+    t, r = s.tensor, s.workers // s.tensor
+    tp_groups = [list(range(i * t, (i + 1) * t)) for i in range(r)]
+    act = w.activation_bytes * w.batch
+    # Megatron: 2 allreduces of the activations per layer forward, 2 backward
+    one = C.ring_groups(net, tp_groups, act)
+    tp = one.scaled(4 * max(w.tp_layers, 1)) if t > 1 else C.NONE
+    dp_groups = [[rep * t + i for rep in range(r)] for i in range(t)]
+    dp = C.ring_groups(net, dp_groups, w.grad_bytes / t * s.compress.dense_scale)
+    compute = w.step_compute_s / t
+    exposed = tp.seconds + max(0.0, dp.seconds - compute * w.backward_fraction)
+    return _result(s, w, compute=compute, exposed=exposed, comm=tp + dp, samples=w.batch * r,
+                   notes=(f"tensor degree {t} x {r} replicas; {4 * max(w.tp_layers, 1)} "
+                          f"activation allreduces per step on the critical path",))
+
+
+_STRATEGIES: dict[str, Callable[[Workload, Setting, Network], Prediction]] = {
+    "single": _single, "sync": _sync, "average": _average, "bsp": _bsp,
+    "sandblaster": _bsp, "hogwild": _hogwild, "model-parallel": _model_parallel,
+    "pipeline": _pipeline, "hybrid": _hybrid, "tensor": _tensor,
+    **{name: _async for name in ASYNC},
+}

@@ -1,0 +1,231 @@
+"""The workload layer: what one training step of a model computes and which bytes it must
+exchange, independent of any strategy or network.
+
+A :class:`Workload` is the model's layers in registration order (parameters and the share of
+the step's compute each takes), its per-worker batch, the compute time of one step (forward
+and backward) on the reference device, and the extras some strategies need (activation bytes
+at a stage cut, the CTR table's sparse rows).
+
+Compute comes from one of three sources, and the workload says which (``compute_source``):
+
+* ``profile``: measured here (``phalanx.scale.profile``, ``--profile-here``);
+* ``table``: FLOPs per sample / (a device's peak FLOP/s x an efficiency the user sets);
+* ``paper``: a published per-device throughput (samples/s), an assumption cited with it.
+
+The catalog's published models have their parameter counts from the torchvision / the
+papers' architectures, split per stage; the per-stage compute shares are approximate FLOP
+shares (labelled so in ``notes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from phalanx.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    name: str
+    params: int
+    compute_share: float  # fraction of the step's compute in this layer (forward = backward)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sparse:
+    """An embedding table updated by rows: ``rows`` ids of ``dim`` floats, ids drawn Zipf(s)
+    with ``lookups`` per sample (the CTR model's fields)."""
+
+    rows: int
+    dim: int
+    zipf_s: float
+    lookups: int
+
+    def unique_rows(self, samples: int) -> float:
+        """Expected distinct rows touched by ``samples`` samples: sum_i 1 - (1 - p_i)^draws
+        (ids i.i.d. Zipf(s) over the table)."""
+        draws = samples * self.lookups
+        weights = [1.0 / (i ** self.zipf_s) for i in range(1, self.rows + 1)]
+        z = sum(weights)
+        return sum(1.0 - (1.0 - w / z) ** draws for w in weights)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    name: str
+    layers: tuple[Layer, ...]
+    batch: int                      # samples per worker per step
+    step_compute_s: float           # forward + backward of one step on one reference device
+    backward_fraction: float = 2 / 3
+    element_size: int = 4           # bytes per gradient element (fp32)
+    activation_bytes: float = 0.0   # bytes per sample at a pipeline / tensor cut
+    tp_layers: int = 0              # layers with Megatron-style tensor-parallel allreduces
+    sparse: Sparse | None = None
+    compute_source: str = "paper"
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ConfigError(f"workload {self.name}: no layers")
+        if self.batch < 1:
+            raise ConfigError(f"--batch: {self.batch} is not >= 1")
+        if not self.step_compute_s > 0:
+            raise ConfigError(f"workload {self.name}: step compute must be > 0 s")
+        if not 0 < self.backward_fraction < 1:
+            raise ConfigError(f"workload {self.name}: backward fraction must be in (0, 1)")
+
+    @property
+    def params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    @property
+    def grad_bytes(self) -> int:
+        return self.params * self.element_size
+
+    @property
+    def dense_params(self) -> int:
+        """Parameters outside the sparse table (all of them without one)."""
+        if self.sparse is None:
+            return self.params
+        return self.params - self.sparse.rows * self.sparse.dim
+
+    def with_batch(self, batch: int) -> Workload:
+        """Same model at another per-worker batch: compute scales linearly (the per-sample
+        cost of a device already saturated by the reference batch)."""
+        return replace(self, batch=batch, step_compute_s=self.step_compute_s * batch / self.batch)
+
+    def with_compute(self, step_compute_s: float, source: str) -> Workload:
+        return replace(self, step_compute_s=step_compute_s, compute_source=source)
+
+    def backward_timeline(self) -> list[tuple[int, float]]:
+        """(layer index, time since backward began when its gradient is final), in the order
+        autograd finishes them: last layer first."""
+        bwd = self.step_compute_s * self.backward_fraction
+        total = sum(layer.compute_share for layer in self.layers) or 1.0
+        t, out = 0.0, []
+        for i in reversed(range(len(self.layers))):
+            t += bwd * self.layers[i].compute_share / total
+            out.append((i, t))
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """A device of the per-device table: peak FLOP/s and the fraction of it training reaches
+    (an assumption unless calibrated)."""
+
+    name: str
+    peak_flops: float
+    efficiency: float = 0.4
+
+
+DEVICES = {
+    "p100": Device(name="p100", peak_flops=9.3e12),
+    "v100": Device(name="v100", peak_flops=15.7e12),
+    "a100": Device(name="a100", peak_flops=19.5e12),
+    "h100": Device(name="h100", peak_flops=67e12),
+}
+
+
+def from_flops(workload: Workload, flops_per_sample: float, device: Device) -> Workload:
+    """Compute time from the table: 3 x forward FLOPs per sample (forward + backward) x batch
+    / (peak x efficiency)."""
+    t = 3 * flops_per_sample * workload.batch / (device.peak_flops * device.efficiency)
+    return workload.with_compute(t, f"table: {device.name} {device.peak_flops / 1e12:g} "
+                                    f"TFLOP/s x {device.efficiency:g}")
+
+
+def _layers(stages: list[tuple[str, int, float]]) -> tuple[Layer, ...]:
+    return tuple(Layer(name=n, params=p, compute_share=c) for n, p, c in stages)
+
+
+# parameter counts: torchvision's architectures (conv + bn + fc weights), split by stage;
+# compute shares: forward GFLOPs per stage, approximate
+VGG16 = _layers([("block1", 38_720, 1.94), ("block2", 221_440, 2.77),
+                 ("block3", 1_475_328, 4.62), ("block4", 5_899_776, 4.62),
+                 ("block5", 7_079_424, 1.39), ("fc6", 102_764_544, 0.103),
+                 ("fc7", 16_781_312, 0.017), ("fc8", 4_097_000, 0.004)])
+RESNET101 = _layers([("stem", 9_536, 0.118), ("layer1", 215_808, 0.68),
+                     ("layer2", 1_219_584, 1.03), ("layer3", 26_090_496, 4.6),
+                     ("layer4", 14_964_736, 0.8), ("fc", 2_049_000, 0.002)])
+RESNET50 = _layers([("stem", 9_536, 0.118), ("layer1", 215_808, 0.68),
+                    ("layer2", 1_219_584, 1.03), ("layer3", 7_098_368, 1.47),
+                    ("layer4", 14_964_736, 0.81), ("fc", 2_049_000, 0.002)])
+INCEPTION3 = _layers([("stem", 171_872, 1.0), ("mixed5", 820_000, 1.2),
+                      ("mixed6", 8_190_000, 2.3), ("mixed7", 12_600_000, 1.2),
+                      ("fc", 2_049_000, 0.002)])
+
+
+def _transformer(name: str, layers: int, d: int, vocab: int, seq: int) -> tuple[Layer, ...]:
+    emb = vocab * d + seq * d
+    block = 12 * d * d + 13 * d
+    out = [("embed", emb, 0.02)]
+    out += [(f"block{i}", block, 1.0) for i in range(layers)]
+    return _layers(out)
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    layers: tuple[Layer, ...]
+    batch: int
+    samples_per_s: float  # one device's training throughput at that batch (the assumption)
+    device: str
+    source: str
+    activation_bytes: float = 0.0
+    tp_layers: int = 0
+    sparse: Sparse | None = None
+
+
+# per-device throughputs are assumptions, cited: docs/scale.md lists each
+CATALOG: dict[str, CatalogEntry] = {
+    "vgg16": CatalogEntry(VGG16, 64, 144.0, "p100", "tf_cnn_benchmarks, P100, batch 64",
+                          activation_bytes=25088 * 4),
+    "resnet101": CatalogEntry(RESNET101, 64, 126.0, "p100", "tf_cnn_benchmarks, P100, batch 64",
+                              activation_bytes=1024 * 14 * 14 * 4),
+    "inception3": CatalogEntry(INCEPTION3, 64, 142.0, "p100",
+                               "tf_cnn_benchmarks, P100, batch 64",
+                               activation_bytes=768 * 17 * 17 * 4),
+    "resnet50": CatalogEntry(RESNET50, 32, 360.0, "v100", "fp32 V100, batch 32 (NVIDIA DLE)",
+                             activation_bytes=1024 * 14 * 14 * 4),
+    "gpt2": CatalogEntry(_transformer("gpt2", 12, 768, 50257, 1024), 8, 24.0, "v100",
+                         "GPT-2 small 124M, seq 1024, fp32 V100 (6 x params x tokens "
+                         "FLOPs at ~40% of peak)", activation_bytes=1024 * 768 * 4,
+                         tp_layers=12),
+    "ctr": CatalogEntry(_layers([("embedding", 1_000_000 * 16, 0.05), ("mlp", 400_000, 1.0)]),
+                        512, 20_000.0, "v100", "a DLRM-like click model: 1M x 16 table, "
+                        "26 fields, Zipf(1.1) ids (assumed)",
+                        sparse=Sparse(rows=1_000_000, dim=16, zipf_s=1.1, lookups=26)),
+}
+
+
+def catalog(name: str, batch: int | None = None) -> Workload:
+    """A published model with its per-device throughput assumption."""
+    try:
+        e = CATALOG[name]
+    except KeyError:
+        raise ConfigError(f"--model: {name!r} is not in the catalog ({', '.join(CATALOG)}); "
+                          f"a phalanx model needs --profile-here") from None
+    w = Workload(name=name, layers=e.layers, batch=e.batch,
+                 step_compute_s=e.batch / e.samples_per_s, activation_bytes=e.activation_bytes,
+                 tp_layers=e.tp_layers, sparse=e.sparse, compute_source="paper",
+                 notes=f"compute: {e.samples_per_s:g} samples/s on one {e.device} "
+                       f"({e.source}); assumption")
+    return w.with_batch(batch) if batch else w
+
+
+def describe(w: Workload) -> str:
+    mb = w.grad_bytes / 1e6
+    return (f"{w.name}: {w.params:,} parameters ({mb:.1f} MB fp32), batch {w.batch}, "
+            f"{w.step_compute_s * 1e3:.1f} ms compute per step ({w.compute_source})")
+
+
+def staleness_penalty(mean_staleness: float, per_step: float) -> float:
+    """Steps-to-target multiplier for asynchronous SGD at a mean staleness: 1 + c * tau
+    (a linear model of our staleness studies; ``per_step`` c is its fitted slope)."""
+    return 1.0 + per_step * max(mean_staleness, 0.0)
+
+
+def gns_steps_multiplier(global_batch: float, noise_scale: float) -> float:
+    """McCandlish et al.'s steps-to-target: S = S_min (1 + B_noise / B); returns S / S_min."""
+    return 1.0 + noise_scale / max(global_batch, 1.0)
+
