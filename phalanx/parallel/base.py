@@ -20,6 +20,7 @@ from phalanx.data import Dataset, parse_augment, shard_indices, steps_per_epoch
 from phalanx.metrics.ranking import auc
 from phalanx.models.loss import correct, token_cross_entropy
 from phalanx.runtime.checkpoint import load_checkpoint, save_checkpoint
+from phalanx.runtime.exits import Death, merge_losses, seen_by
 
 ModelFactory = Callable[[], nn.Module]
 
@@ -162,6 +163,19 @@ def write_result(job: Job, model_state: dict[str, torch.Tensor], *, train_sample
         "steps": int(steps),
         "stats": stats_dict(stats),
     })
+
+
+def with_deaths(outcome: Outcome, deaths: list[Death], *, first_worker: int,
+                seer: str = "server") -> Outcome:
+    """``outcome`` with the workers the driver saw die (``deaths``: worker ``w`` is the
+    process of rank ``first_worker + w``) merged into its ``worker_losses`` / ``workers_lost``
+    beside those the servers (``seer``) dropped: one entry per worker, never two lists that
+    disagree (runtime/exits.py)."""
+    stats = outcome.stats_dict()
+    driver = {d.rank - first_worker: d for d in deaths if d.rank >= first_worker}
+    losses = merge_losses(seen_by(stats.get("worker_losses", []), seer), driver, seer=seer)
+    stats.update(workers_lost=[e["worker"] for e in losses], worker_losses=losses)
+    return dataclasses.replace(outcome, stats=stats)
 
 
 def read_result(job: Job) -> Outcome:

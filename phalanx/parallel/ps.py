@@ -43,13 +43,7 @@ from phalanx.comm.transport import GlooTransport, Transport
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.metrics import EventLog
-from phalanx.parallel.base import (
-    Job,
-    Outcome,
-    read_result,
-    stats_dict,
-    write_result,
-)
+from phalanx.parallel.base import Job, Outcome, read_result, stats_dict, with_deaths, write_result
 from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.ps_worker import WorkerStats, steps_per_worker, worker_main
 from phalanx.parallel.spec import StrategySpec, nothing, workers_momentum
@@ -61,12 +55,8 @@ from phalanx.ps.server import Layout, ShardResult, gather_final, send_final, ser
 from phalanx.ps.shard import ShardState
 from phalanx.rules import UpdateRule, dc_asgd, make_rule, staleness_scaled
 from phalanx.runtime import preempt, stop_flag
-from phalanx.runtime.faults import (
-    KILLED_SERVER_EXIT,
-    die,
-    kill_point,
-    parse_kills,
-)
+from phalanx.runtime.exits import Death, merge_losses
+from phalanx.runtime.faults import KILLED_SERVER_EXIT, die, kill_point, parse_kills
 from phalanx.runtime.launch import spawn
 from phalanx.runtime.placement import DeviceSupport, setup_rank, spawn_backend
 from phalanx.runtime.signals import make_run_tempdir
@@ -151,33 +141,35 @@ def run(job: Job, log: EventLog) -> Outcome:
     shm = (make_run_tempdir(SHM_PREFIX, SHM_ROOT) if job.config.transport != "gloo"
            else None)
     try:
-        _spawn(job, servers, shm)
+        deaths = _spawn(job, servers, shm, log)
     finally:
         if shm is not None:
             shutil.rmtree(shm, ignore_errors=True)
-    return read_result(job)
+    # the servers' view of the lost workers (in the result) and the driver's, merged
+    return with_deaths(read_result(job), deaths, first_worker=servers)
 
 
-def _spawn(job: Job, servers: int, shm: str | None) -> None:
+def _spawn(job: Job, servers: int, shm: str | None, log: EventLog) -> list[Death]:
     cfg = job.config
     goes_on = cfg.on_worker_loss == "continue"
     # a worker that dies (crash, kill -9, OOM) is the servers' to drop by its heartbeats
     # under --on-worker-loss continue; under stop its death ends the run at once
-    spawn(process_main, world_size(cfg), (job, shm),
-          timeout_s=max(120.0, 2 * cfg.ps_timeout),
-          survivable=lambda rank: goes_on and rank >= servers,
-          name=lambda rank: f"server {rank}" if rank < servers else f"worker {rank - servers}",
-          stand_ins=goes_on,  # else a loss ends it at once
-          note=lambda rank: "" if rank < servers else (
-              # continue: its death ended the run only because no stand-in could take its
-              # place (launch._published): a peer may have read its address already
-              "; it had told its peers where to connect, so no stand-in could take its "
-              "place in the rendezvous and the run cannot go on without it" if goes_on
-              else "; --on-worker-loss stop ends the run"),
-          # stopped, the shards write their state first (a checkpoint of the whole slice)
-          saves_on_stop=(lambda rank: rank < servers) if cfg.checkpoint_every else None,
-          grace_s=STOP_GRACE_S if cfg.checkpoint_every else 3.0,
-          backend=spawn_backend(cfg, world_size(cfg), DEVICE))
+    return spawn(
+        process_main, world_size(cfg), (job, shm), timeout_s=max(120.0, 2 * cfg.ps_timeout),
+        survivable=lambda rank: goes_on and rank >= servers,
+        name=lambda rank: f"server {rank}" if rank < servers else f"worker {rank - servers}",
+        stand_ins=goes_on,  # else a loss ends it at once
+        note=lambda rank: "" if rank < servers else (
+            # continue: its death ended the run only because no stand-in could take its
+            # place (launch._published): a peer may have read its address already
+            "; it had told its peers where to connect, so no stand-in could take its "
+            "place in the rendezvous and the run cannot go on without it" if goes_on
+            else "; --on-worker-loss stop ends the run"),
+        # stopped, the shards write their state first (a checkpoint of the whole slice)
+        saves_on_stop=(lambda rank: rank < servers) if cfg.checkpoint_every else None,
+        grace_s=STOP_GRACE_S if cfg.checkpoint_every else 3.0,
+        backend=spawn_backend(cfg, world_size(cfg), DEVICE),
+        on_death=lambda death: log.log("died", **death.event()))
 
 
 def make_transport(cfg: RunConfig, rank: int, world: int, shm: str | None) -> Transport:
@@ -361,7 +353,8 @@ def assemble(job: Job, part, results: list[ShardResult],
         server_updates=int(results[0].stat("updates")), pushes_lost=shards("pushes_lost"),
         pushes_dropped=workers("pushes_dropped"), duplicates=shards("duplicates"),
         pushes_skipped=workers("pushes_skipped"), values_clipped=workers("values_clipped"),
-        pull_resyncs=shards("pull_resyncs"), workers_lost=sorted(lost_workers))
+        pull_resyncs=shards("pull_resyncs"), workers_lost=sorted(lost_workers),
+        worker_losses=merge_losses(lost_workers, {}))
     return model, samples, steps, stats
 
 

@@ -25,7 +25,7 @@ from phalanx.comm.transport import GlooTransport
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.metrics import EventLog
-from phalanx.parallel.base import Job, Outcome, read_result, stats_dict, write_result
+from phalanx.parallel.base import Job, Outcome, read_result, stats_dict, with_deaths, write_result
 from phalanx.parallel.sandblaster_coord import (
     Coordinator,
     check_progress,
@@ -41,6 +41,7 @@ from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stats import SandblasterStats, Traffic
 from phalanx.ps.partition import flat_dense, trainable
 from phalanx.ps.sandblaster_shard import SHARD_STATS, SandblasterShard, serve_shard
+from phalanx.runtime.exits import merge_losses
 from phalanx.runtime.launch import spawn
 
 __all__ = ["SPEC", "check_config", "process_main", "run", "world_size"]
@@ -88,10 +89,13 @@ def run(job: Job, log: EventLog) -> Outcome:
 
     # a worker that dies (crash, kill -9, OOM) is the coordinator's to detect: its portions
     # are re-issued
-    spawn(process_main, world_size(job.config), (job,),
-          timeout_s=max(120.0, 2 * job.config.ps_timeout),
-          survivable=lambda rank: rank >= first_worker, name=name)
-    return read_result(job)
+    deaths = spawn(process_main, world_size(job.config), (job,),
+                   timeout_s=max(120.0, 2 * job.config.ps_timeout),
+                   survivable=lambda rank: rank >= first_worker, name=name,
+                   on_death=lambda death: log.log("died", **death.event()))
+    # the coordinator's view of the lost workers and the driver's, merged
+    return with_deaths(read_result(job), deaths, first_worker=first_worker,
+                       seer="coordinator")
 
 
 def process_main(rank: int, world: int, job: Job) -> None:
@@ -138,6 +142,7 @@ def coordinator_main(job: Job, transport: GlooTransport, layout: SandblasterLayo
         portions_per_worker=c.portions_done, backups_issued=c.backups_issued,
         backups_wasted=c.backups_wasted, portions_reissued=c.reissued,
         workers_lost=sorted(set(coord.lost)), coordinator_bytes=coord.link.bytes,
+        worker_losses=merge_losses(dict.fromkeys(coord.lost), {}, seer="coordinator"),
         coordinator_fetch_bytes=coord.fetch_bytes,
         **{f"shard_{k}": int(v) for k, v in zip(SHARD_STATS, shard_stats)})
     log.log("sandblaster_stats", **stats_dict(stats))

@@ -59,6 +59,9 @@ class ParameterServerStats(Traffic):
     pushes_dropped: int = 0  # dropped by --drop-messages at the workers
     duplicates: int = 0
     workers_lost: list[int] = field(default_factory=list)
+    # one entry per lost worker: who saw it (the driver, a server) and what each knows
+    # (runtime/exits.py: merge_losses)
+    worker_losses: list[dict] = field(default_factory=list)
     pushes_skipped: int = 0  # --compress: NaN / inf gradients not sent (the shards rejected)
     values_clipped: int = 0  # --compress: values beyond the codec's range, clipped
     pull_resyncs: int = 0  # compressed pulls answered in full after a failed checksum
@@ -128,6 +131,7 @@ class SandblasterStats(Traffic):
     backups_wasted: int = 0
     portions_reissued: int = 0
     workers_lost: list[int] = field(default_factory=list)
+    worker_losses: list[dict] = field(default_factory=list)  # as ParameterServerStats'
     coordinator_bytes: int = 0
     coordinator_fetch_bytes: int = 0
     shard_pushes_applied: int = 0

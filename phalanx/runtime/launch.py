@@ -26,6 +26,7 @@ import torch.multiprocessing  # noqa: F401 - registers tensor sharing for spawn
 
 from phalanx.errors import PhalanxError
 from phalanx.runtime import preempt
+from phalanx.runtime.exits import Death
 from phalanx.runtime.signals import child_setup, make_run_tempdir
 from phalanx.runtime.supervise import (
     ERROR_FILE,
@@ -165,8 +166,11 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
           timeout_s: float = DEFAULT_TIMEOUT_S, survivable: Callable[[int], bool] | None = None,
           name: Callable[[int], str] = default_name, stand_ins: bool = True,
           note: Callable[[int], str] | None = None,
-          saves_on_stop: Callable[[int], bool] | None = None, grace_s: float = 3.0) -> None:
+          saves_on_stop: Callable[[int], bool] | None = None, grace_s: float = 3.0,
+          on_death: Callable[[Death], None] | None = None) -> list[Death]:
     """Run ``fn(rank, world, *args)`` in ``world`` fresh processes joined in one group.
+    Returns the processes the run went on without (survivable deaths; ``on_death`` hears of
+    each as the driver sees it).
 
     ``fn`` and ``args`` must be picklable; tensors inside ``args`` travel through shared
     memory, not copies. ``survivable(rank)``: that process may die by a signal without
@@ -193,9 +197,9 @@ def spawn(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str 
                                                    backend, error_dir, args, os.getpid()))
         stand_in = functools.partial(_start_stand_in, store, world, timeout_s, backend,
                                      error_dir) if stand_ins else None
-        supervise(procs, error_dir, first_failure=_first_failure, fail=WorkerFailed,
-                  survivable=survivable, name=name, stand_in=stand_in, note=note,
-                  saves_on_stop=saves_on_stop, grace_s=grace_s)
+        return supervise(procs, error_dir, first_failure=_first_failure, fail=WorkerFailed,
+                         survivable=survivable, name=name, stand_in=stand_in, note=note,
+                         saves_on_stop=saves_on_stop, grace_s=grace_s, on_death=on_death)
     finally:
         shutil.rmtree(error_dir, ignore_errors=True)
         del store

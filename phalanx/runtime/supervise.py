@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import PhalanxError
+from phalanx.runtime import exits
+from phalanx.runtime.exits import Death, describe_exit
 from phalanx.runtime.signals import make_run_tempdir, socket_temp_root
 from phalanx.runtime.stop_flag import PREEMPTED_EXIT
 
@@ -57,34 +59,13 @@ def default_name(rank: int) -> str:
     return f"process {rank}"
 
 
-# A rank that found the driver's script calling phalanx.train again as multiprocessing ran
-# it in the rank (no ``if __name__ == "__main__":`` around the call): it exits with this
-# (EX_CONFIG) before doing anything, and the driver says what to change
-REIMPORTED_MAIN_EXIT = 78
-
-
 def refuse_reimported_main() -> None:
     """In a rank that is running the driver's script on starting (see
-    :data:`REIMPORTED_MAIN_EXIT`): exit at once, before a second run starts processes of
+    :data:`exits.REIMPORTED_MAIN_EXIT`): exit at once, before a second run starts processes of
     its own (multiprocessing would refuse that with a traceback in every rank)."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         sys.stderr.flush()
-        os._exit(REIMPORTED_MAIN_EXIT)
-
-
-def describe_exit(code: int) -> str:
-    if code == PREEMPTED_EXIT:
-        return "was stopped (SIGTERM) and wrote its state"
-    if code == REIMPORTED_MAIN_EXIT:
-        return ("exited at once: it runs your script again on starting (Python's "
-                "multiprocessing does, to find the script's functions), and the script called "
-                "phalanx.train again; put that call under `if __name__ == \"__main__\":`")
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+        os._exit(exits.REIMPORTED_MAIN_EXIT)
 
 
 # What every rank imports before it can do anything (~2 s of CPU for torch alone, per
@@ -302,24 +283,25 @@ def _joined(error_dir: str, rank: int) -> bool:
 
 
 def _survived(rank: int, code: int, error_dir: str, survivable: Callable[[int], bool] | None,
-              stand_in: Callable[[int], Any] | None, name: str) -> Any:
-    """A process that ended with ``code``: False if that ends the run; True if the run goes
-    on without it; a stand-in process (to watch in its place) if one took its place in the
-    group's rendezvous."""
+              stand_in: Callable[[int], Any] | None, name: str) -> tuple[Any, Death | None]:
+    """A process that ended with ``code``: (False, None) if that ends the run; else the
+    :class:`Death` the run goes on without, beside True or a stand-in process (to watch in
+    its place) if one took its place in the group's rendezvous."""
     if code >= 0 or survivable is None or not survivable(rank):
-        return False
+        return False, None
     if _joined(error_dir, rank):
-        said = "; the run goes on without it"
+        said, how = "; the run goes on without it", exits.DIED
         proxy = True
     else:
         proxy = stand_in(rank) if stand_in is not None else None
         if proxy is None:
-            return False  # its peers wait for it in the rendezvous: the run cannot go on
+            return False, None  # its peers wait for it in the rendezvous: the run cannot go on
         said = (" before its process group formed; a stand-in took its place there and the "
                 "run goes on without it")
+        how = exits.STOOD_IN
     sys.stderr.write(f"phalanx: {name} {describe_exit(code)}{said}\n")
     sys.stderr.flush()
-    return proxy
+    return proxy, Death(rank=rank, name=name, exit_code=code, unix=time.time(), how=how)
 
 
 def _cause(fatal: list[tuple[int, int]], first: Any, error_dir: str,
@@ -353,14 +335,23 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
               stand_in: Callable[[int], Any] | None = None,
               note: Callable[[int], str] | None = None,
               saves_on_stop: Callable[[int], bool] | None = None,
-              grace_s: float = 3.0) -> None:
-    """Wait for every process; raise ``fail(message)`` at the first fatal end.
+              grace_s: float = 3.0,
+              on_death: Callable[[Death], None] | None = None) -> list[Death]:
+    """Wait for every process; raise ``fail(message)`` at the first fatal end. Returns the
+    processes the run went on without (a survivable death, or one stopped after the run
+    finished without it), each also handed to ``on_death`` as it is seen.
     ``stand_in(rank)``: a started process in a dead survivable rank's place in the
     rendezvous, or None (see the module). ``note(rank)``: said after a killed process that
     ends the run; ``saves_on_stop`` and ``grace_s``: see the module."""
     procs = list(procs)
     waiting = dict(enumerate(procs))
     orphaned_since: float | None = None
+    deaths: list[Death] = []
+
+    def went_on_without(death: Death) -> None:
+        deaths.append(death)
+        if on_death is not None:
+            on_death(death)
     try:
         while waiting:
             if survivable is not None and all(survivable(r) for r in waiting):
@@ -372,7 +363,11 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
                         sys.stderr.write(f"phalanx: {name(rank)} was still running after the "
                                          "run finished without it; stopped\n")
                     stop([waiting[r] for r in waiting], error_dir)
-                    return
+                    for rank, p in waiting.items():  # (stop's last resort: SIGKILL)
+                        code = -signal.SIGKILL if p.exitcode is None else p.exitcode
+                        went_on_without(Death(rank=rank, name=name(rank), how=exits.STOPPED,
+                                              exit_code=code, unix=time.time()))
+                    return deaths
             multiprocessing.connection.wait([p.sentinel for p in waiting.values()], 1.0)
             ended = [(rank, p.exitcode) for rank, p in waiting.items()
                      if p.exitcode is not None]
@@ -381,16 +376,19 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
                 del waiting[rank]
                 if code == 0:
                     continue
-                survived = _survived(rank, code, error_dir, survivable, stand_in, name(rank))
+                survived, death = _survived(rank, code, error_dir, survivable, stand_in,
+                                            name(rank))
+                if death is not None:
+                    went_on_without(death)
                 if survived is not True and survived is not False:  # a stand-in: watch it
                     waiting[rank] = procs[rank] = survived
                 if survived is False:
                     fatal.append((rank, code))
-            if not fatal:
-                continue
-            first = first_failure(error_dir)
-            stop(procs, error_dir, grace_s)
-            raise fail(_cause(fatal, first, error_dir, name, note))
+            if fatal:
+                first = first_failure(error_dir)
+                stop(procs, error_dir, grace_s)
+                raise fail(_cause(fatal, first, error_dir, name, note))
+        return deaths
     except BaseException as e:
         stop(procs, error_dir, grace_s)  # an interrupt of the driver, or the failure above
         if isinstance(e, KeyboardInterrupt) and saves_on_stop is not None:
