@@ -45,16 +45,19 @@ def _burn() -> None:
         pass
 
 
-def outcomes(junit: Path) -> dict[str, str]:
-    """test id -> passed / failed / error / skipped, from pytest's JUnit XML."""
+def outcomes(junit: Path) -> tuple[dict[str, str], dict[str, float]]:
+    """test id -> passed / failed / error / skipped, and test id -> seconds, from pytest's
+    JUnit XML."""
     found: dict[str, str] = {}
+    took: dict[str, float] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         path = case.get("classname", "").replace(".", "/")
         name = f"{path}.py::{case.get('name')}"
         kinds = {child.tag for child in case}
         found[name] = ("failed" if "failure" in kinds else "error" if "error" in kinds
                        else "skipped" if "skipped" in kinds else "passed")
-    return found
+        took[name] = round(float(case.get("time", 0.0)), 2)
+    return found, took
 
 
 def run_once(tree: Path, tests: list[str], workers: int, seed: int | None, burn: int,
@@ -83,9 +86,9 @@ def run_once(tree: Path, tests: list[str], workers: int, seed: int | None, burn:
         for b in burners:
             b.terminate()
             b.join()
-        tests_seen = outcomes(junit) if junit.is_file() else {}
+        tests_seen, took = outcomes(junit) if junit.is_file() else ({}, {})
     return {"exit": code, "wall_s": round(wall, 1), "seed": seed, "burn": burn,
-            "workers": workers, "outcomes": tests_seen,
+            "workers": workers, "outcomes": tests_seen, "seconds": took,
             "tail": tail if code not in (0, 5) else ""}
 
 
