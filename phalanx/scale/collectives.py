@@ -216,18 +216,38 @@ def ps_exchange(net: Network, workers: Sequence[int], shards: Sequence[int],
     """Every worker pushes ``push_bytes * fraction[s]`` to shard s and pulls
     ``pull_bytes * fraction[s]`` back. Returns (push, pull). ``duplex``: pushes and pulls
     run at once (BytePS pipelines them across tensors): one phase, the push carries its
-    time, the pull none; otherwise the pull follows the push (phalanx's worker)."""
+    time, the pull none; otherwise the pull follows the push (phalanx's worker).
+
+    Flows between two servers are summed (the workers of one server share its NIC), and S
+    identical dedicated shards (equal fractions, CPU-only machines) are computed as one
+    machine with S NICs: the same loads on every resource, O(servers) flows, not O(N S)."""
     if len(shards) != len(fractions):
         raise ConfigError("parameter server: one fraction per shard")
-    push = [(w, s, push_bytes * f) for w in workers for s, f in zip(shards, fractions)]
-    pull = [(s, w, pull_bytes * f) for w in workers for s, f in zip(shards, fractions)]
+    dedicated = all(s >= net.devices for s in shards)
+    if dedicated and len(set(fractions)) == 1 and len(shards) > 1:
+        one = net.with_extra(1, nic_scale=float(len(shards)))
+        return ps_exchange(one, workers, [net.devices], [sum(fractions)], push_bytes,
+                           pull_bytes, duplex=duplex)
+    push: dict[tuple[int, int], float] = defaultdict(float)
+    pull: dict[tuple[int, int], float] = defaultdict(float)
+    rep: dict[int, int] = {}
+    for w in workers:
+        ws = net.server_of(w)
+        rep.setdefault(ws, w)
+        for s, f in zip(shards, fractions):
+            # flows inside a server stay per device; across servers, per server pair
+            src = w if net.server_of(s) == ws else rep[ws]
+            push[src, s] += push_bytes * f
+            pull[s, src] += pull_bytes * f
+    push_flows = [(a, b, v) for (a, b), v in push.items()]
+    pull_flows = [(a, b, v) for (a, b), v in pull.items()]
     per_worker_push = push_bytes * sum(f for s, f in zip(shards, fractions)
                                        if net.server_of(s) != net.server_of(workers[0]))
     if duplex:
-        both = net.phase(push + pull)
+        both = net.phase(push_flows + pull_flows)
         return (CommCost(both.seconds, per_worker_push, both.bytes_by_level, both.bottleneck,
                          len(shards)), CommCost(0.0, 0.0, {}, "none", len(shards)))
-    a, b = net.phase(push), net.phase(pull)
+    a, b = net.phase(push_flows), net.phase(pull_flows)
     return (CommCost(a.seconds, per_worker_push, a.bytes_by_level, a.bottleneck, len(shards)),
             CommCost(b.seconds, 0.0, b.bytes_by_level, b.bottleneck, len(shards)))
 

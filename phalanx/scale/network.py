@@ -91,10 +91,13 @@ class Network:
     """A topology and its links; ``extra_servers`` CPU-only machines hang off the core (each
     its own NIC, in a rack of its own with an uplink that is not oversubscribed)."""
 
-    def __init__(self, topology: Topology, links: Links, extra_servers: int = 0) -> None:
+    def __init__(self, topology: Topology, links: Links, extra_servers: int = 0,
+                 extra_nic_scale: float = 1.0) -> None:
         self.topology, self.links = topology, links
         self.devices = topology.num_devices
         self.extra = extra_servers
+        # a representative CPU-only server standing for k identical ones carries k NICs
+        self.extra_nic_scale = extra_nic_scale
         t = topology
         self._server = list(t.device_server)
         self._rack = [t.server_rack[s] for s in range(len(t.servers))]
@@ -107,8 +110,8 @@ class Network:
             zone_cap[self._zone[r]] += cap
         self._zone_cap = [c / links.zone.oversubscription for c in zone_cap]
 
-    def with_extra(self, extra_servers: int) -> Network:
-        return Network(self.topology, self.links, extra_servers)
+    def with_extra(self, extra_servers: int, nic_scale: float = 1.0) -> Network:
+        return Network(self.topology, self.links, extra_servers, nic_scale)
 
     def server_of(self, device: int) -> int:
         if device < self.devices:
@@ -144,6 +147,8 @@ class Network:
         return self._zone[r] if r >= 0 else -1  # extra servers sit at the core: zone -1
 
     def capacity(self, level: str, index: int) -> float:
+        if level == "nic" and index >= len(self.topology.servers):
+            return self.links.nic.bandwidth * self.extra_nic_scale
         if level in ("intra", "nic"):
             return self.links.of(level).bandwidth
         if level == "rack":
@@ -166,7 +171,9 @@ class Network:
             by_level[hops[-1][0]] += nbytes
         if not load:
             return PhaseCost(0.0, "none", {})
-        worst, key = max((b / self.capacity(k[0], k[1]), k) for k, b in load.items())
+        # ties go to the lowest level (a NIC saturated as much as its uplink is the news)
+        worst, _, key = max((b / self.capacity(k[0], k[1]), -LEVELS.index(k[0]), k)
+                            for k, b in load.items())
         return PhaseCost(latency + worst, key[0], dict(by_level))
 
 

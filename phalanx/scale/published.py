@@ -1,0 +1,216 @@
+"""Published results at scale, reproduced by the model in each paper's own setting. Every
+number that the paper does not give is an assumption, listed with the result
+(docs/scale.md has the table with citations).
+
+* BytePS (Jiang et al., OSDI'20, section 3.1 / equations 1-3): the three closed forms, and
+  the network layer's phases on the same machines, which must agree exactly;
+* Horovod (Sergeev and Del Balso, 2018, arXiv:1802.05799, figure 6 and the text): scaling
+  efficiency of ring allreduce on 128 Pascal GPUs over 25 GbE, and TensorFlow's parameter
+  server (~50%, figure 1 and the introduction);
+* Zhang et al., "Is Network the Bottleneck of Distributed Training?" (NetAI'20,
+  arXiv:2006.10103, abstract and section 4): near-linear at 100 Gbit/s with the network
+  fully used; at 10 Gbit/s a 2-5x compression ratio suffices;
+* the seeds' ring claim: per-worker bytes flat from 8 to 1,024 workers, a main node's time
+  linear in N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from phalanx.cluster.core.topology import uniform
+from phalanx.scale import collectives as C
+from phalanx.scale.network import Link, Links, Network, gbit, uniform_network
+from phalanx.scale.predict import predict
+from phalanx.scale.setting import Compression, Setting
+from phalanx.scale.workload import Workload, catalog
+
+
+@dataclass(frozen=True)
+class Check:
+    claim: str
+    paper: float | None       # the paper's figure (None: a direction or a formula)
+    model: float
+    unit: str
+    source: str
+    holds: bool
+    assumptions: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def error(self) -> float | None:
+        return None if not self.paper else (self.model - self.paper) / self.paper
+
+
+# ---------------------------------------------------------------- BytePS (OSDI'20, §3.1)
+
+def byteps_allreduce(n: int, m: float, b: float) -> float:
+    return 2 * (n - 1) * m / (n * b)
+
+
+def byteps_ps(n: int, k: int, m: float, b: float) -> float:
+    return max(m / b, n * m / (k * b))
+
+
+def byteps_optimal(n: int, k: int, m: float, b: float) -> float:
+    return 2 * n * (n - 1) * m / ((n * n + k * n - 2 * k) * b)
+
+
+def byteps_network(n: int, k: int, b: float) -> Network:
+    """n GPU machines (one NIC of B each, their GPUs summed inside the machine first) and k
+    CPU-only machines of the same NIC, no latency, a non-blocking switch."""
+    links = Links(nic=Link(bandwidth=b, latency=0.0), rack=Link(bandwidth=b, latency=0.0),
+                  zone=Link(bandwidth=b, latency=0.0), intra=Link(bandwidth=b * 1e6, latency=0.0))
+    return Network(uniform(servers=n, devices=1, switches=1), links, extra_servers=k)
+
+
+def byteps_model(n: int, k: int, m: float, b: float) -> dict[str, float]:
+    """The same three exchanges as phases of flows on :func:`byteps_network`."""
+    net = byteps_network(n, k, b)
+    gpus = list(range(n))
+    cpus = [n + i for i in range(k)]
+    ring = C.ring(net, gpus, m).seconds
+    ps, _ = C.ps_exchange(net, gpus, cpus, [1.0 / k] * k, m, m, duplex=True)
+    # BytePS's optimum: x of M on each CPU machine, y on each GPU machine, k x + n y = 1,
+    # with y = (n - k) / (n^2 + k n - 2k) when k < n (else everything on the CPU machines)
+    y = max(0.0, (n - k) / (n * n + k * n - 2 * k))
+    x = (1 - n * y) / k
+    opt, _ = C.ps_exchange(net, gpus, cpus + gpus, [x] * k + [y] * n, m, m, duplex=True)
+    return {"allreduce": ring, "ps": ps.seconds, "optimal": opt.seconds}
+
+
+def byteps_checks() -> list[Check]:
+    out = []
+    m, b = 100e6, gbit(100)
+    for n, k in ((8, 8), (32, 16), (32, 32), (16, 4)):
+        got = byteps_model(n, k, m, b)
+        want = {"allreduce": byteps_allreduce(n, m, b), "ps": byteps_ps(n, k, m, b),
+                "optimal": byteps_optimal(n, k, m, b)}
+        for name in want:
+            out.append(Check(f"BytePS {name} time, n={n} GPU machines, k={k} CPU machines",
+                             want[name], got[name], "s", "BytePS OSDI'20 §3.1 eq. 1-3",
+                             abs(got[name] - want[name]) <= 1e-9 * want[name],
+                             ("M = 100 MB, B = 100 Gbit/s, no latency",)))
+    # the headline's direction and size: 256 GPUs = 32 machines x 8, k = 16 CPU machines
+    n, k = 32, 16
+    f = byteps_model(n, k, m, b)
+    out.append(Check("BytePS optimum's communication is faster than allreduce (x)", None,
+                     f["allreduce"] / f["optimal"], "x", "BytePS OSDI'20 §3.1, fig. 9-12",
+                     f["allreduce"] > f["optimal"], ("n=32, k=16",)))
+    out.append(Check("BytePS optimum's communication is faster than a PS on the k CPU "
+                     "machines (x)", None, f["ps"] / f["optimal"], "x",
+                     "BytePS OSDI'20 §3.1", f["ps"] > f["optimal"], ("n=32, k=16",)))
+    return out
+
+
+# ---------------------------------------------------------------- Horovod (2018)
+
+HOROVOD_LINKS = Links(intra=Link(bandwidth=gbit(80), latency=5e-6),
+                      nic=Link(bandwidth=gbit(25), latency=30e-6))
+HOROVOD_ASSUMPTIONS = (
+    "32 servers x 4 Pascal GPUs (P100), 25 GbE NICs at line rate, 30 us per message",
+    "single-GPU throughput from tf_cnn_benchmarks on P100, batch 64 (the paper gives none)",
+    "flat NCCL ring over all 128 GPUs; tensor fusion buckets of 64 MB overlap backward",
+    "backward = 2/3 of a step's compute, spread over the layers by FLOP share",
+    "TensorFlow PS: one shard on each of the 32 servers (colocated), push then pull",
+)
+
+
+def horovod_checks() -> list[Check]:
+    out = []
+    paper = {"inception3": 0.88, "resnet101": 0.88, "vgg16": 0.68}
+    for name, want in paper.items():
+        w = catalog(name)
+        net = uniform_network(128, gpus_per_server=4, links=HOROVOD_LINKS)
+        p = predict(w, Setting(strategy="sync", workers=128, bucket_mb=64), net)
+        err = (p.efficiency - want) / want
+        out.append(Check(f"Horovod ring, {name}, 128 GPUs: scaling efficiency", want,
+                         p.efficiency, "", "Sergeev & Del Balso 2018, fig. 6",
+                         abs(err) <= 0.10, HOROVOD_ASSUMPTIONS))
+        nov = predict(w, Setting(strategy="sync", workers=128, bucket_mb=0), net)
+        out.append(Check(f"Horovod ring, {name}, 128 GPUs, no overlap (a bound)", want,
+                         nov.efficiency, "", "Sergeev & Del Balso 2018, fig. 6",
+                         nov.efficiency <= want <= p.efficiency + 1e-9,
+                         ("the paper's figure must lie between the no-overlap bound and "
+                          "the full model",)))
+    for name in ("inception3", "resnet101"):
+        w = catalog(name)
+        net = uniform_network(128, gpus_per_server=4, links=HOROVOD_LINKS)
+        p = predict(w, Setting(strategy="bsp", workers=128, servers=32,
+                               server_placement="colocated"), net)
+        out.append(Check(f"TensorFlow PS, {name}, 128 GPUs: scaling efficiency", 0.50,
+                         p.efficiency, "", "Sergeev & Del Balso 2018, fig. 1 / §1",
+                         abs(p.efficiency - 0.5) / 0.5 <= 0.10, HOROVOD_ASSUMPTIONS))
+    return out
+
+
+# ---------------------------------------------------------------- Zhang et al. (2020)
+
+ZHANG_V100 = {"resnet50": (32, 360.0), "resnet101": (32, 215.0), "vgg16": (32, 235.0)}
+ZHANG_ASSUMPTIONS = (
+    "8 servers x 8 V100 (p3dn.24xlarge), NVLink inside a server, one NIC per server",
+    "V100 fp32 throughput at batch 32: ResNet-50 360, ResNet-101 215, VGG-16 235 images/s "
+    "(assumed; the paper plots measured compute time)",
+    "hierarchical allreduce (NCCL), 25 MB buckets overlapping backward; 'fully used' = "
+    "line rate, no protocol overhead",
+    "'near-linear' read as scaling efficiency >= 0.9; compression costs no compute",
+)
+
+
+def _v100(name: str) -> Workload:
+    w = catalog(name)
+    batch, rate = ZHANG_V100[name]
+    w = w.with_batch(batch)
+    return replace(w, step_compute_s=batch / rate, notes=f"{rate:g} images/s on a V100")
+
+
+def zhang_efficiency(name: str, rate_gbit: float, ratio: float) -> float:
+    links = Links(nic=Link(bandwidth=gbit(rate_gbit), latency=10e-6))
+    net = uniform_network(64, gpus_per_server=8, links=links)
+    s = Setting(strategy="sync", workers=64, allreduce="hierarchical",
+                compress=Compression.parse(f"ratio:{ratio:g}"))
+    return predict(_v100(name), s, net).efficiency
+
+
+def zhang_checks() -> list[Check]:
+    out = []
+    for name in ZHANG_V100:
+        e100 = zhang_efficiency(name, 100, 1)
+        out.append(Check(f"Zhang 2020: {name} on 64 V100 at 100 Gbit/s, no compression: "
+                         f"near-linear", None, e100, "", "arXiv:2006.10103 abstract, §4",
+                         e100 >= 0.9, ZHANG_ASSUMPTIONS))
+        need = next((r for r in (1, 1.5, 2, 3, 4, 5, 6, 8, 10, 20, 50, 100)
+                     if zhang_efficiency(name, 10, r) >= 0.9), 1000)
+        out.append(Check(f"Zhang 2020: {name} at 10 Gbit/s: compression ratio needed for "
+                         f"near-linear", None, float(need), "x",
+                         "arXiv:2006.10103 abstract, §4", need <= 5, ZHANG_ASSUMPTIONS))
+    return out
+
+
+# ---------------------------------------------------------------- the seeds' ring claim
+
+def ring_claim_checks() -> list[Check]:
+    w = catalog("resnet50")
+    rows = {}
+    for n in (8, 1024):
+        net = uniform_network(n, gpus_per_server=1)
+        for alg in ("ring", "main"):
+            rows[alg, n] = predict(w, Setting(strategy="sync", workers=n, allreduce=alg,
+                                              bucket_mb=0), net)
+    a = ("ResNet-50 (102 MB fp32), 25 GbE, one worker per server (the seeds' setting), "
+         "10 us per message; one "
+         "exchange after backward (no overlap) so the communication itself is compared",)
+    bytes_ratio = rows["ring", 1024].bytes_per_worker / rows["ring", 8].bytes_per_worker
+    ring_t = rows["ring", 1024].comm_s / rows["ring", 8].comm_s
+    main_t = rows["main", 1024].comm_s / rows["main", 8].comm_s
+    return [Check("ring: bytes per worker, N=1024 / N=8 (2X(N-1)/N: 1.14)", 2 * 1023 / 1024 /
+                  (2 * 7 / 8), bytes_ratio, "x", "seeds (Baidu ring allreduce)",
+                  abs(bytes_ratio - 1.1417) < 0.01, a),
+            Check("ring: communication time, N=1024 / N=8 (nearly flat)", None, ring_t, "x",
+                  "seeds", ring_t < 2.0, a),
+            Check("main node: communication time, N=1024 / N=8 (linear: 1023/7 = 146)",
+                  1023 / 7, main_t, "x", "seeds", abs(main_t / (1023 / 7) - 1) <= 0.10, a)]
+
+
+def all_checks() -> dict[str, list[Check]]:
+    return {"byteps": byteps_checks(), "horovod": horovod_checks(), "zhang": zhang_checks(),
+            "ring": ring_claim_checks()}
