@@ -34,9 +34,10 @@ from phalanx.runtime.hosts import hosts_down, hosts_up, kept_hosts
 from phalanx.runtime.signals import install_driver_handlers, restore, signal_of
 from phalanx.runtime.stop_flag import PREEMPTED_EXIT
 from phalanx.runtime.supervise import preload
+from phalanx.scale import cli as scale_cli
 
 # modules that add sub-commands: each has register(subparsers)
-COMMAND_MODULES = (cluster_cli, experiments_cli, dashboard_cli)
+COMMAND_MODULES = (cluster_cli, experiments_cli, dashboard_cli, scale_cli)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

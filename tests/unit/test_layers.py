@@ -28,8 +28,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("entry", ("phalanx.entry",)),
     # the dashboard reads the scheduler's topology files; `phalanx schedule --dashboard`
     # serves it: one layer, and it imports nothing of the training side (no torch)
-    ("experiments, cluster, dashboard", ("phalanx.experiments", "phalanx.cluster",
-                                         "phalanx.dashboard")),
+    # scale (the training simulator) stands on the cluster's topology and Pollux's model
+    ("experiments, cluster, dashboard, scale", ("phalanx.experiments", "phalanx.cluster",
+                                                "phalanx.dashboard", "phalanx.scale")),
     ("command", ("phalanx.cli", "phalanx.__main__", "phalanx")),
 ]
 

@@ -1,0 +1,166 @@
+"""``phalanx scale calibrate``: alpha (per message) and beta (per byte) of a link class fitted
+from messages timed between two test hosts (network namespaces on a bridge, links shaped by
+``tc tbf`` as ``phalanx/runtime/hosts.py`` makes them), at each rate; the kernel's byte
+counters give the bytes on the wire per payload byte (framing). Saved with the machine and
+the date they came from, and applied to a network by :func:`apply`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from phalanx.cluster.core.topology import read_yaml
+from phalanx.errors import ConfigError
+from phalanx.runtime.hosts import TestNetwork, unavailable
+from phalanx.scale.network import Link, Network
+
+PORT = 29555
+
+
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """Least squares t = alpha + beta x bytes: (alpha, beta, r^2)."""
+    if len({x for x, _ in points}) < 2:
+        raise ConfigError("calibration: need messages of at least two sizes")
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    beta = sxy / sxx
+    alpha = my - beta * mx
+    ss = sum((y - my) ** 2 for _, y in points) or 1e-30
+    res = sum((y - alpha - beta * x) ** 2 for x, y in points)
+    return alpha, beta, 1 - res / ss
+
+
+def _sizes(rate_mbit: float) -> list[int]:
+    # up to ~0.5 s per message at the rate: enough bytes that beta dominates
+    top = max(256 << 10, min(16 << 20, int(rate_mbit * 1e6 / 8 * 0.5)))
+    sizes, s = [], 16 << 10
+    while s <= top:
+        sizes.append(s)
+        s *= 4
+    return sizes
+
+
+def measure(rates: list[float], repeats: int = 3, gap: float = 0.05) -> dict[str, Any]:
+    """Time messages at each rate between two fresh test hosts; needs root."""
+    why = unavailable()
+    if why:
+        raise ConfigError(f"calibrate: test hosts unavailable: {why}")
+    out: dict[str, Any] = {}
+    with TestNetwork(2) as net:
+        a, b = net.hosts
+        for rate in rates:
+            net.shape(rate)
+            server = b.popen([sys.executable, "-m", "phalanx.scale.probe", "server", str(PORT)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                tx0 = a.tx_bytes()
+                sizes = _sizes(rate)
+                done = a.run([sys.executable, "-m", "phalanx.scale.probe", "client", b.addr,
+                              str(PORT), ",".join(map(str, sizes)), str(repeats), str(gap)],
+                             timeout=600)
+                tx = a.tx_bytes() - tx0
+            finally:
+                server.wait(timeout=30) if server.poll() is None else None
+            if done.returncode != 0:
+                raise ConfigError(f"calibrate: the probe failed at {rate:g} Mbit/s: "
+                                  f"{done.stderr.strip()[-200:]}")
+            rows = json.loads(done.stdout)
+            payload = sum(s * (repeats + 1) + 8 * (repeats + 1) for s in sizes) + 8
+            out[f"{rate:g}"] = {"rate_mbit": rate, "points": rows,
+                                "wire_bytes_per_payload_byte": tx / payload}
+    return out
+
+
+def fit(measured: dict[str, Any], fit_on: list[str] | None = None) -> dict[str, Any]:
+    """alpha, beta and the link efficiency (fitted bandwidth / nominal rate) per rate."""
+    fitted = {}
+    for key, m in measured.items():
+        if fit_on is not None and key not in fit_on:
+            continue
+        alpha, beta, r2 = fit_line([(p["bytes"], p["seconds"]) for p in m["points"]])
+        nominal = m["rate_mbit"] * 1e6 / 8
+        fitted[key] = {"rate_mbit": m["rate_mbit"], "alpha_s": alpha, "beta_s_per_byte": beta,
+                       "efficiency": (1 / beta) / nominal if beta > 0 else 0.0, "r2": r2,
+                       "wire_overhead": m["wire_bytes_per_payload_byte"] - 1}
+    return fitted
+
+
+def save(path: Path, measured: dict[str, Any], fitted: dict[str, Any]) -> None:
+    from_commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True, check=False, cwd=Path(__file__).parent)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "machine": platform.node(), "cpus": platform.machine(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": from_commit.stdout.strip(), "how": "phalanx scale calibrate: two test "
+        "hosts, tc tbf both directions, one TCP connection, message + 1-byte answer",
+        "fitted": fitted, "measured": measured}, indent=1))
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+        fitted = data["fitted"]
+        for v in fitted.values():
+            float(v["alpha_s"]), float(v["efficiency"])
+        if not fitted:
+            raise ValueError
+    except OSError as e:
+        raise ConfigError(f"--calibration {path}: cannot read ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(f"--calibration {path}: not a calibration file of 'phalanx scale "
+                          f"calibrate' (fitted.<rate>.alpha_s / efficiency)") from None
+    return data
+
+
+def link_for(fitted: dict[str, Any], rate_mbit: float) -> Link:
+    """The NIC link at ``rate_mbit`` from the nearest calibrated rate (log distance): its
+    alpha, and its efficiency times the rate."""
+    import math
+    near = min(fitted.values(), key=lambda v: abs(math.log(v["rate_mbit"] / rate_mbit)))
+    return Link(bandwidth=rate_mbit * 1e6 / 8 * max(near["efficiency"], 1e-3),
+                latency=max(near["alpha_s"], 0.0))
+
+
+def apply(net: Network, path: str) -> Network:
+    """The network with its NIC links as calibrated (nearest calibrated rate)."""
+    fitted = load(path)["fitted"]
+    nic = net.links.nic
+    links = replace(net.links, nic=replace(link_for(fitted, nic.bandwidth * 8 / 1e6),
+                                           oversubscription=nic.oversubscription))
+    return Network(net.topology, links, net.extra, net.extra_nic_scale)
+
+
+def read_yaml_file(path: str) -> Any:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"--cluster {path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--cluster {path}: not UTF-8 text") from None
+    return read_yaml(text, f"--cluster {path}", ConfigError)
+
+
+def summary(fitted: dict[str, Any]) -> str:
+    lines = ["| rate (Mbit/s) | alpha (ms) | effective (Mbit/s) | efficiency | r^2 | wire "
+             "overhead |", "|---|---|---|---|---|---|"]
+    for v in sorted(fitted.values(), key=lambda v: -v["rate_mbit"]):
+        lines.append(f"| {v['rate_mbit']:g} | {v['alpha_s'] * 1e3:.3f} | "
+                     f"{8 / v['beta_s_per_byte'] / 1e6:.2f} | {v['efficiency']:.3f} | "
+                     f"{v['r2']:.4f} | {v['wire_overhead']:+.2%} |")
+    return "\n".join(lines)
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))

@@ -1,0 +1,272 @@
+"""``phalanx scale``: predict, report, async, published, calibrate, validate (docs/scale.md).
+
+Every flag is checked where it is owned (``Setting``, ``Shape``, ``AsyncSpec``); a bad value
+is one line naming it and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from phalanx.errors import ConfigError
+from phalanx.scale import calibrate as cal
+from phalanx.scale.convergence import Convergence
+from phalanx.scale.eventsim import CONSISTENCY, AsyncSpec, simulate
+from phalanx.scale.network import Network, gbit, network_from_mapping
+from phalanx.scale.predict import predict, ps_bytes
+from phalanx.scale.profile import profile_model
+from phalanx.scale.published import all_checks
+from phalanx.scale.report import checks_markdown, write_report
+from phalanx.scale.setting import STRATEGIES, Compression, Setting, Stragglers
+from phalanx.scale.sweep import SWEEP_NS, SWEEP_STRATEGIES, Shape, sweep
+from phalanx.scale.workload import CATALOG, Workload, catalog, describe
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        values = []
+    if not values or any(not 1 <= v <= 1 << 20 for v in values):
+        raise ConfigError(f"{flag}: {text!r} is not a comma-separated list of integers "
+                          f"in 1..1048576")
+    return values
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    if args.profile_here:
+        w = profile_model(args.model, args.batch or 32)
+    else:
+        w = catalog(args.model, args.batch)
+    if args.samples_per_s is not None:
+        if not args.samples_per_s > 0:
+            raise ConfigError(f"--samples-per-s: {args.samples_per_s} is not > 0")
+        w = w.with_compute(w.batch / args.samples_per_s,
+                           f"given: {args.samples_per_s:g} samples/s per device")
+    return w
+
+
+def _shape(args: argparse.Namespace) -> Shape:
+    return Shape(gpus_per_server=args.gpus_per_server, servers_per_rack=args.servers_per_rack,
+                 nic_gbit=args.nic_gbit, intra_gbit=args.intra_gbit,
+                 latency_us=args.latency_us, oversubscription=args.oversubscription)
+
+
+def _network(args: argparse.Namespace, n: int) -> Network:
+    if args.cluster:
+        from_file = network_from_mapping(cal.read_yaml_file(args.cluster), args.cluster)
+        return cal.apply(from_file, args.calibration) if args.calibration else from_file
+    net = _shape(args).network(n)
+    return cal.apply(net, args.calibration) if args.calibration else net
+
+
+def _setting(args: argparse.Namespace, strategy: str, n: int) -> Setting:
+    return Setting(strategy=strategy, workers=n, servers=args.servers,
+                   allreduce=args.allreduce, bucket_mb=args.bucket_mb,
+                   compress=Compression.parse(args.compress), period=args.period,
+                   staleness=args.staleness, softsync=args.softsync, nfetch=args.nfetch,
+                   npush=args.npush, stages=args.stages, micro_batches=args.micro_batches,
+                   tensor=args.tensor, server_placement=args.server_placement,
+                   duplex=args.duplex, stragglers=Stragglers(args.stragglers))
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    w = _workload(args)
+    conv = Convergence()
+    rows = []
+    for n in _ints(args.workers, "--workers"):
+        p = predict(w, _setting(args, args.strategy, n), _network(args, n))
+        row = p.row()
+        row["time_to_target_s (model)"] = round(conv.time_to_target(p), 3)
+        rows.append(row)
+        if not args.json:
+            print(f"{args.strategy} N={n}: step {p.step_s * 1e3:.2f} ms = compute "
+                  f"{p.compute_s * 1e3:.2f} + exposed comm {p.exposed_comm_s * 1e3:.2f} + "
+                  f"server {p.server_s * 1e3:.2f} + bubble {p.bubble_s * 1e3:.2f} + "
+                  f"straggler {p.straggler_s * 1e3:.2f}; {p.bytes_per_worker / 1e6:.2f} MB "
+                  f"per worker; bottleneck {p.bottleneck}; {p.samples_per_s:,.0f} samples/s; "
+                  f"efficiency {p.efficiency:.3f}"
+                  + ("" if p.staleness_mean is None else
+                     f"; staleness ~{p.staleness_mean:.1f}"))
+    if args.json:
+        print(json.dumps({"model": describe(w), "predictions": rows}))
+    else:
+        print(describe(w))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    w = _workload(args)
+    strategies = args.strategies.split(",") if args.strategies else list(SWEEP_STRATEGIES)
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise ConfigError(f"--strategies: {s!r} is not one of {', '.join(STRATEGIES)}")
+    ns = _ints(args.workers or ",".join(map(str, SWEEP_NS)), "--workers")
+    shape = _shape(args)
+    t0 = time.perf_counter()
+    rows = sweep(w, strategies, ns, lambda n: _network(args, n))
+    if args.sweep:  # bandwidth x N x model size: the efficiency grid, as CSV
+        grid = []
+        for g in (1, 10, 25, 100, 400):
+            for scale in (0.25, 1.0, 4.0):
+                big = Workload(**{**w.__dict__, "layers": tuple(
+                    type(layer)(name=layer.name, params=int(layer.params * scale),
+                                compute_share=layer.compute_share) for layer in w.layers)})
+                net_shape = Shape(**{**shape.__dict__, "nic_gbit": float(g)})
+                for r in sweep(big, strategies, ns, net_shape.network):
+                    if r.prediction is not None:
+                        grid.append((g, scale, r.strategy, r.workers,
+                                     round(r.prediction.efficiency, 4),
+                                     r.prediction.bottleneck))
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.csv").write_text("nic_gbit,model_scale,strategy,workers,efficiency,"
+                                       "bottleneck\n" + "\n".join(",".join(map(str, g))
+                                                                  for g in grid) + "\n")
+    command = "phalanx " + " ".join(sys.argv[1:])
+    path = write_report(Path(args.out), w, rows, shape, Convergence(), command.strip())
+    print(f"{len(rows)} predictions in {time.perf_counter() - t0:.2f} s -> {path}")
+    return 0
+
+
+def _cmd_async(args: argparse.Namespace) -> int:
+    w = _workload(args)
+    s = _setting(args, "asp", args.workers_async)
+    push, pull = ps_bytes(w, s)
+    spec = AsyncSpec(workers=args.workers_async, shards=args.servers, steps=args.steps,
+                     compute_s=w.step_compute_s, push_bytes=push, pull_bytes=pull,
+                     worker_bw=gbit(args.nic_gbit), shard_bw=gbit(args.nic_gbit),
+                     latency_s=args.latency_us * 1e-6, server_msg_s=s.server_msg_s,
+                     server_byte_s=s.server_byte_s, consistency=args.consistency,
+                     bound=args.softsync if args.consistency == "softsync" else args.staleness,
+                     stragglers=Stragglers(args.stragglers), seed=args.seed)
+    t0 = time.perf_counter()
+    r = simulate(spec)
+    row = r.row()
+    row["sim_wall_s"] = round(time.perf_counter() - t0, 3)
+    if args.json:
+        row["staleness_hist"] = r.staleness
+        print(json.dumps(row))
+        return 0
+    print(f"{args.consistency}: {args.workers_async} workers x {args.steps} steps against "
+          f"{args.servers} shard(s) ({describe(w)})")
+    print("  " + "  ".join(f"{k} {v}" for k, v in row.items()))
+    top = sorted(r.staleness.items())
+    print("  staleness histogram (value: updates): " +
+          ", ".join(f"{k}: {v}" for k, v in top[:12]) + (" ..." if len(top) > 12 else ""))
+    return 0
+
+
+def _cmd_published(args: argparse.Namespace) -> int:
+    print("\n".join(checks_markdown(all_checks())))
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    try:
+        rates = [float(v) for v in args.rates.split(",") if v]
+    except ValueError:
+        rates = []
+    if not rates or any(not 0.1 <= r <= 100_000 for r in rates):
+        raise ConfigError(f"--rates: {args.rates!r} is not a list of Mbit/s in 0.1..100000")
+    if not 1 <= args.repeats <= 100:
+        raise ConfigError(f"--repeats: {args.repeats} is not in 1..100")
+    measured = cal.measure(rates, args.repeats)
+    fitted = cal.fit(measured)
+    cal.save(Path(args.out), measured, fitted)
+    print(cal.summary(fitted))
+    print(f"-> {args.out}")
+    return 0
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="resnet50",
+                   help=f"catalog: {', '.join(CATALOG)}; with --profile-here a phalanx model "
+                        f"(mlp, lenet5, resnet, logreg, gpt, ctr)")
+    g.add_argument("--profile-here", action="store_true",
+                   help="build the phalanx model and time its step on this machine")
+    g.add_argument("--batch", type=int, default=None, help="samples per worker per step")
+    g.add_argument("--samples-per-s", type=float, default=None,
+                   help="one device's training throughput (overrides the compute source)")
+
+
+def _cluster_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster (a uniform one grown to fit N, or --cluster YAML)")
+    g.add_argument("--cluster", default=None,
+                   help="the scheduler's topology YAML with a links: section (docs/scale.md)")
+    g.add_argument("--calibration", default=None,
+                   help="JSON from 'phalanx scale calibrate': fitted alpha / beta per link")
+    g.add_argument("--gpus-per-server", type=int, default=8)
+    g.add_argument("--servers-per-rack", type=int, default=32)
+    g.add_argument("--nic-gbit", type=float, default=25.0)
+    g.add_argument("--intra-gbit", type=float, default=1200.0)
+    g.add_argument("--latency-us", type=float, default=10.0, help="per message, NIC level")
+    g.add_argument("--oversubscription", type=float, default=1.0, help="rack uplinks")
+
+
+def _strategy_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("strategy settings")
+    g.add_argument("--strategy", default="sync", help=", ".join(STRATEGIES))
+    g.add_argument("--servers", type=int, default=1, help="PS shards")
+    g.add_argument("--server-placement", default="dedicated", help="dedicated | colocated")
+    g.add_argument("--duplex", action="store_true", help="PS pushes and pulls overlap")
+    g.add_argument("--allreduce", default="ring", help="ring | tree | hierarchical | main")
+    g.add_argument("--bucket-mb", type=float, default=25.0, help="0: no overlap")
+    g.add_argument("--compress", default="none",
+                   help="none | fp16 | bf16 | int8 | topk:F | ratio:R")
+    g.add_argument("--period", type=int, default=8, help="average: steps between averages")
+    g.add_argument("--staleness", type=int, default=4, help="ssp bound")
+    g.add_argument("--softsync", type=int, default=1, help="softsync: pushes per update")
+    g.add_argument("--nfetch", type=int, default=1)
+    g.add_argument("--npush", type=int, default=1)
+    g.add_argument("--stages", type=int, default=0)
+    g.add_argument("--micro-batches", type=int, default=4)
+    g.add_argument("--tensor", type=int, default=1)
+    g.add_argument("--stragglers", default="none", help="none | lognormal:SIGMA | slow:K:F")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    top = sub.add_parser("scale", help="predict step time, bytes and efficiency of every "
+                                       "strategy at 8..4096 workers (a simulator)",
+                         description="A training-protocol simulator: workload x collectives "
+                                     "x alpha-beta network, plus an event simulation of "
+                                     "the asynchronous family. docs/scale.md")
+    inner = top.add_subparsers(dest="scale_command", required=True, metavar="ACTION",
+                               parser_class=type(top))
+    p = inner.add_parser("predict", help="one strategy at one or more N")
+    p.add_argument("--workers", default="8,64,512", help="N, comma-separated")
+    p.add_argument("--json", action="store_true")
+    _model_flags(p), _cluster_flags(p), _strategy_flags(p)
+    p.set_defaults(func=_cmd_predict)
+
+    p = inner.add_parser("report", help="every strategy at every N -> CSV, Markdown, PNG")
+    p.add_argument("--out", default="runs/scale")
+    p.add_argument("--strategies", default=None, help="comma-separated (default: all 14)")
+    p.add_argument("--workers", default=None, help="N list (default 8..4096, powers of 2)")
+    p.add_argument("--sweep", action="store_true",
+                   help="also bandwidth x N x model size -> sweep.csv")
+    _model_flags(p), _cluster_flags(p), _strategy_flags(p)
+    p.set_defaults(func=_cmd_report)
+
+    p = inner.add_parser("async", help="event simulation of N workers against S shards")
+    p.add_argument("--workers", dest="workers_async", type=int, default=64)
+    p.add_argument("--steps", type=int, default=100, help="steps per worker")
+    p.add_argument("--consistency", default="asp", help=" | ".join(CONSISTENCY))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    _model_flags(p), _cluster_flags(p), _strategy_flags(p)
+    p.set_defaults(func=_cmd_async)
+
+    p = inner.add_parser("published", help="the four published results, reproduced")
+    p.set_defaults(func=_cmd_published)
+
+    p = inner.add_parser("calibrate", help="fit alpha / beta of shaped links on test hosts "
+                                           "(root: network namespaces + tc tbf)")
+    p.add_argument("--rates", default="1000,100,20", help="Mbit/s, comma-separated")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default="runs/scale/calibration.json")
+    p.set_defaults(func=_cmd_calibrate)

@@ -1,0 +1,74 @@
+"""``--profile-here``: a phalanx model's workload measured on this machine (the only module of
+``phalanx.scale`` that imports torch).
+
+Parameters come from the model itself (one layer per parameter tensor, registration order:
+what the buckets of ``comm/bucketing.py`` see). The step's compute is the median of timed
+forward + backward passes at the batch on random inputs of the model's own task; each
+layer's share of it is its share of the parameters (an assumption, labelled in ``notes``:
+per-layer timing hooks would cost more than the MLP's whole step).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from phalanx.errors import ConfigError
+from phalanx.models import MODELS, build_model
+from phalanx.models.zoo import MODEL_TASKS
+from phalanx.scale.workload import Layer, Sparse, Workload
+
+# the input each task's models are built for (as `phalanx models` counts them)
+INPUTS = {"classify": ((1, 28, 28), 10, {}), "lm": ((64,), 65, {}),
+          "ctr": ((39,), 2, {"dense": 13})}
+
+
+def _batch(task: str, shape: tuple[int, ...], classes: int, batch: int) -> torch.Tensor:
+    if task == "lm":
+        return torch.randint(0, classes, (batch, *shape))
+    if task == "ctr":
+        dense = torch.randn(batch, 13)
+        ids = torch.randint(0, 1000, (batch, shape[0] - 13)).float()
+        return torch.cat([dense, ids], dim=1)
+    return torch.randn(batch, *shape)
+
+
+def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1) -> Workload:
+    """Build ``name`` and time its forward + backward at ``batch`` here."""
+    if name not in MODELS.names():
+        raise ConfigError(f"--model: {name!r} is not a phalanx model "
+                          f"({', '.join(MODELS.names())})")
+    if not 1 <= batch <= 65536:
+        raise ConfigError(f"--batch: {batch} is not in 1..65536")
+    task = MODEL_TASKS.get(name, "classify")
+    shape, classes, options = INPUTS[task]
+    torch.manual_seed(0)
+    model = build_model(name, shape, classes, **options)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = _batch(task, shape, classes, batch)
+        times = []
+        for i in range(repeats + 1):
+            model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            out = model(x)
+            out.float().square().mean().backward()
+            if i:  # the first pass allocates and warms caches
+                times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(old)
+    params = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
+    total = sum(n for _, n in params)
+    layers = tuple(Layer(name=n, params=k, compute_share=k / total) for n, k in params)
+    sparse = None
+    if task == "ctr":
+        emb = dict(model.named_parameters())["embed.weight"]
+        sparse = Sparse(rows=emb.shape[0], dim=emb.shape[1], zipf_s=1.1, lookups=26)
+    return Workload(name=name, layers=layers, batch=batch,
+                    step_compute_s=statistics.median(times), sparse=sparse,
+                    compute_source=f"profile: median of {repeats} passes here, "
+                                   f"{threads} thread(s)",
+                    notes="per-layer compute split by parameter share (assumed)")
