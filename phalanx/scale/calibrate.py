@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import platform
 import statistics
 import subprocess
@@ -51,48 +52,88 @@ def _sizes(rate_mbit: float) -> list[int]:
     return sizes
 
 
+def _probe(net: TestNetwork, sizes: list[int], repeats: int, gap: float, duplex: bool
+           ) -> tuple[list[dict], int, int]:
+    """One probe run between the first two hosts: its points and the bytes each sent."""
+    a, b = net.hosts[:2]
+    server = b.popen([sys.executable, "-m", "phalanx.scale.probe", "server", str(PORT)],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        tx0, back0 = a.tx_bytes(), b.tx_bytes()
+        done = a.run([sys.executable, "-m", "phalanx.scale.probe", "client", b.addr, str(PORT),
+                      ",".join(map(str, sizes)), str(repeats), str(gap)]
+                     + (["duplex"] if duplex else []), timeout=600)
+        tx, back = a.tx_bytes() - tx0, b.tx_bytes() - back0
+    finally:
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    if done.returncode != 0:
+        raise ConfigError(f"calibrate: the probe failed: {done.stderr.strip()[-200:]}")
+    return json.loads(done.stdout), tx, back
+
+
 def measure(rates: list[float], repeats: int = 3, gap: float = 0.05) -> dict[str, Any]:
-    """Time messages at each rate between two fresh test hosts; needs root."""
+    """Time messages at each rate between two fresh test hosts, one way and both ways at
+    once; needs root."""
     why = unavailable()
     if why:
         raise ConfigError(f"calibrate: test hosts unavailable: {why}")
     out: dict[str, Any] = {}
     with TestNetwork(2) as net:
-        a, b = net.hosts
         for rate in rates:
             net.shape(rate)
-            server = b.popen([sys.executable, "-m", "phalanx.scale.probe", "server", str(PORT)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
-                tx0 = a.tx_bytes()
-                sizes = _sizes(rate)
-                done = a.run([sys.executable, "-m", "phalanx.scale.probe", "client", b.addr,
-                              str(PORT), ",".join(map(str, sizes)), str(repeats), str(gap)],
-                             timeout=600)
-                tx = a.tx_bytes() - tx0
-            finally:
-                server.wait(timeout=30) if server.poll() is None else None
-            if done.returncode != 0:
-                raise ConfigError(f"calibrate: the probe failed at {rate:g} Mbit/s: "
-                                  f"{done.stderr.strip()[-200:]}")
-            rows = json.loads(done.stdout)
-            payload = sum(s * (repeats + 1) + 8 * (repeats + 1) for s in sizes) + 8
-            out[f"{rate:g}"] = {"rate_mbit": rate, "points": rows,
-                                "wire_bytes_per_payload_byte": tx / payload}
+            sizes = _sizes(rate)
+            rows, tx, back = _probe(net, sizes, repeats, gap, duplex=False)
+            both, _, _ = _probe(net, sizes, repeats, gap, duplex=True)
+            payload = sum((s + 8) * (repeats + 1) for s in sizes) + 8
+            # the receiver's bytes: its ACKs (and the 1-byte answers, counted as ACKs)
+            out[f"{rate:g}"] = {"rate_mbit": rate, "points": rows, "duplex_points": both,
+                                "wire_bytes_per_payload_byte": tx / payload,
+                                "ack_bytes_per_payload_byte": back / payload}
     return out
 
 
+def fit_bucket(points: list[tuple[float, float]], burst: float | None = None
+               ) -> tuple[float, float, float, float]:
+    """t = alpha + beta x max(0, bytes - burst): a link behind a token bucket. The burst is
+    chosen on a grid (least squares for each) unless given. (alpha, beta, burst, r^2)."""
+    top = max(x for x, _ in points)
+    grid = [burst] if burst is not None else [0.0] + [
+        16384 * 1.15 ** k for k in range(80) if 16384 * 1.15 ** k < top / 2]
+    best = None
+    for b in grid:
+        shifted = [(max(0.0, x - b), y) for x, y in points]
+        if len({x for x, _ in shifted}) < 2:
+            continue
+        alpha, beta, r2 = fit_line(shifted)
+        if best is None or r2 > best[3]:
+            best = (alpha, beta, b, r2)
+    if best is None:
+        raise ConfigError("calibration: need messages of at least two sizes above the burst")
+    return best
+
+
 def fit(measured: dict[str, Any], fit_on: list[str] | None = None) -> dict[str, Any]:
-    """alpha, beta and the link efficiency (fitted bandwidth / nominal rate) per rate."""
+    """alpha, beta, the token bucket, the link efficiency (fitted bandwidth / nominal rate)
+    and the duplex factor (one direction's bandwidth left when both are busy) per rate."""
     fitted = {}
     for key, m in measured.items():
         if fit_on is not None and key not in fit_on:
             continue
-        alpha, beta, r2 = fit_line([(p["bytes"], p["seconds"]) for p in m["points"]])
+        alpha, beta, burst, r2 = fit_bucket([(p["bytes"], p["seconds"]) for p in m["points"]])
+        duplex = 1.0
+        if m.get("duplex_points"):
+            _, beta_d, _, _ = fit_bucket([(p["bytes"], p["seconds"])
+                                          for p in m["duplex_points"]], burst)
+            duplex = min(1.0, beta / beta_d) if beta_d > 0 else 1.0
         nominal = m["rate_mbit"] * 1e6 / 8
         fitted[key] = {"rate_mbit": m["rate_mbit"], "alpha_s": alpha, "beta_s_per_byte": beta,
+                       "burst_bytes": burst, "duplex": duplex,
                        "efficiency": (1 / beta) / nominal if beta > 0 else 0.0, "r2": r2,
-                       "wire_overhead": m["wire_bytes_per_payload_byte"] - 1}
+                       "wire_overhead": m["wire_bytes_per_payload_byte"] - 1,
+                       "ack_overhead": m.get("ack_bytes_per_payload_byte", 0.0)}
     return fitted
 
 
@@ -127,10 +168,10 @@ def load(path: str | Path) -> dict[str, Any]:
 def link_for(fitted: dict[str, Any], rate_mbit: float) -> Link:
     """The NIC link at ``rate_mbit`` from the nearest calibrated rate (log distance): its
     alpha, and its efficiency times the rate."""
-    import math
     near = min(fitted.values(), key=lambda v: abs(math.log(v["rate_mbit"] / rate_mbit)))
     return Link(bandwidth=rate_mbit * 1e6 / 8 * max(near["efficiency"], 1e-3),
-                latency=max(near["alpha_s"], 0.0))
+                latency=max(near["alpha_s"], 0.0), burst=near.get("burst_bytes", 0.0),
+                duplex=max(near.get("duplex", 1.0), 1e-3))
 
 
 def apply(net: Network, path: str) -> Network:
@@ -153,12 +194,13 @@ def read_yaml_file(path: str) -> Any:
 
 
 def summary(fitted: dict[str, Any]) -> str:
-    lines = ["| rate (Mbit/s) | alpha (ms) | effective (Mbit/s) | efficiency | r^2 | wire "
-             "overhead |", "|---|---|---|---|---|---|"]
+    lines = ["| rate (Mbit/s) | alpha (ms) | effective (Mbit/s) | efficiency | burst (KB) | "
+             "duplex | r^2 | wire overhead | ACKs |", "|---|---|---|---|---|---|---|---|---|"]
     for v in sorted(fitted.values(), key=lambda v: -v["rate_mbit"]):
         lines.append(f"| {v['rate_mbit']:g} | {v['alpha_s'] * 1e3:.3f} | "
                      f"{8 / v['beta_s_per_byte'] / 1e6:.2f} | {v['efficiency']:.3f} | "
-                     f"{v['r2']:.4f} | {v['wire_overhead']:+.2%} |")
+                     f"{v['burst_bytes'] / 1e3:.0f} | {v['duplex']:.3f} | {v['r2']:.4f} | "
+                     f"{v['wire_overhead']:+.2%} | {v.get('ack_overhead', 0):+.2%} |")
     return "\n".join(lines)
 
 

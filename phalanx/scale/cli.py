@@ -13,6 +13,7 @@ from pathlib import Path
 
 from phalanx.errors import ConfigError
 from phalanx.scale import calibrate as cal
+from phalanx.scale import validate as val
 from phalanx.scale.convergence import Convergence
 from phalanx.scale.eventsim import CONSISTENCY, AsyncSpec, simulate
 from phalanx.scale.network import Network, gbit, network_from_mapping
@@ -182,6 +183,27 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_validate(args: argparse.Namespace) -> int:
+    calibration = cal.load(args.calibration)
+    w = profile_model("mlp", val.BATCH)  # its layers; compute is fitted on the subset
+    runs = val.load_runs(Path(args.runs))
+    compute, extra, points = val.validate(w, runs, calibration["fitted"])
+    lines = [f"Calibration: {args.calibration} ({calibration.get('machine')}, "
+             f"{calibration.get('date')}); runs: {args.runs}.", "",
+             "Fitted on each strategy's run at N = 2, 1000 Mbit/s: compute per step " +
+             ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in compute.items()) +
+             "; per-step extra bytes " + ", ".join(f"{k} {v / 1e3:.1f} KB"
+                                                   for k, v in extra.items()) + ".", "",
+             cal.summary(calibration["fitted"]), ""]
+    lines += val.errors_summary(points) + [""] + val.table(points)
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "validation.md").write_text(text)
+    print(text)
+    return 0
+
+
 def _model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="resnet50",
@@ -270,3 +292,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="runs/scale/calibration.json")
     p.set_defaults(func=_cmd_calibrate)
+
+    p = inner.add_parser("validate", help="predict held-out real runs (the bandwidth study's) "
+                                          "from a calibration and a fit on N=2")
+    p.add_argument("--runs", default="reports/experiments/bandwidth/results.json")
+    p.add_argument("--calibration", default="reports/experiments/scale/calibration.json")
+    p.add_argument("--out", default=None, help="write validation.md here")
+    p.set_defaults(func=_cmd_validate)

@@ -55,7 +55,8 @@ NONE = CommCost(0.0, 0.0)
 
 
 def _repeat(p: PhaseCost, times: int, per_worker: float, messages: int) -> CommCost:
-    return CommCost(p.seconds * times, per_worker,
+    """``times`` phases back to back: only the first finds the token buckets full."""
+    return CommCost(p.seconds * times - (p.credit_s if times else 0.0), per_worker,
                     {k: v * times for k, v in p.bytes_by_level.items()},
                     p.bottleneck if times else "none", messages)
 
@@ -123,7 +124,8 @@ def tree(net: Network, devices: Sequence[int], nbytes: float) -> CommCost:
     while k < p:
         size /= 2
         flows = [(devices[i], devices[i ^ k], size) for i in range(p)]
-        rounds.append(_repeat(net.phase(flows), 1, size, 1))
+        ph = net.phase(flows)
+        rounds.append(CommCost(ph.seconds, size, dict(ph.bytes_by_level), ph.bottleneck, 1))
         sent += size
         k <<= 1
     for r in rounds + rounds[::-1]:  # halving, then doubling in reverse order
@@ -182,7 +184,9 @@ def main_node(net: Network, devices: Sequence[int], nbytes: float) -> CommCost:
     for k, v in down.bytes_by_level.items():
         levels[k] += v
     worst = up if up.seconds >= down.seconds else down
-    return CommCost(up.seconds + down.seconds, nbytes * (n - 1), dict(levels),
+    # up and down use opposite directions (other token buckets): both start full
+    seconds = up.seconds - up.credit_s + down.seconds - down.credit_s
+    return CommCost(seconds, nbytes * (n - 1), dict(levels),
                     worst.bottleneck, n - 1)
 
 
@@ -245,11 +249,13 @@ def ps_exchange(net: Network, workers: Sequence[int], shards: Sequence[int],
                                        if net.server_of(s) != net.server_of(workers[0]))
     if duplex:
         both = net.phase(push_flows + pull_flows)
-        return (CommCost(both.seconds, per_worker_push, both.bytes_by_level, both.bottleneck,
-                         len(shards)), CommCost(0.0, 0.0, {}, "none", len(shards)))
+        return (CommCost(both.seconds - both.credit_s, per_worker_push, both.bytes_by_level,
+                         both.bottleneck, len(shards)),
+                CommCost(0.0, 0.0, {}, "none", len(shards)))
     a, b = net.phase(push_flows), net.phase(pull_flows)
-    return (CommCost(a.seconds, per_worker_push, a.bytes_by_level, a.bottleneck, len(shards)),
-            CommCost(b.seconds, 0.0, b.bytes_by_level, b.bottleneck, len(shards)))
+    return (CommCost(a.seconds - a.credit_s, per_worker_push, a.bytes_by_level, a.bottleneck,
+                     len(shards)),
+            CommCost(b.seconds - b.credit_s, 0.0, b.bytes_by_level, b.bottleneck, len(shards)))
 
 
 def point_to_point(net: Network, pairs: Sequence[tuple[int, int]], nbytes: float) -> CommCost:

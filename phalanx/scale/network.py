@@ -43,12 +43,20 @@ class Link:
     bandwidth: float
     latency: float = 0.0
     oversubscription: float = 1.0
+    # a token bucket (tc tbf's burst): bytes that pass at line rate after an idle gap
+    burst: float = 0.0
+    # bandwidth left per direction when both directions are busy (1: a full-duplex link;
+    # below 1 where the data of one direction queues behind the other's ACKs, as on tbf)
+    duplex: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0:
             raise ConfigError(f"link bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
         if not self.latency >= 0:
             raise ConfigError(f"link latency must be >= 0 s, got {self.latency!r}")
+        if not (self.burst >= 0 and 0 < self.duplex <= 1):
+            raise ConfigError(f"link burst must be >= 0 and duplex in (0, 1], got "
+                              f"{self.burst!r}, {self.duplex!r}")
         if not self.oversubscription >= 1:
             raise ConfigError(f"link oversubscription must be >= 1, got "
                               f"{self.oversubscription!r}")
@@ -80,11 +88,14 @@ Flow = tuple[int, int, float]
 
 @dataclass(frozen=True)
 class PhaseCost:
-    """Time of one phase, its bottleneck resource's level, and bytes by level."""
+    """Time of one phase, its bottleneck resource's level, bytes by level, and the time the
+    bottleneck's token bucket saves when the phase starts after an idle gap (``credit_s``:
+    the first phase of an exchange that follows compute)."""
 
     seconds: float
     bottleneck: str
     bytes_by_level: Mapping[str, float] = field(default_factory=dict)
+    credit_s: float = 0.0
 
 
 class Network:
@@ -171,10 +182,21 @@ class Network:
             by_level[hops[-1][0]] += nbytes
         if not load:
             return PhaseCost(0.0, "none", {})
+        nic = self.links.nic
+
+        def cap(k: tuple[str, int, str]) -> float:
+            c = self.capacity(k[0], k[1])
+            if k[0] == "nic" and nic.duplex < 1:  # both directions busy at once
+                other = (k[0], k[1], "in" if k[2] == "out" else "out")
+                if load.get(other, 0.0) > 0:
+                    c *= nic.duplex
+            return c
+
         # ties go to the lowest level (a NIC saturated as much as its uplink is the news)
-        worst, _, key = max((b / self.capacity(k[0], k[1]), -LEVELS.index(k[0]), k)
-                            for k, b in load.items())
-        return PhaseCost(latency + worst, key[0], dict(by_level))
+        worst, _, key = max((b / cap(k), -LEVELS.index(k[0]), k) for k, b in load.items())
+        burst = self.links.of(key[0]).burst
+        credit = min(burst, load[key]) / self.capacity(key[0], key[1]) if burst else 0.0
+        return PhaseCost(latency + worst, key[0], dict(by_level), credit)
 
 
 # ----------------------------------------------------------------------------- YAML
@@ -202,6 +224,8 @@ def links_from_mapping(data: Any, where: str) -> Links:
                                                            "oversubscription"}:
             raise ConfigError(f"{where}: links.{level} must be a mapping with gbit, "
                               f"latency_us, oversubscription")
+        if "gbit" in entry and isinstance(entry["gbit"], bool):
+            raise ConfigError(f"{where}: links.{level}.gbit must be a number")
         try:
             bw = gbit(float(entry["gbit"])) if "gbit" in entry else old.bandwidth
             lat = float(entry["latency_us"]) * 1e-6 if "latency_us" in entry else old.latency

@@ -1,10 +1,11 @@
 """The link probe ``phalanx scale calibrate`` runs inside two test hosts: a TCP server that
 answers each message with one byte once it has all of it, and a client that times
 message + answer for each size (one connection, a pause between messages as a training step's
-compute leaves one). Plain sockets: no torch, so a probe starts in ~0.1 s.
+compute leaves one). ``duplex``: the server sends as many bytes back while it receives (a
+ring step's two directions at once). Plain sockets: no torch, so a probe starts in ~0.1 s.
 
     python -m phalanx.scale.probe server PORT
-    python -m phalanx.scale.probe client ADDR PORT SIZES REPEATS GAP_S   (prints JSON)
+    python -m phalanx.scale.probe client ADDR PORT SIZES REPEATS GAP_S [duplex]  (JSON)
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import threading
 import time
 
 CHUNK = 1 << 20
@@ -35,13 +37,22 @@ def serve(port: int) -> None:
                 head = conn.recv(8, socket.MSG_WAITALL)
                 if len(head) < 8:
                     return
-                size = int.from_bytes(head, "big")
-                if size == 0 or not _recv_exact(conn, size):
+                size, duplex = int.from_bytes(head[:7], "big"), head[7]
+                if size == 0:
                     return
+                sender = None
+                if duplex:  # send as many bytes back while receiving
+                    sender = threading.Thread(target=conn.sendall, args=(b"\0" * size,))
+                    sender.start()
+                if not _recv_exact(conn, size):
+                    return
+                if sender is not None:
+                    sender.join()
                 conn.sendall(b"k")
 
 
-def client(addr: str, port: int, sizes: list[int], repeats: int, gap: float) -> list[dict]:
+def client(addr: str, port: int, sizes: list[int], repeats: int, gap: float,
+           duplex: bool = False) -> list[dict]:
     for _ in range(50):  # the server starts in another process: retry for up to 5 s
         try:
             sock = socket.create_connection((addr, port), timeout=60)
@@ -58,7 +69,15 @@ def client(addr: str, port: int, sizes: list[int], repeats: int, gap: float) -> 
             for rep in range(repeats + 1):
                 time.sleep(gap)
                 t0 = time.perf_counter()
-                sock.sendall(size.to_bytes(8, "big") + payload)
+                head = size.to_bytes(7, "big") + bytes([int(duplex)])
+                if duplex:
+                    sender = threading.Thread(target=sock.sendall, args=(head + payload,))
+                    sender.start()
+                    if not _recv_exact(sock, size):
+                        raise SystemExit("probe: the server closed the connection")
+                    sender.join()
+                else:
+                    sock.sendall(head + payload)
                 if sock.recv(1) != b"k":
                     raise SystemExit("probe: the server closed the connection")
                 dt = time.perf_counter() - t0
@@ -73,7 +92,9 @@ def main(argv: list[str]) -> None:
         serve(int(argv[1]))
     elif argv[:1] == ["client"]:
         sizes = [int(v) for v in argv[3].split(",")]
-        print(json.dumps(client(argv[1], int(argv[2]), sizes, int(argv[4]), float(argv[5]))))
+        duplex = argv[6:7] == ["duplex"]
+        print(json.dumps(client(argv[1], int(argv[2]), sizes, int(argv[4]), float(argv[5]),
+                                duplex)))
     else:
         raise SystemExit(__doc__)
 

@@ -1,0 +1,175 @@
+"""phalanx.scale's analytical model held to hand-computed cases: each test fails when a
+formula, a phase's sharing or the overlap timeline is wrong."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from phalanx.errors import ConfigError
+from phalanx.scale import collectives as C
+from phalanx.scale.network import Network, network_from_mapping
+from phalanx.scale.overlap import assign_buckets, bucket_timeline
+from phalanx.scale.predict import predict
+from phalanx.scale.setting import Compression, Setting, Stragglers
+from phalanx.scale.workload import Layer, Workload
+
+THREE_HOSTS = {
+    "name": "three",
+    "device_types": [{"name": "v100"}],
+    "zones": [{"name": "z", "racks": [{"name": "r", "servers": [
+        {"name": "h", "repeat": 3, "device_type": "v100", "devices": 1,
+         "cpu_cores": 8, "memory_gib": 64}]}]}],
+    "links": {"nic": {"gbit": 1, "latency_us": 100}},
+}
+
+
+def three_hosts() -> Network:
+    return network_from_mapping(THREE_HOSTS, "three.yaml")
+
+
+def test_ring_step_on_three_hosts_by_hand() -> None:
+    """3 hosts, one worker each, 1 Gbit/s NICs, 100 us per message, X = 3 MB: a ring does
+    2(N-1) = 4 steps of X/N = 1 MB; each step 100 us + 1e6 B / 125e6 B/s = 8.1 ms."""
+    net = three_hosts()
+    cost = C.ring(net, [0, 1, 2], 3e6)
+    assert cost.seconds == pytest.approx(4 * (100e-6 + 1e6 / 125e6), rel=1e-12)
+    assert cost.bytes_per_worker == pytest.approx(2 * 3e6 * 2 / 3)
+    assert cost.bottleneck == "nic"
+    # the whole step: compute 50 ms, no overlap (bucket 0) -> 50 + 32.4 ms
+    w = Workload(name="toy", layers=(Layer(name="a", params=750_000, compute_share=1.0),),
+                 batch=10, step_compute_s=0.05)
+    p = predict(w, Setting(strategy="sync", workers=3, bucket_mb=0), net)
+    assert p.step_s == pytest.approx(0.05 + 4 * (100e-6 + 1e6 / 125e6), rel=1e-12)
+    assert p.efficiency == pytest.approx(0.05 / p.step_s)
+
+
+def test_main_node_incast_on_three_hosts_by_hand() -> None:
+    """Main node: 2 workers send X to host 0 at once (its NIC receives 2X), then it sends 2X."""
+    cost = C.main_node(three_hosts(), [0, 1, 2], 1e6)
+    assert cost.seconds == pytest.approx(2 * (100e-6 + 2e6 / 125e6), rel=1e-12)
+    assert cost.bytes_per_worker == 2e6
+
+
+def test_ring_bytes_match_comm_allreduce() -> None:
+    """The torch-free copy of the byte formula equals phalanx.comm.allreduce.ring_bytes."""
+    from phalanx.comm.allreduce import ring_bytes as real
+    for numel in (1, 7, 100, 235_146):
+        for world in (2, 3, 4, 7, 16):
+            for rank in range(world):
+                assert C.ring_bytes(numel, 4, world, rank) == real(numel, 4, world, rank)
+
+
+def test_buckets_match_comm_bucketing() -> None:
+    import torch
+
+    from phalanx.comm.bucketing import assign_buckets as real
+    sizes = [200_704, 256, 32_768, 128, 1_280, 10, 5_000_000, 3]
+    for cap in (1_000, 100_000, 1 << 20, 25 << 20):
+        assert assign_buckets([s * 4 for s in sizes], cap) == real(
+            sizes, [torch.float32] * len(sizes), cap)
+
+
+def test_overlap_timeline_by_hand() -> None:
+    """Two layers, backward 0.6 s (2/3 of 0.9): layer 1 done at 0.3, layer 0 at 0.6. Each
+    bucket costs 0.5 s: bucket of layer 1 runs 0.3-0.8, layer 0's 0.8-1.3: exposed 0.7."""
+    w = Workload(name="two", layers=(Layer(name="a", params=100, compute_share=1.0),
+                                     Layer(name="b", params=100, compute_share=1.0)),
+                 batch=1, step_compute_s=0.9)
+    tl = bucket_timeline(w, 400, lambda b: 0.5)
+    assert (tl.buckets, tl.backward_s) == (2, pytest.approx(0.6))
+    assert tl.exposed_s == pytest.approx(0.7)
+    assert bucket_timeline(w, 0, lambda b: 0.5).exposed_s == pytest.approx(0.5)
+
+
+def hosts(servers: int, devices: int, links: dict | None = None) -> Network:
+    data = {**THREE_HOSTS, "zones": [{"name": "z", "racks": [{"name": "r", "servers": [
+        {"name": "h", "repeat": servers, "device_type": "v100", "devices": devices,
+         "cpu_cores": 8, "memory_gib": 64}]}]}],
+        "links": links if links is not None else THREE_HOSTS["links"]}
+    return network_from_mapping(data, "hosts.yaml")
+
+
+def test_hierarchical_and_tree_move_ring_bytes_faster_on_many_servers() -> None:
+    net = hosts(16, 8, {"nic": {"gbit": 25, "latency_us": 10}})
+    devices = list(range(128))
+    ring, hier, tree = (C.ring(net, devices, 1e8), C.hierarchical(net, devices, 1e8),
+                        C.tree(net, devices, 1e8))
+    # far fewer latency terms for hierarchical: 2 x 7 inside + 2 x 15 across servers
+    assert hier.messages == 2 * 7 + 2 * 15 and ring.messages == 2 * 127
+    assert hier.seconds < ring.seconds and tree.seconds < ring.seconds
+    assert tree.bytes_per_worker == pytest.approx(2 * 1e8 * 127 / 128)
+
+
+def test_ps_incast_phase_by_hand() -> None:
+    """6 workers (2 per host on 3 hosts) push 1 MB each to one dedicated shard: its NIC takes
+    6 MB at 125 MB/s = 48 ms (+ 100 us); each worker host's NIC only 2 MB."""
+    net = hosts(3, 2)
+    big = net.with_extra(1)
+    push, pull = C.ps_exchange(big, list(range(6)), [6], [1.0], 1e6, 1e6, duplex=False)
+    assert push.seconds == pytest.approx(100e-6 + 5e-6 + 5e-6 + 6e6 / 125e6, rel=1e-9)
+    assert pull.seconds == pytest.approx(push.seconds)
+    assert push.bottleneck == "nic"
+    # two shards halve the incast; the worker hosts' NICs (2 MB out) now tie with them
+    two = net.with_extra(2)
+    push2, _ = C.ps_exchange(two, list(range(6)), [6, 7], [0.5, 0.5], 1e6, 1e6, duplex=False)
+    assert push2.seconds == pytest.approx(110e-6 + 3e6 / 125e6, rel=1e-9)
+
+
+def test_sparse_rows_and_compression() -> None:
+    from phalanx.scale.workload import Sparse
+    s = Sparse(rows=10, dim=4, zipf_s=0.0, lookups=1)  # uniform ids
+    assert s.unique_rows(10) == pytest.approx(10 * (1 - 0.9 ** 10))
+    assert Compression.parse("fp16").dense_scale == 0.5
+    assert Compression.parse("ratio:4").dense_scale == 0.25
+    for bad in ("topk:0", "ratio:0.5", "gzip", "topk:x"):
+        with pytest.raises(ConfigError, match="--compress"):
+            Compression.parse(bad)
+
+
+def test_stragglers_and_settings_refuse_bad_values() -> None:
+    assert Stragglers("slow:1:3").expected_max(8) == 3.0
+    assert Stragglers("slow:2:3").mean(4) == pytest.approx(2.0)
+    assert 1.0 < Stragglers("lognormal:0.5").expected_max(64) < 4.0
+    for bad, flag in (({"strategy": "nope"}, "--strategy"), ({"workers": 0}, "--workers"),
+                      ({"strategy": "tensor", "workers": 6, "tensor": 4}, "--tensor"),
+                      ({"bucket_mb": -1}, "--bucket-mb")):
+        with pytest.raises(ConfigError, match=flag):
+            Setting(**{"strategy": "sync", "workers": 4, **bad})
+    with pytest.raises(ConfigError, match="--stragglers"):
+        Stragglers("lognormal:9")
+
+
+def test_every_strategy_predicts_and_parts_add_up() -> None:
+    from phalanx.scale.setting import STRATEGIES
+    from phalanx.scale.sweep import Shape, default_setting
+    from phalanx.scale.workload import catalog
+    w = catalog("gpt2")
+    net = Shape().network(8)
+    for s in STRATEGIES:
+        p = predict(w, default_setting(s, 1 if s == "single" else 8), net)
+        assert p.step_s > 0 and math.isfinite(p.efficiency), s
+        if s not in ("asp", "ssp", "softsync", "downpour", "dc-asgd"):
+            parts = p.compute_s + p.exposed_comm_s + p.server_s + p.bubble_s + p.straggler_s
+            assert p.step_s == pytest.approx(parts), s
+
+
+def test_pipeline_bubble_formula() -> None:
+    """With free sends the bubble is (P-1)/(M+P-1) of the step."""
+    from phalanx.scale.sweep import Shape
+    from phalanx.scale.workload import catalog
+    w = catalog("gpt2")
+    net = Shape(intra_gbit=1e5, latency_us=0).network(4)
+    p = predict(w, Setting(strategy="pipeline", workers=4, micro_batches=12), net)
+    assert p.bubble_s / p.step_s == pytest.approx(3 / 15, rel=1e-3)
+
+
+def test_analytical_core_imports_no_torch() -> None:
+    code = ("import sys, phalanx.scale.predict, phalanx.scale.eventsim, phalanx.scale.sweep, "
+            "phalanx.scale.published; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
