@@ -178,7 +178,10 @@ function route() {
   const view = views[name] || views.runs;
   Promise.resolve(view()).catch((e) => {
     $("#view").innerHTML = `<p class="error">could not draw this view: ${esc(e)}</p>`;
-  }).finally(() => { document.body.dataset.ready = "1"; });
+  }).finally(() => {
+    window.PXReadyAt = performance.now();  // ms since navigation began (bench/dashboard.py)
+    document.body.dataset.ready = "1";
+  });
 }
 
 function listen() {

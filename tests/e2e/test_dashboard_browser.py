@@ -1,0 +1,230 @@
+"""The dashboard in a real headless browser (Debian's chromium + chromium-driver, Selenium):
+real runs, a real simulation and a real live schedule, one browser for the module.
+
+What a person would check: the runs table lists a finished run with its figures; a
+training run's curve gains points without a reload; `phalanx schedule --dashboard` shows a
+job's device change colour when it is placed and again when it is preempted; two
+simulated schedules' JCT distributions are drawn; `/../` and absolute paths are refused;
+bad files are shown as such; and the browser console shows no error anywhere."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from phalanx.cli import main
+from phalanx.dashboard.headless import browser, console_errors, missing, wait_ready
+
+pytestmark = pytest.mark.skipif(bool(missing()), reason=missing() or "browser present")
+PY = sys.executable
+
+
+def start(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([PY, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, **kw)
+
+
+def url_of(proc: subprocess.Popen, timeout: float = 60) -> str:
+    """The http://127.0.0.1:PORT/ a dashboard prints (the line is read as it comes)."""
+    end = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < end:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        m = re.search(r"(http://127\.0\.0\.1:\d+/)", line)
+        if m:
+            return m.group(1)
+    raise AssertionError("no dashboard URL printed:\n" + "".join(seen))
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run, two simulated schedules (fifo and las on one trace) and bad files."""
+    root = tmp_path_factory.mktemp("dash")
+    # in this process: the command's own code, without a second import of torch
+    assert main(["train", "--model", "mlp", "--data", "synthetic", "--strategy", "single",
+                 "--max-steps", "40", "--no-progress", "--out", str(root / "runs" / "done")]) == 0
+    assert main(["simulate", "--trace", "synthetic:jobs=80,rate=200,median=900,max_gpus=4",
+                 "--cluster", "uniform:1,1,2,4", "--compare", "fifo,las", "--no-progress",
+                 "--out", str(root / "sims" / "cmp")]) == 0
+    bad = root / "runs" / "cut"   # a run cut mid-line with a corrupt summary
+    bad.mkdir()
+    done = (root / "runs" / "done" / "events.jsonl").read_text()
+    (bad / "events.jsonl").write_text(done[: len(done) // 2] + "{not json}\n" + '{"kind": "tr')
+    (bad / "summary.json").write_text('{"test_loss": 0.')
+    broken = root / "sims" / "broken"
+    broken.mkdir()
+    (broken / "scheduler-state.json").write_text('{"format": "phalanx-schedule-st')
+    return root
+
+
+@pytest.fixture(scope="module")
+def page(folder: Path):
+    server = start("-m", "phalanx.dashboard", str(folder), "--port", "0")
+    try:
+        url = url_of(server)
+        with browser() as driver:
+            yield driver, url
+    finally:
+        stop(server)
+
+
+def show(driver, url: str, fragment: str) -> None:
+    driver.get(url + "#" + fragment)
+    driver.refresh()  # a new fragment alone is not a load
+    wait_ready(driver)
+
+
+def until(fn, timeout: float = 30.0, what: str = ""):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_runs_table_lists_a_finished_run_with_its_figures(page, folder: Path) -> None:
+    driver, url = page
+    show(driver, url, "runs")
+    summary = json.loads((folder / "runs" / "done" / "summary.json").read_text())
+    row = driver.find_element("css selector", 'tr[data-run="runs/done"]')
+    assert row.get_attribute("data-status") == "finished"
+    cell = lambda k: row.find_element("css selector", f'td[data-col="{k}"]').text  # noqa: E731
+    assert cell("strategy") == "single" and cell("model") == "mlp"
+    assert float(cell("test_accuracy")) == pytest.approx(summary["test_accuracy"], abs=1e-4)
+    assert float(cell("test_loss")) == pytest.approx(summary["test_loss"], rel=1e-2)
+    assert float(cell("samples_per_s").replace(",", "")) == pytest.approx(
+        summary["samples_per_s"], rel=1e-3)
+    # the cut run is listed with what is wrong with it, not a 500
+    cut = driver.find_element("css selector", 'tr[data-run="runs/cut"]').text
+    assert "summary.json is half-written or corrupt" in cut and "not JSON" in cut
+    assert "ends mid-line" in cut
+    show(driver, url, "schedules")
+    broken = driver.find_element("css selector", 'tr[data-schedule="sims/broken"]').text
+    assert "scheduler-state.json is half-written or corrupt" in broken
+    assert console_errors(driver) == []
+
+
+def test_a_training_run_gains_curve_points_without_a_reload(page, folder: Path) -> None:
+    driver, url = page
+    out = folder / "runs" / "growing"
+    run = start("-m", "phalanx.cli", "train", "--model", "mlp", "--data", "synthetic",
+                "--strategy", "single", "--epochs", "1000", "--eval-every", "100000",
+                "--no-progress",
+                "--checkpoint-every", "0", "--out", str(out))
+    try:
+        until(lambda: (out / "events.jsonl").exists(), what="the run to start")
+        show(driver, url, "compare=runs/growing")
+        points = lambda: int(driver.find_element(  # noqa: E731
+            "css selector", "#chart-step").get_attribute("data-points"))
+        first = until(points, what="the first points")
+        driver.execute_script("window.notReloaded = true")
+        until(lambda: points() > first, what="more points")
+        assert driver.execute_script("return window.notReloaded") is True
+        status = driver.find_element("css selector", '#figs tr[data-run="runs/growing"]')
+        assert status.get_attribute("data-status") == "running"
+    finally:
+        stop(run)
+    assert console_errors(driver) == []
+
+
+def test_two_simulated_schedules_jct_distributions_are_drawn(page) -> None:
+    driver, url = page
+    show(driver, url, "jct=sims/cmp%23fifo-topology|sims/cmp%23las-topology")
+    chart = driver.find_element("css selector", "#jct-cdf")
+    assert chart.get_attribute("data-series") == "2"
+    assert int(chart.get_attribute("data-points")) == 160  # 80 jobs' JCTs, twice
+    assert chart.find_elements("css selector", "canvas")
+    rows = driver.find_elements("css selector", "tr[data-schedule]")
+    assert [r.get_attribute("data-schedule") for r in rows] == [
+        "sims/cmp#fifo-topology", "sims/cmp#las-topology"]
+    assert console_errors(driver) == []
+
+
+def raw_get(url: str, path: str) -> tuple[int, str]:
+    """A request sent as written (a browser or urllib would resolve the '..' first)."""
+    host, port = url.split("//")[1].rstrip("/").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.putrequest("GET", path, skip_accept_encoding=True)
+    conn.endheaders()
+    r = conn.getresponse()
+    return r.status, r.read().decode(errors="replace")
+
+
+def test_dot_dot_and_absolute_paths_are_refused(page, folder: Path) -> None:
+    driver, url = page
+    secret = folder.parent / "secret.json"
+    secret.write_text('{"secret": 1}')
+    for path in ("/files/../secret.json", "/files/%2e%2e/secret.json", f"/files/{secret}",
+                 f"/files/{folder}/runs/done/summary.json", "/files/runs/../../secret.json",
+                 "/api/run?id=../x", f"/api/run?id={folder}", "/api/schedule?id=/etc",
+                 "/static/../app.py", "/../secret.json"):
+        status, body = raw_get(url, path)
+        assert status in (400, 404), (path, status)
+        assert "secret" not in body.replace("secret.json", ""), path
+    assert raw_get(url, "/files/runs/done/summary.json")[0] == 200
+    driver.get(url + "api/run?id=../../etc")  # (a browser resolves a '..' in the path itself)
+    assert "'..' is refused" in driver.page_source
+    driver.get(url + "files//etc/passwd")
+    assert "absolute paths are refused" in driver.page_source and "root:" not in \
+        driver.page_source
+    # the browser logs the two refusals (400) it was sent to see; nothing else
+    assert [e for e in console_errors(driver) if "400 (Bad Request)" not in e] == []
+
+
+def test_schedule_dashboard_colours_a_job_placed_then_preempted(page, tmp_path: Path) -> None:
+    driver, _ = page
+    jobs = tmp_path / "jobs.yaml"
+    cfg = "{model: mlp, data: synthetic, epochs: 200, strategy: sync, tensorboard: false}"
+    jobs.write_text(f"jobs:\n  - {{name: alpha, arrival: 0, gpus: 1, config: {cfg}}}\n"
+                    f"  - {{name: beta, arrival: 1, gpus: 1, config: {cfg}}}\n")
+    sched = start("-m", "phalanx.cli", "schedule", "--jobs", str(jobs), "--cluster",
+                  "uniform:1,1,1,1", "--policy", "rr", "--slot", "2", "--dashboard", "0",
+                  "--out", str(tmp_path / "out"))
+    try:
+        url = url_of(sched)
+        until(lambda: (tmp_path / "out" / "scheduler-state.json").exists(), what="a state")
+        show(driver, url, "schedule=.")
+        def colour() -> tuple[str, str] | None:  # one read: the map is redrawn as it changes
+            return tuple(driver.execute_script(
+                "const d = document.querySelector('.dev[data-dev=\"0\"]');"
+                "return d ? [d.dataset.job, getComputedStyle(d).backgroundColor] : ['?', '']"))
+        free = colour()[1] if colour()[0] == "" else None
+        placed = until(lambda: colour()[0] == "alpha" and colour(), what="alpha placed")
+        assert placed[1] != free
+        driver.execute_script("window.notReloaded = true")
+        # rr's round gives the device to beta: alpha is preempted, its device changes colour
+        after = until(lambda: colour()[0] != "alpha" and colour(), what="alpha preempted")
+        assert after[1] != placed[1]
+        assert driver.execute_script("return window.notReloaded") is True
+        state = json.loads((tmp_path / "out" / "scheduler-state.json").read_text())
+        assert state["jobs"]["alpha"]["fields"]["preemptions"] >= 1
+        row = driver.find_element("css selector", 'tr[data-job="alpha"]').text
+        assert "alpha" in row
+        assert console_errors(driver) == []
+    finally:
+        driver.get("about:blank")  # the page's dashboard ends with the schedule
+        stop(sched)
