@@ -1,0 +1,131 @@
+"""phalanx.scale's event simulation (incast queueing, barriers, staleness), the published
+results, the CLI's one-line errors and the calibration fit."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from phalanx.errors import ConfigError
+from phalanx.scale.calibrate import fit_bucket, fit_line
+from phalanx.scale.eventsim import AsyncSpec, simulate
+from phalanx.scale.published import (
+    byteps_allreduce,
+    byteps_checks,
+    byteps_model,
+    byteps_optimal,
+    byteps_ps,
+    ring_claim_checks,
+)
+from phalanx.scale.setting import Stragglers
+
+
+def spec(**kw) -> AsyncSpec:
+    base = dict(workers=8, shards=1, steps=1, compute_s=1.0, push_bytes=1e6, pull_bytes=1e6,
+                worker_bw=1e9, shard_bw=1e8, consistency="bsp")
+    return AsyncSpec(**{**base, **kw})
+
+
+def test_incast_queueing_by_hand() -> None:
+    """8 workers finish compute together and push 1 MB each into one shard whose NIC takes
+    100 MB/s: the k-th push waits (k-1) x 10 ms, mean 35 ms; the last is in at 1.08 s."""
+    r = simulate(spec())
+    assert r.push_wait_s == pytest.approx(0.035, rel=1e-9)
+    assert r.wall_s == pytest.approx(1.08, rel=1e-9)
+    # S shards split each push: the queue shrinks S-fold
+    r4 = simulate(spec(shards=4))
+    assert r4.push_wait_s == pytest.approx(0.035 / 4, rel=1e-9)
+
+
+def test_bsp_step_by_hand() -> None:
+    """BSP, 2 steps: the pushes queue 80 ms (incast), the barrier opens at 1.08 s, the
+    pulls leave the shard's send side 10 ms apart, so worker k computes again from
+    1.08 + 0.01k and its push meets an empty queue: the last lands at 2.08 + 0.08 + 0.01."""
+    r = simulate(spec(steps=2))
+    assert r.wall_s == pytest.approx(2.17, rel=1e-9)
+    assert r.staleness == {0: 16}
+
+
+def test_asp_staleness_is_n_minus_one_in_round_robin() -> None:
+    """Equal workers, no queueing: pushes interleave round robin, so every update after the
+    first round finds the N-1 others applied since its pull."""
+    r = simulate(spec(workers=4, steps=50, consistency="asp", shard_bw=1e12, worker_bw=1e12,
+                      compute_s=1.0))
+    assert r.staleness_max <= 3
+    assert r.staleness.get(3, 0) >= 4 * 50 - 8
+
+
+def test_ssp_bounds_and_softsync_divides_staleness() -> None:
+    base = dict(workers=16, steps=60, shard_bw=1e9, compute_s=0.01, consistency="asp",
+                stragglers=Stragglers("slow:1:4"))
+    asp = simulate(spec(**base))
+    ssp = simulate(spec(**{**base, "consistency": "ssp", "bound": 1}))
+    soft = simulate(spec(**{**base, "consistency": "softsync", "bound": 4}))
+    # the fast workers wait at the bound, so the slow one's updates are less stale:
+    # at most 2 clocks' worth of the 15 others (ASP: 44 here)
+    assert ssp.barrier_wait_s > 0 and asp.barrier_wait_s == 0
+    assert ssp.staleness_max <= 2 * 15 < asp.staleness_max
+    assert soft.staleness_mean < asp.staleness_mean / 2
+
+
+def test_event_simulation_refuses_bad_specs() -> None:
+    for kw, flag in (({"consistency": "nope"}, "--consistency"), ({"workers": 0}, "--workers"),
+                     ({"consistency": "softsync", "bound": 0}, "--softsync")):
+        with pytest.raises(ConfigError, match=flag):
+            spec(**kw)
+
+
+def test_byteps_formulas_by_hand_and_on_the_phase_model() -> None:
+    """BytePS OSDI'20 eq. 1-3 at n = 4, k = 2, M = 1, B = 1: allreduce 2*3/4 = 1.5; PS
+    max(1, 4/2) = 2; optimum 2*4*3 / (16 + 8 - 4) = 1.2. The network layer's phases give
+    the same numbers on the same machines."""
+    assert byteps_allreduce(4, 1, 1) == 1.5
+    assert byteps_ps(4, 2, 1, 1) == 2.0
+    assert byteps_optimal(4, 2, 1, 1) == pytest.approx(1.2)
+    got = byteps_model(4, 2, 1e6, 1e6)
+    assert got == pytest.approx({"allreduce": 1.5, "ps": 2.0, "optimal": 1.2}, rel=1e-12)
+    assert all(c.holds for c in byteps_checks())
+
+
+def test_ring_claim_holds() -> None:
+    assert all(c.holds for c in ring_claim_checks())
+
+
+def test_calibration_fit_recovers_a_token_bucket() -> None:
+    rng = random.Random(0)
+    pts = [(x, 0.002 + max(0, x - 200_000) / 12.5e6 * (1 + rng.uniform(-0.01, 0.01)))
+           for x in (16384, 65536, 262144, 1 << 20, 4 << 20) for _ in range(3)]
+    alpha, beta, burst, r2 = fit_bucket(pts)
+    assert 1 / beta == pytest.approx(12.5e6, rel=0.03)
+    assert 150_000 < burst < 260_000 and r2 > 0.99
+    assert fit_line([(0, 1), (1, 3)])[:2] == (1.0, 2.0)
+
+
+def test_cli_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    from phalanx.cli import main
+    for argv, flag in ((["scale", "predict", "--strategy", "nope"], "--strategy"),
+                       (["scale", "predict", "--workers", "x"], "--workers"),
+                       (["scale", "predict", "--model", "alexnet"], "--model"),
+                       (["scale", "predict", "--compress", "zip"], "--compress"),
+                       (["scale", "predict", "--nic-gbit", "0"], "--nic-gbit"),
+                       (["scale", "predict", "--cluster", "/nonexistent.yaml"], "--cluster"),
+                       (["scale", "async", "--consistency", "x"], "--consistency"),
+                       (["scale", "predict", "--stragglers", "slow"], "--stragglers"),
+                       (["scale", "predict", "--strategy", "hogwild", "--workers", "64"],
+                        "--workers")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and flag in err and "Traceback" not in err, err
+
+
+def test_cli_predict_json_and_async(capsys: pytest.CaptureFixture[str]) -> None:
+    from phalanx.cli import main
+    assert main(["scale", "predict", "--model", "vgg16", "--workers", "8,64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [p["workers"] for p in out["predictions"]] == [8, 64]
+    assert main(["scale", "async", "--workers", "32", "--servers", "4", "--steps", "20",
+                 "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["staleness_mean"] > 0 and sum(row["staleness_hist"].values()) == 32 * 20
