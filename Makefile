@@ -6,10 +6,12 @@ STAMP := .venv/.installed
 .PHONY: setup demo test bench lint clean mutate
 
 $(STAMP): pyproject.toml
-	@# Debian packages, as root: the data set, and Slurm for the live Slurm engine's tests
+	@# Debian packages, as root: the data set, Slurm for the live Slurm engine's tests, and
+	@# Chromium + its driver for the dashboard's browser tests (tests/e2e/test_dashboard_browser.py)
 	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
 		pkgs=""; [ -d /usr/share/datasets/fashion-mnist ] || pkgs="dataset-fashion-mnist"; \
 		{ command -v slurmd && command -v slurmctld && command -v munged; } >/dev/null || pkgs="$$pkgs slurm-wlm munge"; \
+		{ command -v chromium && command -v chromedriver; } >/dev/null || pkgs="$$pkgs chromium chromium-driver"; \
 		[ -z "$$pkgs" ] || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkgs) \
 			|| echo "warning: could not install:$$pkgs"; fi
 	test -x $(PY) || python3 -m venv .venv
