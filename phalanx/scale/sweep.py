@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.scale.network import Link, Links, Network, gbit, uniform_network
 from phalanx.scale.predict import predict
-from phalanx.scale.setting import STRATEGIES, Compression, Prediction, Setting
+from phalanx.scale.setting import STRATEGIES, Compression, Prediction, Setting, Stragglers
 from phalanx.scale.workload import Workload
 
 SWEEP_NS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -104,16 +104,23 @@ def _first_n(w: Workload, shape: Shape, ns: Sequence[int], wins: Callable[[Predi
     return None
 
 
-def _threshold_gbit(w: Workload, shape: Shape, n: int, a: Setting, b: Setting) -> float | None:
-    """The highest NIC bandwidth (of a log grid 0.01..1000 Gbit/s) below which ``a`` has
-    more samples/s than ``b``; None when ``a`` never wins."""
-    best = None
+def _threshold_gbit(w: Workload, shape: Shape, n: int, a: Setting, b: Setting) -> str:
+    """Where, on a log grid of NIC bandwidths 0.01..1000 Gbit/s, ``a`` has more samples/s
+    than ``b``: 'below G', 'above G', 'never', 'always' (or the ranges)."""
     grid = [10 ** (k / 8) for k in range(-16, 25)]
+    wins = []
     for g in grid:
         net = replace(shape, nic_gbit=g).network(n)
-        if predict(w, a, net).samples_per_s > predict(w, b, net).samples_per_s:
-            best = g
-    return best
+        wins.append(predict(w, a, net).samples_per_s > predict(w, b, net).samples_per_s)
+    if not any(wins):
+        return "never (0.01..1000 Gbit/s)"
+    if all(wins):
+        return "always (0.01..1000 Gbit/s)"
+    k = wins.index(not wins[0])
+    if all(v == wins[0] for v in wins[:k]) and all(v != wins[0] for v in wins[k:]):
+        return (f"below {grid[k - 1]:.3g} Gbit/s" if wins[0]
+                else f"above {grid[k]:.3g} Gbit/s only")
+    return "at " + ", ".join(f"{g:.3g}" for g, v in zip(grid, wins) if v) + " Gbit/s"
 
 
 def crossovers(w: Workload, shape: Shape, ns: Sequence[int] = SWEEP_NS,
@@ -126,14 +133,17 @@ def crossovers(w: Workload, shape: Shape, ns: Sequence[int] = SWEEP_NS,
     out.append((f"at {shape.nic_gbit:g} Gbit/s, PS (bsp, S = N/4 dedicated shards) beats the "
                 f"ring from N =", "never in " + f"{ns[0]}..{ns[-1]}" if n_ps is None
                 else str(n_ps)))
-    g = _threshold_gbit(w, shape, async_n, Setting(strategy="asp", workers=async_n,
-                                                   servers=max(1, async_n // 4)),
-                        Setting(strategy="sync", workers=async_n))
-    out.append((f"at N = {async_n}, asynchronous (asp, S = N/4) has more samples/s than sync "
-                f"ring below (Gbit/s)", "never" if g is None else f"{g:.3g}"))
+    for strag in ("none", "lognormal:0.5"):
+        st = Stragglers(strag)
+        g = _threshold_gbit(w, shape, async_n,
+                            Setting(strategy="asp", workers=async_n,
+                                    servers=max(1, async_n // 4), stragglers=st),
+                            Setting(strategy="sync", workers=async_n, stragglers=st))
+        out.append((f"at N = {async_n}, stragglers {strag}: asynchronous (asp, S = N/4) has "
+                    f"more samples/s than the sync ring", g))
     g = _threshold_gbit(w, shape, async_n, Setting(strategy="sync", workers=async_n,
                                                    compress=Compression.parse("topk:0.01")),
                         Setting(strategy="sync", workers=async_n))
-    out.append((f"at N = {async_n}, top-k 1% (all-gather of index, value pairs) pays below "
-                f"(Gbit/s)", "never" if g is None else f"{g:.3g}"))
+    out.append((f"at N = {async_n}, top-k 1% (all-gather of index, value pairs; compressing "
+                f"costs no compute here) has more samples/s than no compression", g))
     return out
