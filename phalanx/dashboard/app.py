@@ -86,6 +86,8 @@ class Watcher:
 def build_app(root: Path, allowed_hosts: list[str]) -> Starlette:
     folder = Folder(root)
     watcher = Watcher(folder)
+    # read the folder once now, so that the first page does not wait for 1,000 runs' files
+    threading.Thread(target=folder.index, name="dashboard-warm", daemon=True).start()
 
     async def page(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html", headers=HEADERS)
@@ -122,8 +124,11 @@ def build_app(root: Path, allowed_hosts: list[str]) -> Starlette:
             inside(folder.root, sid.split("#", 1)[0])
         except Refused as e:
             return _error(400, f"id {sid!r}: {e}")
-        out = await asyncio.to_thread(folder.schedule, sid)
-        return _error(404, f"no schedule {sid!r} in the folder") if out is None else _json(out)
+        only_jct = request.query_params.get("only") == "jct"
+        out = await asyncio.to_thread(folder.schedule_json, sid, only_jct)
+        if out is None:
+            return _error(404, f"no schedule {sid!r} in the folder")
+        return Response(out, media_type="application/json", headers=HEADERS)
 
     async def files(request: Request) -> Response:
         rel = request.path_params["path"]
@@ -154,7 +159,11 @@ def build_app(root: Path, allowed_hosts: list[str]) -> Starlette:
         return StreamingResponse(events(), media_type="text/event-stream", headers=HEADERS)
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return _error(getattr(exc, "status_code", 404), f"{request.url.path}: not found")
+        status = getattr(exc, "status_code", 404)
+        if status == 405:
+            return _error(405, f"{request.method} {request.url.path}: the dashboard is "
+                               "read-only (GET only)")
+        return _error(status, f"{request.url.path}: not found")
 
     async def failed(request: Request, exc: Exception) -> Response:
         why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__

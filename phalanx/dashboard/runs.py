@@ -66,13 +66,16 @@ class Run:
     has_checkpoint: bool = False
     why_config: str = ""
     why_summary: str = ""
+    names: frozenset[str] = frozenset()   # the folder's files at the last scan
+    cached_row: tuple[Any, dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         self.tail = JsonlTail(self.folder / "events.jsonl")
+        self._base = str(self.folder) + os.sep
 
     def _changed(self, name: str) -> bool:
         try:
-            st = os.stat(self.folder / name)
+            st = os.stat(self._base + name)
             stamp = (st.st_mtime_ns, st.st_size)
         except OSError:
             stamp = (0, -1)
@@ -81,7 +84,10 @@ class Run:
         self.stamps[name] = stamp
         return True
 
-    def refresh(self) -> None:
+    def refresh(self, names: frozenset[str] | None = None) -> None:
+        """Read what changed; ``names``: the folder's files, if the caller listed them."""
+        if names is not None:
+            self.names = names
         problems = []
         if self._changed("config.json"):
             cfg, why = read_json(self.folder / "config.json")
@@ -97,7 +103,10 @@ class Run:
         for ev in self.tail.read_new():
             self._add(ev)
         self.problems_files = problems
-        self.has_checkpoint = any(self.folder.glob("checkpoint*"))
+        if names is None:
+            self.names = frozenset(os.listdir(self.folder)) if self.folder.is_dir() \
+                else frozenset()
+        self.has_checkpoint = any(n.startswith("checkpoint") for n in self.names)
 
     def _add(self, ev: dict[str, Any]) -> None:
         kind, unix = ev.get("kind"), _num(ev.get("unix"))
@@ -133,12 +142,19 @@ class Run:
             out.append(f"events.jsonl: line(s) {lines} not JSON (corrupt)")
         if self.tail.unfinished_line:
             out.append("events.jsonl ends mid-line (still being written, or truncated)")
-        if not (self.folder / "events.jsonl").exists():
+        if "events.jsonl" not in self.names:
             out.append("no events.jsonl")
         return out
 
     def row(self, locked: bool) -> dict[str, Any]:
-        """The runs table's row."""
+        """The runs table's row (the last one while nothing it reads changed)."""
+        key = (locked, tuple(sorted(self.stamps.items())), self.tail.offset, self.tail.lines,
+               self.has_checkpoint, "events.jsonl" in self.names)
+        if self.cached_row is None or self.cached_row[0] != key:
+            self.cached_row = (key, self._row(locked))
+        return self.cached_row[1]
+
+    def _row(self, locked: bool) -> dict[str, Any]:
         src = {**self.config, **self.start, **(self.summary or {})}
         row: dict[str, Any] = {"id": self.rid, "status": self.status(locked)}
         for k in DESCRIBE:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from phalanx.dashboard.schedules import STATE_FILE, Schedule
 
 SKIP = {"tensorboard", "logs", "ranks", "__pycache__", "node_modules"}
 MAX_DEPTH = 8
+RESCAN_S = 1.0  # the folder tree is walked again at most this often (files are read anew)
 
 
 def locked_inodes() -> set[int] | None:
@@ -49,13 +51,19 @@ class Folder:
         self.root = root.resolve()
         self.runs: dict[str, Run] = {}
         self.schedules: dict[str, Schedule] = {}
+        self.names: dict[str, frozenset[str]] = {}  # each run folder's files
         self.lock = threading.Lock()
+        self.scanned = -1e9
 
-    def scan(self) -> None:
+    def scan(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self.scanned < RESCAN_S:
+            return
         runs: dict[str, Run] = {}
         schedules: dict[str, Schedule] = {}
+        self.names = {}
         self._walk(self.root, 0, runs, schedules)
         self.runs, self.schedules = runs, schedules
+        self.scanned = time.monotonic()
 
     def _walk(self, folder: Path, depth: int, runs: dict[str, Run],
               schedules: dict[str, Schedule]) -> None:
@@ -77,6 +85,7 @@ class Folder:
             schedules[rid] = self.schedules.get(rid) or Schedule(folder, rid, "sim")
         elif "events.jsonl" in names or "summary.json" in names:
             runs[rid] = self.runs.get(rid) or Run(folder, rid)
+            self.names[rid] = frozenset(names)
             return
         if depth >= MAX_DEPTH:
             return
@@ -95,8 +104,8 @@ class Folder:
             self.scan()
             locks = locked_inodes()
             rows = []
-            for run in self.runs.values():
-                run.refresh()
+            for rid, run in self.runs.items():
+                run.refresh(self.names.get(rid))
                 rows.append(run.row(self._locked(run, locks)))
             scheds = [s.row() for s in self.schedules.values()]
         return {"root": str(self.root), "runs": rows, "schedules": scheds}
@@ -105,8 +114,10 @@ class Folder:
         return run.row(self._locked(run, locked_inodes()))
 
     def _locked(self, run: Run, locks: set[int] | None) -> bool:
+        if LOCK not in run.names:
+            return False
         try:
-            ino = os.stat(run.folder / LOCK).st_ino
+            ino = os.stat(os.path.join(run.folder, LOCK)).st_ino
         except OSError:
             return False
         return True if locks is None else ino in locks
@@ -114,7 +125,7 @@ class Folder:
     def run(self, rid: str) -> Run | None:
         with self.lock:
             if rid not in self.runs:
-                self.scan()
+                self.scan(force=True)
             run = self.runs.get(rid)
             if run is not None:
                 run.refresh()
@@ -123,22 +134,32 @@ class Folder:
     def schedule(self, sid: str) -> dict[str, Any] | None:
         with self.lock:
             if sid not in self.schedules:
-                self.scan()
+                self.scan(force=True)
             s = self.schedules.get(sid)
             return None if s is None else s.detail()
+
+    def schedule_json(self, sid: str, only_jct: bool) -> str | None:
+        """The schedule as the page fetches it, serialised once per change of its files
+        (10,000 jobs are ~2 MB of JSON); ``only_jct``: its JCTs and summary only."""
+        with self.lock:
+            if sid not in self.schedules:
+                self.scan(force=True)
+            s = self.schedules.get(sid)
+            return None if s is None else s.as_json(only_jct)
 
     def signature(self) -> tuple[Any, ...]:
         """Changes when any file the page shows changes (the live updates' trigger)."""
         sig: list[Any] = []
         with self.lock:
             self.scan()
-            folders = [r.folder for r in self.runs.values()] + \
-                      [s.folder for s in self.schedules.values()]
-        for f in folders:
-            for n in ("events.jsonl", "summary.json", STATE_FILE, "jobs.csv"):
-                try:
-                    st = os.stat(f / n)
-                    sig.append((st.st_mtime_ns, st.st_size))
-                except OSError:
-                    sig.append(None)
-        return tuple(sig) + (len(folders),)
+            files = [os.path.join(r.folder, n) for r in self.runs.values()
+                     for n in ("events.jsonl", "summary.json")]
+            files += [os.path.join(s.folder, n) for s in self.schedules.values()
+                      for n in (STATE_FILE, s.csv_name)]
+        for f in files:
+            try:
+                st = os.stat(f)
+                sig.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                sig.append(None)
+        return (*sig, len(files))

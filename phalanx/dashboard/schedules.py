@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -129,6 +130,7 @@ class Schedule:
     label: str = ""
     stamp: tuple[int, int] = (0, -1)
     cached: dict[str, Any] = field(default_factory=dict)
+    texts: dict[bool, str] = field(default_factory=dict)
 
     def _stamp(self) -> tuple[int, int]:
         names = (STATE_FILE, self.csv_name, "summary.json", "compare.json")
@@ -144,8 +146,17 @@ class Schedule:
     def detail(self) -> dict[str, Any]:
         stamp = self._stamp()
         if stamp != self.stamp or not self.cached:
-            self.cached, self.stamp = self._read(), stamp
+            self.cached, self.stamp, self.texts = self._read(), stamp, {}
         return self.cached
+
+    def as_json(self, only_jct: bool) -> str:
+        d = self.detail()
+        if only_jct not in self.texts:
+            if only_jct:
+                d = {**d, "jobs": {"name": d["jobs"]["name"], "jct": d["jobs"]["jct"]}}
+            self.texts[only_jct] = json.dumps(d, separators=(",", ":"), allow_nan=False,
+                                              default=str)
+        return self.texts[only_jct]
 
     def _read(self) -> dict[str, Any]:
         problems: list[str] = []

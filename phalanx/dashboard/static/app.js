@@ -4,7 +4,7 @@
 const $ = (sel, el = document) => el.querySelector(sel);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g,
   (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
-const fmt = (v, d = 3) => v == null ? "-" : (Math.abs(v) >= 1000 ?
+const fmt = (v, d = 3) => v == null ? "-" : (Math.abs(v) >= 1000 || Number.isInteger(v) ?
   Math.round(v).toLocaleString("en") : Number(v).toPrecision(d));
 const PX = {state: null, charts: [], cleanup: []};
 
@@ -16,10 +16,15 @@ async function api(path) {
   return body;
 }
 
+const HUES = new Map();
 function hue(name) {  // a job's colour: the same name, the same colour, everywhere
+  let c = HUES.get(name);
+  if (c) return c;
   let h = 0;
-  for (const c of String(name)) h = (h * 31 + c.charCodeAt(0)) >>> 0;
-  return `hsl(${h % 360}, 65%, ${45 + (h >> 9) % 20}%)`;
+  for (const ch of String(name)) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
+  c = `hsl(${h % 360}, 65%, ${45 + (h >> 9) % 20}%)`;
+  HUES.set(name, c);
+  return c;
 }
 
 function problems(list) {
@@ -181,6 +186,7 @@ function route() {
   }).finally(() => {
     window.PXReadyAt = performance.now();  // ms since navigation began (bench/dashboard.py)
     document.body.dataset.ready = "1";
+    if (!PX.listening) { PX.listening = true; listen(); }  // after the first view is drawn
   });
 }
 
@@ -202,4 +208,4 @@ function listen() {
 window.PX = PX;
 window.PXU = {$, esc, fmt, api, hue, problems, lineChart};
 window.addEventListener("hashchange", route);
-window.addEventListener("DOMContentLoaded", () => { route(); listen(); });
+window.addEventListener("DOMContentLoaded", route);

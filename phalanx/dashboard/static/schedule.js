@@ -89,7 +89,7 @@ function clusterMap(d, held) {
   return html + "</div>";
 }
 
-function jobTable(d, title, pick, limit = 300) {
+function jobTable(d, title, pick, limit = 150) {
   const J = d.jobs, idx = [];
   for (let i = 0; i < J.name.length; i++) if (pick(J.status[i])) idx.push(i);
   const rows = idx.slice(0, limit).map((i) => `<tr data-job="${esc(J.name[i])}">` +
@@ -186,7 +186,8 @@ function cdf(jct) {
 const q = (v, p) => v.length ? v[Math.min(v.length - 1, Math.floor(p * v.length))] : null;
 
 async function showJct(ids) {
-  const ds = await Promise.all(ids.map((id) => api(`/api/schedule?id=${encodeURIComponent(id)}`)));
+  const ds = await Promise.all(ids.map((id) =>
+    api(`/api/schedule?only=jct&id=${encodeURIComponent(id)}`)));
   const bad = ds.map((d, i) => d.error ? `<p class="error">${esc(ids[i])}: ${esc(d.error)}</p>`
                                        : "").join("");
   const ok = ds.map((d, i) => [d, ids[i]]).filter(([d]) => !d.error);
