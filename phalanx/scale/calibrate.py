@@ -137,7 +137,8 @@ def fit(measured: dict[str, Any], fit_on: list[str] | None = None) -> dict[str, 
     return fitted
 
 
-def save(path: Path, measured: dict[str, Any], fitted: dict[str, Any]) -> None:
+def save(path: Path, measured: dict[str, Any], fitted: dict[str, Any],
+         server: dict[str, Any] | None = None) -> None:
     from_commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                  text=True, check=False, cwd=Path(__file__).parent)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,7 +147,7 @@ def save(path: Path, measured: dict[str, Any], fitted: dict[str, Any]) -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": from_commit.stdout.strip(), "how": "phalanx scale calibrate: two test "
         "hosts, tc tbf both directions, one TCP connection, message + 1-byte answer",
-        "fitted": fitted, "measured": measured}, indent=1))
+        "fitted": fitted, "server": server, "measured": measured}, indent=1))
 
 
 def load(path: str | Path) -> dict[str, Any]:

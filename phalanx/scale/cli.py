@@ -21,6 +21,7 @@ from phalanx.scale.predict import predict, ps_bytes
 from phalanx.scale.profile import profile_model
 from phalanx.scale.published import all_checks
 from phalanx.scale.report import checks_markdown, write_report
+from phalanx.scale.server_cost import measure_server
 from phalanx.scale.setting import STRATEGIES, Compression, Setting, Stragglers
 from phalanx.scale.sweep import SWEEP_NS, SWEEP_STRATEGIES, Shape, sweep
 from phalanx.scale.workload import CATALOG, Workload, catalog, describe
@@ -64,8 +65,16 @@ def _network(args: argparse.Namespace, n: int) -> Network:
     return cal.apply(net, args.calibration) if args.calibration else net
 
 
+def _server_costs(args: argparse.Namespace) -> dict[str, float]:
+    """The shard's per-message and per-byte costs from --calibration, when it measured them."""
+    if not getattr(args, "calibration", None):
+        return {}
+    server = cal.load(args.calibration).get("server") or {}
+    return {k: float(server[k]) for k in ("server_msg_s", "server_byte_s") if k in server}
+
+
 def _setting(args: argparse.Namespace, strategy: str, n: int) -> Setting:
-    return Setting(strategy=strategy, workers=n, servers=args.servers,
+    return Setting(**_server_costs(args), strategy=strategy, workers=n, servers=args.servers,
                    allreduce=args.allreduce, bucket_mb=args.bucket_mb,
                    compress=Compression.parse(args.compress), period=args.period,
                    staleness=args.staleness, softsync=args.softsync, nfetch=args.nfetch,
@@ -177,8 +186,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--repeats: {args.repeats} is not in 1..100")
     measured = cal.measure(rates, args.repeats)
     fitted = cal.fit(measured)
-    cal.save(Path(args.out), measured, fitted)
+    server = None if args.no_server else measure_server()
+    cal.save(Path(args.out), measured, fitted, server)
     print(cal.summary(fitted))
+    if server:
+        print(f"shard: {server['server_msg_s'] * 1e6:.1f} us per push + "
+              f"{server['server_byte_s'] * 1e9:.3f} ns per byte (r^2 {server['r2']:.4f})")
     print(f"-> {args.out}")
     return 0
 
@@ -187,7 +200,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     calibration = cal.load(args.calibration)
     w = profile_model("mlp", val.BATCH)  # its layers; compute is fitted on the subset
     runs = val.load_runs(Path(args.runs))
-    compute, extra, points = val.validate(w, runs, calibration["fitted"])
+    compute, extra, points = val.validate(w, runs, calibration["fitted"],
+                                          server=calibration.get("server"))
     lines = [f"Calibration: {args.calibration} ({calibration.get('machine')}, "
              f"{calibration.get('date')}); runs: {args.runs}.", "",
              "Fitted on each strategy's run at N = 2, 1000 Mbit/s: compute per step " +
@@ -291,6 +305,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rates", default="1000,100,20", help="Mbit/s, comma-separated")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="runs/scale/calibration.json")
+    p.add_argument("--no-server", action="store_true",
+                   help="skip timing a shard's per-push cost (phalanx.ps ShardState)")
     p.set_defaults(func=_cmd_calibrate)
 
     p = inner.add_parser("validate", help="predict held-out real runs (the bandwidth study's) "

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,7 @@ def _workers_tx(run: dict[str, Any]) -> float:
 
 
 def predict_run(w: Workload, run: dict[str, Any], fitted: dict[str, Any], compute: float,
-                cores: int) -> tuple[float, float]:
+                cores: int, server: dict[str, Any] | None = None) -> tuple[float, float]:
     """(step seconds, bytes the busiest worker sends) of one run."""
     n, rate, strategy = int(run["n"]), float(run["rate"]), run["strategy"]
     link = cal.link_for(fitted, rate)
@@ -97,7 +97,9 @@ def predict_run(w: Workload, run: dict[str, Any], fitted: dict[str, Any], comput
     c = compute * max(1.0, procs / cores) if cores else compute
     wl = w.with_compute(c, "fitted")
     if strategy == "asp":
-        s = Setting(strategy="asp", workers=n, servers=2)
+        costs = {k: float(server[k]) for k in ("server_msg_s", "server_byte_s")
+                 if server and k in server}
+        s = Setting(strategy="asp", workers=n, servers=2, **costs)
         spec = AsyncSpec(workers=n, shards=2, steps=60, compute_s=c,
                          push_bytes=w.grad_bytes, pull_bytes=w.grad_bytes,
                          worker_bw=link.bandwidth, shard_bw=link.bandwidth,
@@ -113,13 +115,13 @@ def predict_run(w: Workload, run: dict[str, Any], fitted: dict[str, Any], comput
 
 
 def fit_compute(w: Workload, runs: list[dict[str, Any]], fitted: dict[str, Any],
-                cores: int) -> float:
+                cores: int, server: dict[str, Any] | None = None) -> float:
     """c that makes the median relative error on the fit subset zero (bisection: the
     predicted step grows with c)."""
     lo, hi = 1e-5, 10.0
     for _ in range(60):
         mid = (lo * hi) ** 0.5
-        errs = [predict_run(w, r, fitted, mid, cores)[0] / (r["n"] * BATCH /
+        errs = [predict_run(w, r, fitted, mid, cores, server)[0] / (r["n"] * BATCH /
                                                               r["samples_per_s"]) - 1
                 for r in runs]
         lo, hi = (mid, hi) if statistics.median(errs) < 0 else (lo, mid)
@@ -127,7 +129,8 @@ def fit_compute(w: Workload, runs: list[dict[str, Any]], fitted: dict[str, Any],
 
 
 def validate(w: Workload, runs: list[dict[str, Any]], fitted: dict[str, Any],
-             fit_n: int = 2, fit_rate: float = 1000.0, cores: int = 0
+             fit_n: int = 2, fit_rate: float = 1000.0, cores: int = 0,
+             server: dict[str, Any] | None = None
              ) -> tuple[dict[str, float], dict[str, float], list[Point]]:
     """Fit each strategy's compute c and per-step extra bytes on its run at (fit_n,
     fit_rate); predict every run. ``cores`` > 0: compute scales with processes / cores
@@ -140,13 +143,13 @@ def validate(w: Workload, runs: list[dict[str, Any]], fitted: dict[str, Any],
         if not subset:
             raise ConfigError(f"validate: no {strategy} run at N={fit_n} and {fit_rate:g} "
                               f"Mbit/s to fit on")
-        compute[strategy] = fit_compute(w, subset, fitted, cores)
+        compute[strategy] = fit_compute(w, subset, fitted, cores, server)
         extra[strategy] = statistics.median(
-            _workers_tx(r) - predict_run(w, r, fitted, compute[strategy], cores)[1]
+            _workers_tx(r) - predict_run(w, r, fitted, compute[strategy], cores, server)[1]
             for r in subset)
     points = []
     for r in runs:
-        step, nbytes = predict_run(w, r, fitted, compute[r["strategy"]], cores)
+        step, nbytes = predict_run(w, r, fitted, compute[r["strategy"]], cores, server)
         held = not (int(r["n"]) == fit_n and float(r["rate"]) == fit_rate)
         points.append(Point(r["strategy"], int(r["n"]), float(r["rate"]),
                             r["n"] * BATCH / r["samples_per_s"], step, _workers_tx(r),
@@ -184,5 +187,3 @@ def errors_summary(points: list[Point]) -> list[str]:
     return out
 
 
-def with_layers(w: Workload, step: float) -> Workload:
-    return replace(w, step_compute_s=step)

@@ -129,3 +129,9 @@ def test_cli_predict_json_and_async(capsys: pytest.CaptureFixture[str]) -> None:
                  "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["staleness_mean"] > 0 and sum(row["staleness_hist"].values()) == 32 * 20
+
+
+def test_shard_cost_grows_with_bytes() -> None:
+    from phalanx.scale.server_cost import push_seconds
+    small, big = push_seconds(4_096, 5), push_seconds(1_048_576, 5)
+    assert 0 < small < big
