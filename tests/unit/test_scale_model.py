@@ -173,3 +173,22 @@ def test_analytical_core_imports_no_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_cluster_links_are_checked() -> None:
+    for links, word in (({"spine": {"gbit": 1}}, "unknown level"),
+                        ({"nic": {"gbit": -1}}, "bandwidth"),
+                        ({"nic": {"speed": 1}}, "gbit"),
+                        ({"rack": {"oversubscription": 0.5}}, "oversubscription")):
+        with pytest.raises(ConfigError, match=word):
+            network_from_mapping({**THREE_HOSTS, "links": links}, "x.yaml")
+
+
+def test_convergence_by_hand() -> None:
+    """Pollux's efficiency with var/sqr = r at the initial batch B0: at k B0 the gain per step
+    is (r + 1) / (r / k + 1), so steps = base (r / k + 1) / (r + 1)."""
+    from phalanx.scale.convergence import Convergence
+    c = Convergence(base_steps=1000, init_batch=100, noise_ratio=3.0, staleness_slope=0.1)
+    assert c.steps(100) == pytest.approx(1000)
+    assert c.steps(400) == pytest.approx(1000 * (3 / 4 + 1) / 4)
+    assert c.steps(100, staleness=5) == pytest.approx(1500)
