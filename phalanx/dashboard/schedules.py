@@ -60,7 +60,7 @@ def read_jobs_csv(path: Path, problems: list[str]) -> dict[str, list[Any]]:
     rows = csv.DictReader(io.StringIO(text))
     bad = 0
     for row in rows:
-        if None in row or not row.get("name"):
+        if None in row or None in row.values() or not row.get("name"):
             bad += 1
             continue
         end = _f(row.get("end"))
