@@ -45,11 +45,12 @@ def _burn() -> None:
         pass
 
 
-def outcomes(junit: Path) -> tuple[dict[str, str], dict[str, float]]:
-    """test id -> passed / failed / error / skipped, and test id -> seconds, from pytest's
-    JUnit XML."""
+def outcomes(junit: Path) -> tuple[dict[str, str], dict[str, float], dict[str, str]]:
+    """test id -> passed / failed / error / skipped, test id -> seconds, and failed test id
+    -> the start of its failure's text, from pytest's JUnit XML."""
     found: dict[str, str] = {}
     took: dict[str, float] = {}
+    why: dict[str, str] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         path = case.get("classname", "").replace(".", "/")
         name = f"{path}.py::{case.get('name')}"
@@ -57,7 +58,10 @@ def outcomes(junit: Path) -> tuple[dict[str, str], dict[str, float]]:
         found[name] = ("failed" if "failure" in kinds else "error" if "error" in kinds
                        else "skipped" if "skipped" in kinds else "passed")
         took[name] = round(float(case.get("time", 0.0)), 2)
-    return found, took
+        for child in case:
+            if child.tag in ("failure", "error"):
+                why[name] = (child.get("message") or "")[:300] + " | " + (child.text or "")[-900:]
+    return found, took, why
 
 
 def run_once(tree: Path, tests: list[str], workers: int, seed: int | None, burn: int,
@@ -86,9 +90,9 @@ def run_once(tree: Path, tests: list[str], workers: int, seed: int | None, burn:
         for b in burners:
             b.terminate()
             b.join()
-        tests_seen, took = outcomes(junit) if junit.is_file() else ({}, {})
+        tests_seen, took, why = outcomes(junit) if junit.is_file() else ({}, {}, {})
     return {"exit": code, "wall_s": round(wall, 1), "seed": seed, "burn": burn,
-            "workers": workers, "outcomes": tests_seen, "seconds": took,
+            "workers": workers, "outcomes": tests_seen, "seconds": took, "failures": why,
             "tail": tail if code not in (0, 5) else ""}
 
 
