@@ -4,6 +4,7 @@ one-line error that names its flag."""
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass, field
@@ -72,16 +73,21 @@ class Stragglers:
 
     def expected_max(self, n: int, trials: int = 64) -> float:
         """E[max over n workers of the factor]: what a barrier waits for (seeded MC)."""
-        if self.text == "none":
-            return 1.0
-        rng = random.Random(12345)
-        return sum(max(self.factors(n, rng)) for _ in range(trials)) / trials
+        return _expected_max(self, n, trials)
 
     def mean(self, n: int) -> float:
         """Mean factor: what an asynchronous worker's rate averages over."""
         if self.text.startswith("slow"):
             return sum(self.factors(n, random.Random(0))) / n
         return 1.0
+
+
+@functools.lru_cache(maxsize=1024)
+def _expected_max(stragglers: Stragglers, n: int, trials: int) -> float:
+    if stragglers.text == "none":
+        return 1.0
+    rng = random.Random(12345)
+    return sum(max(stragglers.factors(n, rng)) for _ in range(trials)) / trials
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,10 @@ shares (labelled so in ``notes``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from phalanx.errors import ConfigError
 
@@ -44,10 +47,14 @@ class Sparse:
     def unique_rows(self, samples: int) -> float:
         """Expected distinct rows touched by ``samples`` samples: sum_i 1 - (1 - p_i)^draws
         (ids i.i.d. Zipf(s) over the table)."""
-        draws = samples * self.lookups
-        weights = [1.0 / (i ** self.zipf_s) for i in range(1, self.rows + 1)]
-        z = sum(weights)
-        return sum(1.0 - (1.0 - w / z) ** draws for w in weights)
+        return _unique_rows(self.rows, self.zipf_s, samples * self.lookups)
+
+
+@functools.lru_cache(maxsize=256)
+def _unique_rows(rows: int, s: float, draws: int) -> float:
+    p = 1.0 / np.arange(1, rows + 1, dtype=float) ** s
+    p /= p.sum()
+    return float(np.sum(-np.expm1(draws * np.log1p(-p))))
 
 
 @dataclass(frozen=True, kw_only=True)
