@@ -63,12 +63,24 @@ def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1) -> 
     params = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
     total = sum(n for _, n in params)
     layers = tuple(Layer(name=n, params=k, compute_share=k / total) for n, k in params)
+    # activations at a cut (pipeline sends, tensor-parallel allreduces), per sample: a
+    # transformer's context x width at every block; otherwise the widest Linear's input
+    # (an approximation, labelled in notes)
+    blocks = [m for n, m in model.named_children() if type(m).__name__ == "Block"]
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if blocks and linears:
+        activation = shape[0] * linears[-1].in_features * 4
+    else:
+        activation = max((m.in_features for m in linears), default=0) * 4
     sparse = None
     if task == "ctr":
         emb = dict(model.named_parameters())["embed.weight"]
         sparse = Sparse(rows=emb.shape[0], dim=emb.shape[1], zipf_s=1.1, lookups=26)
     return Workload(name=name, layers=layers, batch=batch,
                     step_compute_s=statistics.median(times), sparse=sparse,
+                    activation_bytes=float(activation), tp_layers=len(blocks),
                     compute_source=f"profile: median of {repeats} passes here, "
                                    f"{threads} thread(s)",
-                    notes="per-layer compute split by parameter share (assumed)")
+                    notes="per-layer compute split by parameter share; activation bytes "
+                          "at a cut: context x width (transformer) or the widest Linear "
+                          "input (assumed)")
