@@ -192,3 +192,12 @@ def test_convergence_by_hand() -> None:
     assert c.steps(100) == pytest.approx(1000)
     assert c.steps(400) == pytest.approx(1000 * (3 / 4 + 1) / 4)
     assert c.steps(100, staleness=5) == pytest.approx(1500)
+
+
+def test_profile_here_reads_the_model() -> None:
+    from phalanx.scale.profile import profile_model
+    w = profile_model("mlp", 4, repeats=1)
+    assert w.params == 235_146 and w.step_compute_s > 0
+    assert w.activation_bytes == 784 * 4 and w.compute_source.startswith("profile")
+    with pytest.raises(ConfigError, match="--model"):
+        profile_model("alexnet", 4)
