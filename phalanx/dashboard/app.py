@@ -169,8 +169,11 @@ def build_app(root: Path, allowed_hosts: list[str]) -> Starlette:
         why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         return _error(503, f"could not read the folder: {why}")
 
-    routes = [Route("/", page), Route("/static/{name}", asset), Route("/api/index", index),
-              Route("/api/run", run), Route("/api/schedule", schedule),
+    async def favicon(request: Request) -> Response:
+        return Response(status_code=204, headers=HEADERS)  # none: a browser asks anyway
+
+    routes = [Route("/", page), Route("/favicon.ico", favicon), Route("/static/{name}", asset),
+              Route("/api/index", index), Route("/api/run", run), Route("/api/schedule", schedule),
               Route("/api/stream", stream), Route("/files/{path:path}", files)]
     return Starlette(routes=routes,
                      middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)],
