@@ -231,6 +231,9 @@ class RunConfig:
     sfb: bool = setting(
         False, "sync / average: send fully connected layers' gradients as sufficient factors",
         section="comm")
+    zero_stage: int = setting(
+        2, 'zero: what is sharded across the workers (1: optimizer state; 2: and gradients; '
+        '3: and parameters)', section="parallel", rule=Range(1, 3), limit=(1, 3))
     period: int = setting(1, 'average: local steps between two averagings',
         section="average", rule=Range(1), limit=(1, 10**12))
     average_optimizer_state: bool = setting(

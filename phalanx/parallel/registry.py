@@ -27,6 +27,7 @@ from phalanx.parallel import (
     single,
     sync_dp,
     tensor_parallel,
+    zero,
 )
 from phalanx.parallel.spec import FEATURES, StrategySpec
 from phalanx.ps.consistency import MODELS, model_class
@@ -44,6 +45,7 @@ _SPECS: tuple[StrategySpec, ...] = (
     hybrid.SPEC,
     tensor_parallel.SPEC,
     sandblaster.SPEC,
+    zero.SPEC,
 )
 
 STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in _SPECS}

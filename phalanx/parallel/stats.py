@@ -45,6 +45,27 @@ class AveragingStats(Traffic):
 
 
 @dataclass
+class ZeroStats(Traffic):
+    """Sharded data parallel: the stage, its units, and what each rank holds (counted and
+    by the formula: phalanx/parallel/zero_memory.py)."""
+
+    allreduce: str = "native"
+    bytes_estimated: int = 0
+    compress: str = "none"
+    zero_stage: int = 0
+    units: int = 0
+    held_params_bytes: int = 0  # the largest rank's
+    held_grads_bytes: int = 0
+    held_optimizer_bytes: int = 0
+    held_bytes_per_rank: list[int] = field(default_factory=list)
+    formula_params_bytes: int = 0
+    formula_grads_bytes: int = 0
+    formula_optimizer_bytes: int = 0
+    formula_bytes: int = 0
+    memory_convention: str = ""
+
+
+@dataclass
 class ParameterServerStats(Traffic):
     consistency: str = ""  # the model's name, e.g. ssp(3)
     servers: int = 1

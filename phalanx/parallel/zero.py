@@ -1,0 +1,263 @@
+"""Sharded data parallel (ZeRO, Rajbhandari et al. 2020), on our collectives.
+
+Every worker computes a gradient on its own shard of the data, as in sync; what differs is
+what each one *holds*. The model's parameters are grouped in units (:mod:`zero_units`:
+the blocks, as FSDP wraps them), each a flat buffer cut into N equal shards, rank r
+owning shard r:
+
+* stage 1 shards the optimizer state: rank r keeps the rule's state (Adam's two moments)
+  for its shards only. After backward each unit's gradient is reduce-scattered (rank r
+  receives the sum of shard r), r updates its shard of the weights, and every unit's
+  weights are all-gathered back. Gradients are held whole through backward, as in sync.
+* stage 2 also shards the gradients: each unit is reduce-scattered as soon as backward has
+  produced its gradients (in backward, unit by unit), and the full gradients are freed.
+* stage 3 also shards the parameters: a unit's weights are all-gathered just before its
+  forward, freed after it, gathered again just before its backward and freed after.
+
+A reduce-scatter and an all-gather move X(N-1)/N bytes per rank each: stages 1 and 2 move
+what the ring allreduce moves (2X(N-1)/N); stage 3 gathers twice, 1.5x that.
+``--allreduce ring`` runs ours (:mod:`phalanx.comm.sharded`), ``native`` the backend's.
+Clipping (``--clip-grad-norm``) takes the norm over every shard: one allreduce of a scalar.
+
+The memory each rank holds (parameters, gradients, optimizer state) is counted from the
+tensors at the end of each step's backward and reported beside the formula
+(:mod:`phalanx.parallel.zero_memory`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+import torch.distributed as dist
+
+from phalanx.comm.sharded import make_sharded
+from phalanx.config import RunConfig
+from phalanx.errors import ConfigError
+from phalanx.parallel.base import Job, write_result
+from phalanx.parallel.device_data import train_bytes
+from phalanx.parallel.loop import Micro
+from phalanx.parallel.replicas import (
+    DEVICE,
+    ReplicaHooks,
+    WorkerContext,
+    broadcast_from_rank0,
+    check_shards,
+    open_log,
+)
+from phalanx.parallel.spec import StrategySpec, workers_momentum
+from phalanx.parallel.stats import ZeroStats
+from phalanx.parallel.zero_memory import Held, formula, held
+from phalanx.parallel.zero_units import Unit, check_uniform, make_units
+from phalanx.rules import apply_updates, make_rule, update_owned
+from phalanx.runtime.placement import setup_rank
+
+
+def world_size(cfg: RunConfig) -> int:
+    return cfg.workers
+
+
+def process_main(rank: int, world: int, job: Job) -> None:
+    """One worker; runs inside an initialised process group (spawn or torchrun)."""
+    place = setup_rank(job.config, rank, world, DEVICE, data_bytes=train_bytes(job))
+    with open_log(job, rank) as log:
+        train_worker(WorkerContext(job, rank, world, log, time.perf_counter(), place))
+
+
+class ZeroHooks(ReplicaHooks):
+    """One rank of sharded data parallel (see the module)."""
+
+    label = "zero"
+    shared_rule_state = False
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx)  # the replica, started from rank 0's values
+        cfg = self.cfg
+        self.stage = cfg.zero_stage
+        self.sharded = make_sharded(cfg.allreduce, counter=self.counter)
+        self.units = make_units(self.model, self.params, self.rank, self.world,
+                                own_shard=self.stage == 3)
+        self.weights = []  # the replica's detached copies: they held the old storage
+        # the rule sees this rank's shards only; clipping needs every shard (below)
+        self.rule = make_rule(dataclasses.replace(cfg, clip_grad_norm=0.0), self.total)
+        self.shards = [u.shard for u in self.units]
+        self.state = self.rule.init(self.shards)
+        self.grads = [torch.zeros_like(s) for s in self.shards]  # this rank's, summed
+        self.held: Held | None = None
+        self._unit_of = {id(p): u for u in self.units for p in u.params}
+        if self.stage >= 2:  # each unit is reduced as soon as backward finished it
+            for u in self.units:
+                u.handles += [p.register_post_accumulate_grad_hook(self._on_grad)
+                              for p in u.params]
+        if self.stage == 3:
+            for u in self.units:
+                u.free()
+                if u.module is not None:
+                    u.handles += [u.module.register_forward_pre_hook(self._before_forward),
+                                  u.module.register_forward_hook(self._after_forward)]
+
+    # ---- stage 3: gather before use, free after ----------------------------------------
+
+    def _before_forward(self, module, args) -> None:
+        self._unit_for(module).gather(self.sharded)
+
+    def _after_forward(self, module, args, out) -> None:
+        unit = self._unit_for(module)
+        if not torch.is_grad_enabled():
+            return  # an evaluation: evaluate() gathered everything and frees it after
+        unit.free()
+
+        def regather(grad: torch.Tensor) -> None:  # just before this unit's backward
+            unit.gather(self.sharded)
+
+        outs = out if isinstance(out, tuple) else (out,)
+        for t in outs:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(regather)
+
+    def _unit_for(self, module) -> Unit:
+        return next(u for u in self.units if u.module is module)
+
+    # ---- the step --------------------------------------------------------------------
+
+    def before_step(self, step: int) -> None:
+        super().before_step(step)
+        if self.buffers:  # as DDP's broadcast_buffers: BN statistics follow rank 0
+            broadcast_from_rank0(self.buffers, self.counter, self.rank, self.world)
+
+    def forward_backward(self, batch, scale: float, last: bool) -> Micro:
+        self.last = last
+        for u in self.units:
+            u.pending, u.reduced = len(u.params), False
+            if u.module is None:
+                u.gather(self.sharded)  # the root: embeddings, head (stage 3)
+        micro = self.compute(batch, scale)
+        if self.stage >= 2:
+            for u in reversed(self.units):  # never reached by backward: zeros, in order
+                if not u.reduced:
+                    self._reduce(u)
+        if last:
+            self.held = held(self)  # everything a step holds, before the update
+        return micro
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        # runs inside autograd, right after p.grad is final for this backward
+        unit = self._unit_of[id(p)]
+        unit.pending -= 1
+        if unit.pending == 0:
+            self._reduce(unit)
+
+    def _reduce(self, unit: Unit) -> None:
+        """Reduce-scatter ``unit``'s gradients into this rank's summed shard; free them
+        (stage 3: the weights too)."""
+        i = self.units.index(unit)
+        got = torch.empty_like(self.grads[i])
+        self.sharded.reduce_scatter(unit.flat_grad(), got)
+        self.grads[i] += got
+        for p in unit.params:
+            p.grad = None
+        unit.reduced = True
+        if self.stage == 3:
+            unit.free()
+
+    def apply_update(self, step: int) -> dict:
+        if self.stage == 1:  # the step's gradients, held whole until now
+            for u in self.units:
+                self._reduce(u)
+        grads = [g.div_(self.world) for g in self.grads]  # the mean over the workers
+        if self.cfg.clip_grad_norm:
+            self._clip(grads)
+        updates, self.state = update_owned(self.rule, grads, self.state, self.shards)
+        apply_updates(self.shards, updates)
+        for g in self.grads:
+            g.zero_()
+        if self.stage < 3:  # every rank's updated shards, into every replica
+            for u in self.units:
+                self.sharded.all_gather(u.shard, u.full)
+        return {"bytes_sent": self.counter.sent}
+
+    def _clip(self, grads: list[torch.Tensor]) -> None:
+        """``clip_grad_norm_``'s formula over the whole gradient: each rank's share of the
+        squared norm, summed by one allreduce of a scalar."""
+        sq = torch.stack([g.double().square().sum() for g in grads]).sum().reshape(1)
+        if self.world > 1:
+            dist.all_reduce(sq)  # sync point: every rank's shards
+            self.counter.on_send(sq.numel() * sq.element_size() * (self.world - 1))
+        coef = torch.clamp(self.cfg.clip_grad_norm / (sq.sqrt() + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+
+    # ---- what needs the whole model ---------------------------------------------------
+
+    def gather_all(self) -> None:
+        for u in self.units:
+            u.gather(self.sharded)
+
+    def free_all(self) -> None:
+        if self.stage == 3:
+            for u in self.units:
+                u.free()
+
+    def evaluate(self, report, step: int, epoch: int, samples: int) -> None:
+        self.gather_all()  # stage 3: every rank takes part; rank 0 scores the model
+        super().evaluate(report, step, epoch, samples)
+        self.free_all()
+
+    def checkpoint(self, pos, final: bool) -> None:
+        pass  # the spec refuses --checkpoint-every: each rank's state is its own shard
+
+    def can_stop_after(self, step: int) -> bool:
+        return False
+
+    def close(self) -> None:
+        for u in self.units:
+            for h in u.handles:
+                h.remove()
+
+
+def train_worker(ctx: WorkerContext) -> None:
+    hooks = ZeroHooks(ctx)
+    try:
+        pos = hooks.train()
+        hooks.gather_all()  # the whole model, for rank 0's result
+    finally:
+        hooks.close()
+    common = {**hooks.run_stats(pos.samples), "bytes_estimated": hooks.sharded.estimated}
+    memory = hooks.held.gathered() if hooks.held is not None else {}
+    if ctx.rank == 0:
+        cfg = ctx.job.config
+        stats = ZeroStats(
+            **common, zero_stage=hooks.stage, units=len(hooks.units),
+            **memory, **formula(cfg, hooks), memory_convention=(
+                "fp32 parameters (4 B), gradients (4 B) and the rule's state (K B per "
+                "parameter: Adam 8, momentum 4, SGD 0), counted at the end of backward; "
+                "sharded parts over N, each unit padded to a multiple of N"))
+        write_result(ctx.job, hooks.model.state_dict(), train_samples=pos.samples * ctx.world,
+                     steps=pos.step, stats=stats)
+
+
+def check_config(cfg: RunConfig) -> None:
+    if cfg.allreduce == "main":
+        raise ConfigError("--allreduce main: sharded data parallel reduce-scatters and "
+                          "all-gathers; use ring (ours) or native (the backend's)")
+
+
+def check_job(job: Job) -> None:
+    check_shards(job, world_size(job.config))
+    model = job.build_model()
+    why = check_uniform([p for p in model.parameters() if p.requires_grad])
+    if why:
+        raise ConfigError(f"--model {job.config.model}: zero cannot shard it: {why}")
+
+
+_NO_CHECKPOINT = ("each rank's optimizer state is its own shard: zero does not checkpoint "
+                  "it yet")
+
+SPEC = StrategySpec(
+    name="zero", summary="sharded data parallel (ZeRO): optimizer state (stage 1), gradients "
+    "(2), parameters (3) sharded over the workers", process_main=process_main,
+    world_size=world_size, check=check_config, check_job=check_job,
+    options=("allreduce", "zero_stage"), shards_by="workers", device=DEVICE,
+    unused={"checkpoint_every": _NO_CHECKPOINT},
+    example={"zero_stage": 3}, default_rule=workers_momentum)
