@@ -6,15 +6,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from phalanx.dashboard.cli import register
+from phalanx.dashboard.cli import add_flags
 from phalanx.errors import PhalanxError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m phalanx.dashboard")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register(sub)
-    args = parser.parse_args(["dashboard", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="python -m phalanx.dashboard",
+                                     description="a read-only web page over a folder of runs "
+                                                 "and schedules (docs/dashboard.md)")
+    add_flags(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.func(args) or 0)
     except PhalanxError as e:

@@ -12,6 +12,10 @@ DEFAULT_PORT = 8265
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dashboard", help="a read-only web page over a folder of runs and "
                                          "schedules (live: it follows them as they grow)")
+    add_flags(p)
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", metavar="DIR", help="the folder to show: runs (events.jsonl, "
                    "summary.json) and schedules (scheduler-state.json, jobs.csv) anywhere "
                    "under it")

@@ -4,8 +4,9 @@
 const $ = (sel, el = document) => el.querySelector(sel);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g,
   (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
-const fmt = (v, d = 3) => v == null ? "-" : (Math.abs(v) >= 1000 || Number.isInteger(v) ?
-  Math.round(v).toLocaleString("en") : Number(v).toPrecision(d));
+const fmt = (v, d = 3) => v == null ? "-" : Math.abs(v) < 5e-4 ? "0" :
+  (Math.abs(v) >= 1000 || Number.isInteger(v) ? Math.round(v).toLocaleString("en")
+                                              : Number(v).toPrecision(d));
 const PX = {state: null, charts: [], cleanup: []};
 
 async function api(path) {

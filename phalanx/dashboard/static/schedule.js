@@ -89,9 +89,17 @@ function clusterMap(d, held) {
   return html + "</div>";
 }
 
-function jobTable(d, title, pick, limit = 150) {
+function statusAt(d, held, t) {
+  // a simulated or ended schedule at time t: arrived or not, waiting, running, ended
+  const J = d.jobs, on = new Set(held.values());
+  return J.name.map((name, i) => J.submit[i] != null && J.submit[i] > t ? "not arrived" :
+    J.end[i] != null && J.end[i] <= t ? J.status[i] : on.has(name) ? "running" :
+    /^rejected/.test(J.status[i]) ? J.status[i] : "waiting");
+}
+
+function jobTable(d, title, pick, status, limit = 150) {
   const J = d.jobs, idx = [];
-  for (let i = 0; i < J.name.length; i++) if (pick(J.status[i])) idx.push(i);
+  for (let i = 0; i < J.name.length; i++) if (pick(status[i])) idx.push(i);
   const rows = idx.slice(0, limit).map((i) => `<tr data-job="${esc(J.name[i])}">` +
     `<td class="t"><span class="swatch" style="background:${hue(J.name[i])}"></span>` +
     `${esc(J.name[i])}</td><td>${fmt(J.gpus[i])}</td><td class="t">${esc(J.status[i])}</td>` +
@@ -125,7 +133,7 @@ function gantt(canvas, d, segs) {
     ctx.fillRect(x(J.submit[i]), rowOf[i] * rh, Math.max(x(first) - x(J.submit[i]), 1),
                  Math.max(rh - 1, 0.5));
   }
-  const marks = {resize: "#111827", move: "#7c3aed", resume: "#dc2626"};
+  const marks = {resize: "#111827", move: "#2563eb", resume: "#dc2626"};
   for (const s of segs) {
     const y = rowOf[s.job] * rh;
     ctx.fillStyle = hue(J.name[s.job]);
@@ -148,7 +156,8 @@ async function showSchedule(id) {
   const segs = segments(d), live = d.kind === "live" && !d.finished;
   let tmax = d.clock || 0;
   for (const s of segs) if (isFinite(s.to)) tmax = Math.max(tmax, s.to);
-  const t = live ? null : (PX.mapT ?? tmax / 2);
+  const starts = segs.map((x) => x.from).sort((a, b) => a - b);  // default: a busy moment
+  const t = live ? null : (PX.mapT ?? (starts.length ? starts[starts.length >> 1] : 0));
   const s = d.summary || {};
   $("#view").innerHTML = `<h2>${esc(id)}: ${esc(d.kind === "live" ? "live schedule" :
     "schedule")} ${live ? `(running, clock ${fmt(d.clock)} s)` : "(ended)"}</h2>` +
@@ -156,24 +165,32 @@ async function showSchedule(id) {
     `${esc(s.placement ?? "")} on ${esc(d.cluster.name)} (map from ${esc(d.cluster.source)})` +
     `</div><h2>Cluster ${live ? "now" : `at <input id="map-t" type="range" min="0" ` +
     `max="${tmax}" step="${tmax / 500 || 1}" value="${t}"> <span id="map-t-v">` +
-    `${fmt(t)}</span> s`}</h2><div id="map"></div>` +
-    `<div class="charts">${jobTable(d, "Queue", (x) => x === "waiting" ||
-      x === "not arrived")}${jobTable(d, "Running", (x) => x === "running")}` +
-    `${jobTable(d, "Finished", (x) => x === "finished" || /^(failed|rejected)/.test(x))}` +
-    `</div><h2>Timeline</h2><div class="legend"><span><span class="swatch" ` +
+    `${fmt(t)}</span> s`}</h2><div id="map"></div><div class="charts" id="jobs"></div>` +
+    `<h2>Timeline</h2><div class="legend"><span><span class="swatch" ` +
     `style="background:#e5e7eb"></span>waiting</span><span>bars: a placement, in the job's ` +
     `colour</span><span><span class="swatch" style="background:#dc2626"></span>resumed ` +
-    `(after a preemption)</span><span><span class="swatch" style="background:#7c3aed"></span>` +
+    `(after a preemption)</span><span><span class="swatch" style="background:#2563eb"></span>` +
     `moved</span><span><span class="swatch" style="background:#111827"></span>resized</span>` +
     `</div><canvas class="gantt" id="gantt" width="1100" ` +
     `height="${Math.min(Math.max(d.jobs.name.length * 14, 120), 700)}"></canvas>`;
-  const draw = (tt) => { $("#map").innerHTML = clusterMap(d, holders(d, segs, tt)); };
-  draw(t);
-  if (!live) $("#map-t").oninput = (e) => {
-    PX.mapT = Number(e.target.value);
-    $("#map-t-v").textContent = fmt(PX.mapT);
-    draw(PX.mapT);
+  const draw = (tt, tables) => {
+    const held = holders(d, segs, tt);
+    $("#map").innerHTML = clusterMap(d, held);
+    if (!tables) return;
+    const st = tt == null ? d.jobs.status : statusAt(d, held, tt);
+    $("#jobs").innerHTML = jobTable(d, "Queue", (x) => x === "waiting" ||
+      x === "not arrived", st) + jobTable(d, "Running", (x) => x === "running", st) +
+      jobTable(d, "Finished", (x) => x === "finished" || /^(failed|rejected)/.test(x), st);
   };
+  draw(t, true);
+  if (!live) {
+    $("#map-t").oninput = (e) => {
+      PX.mapT = Number(e.target.value);
+      $("#map-t-v").textContent = fmt(PX.mapT);
+      draw(PX.mapT, false);
+    };
+    $("#map-t").onchange = () => draw(PX.mapT, true);
+  }
   gantt($("#gantt"), d, segs);
   PX.refresh = () => showSchedule(id);
 }
