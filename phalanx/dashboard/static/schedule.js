@@ -102,7 +102,7 @@ function jobTable(d, title, pick, status, limit = 150) {
   for (let i = 0; i < J.name.length; i++) if (pick(status[i])) idx.push(i);
   const rows = idx.slice(0, limit).map((i) => `<tr data-job="${esc(J.name[i])}">` +
     `<td class="t"><span class="swatch" style="background:${hue(J.name[i])}"></span>` +
-    `${esc(J.name[i])}</td><td>${fmt(J.gpus[i])}</td><td class="t">${esc(J.status[i])}</td>` +
+    `${esc(J.name[i])}</td><td>${fmt(J.gpus[i])}</td><td class="t">${esc(status[i])}</td>` +
     `<td>${fmt(J.submit[i])}</td><td>${fmt(J.start[i])}</td><td>${fmt(J.end[i])}</td>` +
     `<td>${fmt(J.delay[i])}</td><td>${fmt(J.jct[i])}</td><td>${fmt(J.preemptions[i])}</td>` +
     `<td>${fmt(J.restarts[i])}</td></tr>`).join("");
