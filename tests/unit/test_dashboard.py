@@ -166,3 +166,15 @@ def test_the_server_is_read_only_and_local(tmp_path: Path) -> None:
         assert _request(port, "GET", "/static/app.py")[0] == 404
     finally:
         served.stop()
+
+
+def test_schedule_dashboard_port_is_checked_first(tmp_path: Path, capsys) -> None:
+    from phalanx.cli import main
+
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - {name: a, arrival: 0, gpus: 1, config: {model: mlp}}\n")
+    assert main(["schedule", "--jobs", str(jobs), "--dashboard", "70000",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err == "phalanx: error: --dashboard 70000: must be 0..65535 (0: any free port)\n"
+    assert not (tmp_path / "o").exists()

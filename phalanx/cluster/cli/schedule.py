@@ -47,6 +47,7 @@ from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
 from phalanx.cluster.policies.ordering import parse_thresholds
 from phalanx.dashboard.beside import serve_beside
+from phalanx.dashboard.serve import check_port
 from phalanx.errors import ConfigError
 from phalanx.parallel import registry
 from phalanx.runtime.command_fork import fork_server_from_here
@@ -143,6 +144,8 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     if args.slurm_partition and args.engine != "slurm":
         raise ConfigError("--slurm-partition: only with --engine slurm")
     _check_read(args)
+    if args.dashboard is not None:
+        check_port(args.dashboard, "--dashboard")
     cadence = Cadence(args.interval, args.restart_cost)
     thresholds = (parse_thresholds(args.tiresias_thresholds) if args.tiresias_thresholds
                   else None)
