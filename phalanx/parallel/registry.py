@@ -17,6 +17,7 @@ from phalanx.models import MODELS as MODEL_NAMES
 from phalanx.models import RECIPES, Recipe
 from phalanx.models.zoo import SPARSE_GRADS
 from phalanx.parallel import (
+    fsdp,
     hogwild,
     hybrid,
     model_averaging,
@@ -46,6 +47,7 @@ _SPECS: tuple[StrategySpec, ...] = (
     tensor_parallel.SPEC,
     sandblaster.SPEC,
     zero.SPEC,
+    fsdp.SPEC,
 )
 
 STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in _SPECS}
