@@ -51,7 +51,7 @@ class JsonlTail:
         for raw in data[:cut].split(b"\n"):
             self.lines += 1
             try:
-                obj = json.loads(raw)
+                obj = json.loads(raw, parse_constant=lambda name: None)
             except ValueError:
                 obj = None
             if isinstance(obj, dict):

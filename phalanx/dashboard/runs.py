@@ -10,6 +10,7 @@ checkpoint: ``phalanx train --resume`` continues it) or ``failed``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,11 @@ FIGURES = (("test_loss", "test_loss"), ("test_accuracy", "test_accuracy"),
 DESCRIBE = ("strategy", "model", "data", "workers")
 
 
+def _no_constant(name: str) -> None:
+    """NaN and Infinity (Python writes them; JSON has none) are read as null."""
+    return None
+
+
 def read_json(path: Path) -> tuple[Any, str]:
     """(the parsed file, '') or (None, why it could not be read)."""
     try:
@@ -36,14 +42,15 @@ def read_json(path: Path) -> tuple[Any, str]:
     except OSError as e:
         return None, f"{path.name}: cannot be read ({e.strerror})"
     try:
-        return json.loads(text), ""
+        return json.loads(text, parse_constant=_no_constant), ""
     except ValueError:
         what = "empty" if not text.strip() else "half-written or corrupt (not JSON)"
         return None, f"{path.name} is {what}"
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else None
 
 
 @dataclass

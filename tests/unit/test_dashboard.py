@@ -178,3 +178,14 @@ def test_schedule_dashboard_port_is_checked_first(tmp_path: Path, capsys) -> Non
     err = capsys.readouterr().err
     assert err == "phalanx: error: --dashboard 70000: must be 0..65535 (0: any free port)\n"
     assert not (tmp_path / "o").exists()
+
+
+def test_nan_and_infinity_are_read_as_null(tmp_path: Path) -> None:
+    """Python writes NaN where JSON has none: the page gets null, never invalid JSON."""
+    _run(tmp_path / "r", '{"test_loss": NaN, "samples_per_s": Infinity, "model": "mlp"}',
+         START + TRAIN.replace('"loss": 2.0', '"loss": NaN'))
+    f = Folder(tmp_path)
+    row = f.index()["runs"][0]
+    assert (row["test_loss"], row["samples_per_s"], row["model"]) == (None, None, "mlp")
+    assert f.run("r").curves()["train"][0][3] is None
+    json.dumps(f.index(), allow_nan=False)
