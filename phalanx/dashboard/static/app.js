@@ -28,6 +28,14 @@ function hue(name) {  // a job's colour: the same name, the same colour, everywh
   return c;
 }
 
+function keepScroll(fn) {  // redraw without losing where the reader had scrolled
+  const before = [...document.querySelectorAll(".scroll")].map((e) => e.scrollTop);
+  const y = window.scrollY;
+  fn();
+  document.querySelectorAll(".scroll").forEach((e, i) => { e.scrollTop = before[i] || 0; });
+  window.scrollTo(0, y);
+}
+
 function problems(list) {
   return (list || []).map((p) => `<div class="problem">${esc(p)}</div>`).join("");
 }
@@ -70,11 +78,11 @@ async function showRuns() {
     return runsView.desc ? -c : c;
   });
   const n = (s) => rows.filter((r) => r.status === s).length;
-  $("#view").innerHTML = `<h2>Runs (${rows.length}: ${n("running")} running, ` +
+  keepScroll(() => { $("#view").innerHTML = `<h2>Runs (${rows.length}: ${n("running")} running, ` +
     `${n("finished")} finished, ${n("failed")} failed, ${n("stopped")} stopped)</h2>` +
     `<div class="bar"><button id="compare">Compare selected</button>` +
     `<span class="muted">tick runs, then compare: figures and overlaid loss curves</span></div>` +
-    `<div class="scroll">${runsTable(rows, runsView.selected)}</div>`;
+    `<div class="scroll">${runsTable(rows, runsView.selected)}</div>`; });
   $("#runs thead").onclick = (e) => {
     const k = e.target.dataset.sort;
     if (!k) return;
@@ -207,6 +215,6 @@ function listen() {
 }
 
 window.PX = PX;
-window.PXU = {$, esc, fmt, api, hue, problems, lineChart};
+window.PXU = {$, esc, fmt, api, hue, problems, lineChart, keepScroll};
 window.addEventListener("hashchange", route);
 window.addEventListener("DOMContentLoaded", route);

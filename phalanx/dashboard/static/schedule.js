@@ -2,7 +2,7 @@
 // two schedules' JCT distributions.
 "use strict";
 (() => {
-const {$, esc, fmt, api, hue, problems, lineChart} = window.PXU;
+const {$, esc, fmt, api, hue, problems, lineChart, keepScroll} = window.PXU;
 const PX = window.PX;
 
 async function showSchedules() {
@@ -159,7 +159,17 @@ async function showSchedule(id) {
   const starts = segs.map((x) => x.from).sort((a, b) => a - b);  // default: a busy moment
   const t = live ? null : (PX.mapT ?? (starts.length ? starts[starts.length >> 1] : 0));
   const s = d.summary || {};
-  $("#view").innerHTML = `<h2>${esc(id)}: ${esc(d.kind === "live" ? "live schedule" :
+  const draw = (tt, tables) => {
+    const held = holders(d, segs, tt);
+    $("#map").innerHTML = clusterMap(d, held);
+    if (!tables) return;
+    const st = tt == null ? d.jobs.status : statusAt(d, held, tt);
+    $("#jobs").innerHTML = jobTable(d, "Queue", (x) => x === "waiting" ||
+      x === "not arrived", st) + jobTable(d, "Running", (x) => x === "running", st) +
+      jobTable(d, "Finished", (x) => x === "finished" || /^(failed|rejected)/.test(x), st);
+  };
+  keepScroll(() => {
+    $("#view").innerHTML = `<h2>${esc(id)}: ${esc(d.kind === "live" ? "live schedule" :
     "schedule")} ${live ? `(running, clock ${fmt(d.clock)} s)` : "(ended)"}</h2>` +
     problems(d.problems) + `<div class="muted">${esc(s.ordering ?? "")} ` +
     `${esc(s.placement ?? "")} on ${esc(d.cluster.name)} (map from ${esc(d.cluster.source)})` +
@@ -173,16 +183,8 @@ async function showSchedule(id) {
     `moved</span><span><span class="swatch" style="background:#111827"></span>resized</span>` +
     `</div><canvas class="gantt" id="gantt" width="1100" ` +
     `height="${Math.min(Math.max(d.jobs.name.length * 14, 120), 700)}"></canvas>`;
-  const draw = (tt, tables) => {
-    const held = holders(d, segs, tt);
-    $("#map").innerHTML = clusterMap(d, held);
-    if (!tables) return;
-    const st = tt == null ? d.jobs.status : statusAt(d, held, tt);
-    $("#jobs").innerHTML = jobTable(d, "Queue", (x) => x === "waiting" ||
-      x === "not arrived", st) + jobTable(d, "Running", (x) => x === "running", st) +
-      jobTable(d, "Finished", (x) => x === "finished" || /^(failed|rejected)/.test(x), st);
-  };
-  draw(t, true);
+    draw(t, true);
+  });
   if (!live) {
     $("#map-t").oninput = (e) => {
       PX.mapT = Number(e.target.value);
