@@ -213,7 +213,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     text = "\n".join(lines) + "\n"
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "validation.md").write_text(text)
+        (Path(args.out) / args.name).write_text(text)
     print(text)
     return 0
 
@@ -313,5 +313,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                                           "from a calibration and a fit on N=2")
     p.add_argument("--runs", default="reports/experiments/bandwidth/results.json")
     p.add_argument("--calibration", default="reports/experiments/scale/calibration.json")
-    p.add_argument("--out", default=None, help="write validation.md here")
+    p.add_argument("--out", default=None, help="write the table into this folder")
+    p.add_argument("--name", default="validation.md", help="file name in --out")
     p.set_defaults(func=_cmd_validate)

@@ -177,6 +177,9 @@ def errors_summary(points: list[Point]) -> list[str]:
               "1000 Mbit/s (compute noise)": [p for p in points if p.held_out
                                               and p.rate > 100],
               "all held out": [p for p in points if p.held_out]}
+    for strategy in sorted({p.strategy for p in points}):
+        groups[f"20 + 100 Mbit/s, {strategy}"] = [p for p in points if p.held_out
+                                                  and p.rate <= 100 and p.strategy == strategy]
     for name, ps in groups.items():
         if not ps:
             continue
