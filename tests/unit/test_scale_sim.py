@@ -135,3 +135,22 @@ def test_shard_cost_grows_with_bytes() -> None:
     from phalanx.scale.server_cost import push_seconds
     small, big = push_seconds(4_096, 5), push_seconds(1_048_576, 5)
     assert 0 < small < big
+
+
+def test_validation_bytes_on_the_recorded_runs() -> None:
+    """The bandwidth study's recorded real runs, predicted from the committed calibration:
+    the protocol bytes of ring, main node and ASP land within 2% of the kernel's counters at
+    every held-out point (docs/scale.md: averaging's control traffic is the known miss)."""
+    from pathlib import Path
+
+    from phalanx.scale import calibrate as cal
+    from phalanx.scale import validate as val
+    from phalanx.scale.profile import profile_model
+    root = Path(__file__).resolve().parents[2] / "reports" / "experiments"
+    runs = val.load_runs(root / "bandwidth" / "results.json")
+    calibration = cal.load(root / "scale" / "calibration.json")
+    _, _, points = val.validate(profile_model("mlp", val.BATCH, repeats=1), runs,
+                                calibration["fitted"], server=calibration.get("server"))
+    held = [p for p in points if p.held_out and p.strategy != "average"]
+    assert len(held) == 24
+    assert max(abs(p.bytes_error) for p in held) < 0.02
