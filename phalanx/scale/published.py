@@ -99,7 +99,52 @@ def byteps_checks() -> list[Check]:
     out.append(Check("BytePS optimum's communication is faster than a PS on the k CPU "
                      "machines (x)", None, f["ps"] / f["optimal"], "x",
                      "BytePS OSDI'20 §3.1", f["ps"] > f["optimal"], ("n=32, k=16",)))
-    return out
+    return out + byteps_end_to_end()
+
+
+BYTEPS_ASSUMPTIONS = (
+    "32 machines x 8 V100 (256 GPUs), NVLink inside (1200 Gbit/s), 100 Gbit/s NICs at line "
+    "rate, 10 us per message; k = 32 CPU machines (as many as GPU machines)",
+    "V100 fp32 throughputs as for Zhang 2020; 25 MB buckets overlapping backward",
+    "BytePS: each machine first sums its 8 GPUs' bucket over NVLink (reduce-scatter + "
+    "all-gather inside), then the machine-level optimum of eq. 3 with duplex push/pull",
+    "allreduce baseline: NCCL's hierarchical allreduce; PS baseline: one colocated shard per "
+    "machine, every GPU pushes then pulls (no aggregation inside the machine)",
+)
+
+
+def _byteps_bucket_cost(b: float, n: int, k: int, g: int, links: Links) -> float:
+    inner = 2 * (g - 1) / g * b / links.intra.bandwidth + 2 * (g - 1) * links.intra.latency
+    return inner + byteps_model(n, k, b, links.nic.bandwidth)["optimal"] + links.nic.latency
+
+
+def byteps_end_to_end() -> list[Check]:
+    """End-to-end speed-up of BytePS's optimum over allreduce and over a colocated PS, the
+    model's bucket timeline with each exchange as the cost of a bucket."""
+    from phalanx.scale.overlap import bucket_timeline
+    n, k, g = 32, 32, 8
+    links = Links(nic=Link(bandwidth=gbit(100), latency=10e-6))
+    net = uniform_network(n * g, gpus_per_server=g, links=links)
+    gains_ar, gains_ps = {}, {}
+    for name in ZHANG_V100:
+        w = _v100(name)
+        tl = bucket_timeline(w, 25_000_000, lambda b: _byteps_bucket_cost(b, n, k, g, links))
+        byteps = w.step_compute_s + tl.exposed_s
+        ar = predict(w, Setting(strategy="sync", workers=n * g, allreduce="hierarchical"),
+                     net).step_s
+        ps = predict(w, Setting(strategy="bsp", workers=n * g, servers=n,
+                                server_placement="colocated", server_msg_s=0.0,
+                                server_byte_s=0.0), net).step_s
+        gains_ar[name], gains_ps[name] = ar / byteps - 1, ps / byteps - 1
+    best_ar, best_ps = max(gains_ar.values()), max(gains_ps.values())
+    detail = ", ".join(f"{m} {gains_ar[m]:+.0%} / {gains_ps[m]:+.0%}" for m in gains_ar)
+    return [Check(f"BytePS over allreduce, end to end, 256 GPUs: the best model's gain "
+                  f"({detail} over allreduce / PS)", 0.84, best_ar, "",
+                  "BytePS OSDI'20 abstract, §7", abs(best_ar - 0.84) <= 0.084,
+                  BYTEPS_ASSUMPTIONS),
+            Check("BytePS over a colocated PS, end to end, 256 GPUs: the best model's gain",
+                  2.45, best_ps, "", "BytePS OSDI'20 abstract, §7",
+                  abs(best_ps - 2.45) <= 0.245, BYTEPS_ASSUMPTIONS)]
 
 
 # ---------------------------------------------------------------- Horovod (2018)
