@@ -122,7 +122,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
         grid = []
         for g in (1, 10, 25, 100, 400):
             for scale in (0.25, 1.0, 4.0):
-                big = Workload(**{**w.__dict__, "layers": tuple(
+                # a model `scale` times the size: parameters and compute both (FLOPs grow
+                # with parameters at a fixed batch), so latency's share changes
+                big = Workload(**{**w.__dict__, "step_compute_s": w.step_compute_s * scale,
+                                  "layers": tuple(
                     type(layer)(name=layer.name, params=int(layer.params * scale),
                                 compute_share=layer.compute_share) for layer in w.layers)})
                 net_shape = Shape(**{**shape.__dict__, "nic_gbit": float(g)})
