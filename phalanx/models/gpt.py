@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from phalanx.errors import ConfigError
+from phalanx.models.loss import logits_of
 
 
 class Embeddings(nn.Module):
@@ -130,7 +131,8 @@ def generate(model: nn.Module, prompt: torch.Tensor, tokens: int, context: int, 
     torch.set_num_threads(1)
     try:
         for _ in range(tokens):
-            logits = model(ids[:, -context:])[:, -1, :].float().cpu() / max(temperature, 1e-6)
+            logits = logits_of(model(ids[:, -context:]))[:, -1, :].float().cpu()
+            logits = logits / max(temperature, 1e-6)
             nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)
             ids = torch.cat([ids, nxt.to(device)], dim=1)
     finally:

@@ -23,7 +23,7 @@ from phalanx.config import TEXT_SETS, RunConfig
 from phalanx.data import Dataset
 from phalanx.metrics import EventLog, Progress
 from phalanx.metrics.progress import say
-from phalanx.models.loss import TokenCrossEntropy
+from phalanx.models.loss import TokenCrossEntropy, logits_of
 from phalanx.parallel.base import Straggler, augmenter, ctr_figures, evaluate
 from phalanx.runtime.supervise import launch_marks
 
@@ -71,7 +71,7 @@ def wants_eval(cfg: RunConfig, step: int, epoch_done: bool) -> bool:
 
 def batch_accuracy(out: torch.Tensor, y: torch.Tensor) -> float:
     """Right predictions over all of them (samples, or a language model's tokens)."""
-    return (out.argmax(-1) == y).float().mean().item()
+    return (logits_of(out, y).argmax(-1) == y).float().mean().item()
 
 
 class StepReporter:

@@ -221,3 +221,64 @@ def test_sync_equals_ddp_with_adamw_on_the_gpt(tmp_path, allreduce):
     start = job.build_model().state_dict()
     assert max_state_diff(reference, start) > 1e-2, "the reference did not train"
     assert_gpt_states_equal(ours.model.state_dict(), reference)
+
+
+class NanoGPT(nn.Module):
+    """Written as nanoGPT and minGPT write it: the layers under ``transformer`` (a
+    ModuleDict holding the block list ``h``), the head tied to the token embeddings, and a
+    forward that returns ``(logits, loss)`` (loss None without targets; every position's
+    logits, as minGPT returns them)."""
+
+    def __init__(self, vocab: int = 65, context: int = 32, dim: int = 32, heads: int = 2,
+                 layers: int = 2, last_only: bool = False) -> None:
+        super().__init__()
+        self.last_only = last_only
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab, dim), wpe=nn.Embedding(context, dim),
+            h=nn.ModuleList(UserBlock(dim, heads) for _ in range(layers)),
+            ln_f=nn.LayerNorm(dim)))
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied, as nanoGPT
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        t = self.transformer
+        x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in t.h:
+            x = block(x)
+        x = t.ln_f(x)
+        if targets is None and self.last_only:  # nanoGPT's inference shortcut
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)
+        loss = None if targets is None else F.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+
+def nano_gpt() -> nn.Module:
+    return NanoGPT()
+
+
+def nano_gpt_last_only() -> nn.Module:
+    return NanoGPT(last_only=True)
+
+
+@pytest.mark.parametrize(("strategy", "extra"), [
+    ("sync", {}), ("asp", {}), ("zero", {"zero_stage": 3}), ("fsdp", {})])
+def test_a_gpt_written_as_nanogpt_trains(tmp_path, strategy, extra):
+    """Tuple output, blocks under ``transformer.h``, tied embeddings (issue 47): trains as
+    written. (Before, the tuple failed with a raw ``AttributeError``.)"""
+    opts = _opts(tmp_path, strategy, strategy=strategy, workers=2, **extra)
+    del opts["model"], opts["gpt_layers"], opts["gpt_dim"], opts["gpt_heads"]
+    result = phalanx.train(nano_gpt, **opts)
+    assert set(result.model.state_dict()) == set(nano_gpt().state_dict())
+    assert result.summary["test_loss"] < math.log(65) - 0.3, result.summary["test_loss"]
+    if strategy == "zero":  # the blocks were found one level down: 2 blocks + the root
+        assert result.summary["units"] == 3
+
+
+def test_logits_of_one_position_only_is_one_line(tmp_path):
+    opts = _opts(tmp_path, "last", strategy="single")
+    del opts["model"], opts["gpt_layers"], opts["gpt_dim"], opts["gpt_heads"]
+    del opts["worker_threads"]
+    with pytest.raises(ConfigError, match="one prediction per target"):
+        phalanx.train(nano_gpt_last_only, **opts)
