@@ -108,7 +108,25 @@ class Folder:
                 run.refresh(self.names.get(rid))
                 rows.append(run.row(self._locked(run, locks)))
             scheds = [s.row() for s in self.schedules.values()]
+            self._scheduled_status(rows)
         return {"root": str(self.root), "runs": rows, "schedules": scheds}
+
+    def _scheduled_status(self, rows: list[dict[str, Any]]) -> None:
+        """A live schedule's jobs (``OUT/jobs/NAME``) run as ranks that hold no run lock:
+        while its schedule runs, a job the state says is running is running."""
+        running: set[str] = set()
+        for sid, s in self.schedules.items():
+            if s.kind != "live":
+                continue
+            d = s.detail()
+            if d["finished"]:
+                continue
+            base = "jobs/" if sid == "." else f"{sid}/jobs/"
+            running.update(base + n for n, st in zip(d["jobs"]["name"], d["jobs"]["status"])
+                           if st == "running")
+        for i, row in enumerate(rows):
+            if row["id"] in running and row["status"] != "finished":
+                rows[i] = {**row, "status": "running"}
 
     def row(self, run: Run) -> dict[str, Any]:
         return run.row(self._locked(run, locked_inodes()))

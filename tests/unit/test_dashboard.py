@@ -189,3 +189,23 @@ def test_nan_and_infinity_are_read_as_null(tmp_path: Path) -> None:
     assert (row["test_loss"], row["samples_per_s"], row["model"]) == (None, None, "mlp")
     assert f.run("r").curves()["train"][0][3] is None
     json.dumps(f.index(), allow_nan=False)
+
+
+def test_a_live_schedules_running_job_is_a_running_run(tmp_path: Path) -> None:
+    """Its ranks hold no run lock: the schedule's state says whether it runs."""
+    state = {"format": "phalanx-schedule-state", "version": 1, "clock": 3.0,
+             "cluster": ["s0:2"], "queue": ["b"], "pending": [], "finished": False,
+             "jobs": {n: {"status": st, "gpus": 1, "folder": "", "fields": {
+                 "start": 1.0, "end": -1, "placements": [[1.0, [i]]], "preemptions": 0,
+                 "restarts": 0, "failure": "", "executed": 1}}
+                 for i, (n, st) in enumerate([("a", "running"), ("b", "waiting")])}}
+    (tmp_path / "scheduler-state.json").write_text(json.dumps(state))
+    for n in "ab":
+        _run(tmp_path / "jobs" / n, None, START + TRAIN)
+        (tmp_path / "jobs" / n / "checkpoint.pt").write_bytes(b"")
+    rows = {r["id"]: r["status"] for r in Folder(tmp_path).index()["runs"]}
+    assert rows == {"jobs/a": "running", "jobs/b": "stopped"}
+    state["finished"] = True
+    (tmp_path / "scheduler-state.json").write_text(json.dumps(state))
+    rows = {r["id"]: r["status"] for r in Folder(tmp_path).index()["runs"]}
+    assert rows == {"jobs/a": "stopped", "jobs/b": "stopped"}
