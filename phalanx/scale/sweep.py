@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from phalanx.errors import ConfigError, PhalanxError
+from phalanx.scale.convergence import Convergence
 from phalanx.scale.network import Link, Links, Network, gbit, uniform_network
 from phalanx.scale.predict import predict
 from phalanx.scale.setting import STRATEGIES, Compression, Prediction, Setting, Stragglers
@@ -104,14 +105,16 @@ def _first_n(w: Workload, shape: Shape, ns: Sequence[int], wins: Callable[[Predi
     return None
 
 
-def _threshold_gbit(w: Workload, shape: Shape, n: int, a: Setting, b: Setting) -> str:
-    """Where, on a log grid of NIC bandwidths 0.01..1000 Gbit/s, ``a`` has more samples/s
-    than ``b``: 'below G', 'above G', 'never', 'always' (or the ranges)."""
+def _threshold_gbit(w: Workload, shape: Shape, n: int, a: Setting, b: Setting,
+                    better: Callable[[Prediction, Prediction], bool] | None = None) -> str:
+    """Where, on a log grid of NIC bandwidths 0.01..1000 Gbit/s, ``a`` is better than ``b``
+    (default: more samples/s): 'below G', 'above G', 'never', 'always' (or the ranges)."""
+    better = better or (lambda p, q: p.samples_per_s > q.samples_per_s)
     grid = [10 ** (k / 8) for k in range(-16, 25)]
     wins = []
     for g in grid:
         net = replace(shape, nic_gbit=g).network(n)
-        wins.append(predict(w, a, net).samples_per_s > predict(w, b, net).samples_per_s)
+        wins.append(better(predict(w, a, net), predict(w, b, net)))
     if not any(wins):
         return "never (0.01..1000 Gbit/s)"
     if all(wins):
@@ -121,6 +124,11 @@ def _threshold_gbit(w: Workload, shape: Shape, n: int, a: Setting, b: Setting) -
         return (f"below {grid[k - 1]:.3g} Gbit/s" if wins[0]
                 else f"above {grid[k]:.3g} Gbit/s only")
     return "at " + ", ".join(f"{g:.3g}" for g, v in zip(grid, wins) if v) + " Gbit/s"
+
+
+def _sooner(p: Prediction, q: Prediction) -> bool:
+    conv = Convergence()
+    return conv.time_to_target(p) < conv.time_to_target(q)
 
 
 def crossovers(w: Workload, shape: Shape, ns: Sequence[int] = SWEEP_NS,
@@ -141,6 +149,13 @@ def crossovers(w: Workload, shape: Shape, ns: Sequence[int] = SWEEP_NS,
                             Setting(strategy="sync", workers=async_n, stragglers=st))
         out.append((f"at N = {async_n}, stragglers {strag}: asynchronous (asp, S = N/4) has "
                     f"more samples/s than the sync ring", g))
+        g = _threshold_gbit(w, shape, async_n,
+                            Setting(strategy="asp", workers=async_n,
+                                    servers=max(1, async_n // 4), stragglers=st),
+                            Setting(strategy="sync", workers=async_n, stragglers=st),
+                            _sooner)
+        out.append((f"at N = {async_n}, stragglers {strag}: asynchronous reaches the target "
+                    f"sooner than the sync ring (convergence model)", g))
     g = _threshold_gbit(w, shape, async_n, Setting(strategy="sync", workers=async_n,
                                                    compress=Compression.parse("topk:0.01")),
                         Setting(strategy="sync", workers=async_n))
