@@ -21,7 +21,9 @@ from phalanx.dashboard.runs import read_json
 STATE_FILE = "scheduler-state.json"      # phalanx.cluster.live.state.STATE_FILE
 ARRIVALS_FILE = "dashboard-jobs.json"    # written beside a live schedule (beside.py)
 COLUMNS = ("name", "gpus", "status", "submit", "start", "end", "jct", "delay",
-           "preemptions", "restarts", "placements")
+           "preemptions", "restarts", "placements", "stopped")
+# stopped: when a live job now waiting was stopped (its state's ``waiting_since``), so its
+# last bar ends there; jobs.csv keeps no stop times (None)
 
 
 def _f(v: Any) -> float | None:
@@ -76,6 +78,7 @@ def read_jobs_csv(path: Path, problems: list[str]) -> dict[str, list[Any]]:
         cols["preemptions"].append(_f(row.get("preemptions")))
         cols["restarts"].append(None)
         cols["placements"].append(parse_placements(row.get("placements") or ""))
+        cols["stopped"].append(None)
     if bad:
         problems.append(f"{path.name}: {bad} row(s) malformed (half-written?), skipped")
     if rows.fieldnames is None:
@@ -111,6 +114,9 @@ def _state_jobs(state: dict[str, Any], arrivals: dict[str, Any]) -> dict[str, li
         places = f.get("placements")
         cols["placements"].append([p for p in places if isinstance(p, list) and len(p) == 2]
                                   if isinstance(places, list) else [])
+        since = _f(f.get("waiting_since"))
+        cols["stopped"].append(since if status == "waiting" and cols["placements"][-1]
+                               and since is not None and since >= 0 else None)
     for name in state.get("pending") or ():
         if isinstance(name, str) and name not in cols["name"]:
             cols["name"].append(name)

@@ -32,13 +32,15 @@ async function showSchedules() {
 
 function segments(d) {
   // [{job, from, to, devs, kind}] from each job's placements: a placement lasts until the
-  // next one, the job's end, or (running) the clock. jobs.csv keeps no stop times.
+  // next one, the job's end, when a live job now waiting was stopped, or the clock.
+  // jobs.csv keeps no stop times.
   const J = d.jobs, out = [], now = d.clock ?? Infinity;
   for (let i = 0; i < J.name.length; i++) {
     const ps = J.placements[i];
     for (let k = 0; k < ps.length; k++) {
       const [t, devs] = ps[k];
-      const next = k + 1 < ps.length ? ps[k + 1][0] : (J.end[i] ?? now);
+      const last = J.stopped && J.stopped[i] != null ? J.stopped[i] : (J.end[i] ?? now);
+      const next = k + 1 < ps.length ? ps[k + 1][0] : last;
       const prev = k ? ps[k - 1][1] : null;
       const kind = !prev ? "start" : prev.length !== devs.length ? "resize" :
         prev.join() !== devs.join() ? "move" : "resume";
