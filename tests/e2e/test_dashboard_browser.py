@@ -93,7 +93,7 @@ def page(folder: Path):
 def show(driver, url: str, fragment: str) -> None:
     driver.get(url + "#" + fragment)
     driver.refresh()  # a new fragment alone is not a load
-    wait_ready(driver)
+    wait_ready(driver, timeout=30)  # a loaded 2-core machine: seconds, not the usual 0.5
 
 
 def until(fn, timeout: float = 30.0, what: str = ""):
