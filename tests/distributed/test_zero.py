@@ -3,9 +3,10 @@
 * our reduce-scatter and all-gather (``comm/sharded.py``) against the backend's and against
   the exact sum, at world sizes whose shards do not divide the vector (the last shard
   holds a remainder: a layout that drops it fails here);
-* ZeRO stages 1, 2 and 3, and torch's FSDP2 (``--strategy fsdp``), equal sync (our DDP, itself held to torch's DDP) to rounding after
-  20 AdamW steps with clipping on a small GPT, move sync's bytes (stages 1 and 2) or
-  about 1.5x (stage 3), and hold what the memory formula says.
+* ZeRO stages 1, 2 and 3, and torch's FSDP2 (``--strategy fsdp``), equal sync (our DDP,
+  itself held to torch's DDP) to rounding after 20 AdamW steps with clipping on a small
+  GPT, move sync's bytes (stages 1 and 2) or about 1.5x (stage 3), and hold what the
+  memory formula says.
 """
 
 from __future__ import annotations
