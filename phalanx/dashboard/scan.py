@@ -22,7 +22,8 @@ from phalanx.dashboard.schedules import STATE_FILE, Schedule
 
 SKIP = {"tensorboard", "logs", "ranks", "__pycache__", "node_modules"}
 MAX_DEPTH = 8
-RESCAN_S = 1.0  # the folder tree is walked again at most this often (files are read anew)
+RESCAN_S = 3.0  # the tree is walked again at most this often (a new run shows within it;
+#                a run or schedule asked for by name is looked for at once)
 
 
 def locked_inodes() -> set[int] | None:
