@@ -79,7 +79,8 @@ def _setting(args: argparse.Namespace, strategy: str, n: int) -> Setting:
                    compress=Compression.parse(args.compress), period=args.period,
                    staleness=args.staleness, softsync=args.softsync, nfetch=args.nfetch,
                    npush=args.npush, stages=args.stages, micro_batches=args.micro_batches,
-                   tensor=args.tensor, server_placement=args.server_placement,
+                   tensor=args.tensor, zero_stage=args.zero_stage,
+                   server_placement=args.server_placement,
                    duplex=args.duplex, stragglers=Stragglers(args.stragglers))
 
 
@@ -265,6 +266,8 @@ def _strategy_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stages", type=int, default=0)
     g.add_argument("--micro-batches", type=int, default=4)
     g.add_argument("--tensor", type=int, default=1)
+    g.add_argument("--zero-stage", type=int, default=2,
+                   help="zero: 1 shards the optimizer state, 2 also gradients, 3 also weights")
     g.add_argument("--stragglers", default="none", help="none | lognormal:SIGMA | slow:K:F")
 
 

@@ -250,9 +250,48 @@ def _tensor(w: Workload, s: Setting, net: Network) -> Prediction:
                           f"activation allreduces per step on the critical path",))
 
 
+def _sharded(w: Workload, s: Setting, net: Network) -> Prediction:
+    """ZeRO / FSDP (phalanx/parallel/zero.py, fsdp.py): a reduce-scatter and an all-gather
+    each cost half of the ring allreduce of the same bytes. Stage 1 reduces after backward;
+    stage 2 reduce-scatters bucket by bucket in backward (the bucket timeline) and gathers
+    the weights after the step; stage 3 (and FSDP2) also gathers every unit's weights
+    before its forward and again before its backward: 1.5x the bytes. phalanx's stage 3
+    gathers on the critical path (no prefetch); FSDP2 prefetches the next unit's gather
+    during compute: forward's gathers hide behind forward, backward's gathers and
+    reduce-scatters behind backward as sync's buckets do."""
+    devices = list(range(s.workers))
+    stage = 3 if s.strategy == "fsdp" else s.zero_stage
+    half = C.allreduce(s.allreduce, net, devices, float(w.grad_bytes)).scaled(0.5)
+    strag = w.step_compute_s * (s.stragglers.expected_max(s.workers) - 1)
+    cap = int(s.bucket_mb * 1e6)
+
+    def behind_backward(halves: int) -> float:
+        """What ``halves`` half-allreduces per bucket leave exposed, started as backward
+        finishes each bucket (sync's bucket timeline)."""
+        return bucket_timeline(w, cap, lambda b: C.allreduce(
+            s.allreduce, net, devices, float(b)).seconds * halves / 2).exposed_s
+
+    if stage == 1:
+        comm, exposed = half.scaled(2.0), 2 * half.seconds
+    elif stage == 2:
+        comm, exposed = half.scaled(2.0), behind_backward(1) + half.seconds
+    else:
+        comm = half.scaled(3.0)
+        exposed = comm.seconds
+        if s.strategy == "fsdp":  # forward's gathers behind forward; backward's as sync's
+            forward = w.step_compute_s * (1.0 - w.backward_fraction)
+            exposed = max(0.0, half.seconds - forward) + behind_backward(2)
+    what = "reduce-scatter + all-gather" if stage < 3 else "two all-gathers + a reduce-scatter"
+    notes = (f"stage {stage}: {what} ({s.allreduce}), "
+             f"{comm.bytes_per_worker / max(w.grad_bytes, 1):.2f} x the gradient's bytes",)
+    return _result(s, w, compute=w.step_compute_s, exposed=exposed, comm=comm,
+                   straggler=strag, samples=w.batch * s.workers, notes=notes)
+
+
 _STRATEGIES: dict[str, Callable[[Workload, Setting, Network], Prediction]] = {
     "single": _single, "sync": _sync, "average": _average, "bsp": _bsp,
     "sandblaster": _bsp, "hogwild": _hogwild, "model-parallel": _model_parallel,
     "pipeline": _pipeline, "hybrid": _hybrid, "tensor": _tensor,
+    "zero": _sharded, "fsdp": _sharded,
     **{name: _async for name in ASYNC},
 }

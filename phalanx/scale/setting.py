@@ -13,7 +13,7 @@ from phalanx.errors import ConfigError
 
 STRATEGIES = ("single", "sync", "average", "bsp", "asp", "ssp", "softsync", "downpour",
               "dc-asgd", "hogwild", "model-parallel", "pipeline", "hybrid", "tensor",
-              "sandblaster")
+              "sandblaster", "zero", "fsdp")
 ASYNC = ("asp", "ssp", "softsync", "downpour", "dc-asgd")
 PS_FAMILY = ("bsp", "sandblaster", *ASYNC)
 
@@ -106,6 +106,7 @@ class Setting:
     stages: int = 0          # pipeline / hybrid stages (0: pipeline uses all workers)
     micro_batches: int = 4
     tensor: int = 1
+    zero_stage: int = 2      # zero: 1 optimizer state, 2 + gradients, 3 + parameters
     server_placement: str = "dedicated"   # or colocated (a shard on each worker's server)
     duplex: bool = False      # pushes and pulls overlap (BytePS); phalanx's worker: no
     server_byte_s: float = 0.25e-9        # shard apply cost per byte (assumption)
@@ -121,7 +122,7 @@ class Setting:
                   ("--softsync", self.softsync, 1, 1 << 20), ("--nfetch", self.nfetch, 1, 10**6),
                   ("--npush", self.npush, 1, 10**6), ("--stages", self.stages, 0, 1 << 20),
                   ("--micro-batches", self.micro_batches, 1, 1 << 16),
-                  ("--tensor", self.tensor, 1, 1024)]
+                  ("--tensor", self.tensor, 1, 1024), ("--zero-stage", self.zero_stage, 1, 3)]
         for flag, v, lo, hi in checks:
             if not isinstance(v, int) or not lo <= v <= hi:
                 raise ConfigError(f"{flag}: {v!r} is not an integer in {lo}..{hi}")

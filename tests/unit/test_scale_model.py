@@ -201,3 +201,28 @@ def test_profile_here_reads_the_model() -> None:
     assert w.activation_bytes == 784 * 4 and w.compute_source.startswith("profile")
     with pytest.raises(ConfigError, match="--model"):
         profile_model("alexnet", 4)
+
+
+def test_sharded_data_parallel_by_hand() -> None:
+    """ZeRO / FSDP on the 3-host ring: a reduce-scatter and an all-gather are each half of
+    the ring allreduce (2 of its 4 steps). Stage 1: both after backward (no overlap);
+    stage 3: two gathers and a reduce-scatter, 1.5x sync's bytes, all on the critical path
+    in phalanx's zero; FSDP2 hides forward's gather behind forward (and is never faster
+    than sync, which moves 2/3 of its bytes behind the same backward)."""
+    net = three_hosts()
+    w = Workload(name="toy", layers=(Layer(name="a", params=750_000, compute_share=1.0),),
+                 batch=10, step_compute_s=0.05)
+    step = 100e-6 + 1e6 / 125e6  # one ring step of X/N = 1 MB
+    sync = predict(w, Setting(strategy="sync", workers=3, bucket_mb=0), net)
+    one = predict(w, Setting(strategy="zero", zero_stage=1, workers=3), net)
+    three = predict(w, Setting(strategy="zero", zero_stage=3, workers=3), net)
+    fsdp = predict(w, Setting(strategy="fsdp", workers=3), net)
+    assert one.step_s == pytest.approx(0.05 + 4 * step, rel=1e-12)
+    assert one.bytes_per_worker == pytest.approx(sync.bytes_per_worker)
+    assert three.step_s == pytest.approx(0.05 + 6 * step, rel=1e-12)
+    assert three.bytes_per_worker == pytest.approx(1.5 * sync.bytes_per_worker)
+    assert fsdp.bytes_per_worker == pytest.approx(three.bytes_per_worker)
+    synced = predict(w, Setting(strategy="sync", workers=3), net)
+    assert synced.step_s <= fsdp.step_s < three.step_s
+    with pytest.raises(ConfigError, match="--zero-stage: 4"):
+        Setting(strategy="zero", zero_stage=4, workers=3)
