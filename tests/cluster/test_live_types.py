@@ -6,7 +6,6 @@ job resumes from its checkpoint there. Real processes, local engine. Bad inputs:
 import csv
 import dataclasses
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -98,13 +97,16 @@ def test_goodput_moves_a_job_to_the_fast_type_when_it_frees(cluster, tmp_path):
     assert len(resumed) == 1 and resumed[0] > 0 and resumed[0] in ckpt, (ckpt, resumed)
     summary = json.loads((out / "jobs" / "s" / "summary.json").read_text())
     assert summary["steps"] == 20 * 62 > resumed[0]
-    # the slow type really was slower: rank 0's measured step time on fast is well
-    # below slow's. The emulation stretches the compute 3x, not the step's fixed costs:
-    # at load ~3-5 (simulations beside the suite) slow/fast was 1.58 in one run (the bound
-    # was 1.8 then), so the bound is 1.4 (without the emulation it would be ~1)
+    # the slow type really was slower: rank 0's fastest step time on fast is well below
+    # its fastest on slow. The emulation stretches the compute 3x, not the step's fixed
+    # costs: at load ~3-5 slow/fast was 1.58 in one run, so the bound is 1.4 (without the
+    # emulation it would be ~1). The fastest window, not the median: other processes only
+    # ever add time, and under a loaded suite (load ~11) the windows were bimodal (fast:
+    # 1.8 ms, then 9-10 ms once more work ran beside it) and the medians compared the
+    # machine's load in two phases, not the types: slow/fast 0.78 (issue 52)
     slow, fast = perf_before_after(events)
     assert slow and fast, events
-    assert statistics.median(slow) > 1.4 * statistics.median(fast), (slow, fast)
+    assert min(slow) > 1.4 * min(fast), (slow, fast)
     # the emulation is the run's setting while it is on the slow type only
     assert json.loads((out / "jobs" / "s" / "config.json").read_text())["slow_workers"] == {}
 
