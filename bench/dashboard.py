@@ -9,7 +9,8 @@ The folder is written in the documented formats (docs/events.md, docs/cluster.md
 every tenth without a summary, as a stopped run) and a ``--compare`` folder of two
 10,000-job schedules on a 512-GPU cluster (jobs-fifo-topology.csv, jobs-las-topology.csv;
 a third of the jobs preempted up to 3 times). A load is timed from navigation start to the
-page's ``data-ready`` (its view drawn, the data fetched): ``performance.now()`` then. The
+page's ``data-ready``, set once the view is built and painted (a timeout queued from the
+next animation frame): ``performance.now()`` then. The
 first load of each view is reported apart (the server reads the files then; later loads
 read only what changed). Needs Debian's chromium + chromium-driver and selenium.
 Ratios are 1000 ms / the median load: >= 1 meets the target."""

@@ -66,7 +66,8 @@ function runsTable(rows, selected) {
     `<tbody>${body.join("")}</tbody></table>`;
 }
 
-const runsView = {sort: "id", desc: false, selected: new Set()};
+const runsView = {sort: "id", desc: false, selected: new Set(), page: 0};
+const PAGE = 250;  // rows drawn at once: the table's layout, not the data, is what costs
 
 async function showRuns() {
   const idx = await api("/api/index");
@@ -78,11 +79,23 @@ async function showRuns() {
     return runsView.desc ? -c : c;
   });
   const n = (s) => rows.filter((r) => r.status === s).length;
+  const pages = Math.max(1, Math.ceil(rows.length / PAGE));
+  runsView.page = Math.min(runsView.page, pages - 1);
+  const first = runsView.page * PAGE, shown = rows.slice(first, first + PAGE);
+  const pager = pages > 1 ? `<span id="pager">rows ${first + 1}-${first + shown.length} of ` +
+    `${rows.length} <button id="prev">&lt;</button> <button id="next">&gt;</button></span>` : "";
   keepScroll(() => { $("#view").innerHTML = `<h2>Runs (${rows.length}: ${n("running")} running, ` +
     `${n("finished")} finished, ${n("failed")} failed, ${n("stopped")} stopped)</h2>` +
     `<div class="bar"><button id="compare">Compare selected</button>` +
-    `<span class="muted">tick runs, then compare: figures and overlaid loss curves</span></div>` +
-    `<div class="scroll">${runsTable(rows, runsView.selected)}</div>`; });
+    `<span class="muted">tick runs, then compare: figures and overlaid loss curves</span>` +
+    `${pager}</div><div class="scroll">${runsTable(shown, runsView.selected)}</div>`; });
+  if (pages > 1) {
+    $("#prev").onclick = () => { runsView.page = Math.max(0, runsView.page - 1); showRuns(); };
+    $("#next").onclick = () => {
+      runsView.page = Math.min(pages - 1, runsView.page + 1);
+      showRuns();
+    };
+  }
   $("#runs thead").onclick = (e) => {
     const k = e.target.dataset.sort;
     if (!k) return;
@@ -193,9 +206,13 @@ function route() {
   Promise.resolve(view()).catch((e) => {
     $("#view").innerHTML = `<p class="error">could not draw this view: ${esc(e)}</p>`;
   }).finally(() => {
-    window.PXReadyAt = performance.now();  // ms since navigation began (bench/dashboard.py)
-    document.body.dataset.ready = "1";
-    if (!PX.listening) { PX.listening = true; listen(); }  // after the first view is drawn
+    // ready once the view is painted: a timeout queued from the next animation frame runs
+    // after that frame's layout and paint (bench/dashboard.py times navigation to here)
+    requestAnimationFrame(() => setTimeout(() => {
+      window.PXReadyAt = performance.now();
+      document.body.dataset.ready = "1";
+      if (!PX.listening) { PX.listening = true; listen(); }  // after the first view is drawn
+    }, 0));
   });
 }
 
