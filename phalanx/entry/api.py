@@ -24,7 +24,7 @@ from phalanx.entry.preflight import check_job_data
 from phalanx.entry.resume import resume_config
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog, read_events
-from phalanx.metrics.events import finite_or_none
+from phalanx.metrics.events import finite_or_none, peak_memory
 from phalanx.metrics.progress import StartupLines, say
 from phalanx.metrics.throughput import measure
 from phalanx.models import build_model, check_task, count_parameters, generate, model_options
@@ -236,6 +236,24 @@ def sample_text(model: nn.Module, job: Job) -> str:
     return decode(ids.tolist(), job.test.vocab)
 
 
+def memory_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Peak memory per process of the latest attempt (each rank's ``memory`` event at its
+    end, the driver's own now): ``peak_rss_bytes`` (the largest) and per process, keyed
+    by rank (-1: the driver); ``max_memory_allocated`` likewise where a rank used CUDA."""
+    starts = [i for i, e in enumerate(events) if e["kind"] == "start" and e["rank"] == -1]
+    latest = events[starts[-1]:] if starts else events
+    per = {str(e["rank"]): e for e in latest if e["kind"] == "memory"}
+    per["-1"] = peak_memory()
+    out: dict[str, Any] = {
+        "peak_rss_bytes": max(e["peak_rss_bytes"] for e in per.values()),
+        "peak_rss_bytes_per_process": {k: e["peak_rss_bytes"] for k, e in per.items()}}
+    cuda = {k: e["max_memory_allocated"] for k, e in per.items() if "max_memory_allocated" in e}
+    if cuda:
+        out["max_memory_allocated"] = max(cuda.values())
+        out["max_memory_allocated_per_process"] = cuda
+    return out
+
+
 def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
                initial_test_loss: float | None = None, **extra: Any) -> dict[str, Any]:
     """The one place a run's summary is made and written (``phalanx train``, the API and
@@ -261,7 +279,8 @@ def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
             log.log("warning", what="worse than start", initial_test_loss=initial_test_loss,
                     test_loss=final, samples=len(start), steps=outcome.steps)
     events = job.run_dir / "events.jsonl"
-    rate = measure(read_events(events) if events.is_file() else [], outcome.train_samples)
+    seen = read_events(events) if events.is_file() else []
+    rate = measure(seen, outcome.train_samples)
     summary: dict[str, Any] = {
         "strategy": cfg.strategy,
         "model": cfg.model,
@@ -281,6 +300,7 @@ def finish_run(job: Job, outcome: Outcome, wall: float, log: EventLog,
         **lm_summary(job, test_loss, rate.samples_per_s, outcome.train_samples),
         **ctr_summary(job, outcome.model),
         **extra,
+        **memory_summary(seen),
         **outcome.stats_dict(),
     }
     summary = finite_or_none(summary)

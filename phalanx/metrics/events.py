@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,9 @@ class EventLog:
                                 (samples - last[0]) / (wall_s - last[1]), step)
 
     def close(self) -> None:
+        if self._fd is not None and self.role != "driver":
+            # what this process held at most (the driver adds its own to the summary)
+            self.log("memory", **peak_memory())
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -88,6 +93,17 @@ class EventLog:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def peak_memory() -> dict[str, int]:
+    """This process's peak resident set (``ru_maxrss``: a forked rank's counts the pages
+    it shares with its fork server too, as ``top`` does) and, where it used CUDA, the peak
+    bytes torch allocated there."""
+    out = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    torch = sys.modules.get("torch")  # never imported for this
+    if torch is not None and torch.cuda.is_initialized():
+        out["max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
+    return out
 
 
 def _jsonable(value: Any) -> Any:

@@ -149,9 +149,11 @@ def test_what_is_accepted_was_seen_to_change_the_run() -> None:
 
 def fingerprint(out: Path, result) -> dict:
     params = torch.cat([p.detach().reshape(-1).double() for p in result.model.parameters()])
+    # times and memory vary from run to run whatever the settings: left out
     summary = {k: v for k, v in result.summary.items()
-               if not (k.endswith("_s") or k.endswith("per_s") or k in ("launch_wall_s",))}
-    kinds: dict[str, int] = {}
+               if not (k.endswith("_s") or k.endswith("per_s") or k in ("launch_wall_s",)
+                       or k.startswith(("peak_rss", "max_memory")))}
+    kinds: dict[str, int] = {}  # (a "memory" event per process, in every run alike)
     for e in read_events(out / "events.jsonl"):
         kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
     files = sorted(str(p.relative_to(out)).split("/")[0] for p in out.rglob("*") if p.is_file())

@@ -46,6 +46,10 @@ def test_every_strategy_trains_and_writes_its_run(tmp_path: Path, name: str) -> 
     # ready, so start-up is measured apart from the steady-state rate
     assert "ready" in kinds
     assert s["samples_per_s"] > 0 and s["startup_s"] >= 0 and 0 < s["train_s"] < s["wall_s"]
+    # peak memory of every process (a "memory" event as each rank ends; the driver's own)
+    per = s["peak_rss_bytes_per_process"]
+    assert "-1" in per and s["peak_rss_bytes"] == max(per.values()) > 10**7
+    assert len(per) - 1 == sum(1 for k in kinds if k == "memory")
     # it trained: the weights moved away from the seed's initial model
     torch.manual_seed(opts["seed"])
     init = phalanx.entry.api.make_job(RunConfig(**{k: v for k, v in opts.items()

@@ -124,6 +124,7 @@ def test_memory_held_matches_the_formula(runs):
             # padding (< N values per unit and array) and the rule's step counters
             assert 0 <= held - formula <= 64 * s["units"], (stage, part, held, formula)
         assert len(s["held_bytes_per_rank"]) == 2
+        assert sorted(s["peak_rss_bytes_per_process"]) == ["-1", "0", "1"]
     psi4 = runs[1].summary["held_params_bytes"]  # the whole model: 4 Psi
     assert runs[3].summary["held_params_bytes"] <= psi4 / 2 + 64  # sharded over 2
     assert runs[1].summary["held_grads_bytes"] > 1.4 * psi4  # 4 Psi + 4 Psi / 2
