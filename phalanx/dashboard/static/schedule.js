@@ -99,7 +99,7 @@ function statusAt(d, held, t) {
     /^rejected/.test(J.status[i]) ? J.status[i] : "waiting");
 }
 
-function jobTable(d, title, pick, status, limit = 150) {
+function jobTable(d, title, pick, status, limit = 100) {
   const J = d.jobs, idx = [];
   for (let i = 0; i < J.name.length; i++) if (pick(status[i])) idx.push(i);
   const rows = idx.slice(0, limit).map((i) => `<tr data-job="${esc(J.name[i])}">` +
