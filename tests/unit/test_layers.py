@@ -46,6 +46,18 @@ LAZY = {
     # every `phalanx` command builds its parser with `dashboard` in it: the web stack
     # (Starlette, uvicorn: ~0.15 s) is imported only when a dashboard is served
     ("phalanx.dashboard.serve", "phalanx.dashboard.app"),
+    # `phalanx --help`, `simulate --help`, `schedule --help`, `dashboard --help` start
+    # without torch (issue 48): the command imports a sub-command's module only when it is
+    # chosen; these four build their flags from modules that import torch (~2 s)...
+    ("phalanx.cli", "phalanx.cli_train"),
+    ("phalanx.cli", "phalanx.experiments.cli"),
+    ("phalanx.cli", "phalanx.scale.cli"),
+    # ...and these two from light ones, still imported only when chosen (numpy, the web page)
+    ("phalanx.cli", "phalanx.cluster.cli.simulate"),
+    ("phalanx.cli", "phalanx.dashboard.cli"),
+    # `phalanx schedule`'s flags need no engine; its run imports the live engines, the job
+    # list's checks and the training side (torch)
+    ("phalanx.cluster.cli.schedule", "phalanx.cluster.cli.schedule_run"),
 }
 
 
