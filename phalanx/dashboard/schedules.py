@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from phalanx.dashboard.runs import read_json
 
 STATE_FILE = "scheduler-state.json"      # phalanx.cluster.live.state.STATE_FILE
 ARRIVALS_FILE = "dashboard-jobs.json"    # written beside a live schedule (beside.py)
+STALE_S = 10.0  # an unfinished state older than this: its scheduler is not running
 COLUMNS = ("name", "gpus", "status", "submit", "start", "end", "jct", "delay",
            "preemptions", "restarts", "placements", "stopped")
 # stopped: when a live job now waiting was stopped (its state's ``waiting_since``), so its
@@ -134,20 +136,22 @@ class Schedule:
     kind: str                     # live | sim
     csv_name: str = "jobs.csv"    # the jobs file (a --compare folder has several)
     label: str = ""
-    stamp: tuple[int, int] = (0, -1)
+    stamp: tuple[int, ...] = (0, -1)
     cached: dict[str, Any] = field(default_factory=dict)
     texts: dict[bool, str] = field(default_factory=dict)
 
-    def _stamp(self) -> tuple[int, int]:
+    def _stamp(self) -> tuple[int, ...]:
         names = (STATE_FILE, self.csv_name, "summary.json", "compare.json")
-        best = (0, 0)
+        best, state_ns = (0, 0), 0
         for n in names:
             try:
                 st = os.stat(self.folder / n)
                 best = (max(best[0], st.st_mtime_ns), best[1] + st.st_size)
+                state_ns = st.st_mtime_ns if n == STATE_FILE else state_ns
             except OSError:
                 pass
-        return best
+        stale = self.kind == "live" and time.time() - state_ns / 1e9 > STALE_S
+        return (*best, int(stale))
 
     def detail(self) -> dict[str, Any]:
         stamp = self._stamp()
@@ -191,6 +195,13 @@ class Schedule:
                 cols = _state_jobs(state, arrivals if isinstance(arrivals, dict) else {})
                 out["clock"] = _f(state.get("clock"))
                 out["finished"] = bool(state.get("finished"))
+                # a running scheduler saves at least every second: an old unfinished state
+                # is a scheduler that died (phalanx schedule --resume continues it)
+                age = time.time() - os.stat(self.folder / STATE_FILE).st_mtime
+                if not out["finished"] and age > STALE_S:
+                    out["finished"] = out["stale"] = True
+                    problems.append(f"{STATE_FILE} last saved {age:.0f} s ago: the scheduler "
+                                    "is not running (phalanx schedule --resume continues it)")
                 out["queue"] = [q for q in state.get("queue") or () if isinstance(q, str)]
                 state_servers = [c for c in state.get("cluster") or () if isinstance(c, str)]
         if cols is None or (out["finished"] and (self.folder / self.csv_name).is_file()):
@@ -209,7 +220,7 @@ class Schedule:
         s, jobs = d["summary"], d["jobs"]
         jct = [x for x in jobs["jct"] if x is not None]
         running = sum(1 for x in jobs["status"] if x == "running")
-        status = "finished" if d["finished"] else "live"
+        status = "live" if not d["finished"] else "stopped" if d.get("stale") else "finished"
         return {"id": self.sid, "kind": self.kind, "label": self.label, "status": status,
                 "policy": s.get("ordering"), "placement": s.get("placement"),
                 "cluster": d["cluster"]["name"], "jobs": len(jobs["name"]),

@@ -7,7 +7,9 @@ from __future__ import annotations
 import fcntl
 import http.client
 import json
+import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -209,3 +211,19 @@ def test_a_live_schedules_running_job_is_a_running_run(tmp_path: Path) -> None:
     (tmp_path / "scheduler-state.json").write_text(json.dumps(state))
     rows = {r["id"]: r["status"] for r in Folder(tmp_path).index()["runs"]}
     assert rows == {"jobs/a": "stopped", "jobs/b": "stopped"}
+
+
+def test_a_dead_schedulers_state_is_shown_stopped(tmp_path: Path) -> None:
+    """A running scheduler saves its state at least every second; an old unfinished one
+    is a scheduler that died, not a live schedule."""
+    state = {"format": "phalanx-schedule-state", "version": 1, "clock": 3.0,
+             "cluster": ["s0:1"], "queue": [], "pending": [], "finished": False, "jobs": {}}
+    path = tmp_path / "scheduler-state.json"
+    path.write_text(json.dumps(state))
+    f = Folder(tmp_path)
+    assert f.index()["schedules"][0]["status"] == "live"
+    old = time.time() - 60
+    os.utime(path, (old, old))
+    row = f.index()["schedules"][0]
+    assert row["status"] == "stopped"
+    assert row["problems"][0].startswith("scheduler-state.json last saved 60 s ago")
