@@ -20,6 +20,12 @@ And ``phalanx train --resume`` of a preempted ASP N=2 run: from the command's la
 resumed attempt's first step, its fork server a fork of the command (``resume_asp2_command``:
 now) or a fresh interpreter (``resume_asp2_fresh``: what every resume did before
 2026-11-27).
+
+And ``phalanx --help``, ``phalanx simulate --help``, ``schedule --help``, ``dashboard --help``
+and ``scale --help``: seconds from launch to exit (wall and CPU), alternated with ``python
+-c pass`` (the interpreter's own start); each over it, in seconds and as a ratio. Target
+(issue 48): ``simulate --help`` <= 0.5 s over ``python -c pass`` (1.9 s before, when every
+sub-command's flags were built, importing torch). ``--help-only`` runs these alone.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -137,6 +144,48 @@ def resume_first_step_s(method: str, tmp: Path) -> float:
         p.wait(timeout=120)
 
 
+HELP = {"help": [], "simulate_help": ["simulate"], "schedule_help": ["schedule"],
+        "dashboard_help": ["dashboard"], "scale_help": ["scale"]}
+HELP_REPEATS = 5  # each ~0.1-2 s: enough for a median on a loaded machine, --quick too
+
+
+def command_s(argv: list[str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of one command from launch to exit, its output thrown away."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, cwd=_common.ROOT)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def help_startups() -> tuple[dict, dict, dict, dict]:
+    """Each ``--help`` alternated with ``python -c pass``: medians (wall, CPU), each over
+    ``python -c pass`` in seconds and as a ratio, the target and whether it is met."""
+    wall: dict[str, list[float]] = {"python_pass": []}
+    cpu: dict[str, list[float]] = {"python_pass": []}
+    for _ in range(HELP_REPEATS):
+        for name, args in HELP.items():  # alternated: the same load for each
+            for key, argv in (("python_pass", [sys.executable, "-c", "pass"]),
+                              (name, [sys.executable, "-m", "phalanx.cli", *args, "--help"])):
+                w, c = command_s(argv)
+                wall.setdefault(key, []).append(w)
+                cpu.setdefault(key, []).append(c)
+    med = {k: round(_common.median(v), 3) for k, v in wall.items()}
+    med_cpu = {k: round(_common.median(v), 3) for k, v in cpu.items()}
+    for name in HELP:
+        print(f"{name:16s} {med[name]:5.2f} s wall, {med_cpu[name]:5.2f} s CPU (python -c "
+              f"pass: {med['python_pass']:.2f} s, {med_cpu['python_pass']:.2f} s)", flush=True)
+    over = {f"{k}_over_python_pass_s": round(med[k] - med["python_pass"], 3) for k in HELP}
+    over.update({f"{k}_cpu_over_python_pass_s": round(med_cpu[k] - med_cpu["python_pass"], 3)
+                 for k in HELP})
+    results = {"help_wall_s": med, "help_cpu_s": med_cpu, **over}
+    ratios = {f"{k}_over_python_pass": round(med[k] / med["python_pass"], 2) for k in HELP}
+    targets = {"simulate_help_over_python_pass_s": "<= 0.5"}
+    met = {"simulate_help_over_python_pass_s": over["simulate_help_over_python_pass_s"] <= 0.5}
+    return results, ratios, targets, met
+
+
 def import_torch_s() -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import torch"], check=True)
@@ -146,12 +195,22 @@ def import_torch_s() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true",
-                    help="1 repeat of sync4, asp4, schedule and resume (under a minute)")
+                    help="1 repeat of sync4, asp4, schedule and resume (under a minute), and the "
+                         "--help start-ups")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--help-only", action="store_true",
+                    help="only the --help start-ups (seconds)")
     a = ap.parse_args()
+    load = os.getloadavg()[0]
+    help_results, help_ratios, help_targets, help_met = help_startups()
+    if a.help_only:
+        print(json.dumps({"bench": "startup", "results": {
+            "load_1min_before": round(load, 2), **help_results,
+            "load_1min_after": round(os.getloadavg()[0], 2)}, "ratios": help_ratios,
+            "targets": help_targets, "met": help_met}))
+        return
     reps = 1 if a.quick else a.repeats
     cases = {k: CASES[k] for k in ("sync4", "asp4")} if a.quick else CASES
-    load = os.getloadavg()[0]
     results: dict = {"load_1min_before": round(load, 2)}
     times: dict[str, list[float]] = {"import_torch": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,8 +253,10 @@ def main() -> None:
         med["schedule_sync2_fresh"] / med["schedule_sync2_command"], 2)
     ratios["resume_asp2_fresh_over_command"] = round(
         med["resume_asp2_fresh"] / med["resume_asp2_command"], 2)
-    targets = {"sync4_command_first_step_s": "<= 3.0"}
-    met = {"sync4_command_first_step_s": med["sync4_command"] <= 3.0}
+    results.update(help_results)
+    ratios.update(help_ratios)
+    targets = {"sync4_command_first_step_s": "<= 3.0", **help_targets}
+    met = {"sync4_command_first_step_s": med["sync4_command"] <= 3.0, **help_met}
     print(json.dumps({"bench": "startup", "results": results, "ratios": ratios,
                       "targets": targets, "met": met}))
 

@@ -82,6 +82,11 @@ def run(cases: list[dict]) -> dict[str, dict]:
 
 
 if __name__ == "__main__":
-    import phalanx.cli  # noqa: F401 - the one import every child shares
+    import phalanx.cli
+    import phalanx.cluster.cli.schedule_run  # noqa: F401 - a schedule's run (torch)
+
+    # the one import every child shares: the command imports a sub-command's modules when
+    # it is chosen; here every sub-command's are imported once
+    phalanx.cli.build_parser()
 
     print(json.dumps(run(json.load(sys.stdin))))
