@@ -115,18 +115,18 @@ function jobTable(d, title, pick, status, limit = 100) {
     `<th>restarts</th></tr></thead><tbody>${rows}</tbody></table></div>${more}</div>`;
 }
 
-function rgba(css) {  // a CSS colour as the canvas's little-endian RGBA word
-  const c = document.createElement("canvas").getContext("2d");
-  c.fillStyle = css;
-  c.fillRect(0, 0, 1, 1);
-  const [r, g, bl] = c.getImageData(0, 0, 1, 1).data;
-  return ((255 << 24) | (bl << 16) | (g << 8) | r) >>> 0;
-}
+const word = (r, g, b) => ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0;  // canvas RGBA
+const hex = (c) => word(...[1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)));
 
 const RGBA = new Map();
-function jobRgba(name) {
+function jobRgba(name) {  // hue(name)'s colour, computed (a canvas read per job is slow)
   let v = RGBA.get(name);
-  if (v === undefined) { v = rgba(hue(name)); RGBA.set(name, v); }
+  if (v !== undefined) return v;
+  const [h, sat, light] = hue(name).match(/[\d.]+/g).map(Number);
+  const s = sat / 100, l = light / 100, k = (n) => (n + h / 30) % 12;
+  const f = (n) => l - s * Math.min(l, 1 - l) * Math.max(-1, Math.min(k(n) - 3, 9 - k(n), 1));
+  v = word(...[0, 8, 4].map((n) => Math.round(255 * f(n))));
+  RGBA.set(name, v);
   return v;
 }
 
@@ -152,13 +152,13 @@ function gantt(canvas, d, segs) {
     const a = Math.max(0, x0), b = Math.min(W, Math.max(x1, x0 + 1));
     for (let y = y0; y < y1; y++) px.fill(c, y * W + a, y * W + b);
   };
-  const grey = rgba("#e5e7eb");
+  const grey = hex("#e5e7eb");
   for (let i = 0; i < n; i++) {  // waiting: from arrival to the first start (or now)
     if (J.submit[i] == null) continue;
     const first = J.placements[i].length ? J.placements[i][0][0] : (J.end[i] ?? tmax);
     box(x(J.submit[i]), x(first), rowOf[i], grey, 1);
   }
-  const marks = {resize: rgba("#111827"), move: rgba("#2563eb"), resume: rgba("#dc2626")};
+  const marks = {resize: hex("#111827"), move: hex("#2563eb"), resume: hex("#dc2626")};
   for (const s of segs) {
     box(x(s.from), x(isFinite(s.to) ? s.to : tmax), rowOf[s.job], jobRgba(J.name[s.job]), 1);
   }
