@@ -146,7 +146,7 @@ def resume_first_step_s(method: str, tmp: Path) -> float:
 
 HELP = {"help": [], "simulate_help": ["simulate"], "schedule_help": ["schedule"],
         "dashboard_help": ["dashboard"], "scale_help": ["scale"]}
-HELP_REPEATS = 5  # each ~0.1-2 s: enough for a median on a loaded machine, --quick too
+HELP_REPEATS = 5  # each ~0.1-2.5 s of CPU: a median on a loaded machine (--quick: 3)
 
 
 def command_s(argv: list[str]) -> tuple[float, float]:
@@ -159,12 +159,12 @@ def command_s(argv: list[str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def help_startups() -> tuple[dict, dict, dict, dict]:
+def help_startups(repeats: int) -> tuple[dict, dict, dict, dict]:
     """Each ``--help`` alternated with ``python -c pass``: medians (wall, CPU), each over
     ``python -c pass`` in seconds and as a ratio, the target and whether it is met."""
     wall: dict[str, list[float]] = {"python_pass": []}
     cpu: dict[str, list[float]] = {"python_pass": []}
-    for _ in range(HELP_REPEATS):
+    for _ in range(repeats):
         for name, args in HELP.items():  # alternated: the same load for each
             for key, argv in (("python_pass", [sys.executable, "-c", "pass"]),
                               (name, [sys.executable, "-m", "phalanx.cli", *args, "--help"])):
@@ -202,7 +202,8 @@ def main() -> None:
                     help="only the --help start-ups (seconds)")
     a = ap.parse_args()
     load = os.getloadavg()[0]
-    help_results, help_ratios, help_targets, help_met = help_startups()
+    help_results, help_ratios, help_targets, help_met = help_startups(
+        3 if a.quick else HELP_REPEATS)
     if a.help_only:
         print(json.dumps({"bench": "startup", "results": {
             "load_1min_before": round(load, 2), **help_results,
