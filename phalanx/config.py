@@ -231,6 +231,9 @@ class RunConfig:
     sfb: bool = setting(
         False, "sync / average: send fully connected layers' gradients as sufficient factors",
         section="comm")
+    activation_checkpoint: int = setting(
+        0, "recompute every K-th block's activations in backward instead of keeping them "
+        "(0: off; 1: every block)", section="model", rule=Range(0), limit=(0, 10**6))
     zero_stage: int = setting(
         2, 'zero: what is sharded across the workers (1: optimizer state; 2: and gradients; '
         '3: and parameters)', section="parallel", rule=Range(1, 3), limit=(1, 3))

@@ -19,6 +19,7 @@ from phalanx.config import RunConfig
 from phalanx.data import Dataset, parse_augment, shard_indices, steps_per_epoch
 from phalanx.metrics.ranking import auc
 from phalanx.models.loss import correct, token_cross_entropy
+from phalanx.parallel.recompute import checkpoint_blocks
 from phalanx.runtime.checkpoint import load_checkpoint, save_checkpoint
 from phalanx.runtime.exits import Death, merge_losses, seen_by
 
@@ -42,7 +43,11 @@ class Job:
 
     def build_model(self) -> nn.Module:
         torch.manual_seed(self.config.seed)
-        return self.model_fn()
+        model = self.model_fn()
+        if self.config.activation_checkpoint:
+            checkpoint_blocks(model, self.config.activation_checkpoint,
+                              f"--model {self.config.model}")
+        return model
 
     def shard(self, rank: int, world: int) -> torch.Tensor:
         cfg = self.config

@@ -58,7 +58,7 @@ SAMPLE = {
     "tokens": "byte", "context": 16, "gpt_layers": 2, "gpt_heads": 2, "gpt_dim": 32,
     "dropout": 0.1, "clip_grad_norm": 0.5,
     "ctr_rows": 1000, "ctr_dim": 8, "sparse_allreduce": True, "transport": "gloo",
-    "zero_stage": 3,
+    "zero_stage": 3, "activation_checkpoint": 1,
 }
 FIELDS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "strategy"]
 
@@ -77,6 +77,8 @@ ACTS_ONLY_ON = {
     "data_on_device": "a GPU (tests/gpu)",
     "progress": "the terminal (tests/unit/test_progress.py)",
     "out": "where the run folder is",
+    "activation_checkpoint": "memory only, the same numbers (tests/unit/test_recompute.py; "
+                             "tests/distributed/test_zero.py: zero-3 with it, bit for bit)",
     "overwrite": "an earlier run in --out (tests/e2e)",
 }
 
