@@ -18,10 +18,8 @@ from phalanx.scale.convergence import Convergence
 from phalanx.scale.eventsim import CONSISTENCY, AsyncSpec, simulate
 from phalanx.scale.network import Network, gbit, network_from_mapping
 from phalanx.scale.predict import predict, ps_bytes
-from phalanx.scale.profile import profile_model
 from phalanx.scale.published import all_checks
 from phalanx.scale.report import checks_markdown, write_report
-from phalanx.scale.server_cost import measure_server
 from phalanx.scale.setting import STRATEGIES, Compression, Setting, Stragglers
 from phalanx.scale.sweep import SWEEP_NS, SWEEP_STRATEGIES, Shape, sweep
 from phalanx.scale.workload import CATALOG, Workload, catalog, describe
@@ -40,6 +38,8 @@ def _ints(text: str, flag: str) -> list[int]:
 
 def _workload(args: argparse.Namespace) -> Workload:
     if args.profile_here:
+        from phalanx.scale.profile import profile_model  # torch: only to profile a model
+
         w = profile_model(args.model, args.batch or 32)
     else:
         w = catalog(args.model, args.batch)
@@ -190,6 +190,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--repeats: {args.repeats} is not in 1..100")
     measured = cal.measure(rates, args.repeats)
     fitted = cal.fit(measured)
+    from phalanx.scale.server_cost import measure_server  # torch: a real shard
+
     server = None if args.no_server else measure_server()
     cal.save(Path(args.out), measured, fitted, server)
     print(cal.summary(fitted))
@@ -202,6 +204,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     calibration = cal.load(args.calibration)
+    from phalanx.scale.profile import profile_model  # torch: the MLP's layers
+
     w = profile_model("mlp", val.BATCH)  # its layers; compute is fitted on the subset
     runs = val.load_runs(Path(args.runs))
     compute, extra, points = val.validate(w, runs, calibration["fitted"],

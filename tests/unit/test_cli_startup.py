@@ -57,7 +57,8 @@ CHECK = ("import runpy, sys; sys.argv = ['phalanx', *sys.argv[1:]]\n"
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["simulate", "--help"], ["schedule", "--help"],
-                                  ["dashboard", "--help"], ["simulate", "--policy", "x"]])
+                                  ["dashboard", "--help"], ["scale", "--help"],
+                                  ["simulate", "--policy", "x"]])
 def test_help_and_a_scheduler_error_import_no_torch(argv):
     r = subprocess.run([sys.executable, "-c", CHECK, *argv], capture_output=True, text=True,
                        timeout=120)

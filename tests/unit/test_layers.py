@@ -58,6 +58,10 @@ LAZY = {
     # `phalanx schedule`'s flags need no engine; its run imports the live engines, the job
     # list's checks and the training side (torch)
     ("phalanx.cluster.cli.schedule", "phalanx.cluster.cli.schedule_run"),
+    # `phalanx scale` is a simulator: torch only to profile a model here (--profile-here,
+    # validate's MLP), ~2 s of a `scale --help` otherwise
+    ("phalanx.scale.cli", "phalanx.scale.profile"),
+    ("phalanx.scale.cli", "phalanx.scale.server_cost"),  # calibrate times a real shard
 }
 
 
