@@ -23,7 +23,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help=f"port to serve on (default {DEFAULT_PORT}; 0: any free port)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; "
-                        "0.0.0.0 serves every interface)")
+                        "every interface, 0.0.0.0, is refused)")
     p.set_defaults(func=run)
 
 

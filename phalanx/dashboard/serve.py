@@ -23,10 +23,14 @@ def check_host(host: str) -> str:
     if host == "localhost":
         return host
     try:
-        return str(ipaddress.ip_address(host))
+        address = ipaddress.ip_address(host)
     except ValueError:
         raise ConfigError(f"--host {host}: not an IP address (e.g. 127.0.0.1, the "
-                          "default, or 0.0.0.0 for every interface)") from None
+                          "default, or this machine's address on a network)") from None
+    if address.is_unspecified:  # the house rule: never every interface
+        raise ConfigError(f"--host {host}: phalanx never serves on every interface; name "
+                          "this machine's address on the network that should see the page")
+    return str(address)
 
 
 def check_port(port: int, flag: str = "--port") -> int:
@@ -73,8 +77,6 @@ class Served:
 
 
 def _hosts(host: str) -> list[str]:
-    if host in ("0.0.0.0", "::"):
-        return ["*"]
     return sorted({host, *LOCAL, f"[{host}]"})
 
 

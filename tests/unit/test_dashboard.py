@@ -227,3 +227,14 @@ def test_a_dead_schedulers_state_is_shown_stopped(tmp_path: Path) -> None:
     row = f.index()["schedules"][0]
     assert row["status"] == "stopped"
     assert row["problems"][0].startswith("scheduler-state.json last saved 60 s ago")
+
+
+def test_every_interface_is_refused_in_one_line():
+    """The house rule: 127.0.0.1 unless an address is named, never every interface."""
+    from phalanx.dashboard.serve import check_host
+    from phalanx.errors import ConfigError
+
+    assert check_host("127.0.0.1") == "127.0.0.1" and check_host("10.231.0.2") == "10.231.0.2"
+    for host in ("0.0.0.0", "::"):
+        with pytest.raises(ConfigError, match="never serves on every interface"):
+            check_host(host)
