@@ -26,7 +26,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
 
 from phalanx.config import RunConfig
 from phalanx.parallel.base import Job, write_result
@@ -70,6 +69,11 @@ class FsdpHooks(ReplicaHooks):
     shared_rule_state = False
 
     def __init__(self, ctx: WorkerContext) -> None:
+        # here, not at the top: the registry imports every strategy, and FSDP2's package
+        # costs ~0.7 s of every `phalanx` command and fork server (the spec's preload
+        # gives an fsdp run's fork server it)
+        from torch.distributed.fsdp import fully_shard
+
         super().__init__(ctx)  # the replica, started from rank 0's values
         units = unit_modules(self.model)
         # the per-step traffic of FSDP2's default schedule (see the module)
