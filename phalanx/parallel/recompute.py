@@ -3,8 +3,8 @@ model recomputes its forward in backward instead of keeping its activations, as
 ``torch.utils.checkpoint`` (non-reentrant) does for torchtitan's and Megatron's blocks.
 
 The blocks: an ``nn.Sequential``'s children of the class that holds the most parameters
-among those repeated and made of layers (phalanx's GPT: its ``Block`` s), else the model's block list
-(:func:`~phalanx.parallel.blocks.find_blocks`: nanoGPT's ``transformer.h``). The block
+among those repeated and made of layers (phalanx's GPT: its ``Block`` s), else the model's
+block list (:func:`~phalanx.parallel.blocks.find_blocks`: nanoGPT's ``transformer.h``). The block
 keeps its class, parameters and names (its ``forward`` is wrapped on the instance), so
 checkpoints, state dicts and every strategy see the same model; dropout draws the same
 numbers again in the recomputation (the RNG state is kept), so the run's numbers are the
