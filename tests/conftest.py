@@ -25,6 +25,8 @@ LONGEST_FIRST = (
     "tests/cluster/test_slurm_live.py",          # 107 s
     "tests/unit/test_gpu_check.py",              # 51 s
     "tests/cluster/test_live_elastic.py",        # 49 s
+    "tests/distributed/test_fork_server.py",     # 34 s (issue 52's hunt, quiet machine)
+    "tests/cluster/test_live_types.py",          # 32 s
     "tests/distributed/test_signals.py",         # 47 s
     "tests/distributed/test_ps_preempt.py",      # 44 s
     "tests/e2e/test_compare_experiments.py",     # 38 s (87 s with bandwidth's quick run)
@@ -39,6 +41,9 @@ LONGEST_FIRST = (
     "tests/cluster/test_live_addresses.py",      # 20 s
     "tests/e2e/test_cli.py",                     # 18 s
     "tests/cluster/test_resize_ps.py",           # 18 s
+    "tests/e2e/test_dashboard_browser.py",       # 18 s
+    "tests/distributed/test_sync_faults.py",     # 18 s
+    "tests/distributed/test_zero.py",            # 15 s
 )
 
 
