@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 
 import torch
 import torch.distributed as dist
 
 from phalanx.config import RunConfig
 from phalanx.parallel.base import Job, write_result
-from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.loop import Micro
 from phalanx.parallel.replicas import (
     DEVICE,
@@ -37,13 +35,12 @@ from phalanx.parallel.replicas import (
     WorkerContext,
     broadcast_from_rank0,
     check_shards,
-    open_log,
+    run_replica,
 )
 from phalanx.parallel.spec import StrategySpec, workers_momentum
 from phalanx.parallel.stats import SyncStats
 from phalanx.parallel.zero_units import unit_modules
 from phalanx.rules import apply_updates, make_rule, update_owned
-from phalanx.runtime.placement import setup_rank
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -51,9 +48,8 @@ def world_size(cfg: RunConfig) -> int:
 
 
 def process_main(rank: int, world: int, job: Job) -> None:
-    place = setup_rank(job.config, rank, world, DEVICE, data_bytes=train_bytes(job))
-    with open_log(job, rank) as log:
-        train_worker(WorkerContext(job, rank, world, log, time.perf_counter(), place))
+    """One worker; runs inside an initialised process group (spawn or torchrun)."""
+    run_replica(train_worker, rank, world, job)
 
 
 def _padded_bytes(p: torch.Tensor, world: int) -> int:

@@ -6,6 +6,7 @@ its own ``forward_backward`` and ``step``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,13 +21,13 @@ from phalanx.comm.staging import gloo_carries, staged
 from phalanx.errors import ConfigError
 from phalanx.metrics import EventLog
 from phalanx.parallel.base import Job, detached
-from phalanx.parallel.device_data import DeviceData
+from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.dp_checkpoint import Checkpointer
 from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule, update_owned
 from phalanx.rules.sparse import TableRule, sparse_table
-from phalanx.runtime.placement import CPU, DeviceSupport, Placement
+from phalanx.runtime.placement import CPU, DeviceSupport, Placement, setup_rank
 
 DEVICE = DeviceSupport()  # collectives between known peers: NCCL where each rank has a GPU
 
@@ -102,6 +103,14 @@ class WorkerContext:
         return StepReporter(self.job.config, self.log, total, label,
                             shows_progress=self.rank == 0, evaluates=self.rank == 0,
                             t0=self.t0, shards=self.world)
+
+
+def run_replica(train_worker, rank: int, world: int, job: Job) -> None:
+    """One data-parallel worker inside an initialised process group (spawn or torchrun):
+    its device and threads, its log, then ``train_worker(ctx)``."""
+    place = setup_rank(job.config, rank, world, DEVICE, data_bytes=train_bytes(job))
+    with open_log(job, rank) as log:
+        train_worker(WorkerContext(job, rank, world, log, time.perf_counter(), place))
 
 
 def open_log(job: Job, rank: int) -> EventLog:

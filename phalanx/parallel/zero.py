@@ -27,7 +27,6 @@ tensors at the end of each step's backward and reported beside the formula
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import torch
 import torch.distributed as dist
@@ -36,7 +35,6 @@ from phalanx.comm.sharded import make_sharded
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.parallel.base import Job, write_result
-from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.loop import Micro
 from phalanx.parallel.replicas import (
     DEVICE,
@@ -44,14 +42,13 @@ from phalanx.parallel.replicas import (
     WorkerContext,
     broadcast_from_rank0,
     check_shards,
-    open_log,
+    run_replica,
 )
 from phalanx.parallel.spec import StrategySpec, workers_momentum
 from phalanx.parallel.stats import ZeroStats
 from phalanx.parallel.zero_memory import Held, formula, held
 from phalanx.parallel.zero_units import Unit, check_uniform, make_units
 from phalanx.rules import apply_updates, make_rule, update_owned
-from phalanx.runtime.placement import setup_rank
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -60,9 +57,7 @@ def world_size(cfg: RunConfig) -> int:
 
 def process_main(rank: int, world: int, job: Job) -> None:
     """One worker; runs inside an initialised process group (spawn or torchrun)."""
-    place = setup_rank(job.config, rank, world, DEVICE, data_bytes=train_bytes(job))
-    with open_log(job, rank) as log:
-        train_worker(WorkerContext(job, rank, world, log, time.perf_counter(), place))
+    run_replica(train_worker, rank, world, job)
 
 
 class ZeroHooks(ReplicaHooks):
@@ -86,6 +81,8 @@ class ZeroHooks(ReplicaHooks):
         self.grads = [torch.zeros_like(s) for s in self.shards]  # this rank's, summed
         self.held: Held | None = None
         self._unit_of = {id(p): u for u in self.units for p in u.params}
+        self._index = {id(u): i for i, u in enumerate(self.units)}
+        self._unit_of_module = {id(u.module): u for u in self.units if u.module is not None}
         if self.stage >= 2:  # each unit is reduced as soon as backward finished it
             for u in self.units:
                 u.handles += [p.register_post_accumulate_grad_hook(self._on_grad)
@@ -117,7 +114,7 @@ class ZeroHooks(ReplicaHooks):
                 t.register_hook(regather)
 
     def _unit_for(self, module) -> Unit:
-        return next(u for u in self.units if u.module is module)
+        return self._unit_of_module[id(module)]
 
     # ---- the step --------------------------------------------------------------------
 
@@ -127,7 +124,6 @@ class ZeroHooks(ReplicaHooks):
             broadcast_from_rank0(self.buffers, self.counter, self.rank, self.world)
 
     def forward_backward(self, batch, scale: float, last: bool) -> Micro:
-        self.last = last
         for u in self.units:
             u.pending, u.reduced = len(u.params), False
             if u.module is None:
@@ -151,7 +147,7 @@ class ZeroHooks(ReplicaHooks):
     def _reduce(self, unit: Unit) -> None:
         """Reduce-scatter ``unit``'s gradients into this rank's summed shard; free them
         (stage 3: the weights too)."""
-        i = self.units.index(unit)
+        i = self._index[id(unit)]
         got = torch.empty_like(self.grads[i])
         self.sharded.reduce_scatter(unit.flat_grad(), got)
         self.grads[i] += got
