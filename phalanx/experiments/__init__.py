@@ -49,6 +49,8 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
                         "phalanx.experiments.gpt_compression"),
     "gpt-pipeline-bubble": ("GPT pipeline (GPipe, 1F1B): the measured bubble follows "
                             "(P-1)/(M+P-1)", "phalanx.experiments.gpt_pipeline_bubble"),
+    "gpt-memory": ("GPT: ZeRO's ranks hold the formula's bytes at N = 1, 2, 4 and ZeRO-3 "
+                   "trains to sync's loss at the same tokens", "phalanx.experiments.gpt_memory"),
 }
 
 

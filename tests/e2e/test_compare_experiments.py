@@ -118,6 +118,7 @@ def test_dc_asgd_over_seeds_writes_means_intervals_and_a_verdict(tmp_path, capsy
 # and what it rests on (tbf's cap, the kernel's byte counts, ring bytes across hosts):
 # tests/multinode/test_hosts.py, test_wire_bytes.py
 SLOW_QUICK = {"gpt-pipeline-bubble", "gpt-dc-asgd", "gpt-staleness", "gpt-compression",
+              "gpt-memory",
               "bandwidth"}
 
 

@@ -105,3 +105,64 @@ def test_reuse_finds_a_run_whose_rule_the_recipe_chose(tmp_path):
     (tmp_path / "run" / "summary.json").write_text("{}")
     assert finished(cfg)
     assert not finished(dataclasses.replace(cfg, seed=1))
+
+
+def _mem_run(name, n, psi=1000, k=8, loss=2.0, counted_off=0, sent=0):
+    """A made-up run of the memory study: ZeRO runs carry their counts and formula."""
+    from phalanx.experiments.gpt_memory import STRATEGIES, formula_of
+
+    s = {"workers": n, "steps": 10, "test_loss": loss, "tokens_per_s": 100.0 * n,
+         "bytes_sent": sent, "train_tokens": 100,
+         "peak_rss_bytes_per_process": {"-1": 9e9, "0": 4e8, "1": 5e8}}
+    st = STRATEGIES[name]
+    if st["strategy"] == "zero":
+        stage = st["zero_stage"]
+        s["zero_stage"] = stage
+        s["formula_params_bytes"] = 4 * psi if stage < 3 else 4 * psi // n
+        s["formula_optimizer_bytes"] = k * psi // n
+        f = formula_of(name, n, psi, k)
+        s["held_bytes_per_rank"] = [f + counted_off] * n
+        s["held_params_bytes"] = s["formula_params_bytes"]
+        s["held_grads_bytes"], s["held_optimizer_bytes"] = 0, s["formula_optimizer_bytes"]
+    return StrategyRun(f"{name} N={n}", s, [])
+
+
+def test_memory_study_reads_psi_and_k_and_holds_counts_to_the_formula():
+    from phalanx.experiments.gpt_memory import (
+        formula_of,
+        held_verdict,
+        loss_verdict,
+        markdown,
+        psi_and_k,
+        table_rows,
+    )
+
+    names, sizes = ("sync", "zero-1", "zero-3"), (1, 2)
+    runs = {f"{s} N={n}": [_mem_run(s, n, sent=1000 * (3 if s == "zero-3" else 2))]
+            for n in sizes for s in names}
+    sr = SeededRuns([0], runs)
+    assert psi_and_k(sr) == (1000, 8)
+    # the table of docs/memory.md: DDP 16 Psi with Adam, stage 1 4+4+4/N+8/N, stage 3 16/N
+    assert formula_of("sync", 2, 1000, 8) == 16000
+    assert formula_of("zero-1", 2, 1000, 8) == 4000 + 6000 + 4000
+    assert formula_of("zero-2", 4, 1000, 8) == 4000 + 1000 + 2000
+    assert formula_of("zero-3", 4, 1000, 8) == formula_of("fsdp", 4, 1000, 8) == 4000
+    rows = table_rows(sr, sizes, names)
+    z3 = next(r for r in rows if r["strategy"] == "zero-3" and r["workers"] == 2)
+    assert z3["bytes_vs_ddp"] == 1.5 and z3["tokens_vs_ddp"] == 1.0
+    assert z3["rss"] == 5e8  # the largest rank's, not the driver's
+    assert next(r for r in rows if r["strategy"] == "sync")["counted"] is None
+    assert held_verdict(rows)[0] is True
+    assert "not counted" in markdown(rows)
+    # a stage that holds 2% more than the formula fails the 1% claim
+    runs["zero-1 N=2"] = [_mem_run("zero-1", 2, counted_off=280)]
+    ok, said = held_verdict(table_rows(SeededRuns([0], runs), sizes, names))
+    assert ok is False and "+2.00%" in said and "zero-1 at N=2" in said
+    # the loss claim: an equivalence, inside +-0.01 nats, over several seeds only
+    assert loss_verdict(sr, 2)[0] is None
+    eq = SeededRuns([0, 1, 2], {"sync N=4": _runs("s", [2.0, 2.1, 2.05]),
+                                "zero-3 N=4": _runs("z", [2.0001, 2.1, 2.0501])})
+    assert loss_verdict(eq, 4)[0] is True
+    off = SeededRuns([0, 1, 2], {"sync N=4": _runs("s", [2.0, 2.1, 2.05]),
+                                 "zero-3 N=4": _runs("z", [2.03, 2.12, 2.08])})
+    assert loss_verdict(off, 4)[0] is False
