@@ -27,6 +27,7 @@ BACKENDS = ("auto", "nccl", "gloo")  # collectives' backend (phalanx.runtime.pla
 DATA_ON_DEVICE = ("auto", "yes", "no")
 ALLREDUCES = ("ring", "native", "main")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+PRECISIONS = ("fp32", "bf16")  # phalanx.parallel.precision
 
 
 WORKER_LOSS = ("continue", "stop")
@@ -234,6 +235,10 @@ class RunConfig:
     activation_checkpoint: int = setting(
         0, "recompute every K-th block's activations in backward instead of keeping them "
         "(0: off; 1: every block)", section="model", rule=Range(0), limit=(0, 10**6))
+    precision: str = setting(
+        "fp32", "bf16: autocast forward, fp32 loss, master weights and rule state, gradients "
+        "sent in bf16 where the strategy allows (docs/memory.md)", choices=PRECISIONS,
+        section="optim")
     zero_stage: int = setting(
         2, 'zero: what is sharded across the workers (1: optimizer state; 2: and gradients; '
         '3: and parameters)', section="parallel", rule=Range(1, 3), limit=(1, 3))

@@ -108,9 +108,11 @@ class GradReducer:
 
     def __init__(self, params: Sequence[torch.nn.Parameter], allreduce: AllReduce, world: int,
                  bucket_bytes: int, comm: CommThread,
-                 compression: Compression | None = None) -> None:
+                 compression: Compression | None = None,
+                 wire: torch.dtype = torch.float32) -> None:
         self.allreduce, self.world, self.comm = allreduce, world, comm
         self.compression = compression  # --compress: each bucket's mean goes through it
+        self.wire = wire  # --precision bf16: buckets travel (and are summed) in bf16
         params = [p for p in params if p.requires_grad]
         order = assign_buckets([p.numel() for p in params], [p.dtype for p in params],
                                bucket_bytes)
@@ -168,6 +170,12 @@ class GradReducer:
         def reduce_and_average() -> None:
             if self.compression is not None:
                 self.compression.mean_(flat, shapes, self.allreduce, world, key)
+                return
+            if self.wire != flat.dtype:
+                # divided first, as DDP's bf16_compress_hook: the sum of N means in bf16
+                wire = flat.div(world).to(self.wire)
+                self.allreduce(wire)
+                flat.copy_(wire)
                 return
             self.allreduce(flat)
             flat.div_(world)

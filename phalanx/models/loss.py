@@ -48,7 +48,9 @@ def logits_of(out: Any, y: torch.Tensor | None = None) -> torch.Tensor:
 def token_cross_entropy(out: Any, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Mean (or summed) cross-entropy over every prediction: samples, or tokens. ``out``:
     what the model returned (:func:`logits_of`)."""
-    out = logits_of(out, y)
+    # in fp32 whatever the forward computed in (--precision bf16: the loss is fp32's; a
+    # no-op on fp32 logits)
+    out = logits_of(out, y).float()
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction=reduction)
 
 

@@ -19,6 +19,7 @@ from phalanx.config import RunConfig
 from phalanx.data import Dataset, parse_augment, shard_indices, steps_per_epoch
 from phalanx.metrics.ranking import auc
 from phalanx.models.loss import correct, token_cross_entropy
+from phalanx.parallel.precision import FP32, Precision
 from phalanx.parallel.recompute import checkpoint_blocks
 from phalanx.runtime.checkpoint import load_checkpoint, save_checkpoint
 from phalanx.runtime.exits import Death, merge_losses, seen_by
@@ -91,9 +92,11 @@ def augmenter(cfg: RunConfig):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Dataset, batch: int = 2000) -> tuple[float, float]:
+def evaluate(model: nn.Module, data: Dataset, batch: int = 2000,
+             precision: Precision = FP32) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over a whole data set, in eval mode: per sample, or
-    per token for a language model (every position of every window is one prediction)."""
+    per token for a language model (every position of every window is one prediction).
+    The forward runs under ``precision``'s autocast, as in training; the loss in fp32."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -101,7 +104,8 @@ def evaluate(model: nn.Module, data: Dataset, batch: int = 2000) -> tuple[float,
     for start in range(0, len(data), batch):
         x = data.x[start : start + batch].to(device)
         y = data.y[start : start + batch].to(device)
-        out = model(x)
+        with precision.autocast(device):
+            out = model(x)
         total_loss += token_cross_entropy(out, y, reduction="sum").item()
         right += correct(out, y).item()
         scored += y.numel()

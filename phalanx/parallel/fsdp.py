@@ -52,10 +52,12 @@ def process_main(rank: int, world: int, job: Job) -> None:
     run_replica(train_worker, rank, world, job)
 
 
-def _padded_bytes(p: torch.Tensor, world: int) -> int:
-    """A parameter's bytes as FSDP2 shards it: dim 0 padded to a multiple of N."""
+def _padded_bytes(p: torch.Tensor, world: int, dtype: torch.dtype) -> int:
+    """A parameter's bytes in ``dtype`` as FSDP2 shards it: dim 0 padded to a multiple of
+    N."""
     rows = p.shape[0] if p.dim() else 1
-    return math.ceil(rows / world) * world * (p.numel() // max(rows, 1)) * p.element_size()
+    size = torch.empty((), dtype=dtype).element_size()
+    return math.ceil(rows / world) * world * (p.numel() // max(rows, 1)) * size
 
 
 class FsdpHooks(ReplicaHooks):
@@ -68,20 +70,26 @@ class FsdpHooks(ReplicaHooks):
         # here, not at the top: the registry imports every strategy, and FSDP2's package
         # costs ~0.7 s of every `phalanx` command and fork server (the spec's preload
         # gives an fsdp run's fork server it)
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         super().__init__(ctx)  # the replica, started from rank 0's values
         units = unit_modules(self.model)
-        # the per-step traffic of FSDP2's default schedule (see the module)
+        # the per-step traffic of FSDP2's default schedule (see the module), in the wire's
+        # dtype (--precision bf16: FSDP2 gathers and reduce-scatters bf16)
+        wire = self.precision.wire
         in_units = {id(p) for _, m in units for p in m.parameters()}
         share = (self.world - 1) / self.world
         self.step_bytes = int(share * sum(
-            _padded_bytes(p, self.world) * (3 if id(p) in in_units else 2)
+            _padded_bytes(p, self.world, wire) * (3 if id(p) in in_units else 2)
             for p in self.params))
         mesh = None  # the default group, on the rank's device type
+        # bf16: FSDP2's own mixed precision (bf16 gathered weights and reduced gradients,
+        # fp32 sharded masters); fp32: its default policy
+        policy = (MixedPrecisionPolicy(param_dtype=wire, reduce_dtype=wire)
+                  if self.precision.mixed else MixedPrecisionPolicy())
         for _, module in units:
-            fully_shard(module, mesh=mesh)
-        fully_shard(self.model, mesh=mesh)
+            fully_shard(module, mesh=mesh, mp_policy=policy)
+        fully_shard(self.model, mesh=mesh, mp_policy=policy)
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # DTensors
         self.locals = [p.to_local() for p in self.params]  # this rank's shards, in place
         self.weights = []
@@ -154,6 +162,7 @@ SPEC = StrategySpec(
     "rule on each rank's shards: the reference for --strategy zero",
     process_main=process_main, world_size=world_size, check_job=check_job,
     preload=("torch.distributed.fsdp",), shards_by="workers", device=DEVICE,
+    supports=frozenset({"bf16"}),
     unused={"checkpoint_every": "each rank's optimizer state is its own shard: fsdp does "
             "not checkpoint it yet"},
     default_rule=workers_momentum)

@@ -40,6 +40,7 @@ from phalanx.config import RunConfig
 from phalanx.data import Dataset, epoch_batches, steps_per_epoch
 from phalanx.parallel.base import Straggler
 from phalanx.parallel.divergence import check_loss
+from phalanx.parallel.precision import FP32, Precision
 from phalanx.parallel.worker import StepReporter, batch_accuracy, wants_eval
 from phalanx.runtime import preempt
 
@@ -197,13 +198,15 @@ class Loop:
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def backward(model: nn.Module, loss_fn: nn.Module, batch: Batch, scale: float) -> Micro:
-    """The usual ``forward_backward``: forward, loss, and backward on the loss times
-    ``scale`` (skipped at exactly 1, so a run without accumulation is bit for bit the
-    plain loop's)."""
+def backward(model: nn.Module, loss_fn: nn.Module, batch: Batch, scale: float,
+             precision: Precision = FP32) -> Micro:
+    """The usual ``forward_backward``: forward (under ``precision``'s autocast), loss, and
+    backward on the loss times ``scale`` (skipped at exactly 1, so a run without
+    accumulation is bit for bit the plain loop's)."""
     x, y = batch
-    out = model(x)
-    loss = loss_fn(out, y)
+    with precision.autocast(x.device):
+        out = model(x)
+    loss = loss_fn(out, y)  # outside autocast: the loss in fp32 (the logits cast up)
     (loss * scale if scale != 1.0 else loss).backward()
     return Micro(len(y), loss, out, y)
 

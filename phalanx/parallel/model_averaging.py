@@ -157,8 +157,10 @@ SPEC = StrategySpec(
     name="average", summary="parameter averaging (local SGD) every --period steps; DiLoCo "
     "with --outer-rule", process_main=process_main, world_size=world_size, check=check_config,
     check_job=check_job, check_resume=check_resume, can_restart=can_restart,
+    # bf16: the forward under autocast; the averaged weights are the fp32 masters and
+    # travel in fp32 (rounding them to bf16 would drop what the masters keep)
     supports=frozenset({"kill_worker", "compress", "powersgd", "compress_checkpoint", "outer_rule",
-                        "sparse_grads"}),
+                        "sparse_grads", "bf16"}),
     options=("allreduce", "period", "average_optimizer_state", "sfb", "outer_lr",
              "outer_momentum"),
     shards_by="workers", device=DEVICE,

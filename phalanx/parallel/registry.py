@@ -30,6 +30,7 @@ from phalanx.parallel import (
     tensor_parallel,
     zero,
 )
+from phalanx.parallel.precision import REFUSALS as PRECISION_REFUSALS
 from phalanx.parallel.spec import FEATURES, StrategySpec
 from phalanx.ps.consistency import MODELS, model_class
 from phalanx.rules import RULES, SCHEDULES
@@ -146,6 +147,7 @@ def check_config(cfg: RunConfig) -> RunConfig:
             raise s.refuse("consistency", "only the parameter-server strategies have a "
                            "consistency model")
     check_sparse_grads(cfg, s)
+    check_precision(cfg, s)
     s.check(cfg)
     return cfg
 
@@ -168,6 +170,18 @@ def check_sparse_grads(cfg: RunConfig, s: StrategySpec) -> None:
         able = ", ".join(n for n in NAMES if "sparse_grads" in STRATEGIES[n].supports)
         raise ConfigError(f"--model {cfg.model}: --strategy {s.name} cannot take the sparse "
                           f"gradients of its embedding table ({why}); use one of {able}")
+
+
+def check_precision(cfg: RunConfig, s: StrategySpec) -> None:
+    """``--precision bf16`` only with a strategy that declares it (the feature ``bf16``),
+    else one line saying why this one cannot (:data:`phalanx.parallel.precision.REFUSALS`)."""
+    if cfg.precision == "fp32" or "bf16" in s.supports:
+        return
+    key = "parameter-server" if s.is_parameter_server else s.name
+    why = PRECISION_REFUSALS.get(key, "it is not wired for mixed precision")
+    able = ", ".join(n for n in NAMES if "bf16" in STRATEGIES[n].supports)
+    raise ConfigError(f"--precision {cfg.precision}: --strategy {s.name} cannot take it "
+                      f"({why}); use one of {able}")
 
 
 def needs() -> tuple[tuple[str, Callable[[RunConfig], bool], str], ...]:

@@ -24,6 +24,7 @@ from phalanx.parallel.base import Job, detached
 from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.dp_checkpoint import Checkpointer
 from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
+from phalanx.parallel.precision import precision_of
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule, update_owned
 from phalanx.rules.sparse import TableRule, sparse_table
@@ -151,6 +152,7 @@ class ReplicaHooks(Hooks):
         self.table_rule = TableRule(self.rule, self.table) if self.table is not None else None
         self.state = (self.table_rule.init(self.weights) if self.table_rule is not None
                       else self.rule.init(self.weights))
+        self.precision = precision_of(cfg)  # --precision: the forward's autocast
         self.kit = WorkerKit.of(cfg, rank)
         self.data = DeviceData(job.train, ctx.placement.torch_device,
                                ctx.placement.data_on_device, self.kit.aug is not None)
@@ -174,7 +176,7 @@ class ReplicaHooks(Hooks):
 
     def compute(self, batch: Batch, scale: float) -> Micro:
         """Forward and backward of one micro-batch; ``.grad`` accumulates."""
-        return backward(self.model, self.kit.loss_fn, batch, scale)
+        return backward(self.model, self.kit.loss_fn, batch, scale, self.precision)
 
     def apply(self, grads: list[torch.Tensor]) -> None:
         """The rule's update on the replica's weights; the gradients are cleared."""

@@ -10,6 +10,7 @@ from phalanx.parallel.base import Job, Outcome, detached
 from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.dp_checkpoint import save_snapshot
 from phalanx.parallel.loop import Batch, Hooks, Loop, Micro, Position, backward, batch_stream
+from phalanx.parallel.precision import precision_of
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.worker import StepReporter, WorkerKit
 from phalanx.rules import apply_updates, make_rule, state_tensors, update_owned
@@ -37,6 +38,7 @@ class _SingleHooks(Hooks):
         self.state = (self.table_rule.init(self.weights) if self.table_rule is not None
                       else self.rule.init(self.weights))
         self.kit = WorkerKit.of(cfg, 0)
+        self.precision = precision_of(cfg)  # --precision: the forward's autocast
         self.data = DeviceData(job.train, place.torch_device, place.data_on_device,
                                self.kit.aug is not None)
 
@@ -44,7 +46,7 @@ class _SingleHooks(Hooks):
         return self.data.batch(idx, self.kit.aug, self.kit.gen)
 
     def forward_backward(self, batch: Batch, scale: float, last: bool) -> Micro:
-        return backward(self.model, self.kit.loss_fn, batch, scale)
+        return backward(self.model, self.kit.loss_fn, batch, scale, self.precision)
 
     def apply_update(self, step: int) -> dict:
         grads = [p.grad for p in self.params]
@@ -80,6 +82,7 @@ def check(cfg) -> None:
 
 SPEC = StrategySpec(
     name="single", summary="one worker: the baseline every strategy is compared against",
-    run=run, check=check, device=DEVICE, fixed_workers=1, supports=frozenset({"sparse_grads"}),
+    run=run, check=check, device=DEVICE, fixed_workers=1,
+    supports=frozenset({"sparse_grads", "bf16"}),
     unused={"worker_threads": "it trains in the driver process: --threads sets its threads",
             "backend": "one process has no collectives"})

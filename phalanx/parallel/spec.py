@@ -31,6 +31,7 @@ FEATURES = frozenset({
     "compress_checkpoint",  # --compress with --checkpoint-every: residuals are checkpointed
     "outer_rule",     # --outer-rule: a DiLoCo outer optimizer on the averaged delta
     "sparse_grads",   # a model whose embedding table has sparse gradients (--model ctr)
+    "bf16",           # --precision bf16: autocast forward, fp32 master weights (precision.py)
 })
 
 

@@ -92,7 +92,8 @@ class SyncHooks(ReplicaHooks):
         self.reducer = GradReducer([p for p in self.params if id(p) not in sfb_ids],
                                    self.allreduce, world, int(cfg.bucket_mb * 2**20),
                                    self.comm,
-                                   self.compression if self.compression.active else None)
+                                   self.compression if self.compression.active else None,
+                                   wire=self.precision.wire)
         # step times and gradient noise for a scheduler (metrics/noise.py); rank 0 measures
         self.probe = JobProbe(self.params, cfg.batch_size, cfg.grad_accum * world, world,
                               ctx.log, self.rank == 0)
@@ -163,6 +164,13 @@ def train_worker(ctx: WorkerContext) -> nn.Module:
     return hooks.model
 
 
+def check_config(cfg: RunConfig) -> None:
+    if cfg.precision != "fp32" and (cfg.compress != "none" or cfg.sfb):
+        flag = "--compress" if cfg.compress != "none" else "--sfb"
+        raise ConfigError(f"{flag}: not with --precision {cfg.precision} (its gradients "
+                          "already travel in bf16; choose one)")
+
+
 def check_job(job: Job) -> None:
     check_shards(job, world_size(job.config))
     if job.config.sparse_allreduce:
@@ -175,9 +183,10 @@ def check_job(job: Job) -> None:
 SPEC = StrategySpec(
     name="sync", summary="synchronous data parallel: gradients allreduced bucket by bucket "
     "(ring, native, main)", process_main=process_main, world_size=world_size,
-    check_job=check_job, check_resume=check_resume, can_restart=can_restart,
+    check=check_config, check_job=check_job, check_resume=check_resume,
+    can_restart=can_restart,
     supports=frozenset({"kill_worker", "compress", "powersgd", "compress_checkpoint",
-                        "sparse_grads"}),
+                        "sparse_grads", "bf16"}),
     options=("allreduce", "bucket_mb", "sfb", "sparse_allreduce"), shards_by="workers",
     device=DEVICE,
     default_rule=workers_momentum)  # N x fewer steps per epoch: docs/data-parallel.md

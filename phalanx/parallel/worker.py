@@ -25,6 +25,7 @@ from phalanx.metrics import EventLog, Progress
 from phalanx.metrics.progress import say
 from phalanx.models.loss import TokenCrossEntropy, logits_of
 from phalanx.parallel.base import Straggler, augmenter, ctr_figures, evaluate
+from phalanx.parallel.precision import precision_of
 from phalanx.runtime.supervise import launch_marks
 
 LOG_EVERY = 10  # optimizer steps between "train" events (plus the last step)
@@ -130,7 +131,7 @@ class StepReporter:
     def evaluate(self, model: nn.Module, test: Dataset, step: int, epoch: int,
                  samples: int) -> None:
         """An ``eval`` event for ``model`` (``samples``: the run's total so far)."""
-        loss, acc = evaluate(model, test)
+        loss, acc = evaluate(model, test, precision=precision_of(self.cfg))
         lm = lm_figures(test, loss)
         self.log.log("eval", step=step, epoch=epoch, samples=samples, test_loss=loss,
                      test_accuracy=acc, wall_s=self.wall(), **lm, **ctr_figures(model, test))

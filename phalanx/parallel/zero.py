@@ -31,6 +31,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+from phalanx.comm.counters import ByteCounter
 from phalanx.comm.sharded import make_sharded
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
@@ -71,8 +72,11 @@ class ZeroHooks(ReplicaHooks):
         cfg = self.cfg
         self.stage = cfg.zero_stage
         self.sharded = make_sharded(cfg.allreduce, counter=self.counter)
+        # --precision bf16: the parameters (so their gradients) and every collective in
+        # bf16, the shards fp32 masters (the rule's)
         self.units = make_units(self.model, self.params, self.rank, self.world,
-                                own_shard=self.stage == 3)
+                                own_shard=self.stage == 3,
+                                dtype=self.precision.wire if self.precision.mixed else None)
         self.weights = []  # the replica's detached copies: they held the old storage
         # the rule sees this rank's shards only; clipping needs every shard (below)
         self.rule = make_rule(dataclasses.replace(cfg, clip_grad_norm=0.0), self.total)
@@ -148,9 +152,9 @@ class ZeroHooks(ReplicaHooks):
         """Reduce-scatter ``unit``'s gradients into this rank's summed shard; free them
         (stage 3: the weights too)."""
         i = self._index[id(unit)]
-        got = torch.empty_like(self.grads[i])
+        got = torch.empty(self.grads[i].shape, dtype=unit.full.dtype)  # the wire's dtype
         self.sharded.reduce_scatter(unit.flat_grad(), got)
-        self.grads[i] += got
+        self.grads[i] += got  # summed in fp32 over the micro-batches
         for p in unit.params:
             p.grad = None
         unit.reduced = True
@@ -170,7 +174,7 @@ class ZeroHooks(ReplicaHooks):
             g.zero_()
         if self.stage < 3:  # every rank's updated shards, into every replica
             for u in self.units:
-                self.sharded.all_gather(u.shard, u.full)
+                u.refresh(self.sharded)
         return {"bytes_sent": self.counter.sent}
 
     def _clip(self, grads: list[torch.Tensor]) -> None:
@@ -195,6 +199,28 @@ class ZeroHooks(ReplicaHooks):
             for u in self.units:
                 u.free()
 
+    def master_state(self) -> dict[str, torch.Tensor]:
+        """The model's state with every parameter's fp32 master values (a collective:
+        every rank gathers every unit's shards; bookkeeping, not counted as traffic).
+        Under fp32 these are the parameters' own values."""
+        state = self.model.state_dict()
+        if not self.precision.mixed:
+            return state
+        names: dict[int, list[str]] = {}
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(name)
+        quiet = make_sharded("native", counter=ByteCounter())
+        for u in self.units:
+            whole = torch.empty(u.layout.padded, dtype=u.shard.dtype)
+            quiet.all_gather(u.shard, whole)
+            offset = 0
+            for p in u.params:
+                n = p.numel()
+                for name in names[id(p)]:
+                    state[name] = whole[offset : offset + n].view(p.shape)
+                offset += n
+        return state
+
     def evaluate(self, report, step: int, epoch: int, samples: int) -> None:
         self.gather_all()  # stage 3: every rank takes part; rank 0 scores the model
         super().evaluate(report, step, epoch, samples)
@@ -217,6 +243,7 @@ def train_worker(ctx: WorkerContext) -> None:
     try:
         pos = hooks.train()
         hooks.gather_all()  # the whole model, for rank 0's result
+        state = hooks.master_state()
     finally:
         hooks.close()
     common = {**hooks.run_stats(pos.samples), "bytes_estimated": hooks.sharded.estimated}
@@ -225,12 +252,18 @@ def train_worker(ctx: WorkerContext) -> None:
         cfg = ctx.job.config
         stats = ZeroStats(
             **common, zero_stage=hooks.stage, units=len(hooks.units),
-            **memory, **formula(cfg, hooks), memory_convention=(
-                "fp32 parameters (4 B), gradients (4 B) and the rule's state (K B per "
-                "parameter: Adam 8, momentum 4, SGD 0), counted at the end of backward; "
-                "sharded parts over N, each unit padded to a multiple of N"))
-        write_result(ctx.job, hooks.model.state_dict(), train_samples=pos.samples * ctx.world,
+            **memory, **formula(cfg, hooks), memory_convention=CONVENTION[hooks.precision.name])
+        write_result(ctx.job, state, train_samples=pos.samples * ctx.world,
                      steps=pos.step, stats=stats)
+
+
+CONVENTION = {
+    "fp32": "fp32 parameters (4 B), gradients (4 B) and the rule's state (K B per parameter: "
+            "Adam 8, momentum 4, SGD 0), counted at the end of backward; sharded parts over "
+            "N, each unit padded to a multiple of N",
+    "bf16": "bf16 parameters (2 B) and gradients (2 B), fp32 master shards (4 B / N), an "
+            "fp32 summed gradient shard (4 B / N) and the rule's state (K B / N), counted at "
+            "the end of backward; each unit padded to a multiple of N"}
 
 
 def check_config(cfg: RunConfig) -> None:
@@ -255,5 +288,6 @@ SPEC = StrategySpec(
     "(2), parameters (3) sharded over the workers", process_main=process_main,
     world_size=world_size, check=check_config, check_job=check_job,
     options=("allreduce", "zero_stage"), shards_by="workers", device=DEVICE,
+    supports=frozenset({"bf16"}),
     unused={"checkpoint_every": _NO_CHECKPOINT},
     example={"zero_stage": 3}, default_rule=workers_momentum)

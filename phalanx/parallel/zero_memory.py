@@ -18,9 +18,11 @@ K bytes per parameter (Adam 8, momentum 4, SGD 0):
 
 Stage 1 holds the whole gradient through backward and its reduced shard (4 Psi / N) beside
 it. The ZeRO paper's Table 1 counts mixed precision instead (2 Psi fp16 weights, 2 Psi fp16
-gradients, K = 12 with the fp32 master copy); phalanx trains in fp32 here, so the table
-above is the one its counts are held to. Each unit is padded to a multiple of N values, so
-the counts exceed the formula by at most (N - 1) values per unit and array.
+gradients, K = 12 with the fp32 master copy); phalanx's fp32 runs are held to the table
+above, its ``--precision bf16`` runs to bf16 weights and gradients (2 Psi each where whole)
+beside fp32 master and summed-gradient shards (4 Psi / N each): docs/memory.md. Each unit
+is padded to a multiple of N values, so the counts exceed the formula by at most (N - 1)
+values per unit and array.
 """
 
 from __future__ import annotations
@@ -91,9 +93,14 @@ def formula(cfg, hooks) -> dict[str, int]:
     psi = sum(p.numel() for p in hooks.params)
     n, stage = hooks.world, hooks.stage
     k = state_bytes_per_value(hooks.rule)
-    parts = {"params": 4 * psi if stage < 3 else 4 * psi // n,
-             "grads": 4 * psi + 4 * psi // n if stage == 1 else 4 * psi // n,
-             "optimizer": k * psi // n}
+    if hooks.precision.mixed:  # bf16 weights and gradients; fp32 masters and summed shard
+        parts = {"params": (2 * psi if stage < 3 else 0) + 4 * psi // n,
+                 "grads": (2 * psi if stage == 1 else 0) + 4 * psi // n,
+                 "optimizer": k * psi // n}
+    else:
+        parts = {"params": 4 * psi if stage < 3 else 4 * psi // n,
+                 "grads": 4 * psi + 4 * psi // n if stage == 1 else 4 * psi // n,
+                 "optimizer": k * psi // n}
     out = {f"formula_{c}_bytes": v for c, v in parts.items()}
     out["formula_bytes"] = sum(parts.values())
     return out

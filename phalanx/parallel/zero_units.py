@@ -36,7 +36,9 @@ class Unit:
     params: list[nn.Parameter]
     layout: ShardLayout
     full: torch.Tensor  # N x S values; the parameters are views of its first P_u
-    shard: torch.Tensor  # this rank's S values (a view of ``full`` unless stage 3)
+    # this rank's S values, fp32: the master weights the rule updates (a view of ``full``
+    # unless stage 3 or a bf16 ``full``)
+    shard: torch.Tensor
     gathered: bool = True
     pending: int = 0  # gradients still to come in this backward
     reduced: bool = False
@@ -60,8 +62,14 @@ class Unit:
         # autograd saved these parameters in forward: writing them must not look like an
         # in-place change of a saved tensor (the values are the same ones)
         with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.full):
-            sharded.all_gather(self.shard, self.full)
+            self.refresh(sharded)
         self.gathered = True
+
+    def refresh(self, sharded: Sharded) -> None:
+        """Every rank's master shard into ``full``, in ``full``'s dtype (bf16: rounded, and
+        sent as bf16; fp32: the shard as it is)."""
+        with torch.no_grad():
+            sharded.all_gather(self.shard.to(self.full.dtype), self.full)
 
     def flat_grad(self) -> torch.Tensor:
         """The unit's gradients as one padded vector (a parameter without one: zeros, as
@@ -89,9 +97,12 @@ def unit_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def make_units(model: nn.Module, params: list[nn.Parameter], rank: int, world: int,
-               own_shard: bool) -> list[Unit]:
+               own_shard: bool, dtype: torch.dtype | None = None) -> list[Unit]:
     """The model's units, their parameters moved into flat buffers (values kept).
-    ``own_shard``: each shard is a tensor of its own (stage 3), not a view of the buffer."""
+    ``own_shard``: each shard is a tensor of its own (stage 3), not a view of the buffer.
+    ``dtype``: the buffers' (and so the parameters' and gradients') dtype, bf16 under
+    ``--precision bf16`` (None: the parameters' own); the shards stay in the parameters'
+    dtype (fp32 masters) and are tensors of their own when the two differ."""
     trainable = {id(p) for p in params}
     seen: set[int] = set()
     groups: list[tuple[str, nn.Module | None, list[nn.Parameter]]] = []
@@ -106,18 +117,21 @@ def make_units(model: nn.Module, params: list[nn.Parameter], rank: int, world: i
     units = []
     for name, module, group in groups:
         layout = ShardLayout(sum(p.numel() for p in group), world)
-        full = torch.zeros(layout.padded, dtype=group[0].dtype, device=group[0].device)
+        master = torch.zeros(layout.padded, dtype=group[0].dtype, device=group[0].device)
+        full = master if dtype in (None, master.dtype) else master.to(dtype)
         offset = 0
         with torch.no_grad():
             for p in group:
                 n = p.numel()
-                full[offset : offset + n].copy_(p.reshape(-1))
+                master[offset : offset + n].copy_(p.reshape(-1))
+                if full is not master:
+                    full[offset : offset + n].copy_(master[offset : offset + n])
                 p.data = full[offset : offset + n].view_as(p)
                 offset += n
         lo = rank * layout.shard
-        shard = full[lo : lo + layout.shard]
+        shard = master[lo : lo + layout.shard]
         units.append(Unit(name, module, group, layout, full,
-                          shard.clone() if own_shard else shard))
+                          shard.clone() if own_shard or full is not master else shard))
     return units
 
 

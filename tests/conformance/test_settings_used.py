@@ -58,7 +58,7 @@ SAMPLE = {
     "tokens": "byte", "context": 16, "gpt_layers": 2, "gpt_heads": 2, "gpt_dim": 32,
     "dropout": 0.1, "clip_grad_norm": 0.5,
     "ctr_rows": 1000, "ctr_dim": 8, "sparse_allreduce": True, "transport": "gloo",
-    "zero_stage": 3, "activation_checkpoint": 1,
+    "zero_stage": 3, "activation_checkpoint": 1, "precision": "bf16",
 }
 FIELDS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "strategy"]
 
