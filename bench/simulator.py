@@ -98,7 +98,8 @@ def milp_case(data_dir: Path | None) -> tuple[dict, dict]:
     """Median MILP time per round at 64 and 2,048 GPUs (synthetic rows) and over a real
     run's rounds at 64."""
     from phalanx.cluster.core.clusters import sia_64
-    from phalanx.cluster.policies.sia import SiaPolicy, cluster_types, solve_sia_milp
+    from phalanx.cluster.policies.sia import SiaPolicy, solve_sia_milp
+    from phalanx.cluster.policies.typed_base import cluster_types
 
     results, ratios = {}, {}
     rng = np.random.default_rng(0)

@@ -14,8 +14,9 @@ import pytest
 
 from phalanx.cli import main
 from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.live.config import LiveConfig
 from phalanx.cluster.live.joblist import load_job_list
-from phalanx.cluster.live.loop import LiveCluster, LiveConfig
+from phalanx.cluster.live.loop import LiveCluster
 from phalanx.cluster.policies import Pack, make_ordering
 from phalanx.errors import ConfigError, DataError
 from phalanx.runtime import rank_record
@@ -163,6 +164,7 @@ class FakeExecutor:
 
     def __init__(self, polls: int) -> None:
         self.polls, self.left, self.stopped, self.started = polls, {}, [], []
+        self.failed = {}
 
     def start(self, gang):
         self.started.append((gang.job, gang.start, gang.argv))
@@ -184,6 +186,12 @@ class FakeExecutor:
 
     def close(self):
         self.left.clear()
+
+    def down(self):
+        return frozenset()
+
+    def stop_leftovers(self, logs, grace_s):
+        return {}
 
 
 class LosingExecutor(FakeExecutor):

@@ -15,9 +15,10 @@ import torch
 
 from phalanx.cluster.core.report import write_jobs_csv
 from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.live.config import LiveConfig
 from phalanx.cluster.live.engines.local import LocalExecutor
 from phalanx.cluster.live.joblist import load_job_list
-from phalanx.cluster.live.loop import LiveCluster, LiveConfig
+from phalanx.cluster.live.loop import LiveCluster
 from phalanx.cluster.policies import Pack, make_ordering
 from phalanx.parallel.dp_checkpoint import KILLED_EXIT
 from phalanx.runtime import netif

@@ -11,13 +11,9 @@ import pytest
 
 from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
 from phalanx.cluster.core.view import Choice
-from phalanx.cluster.policies.sia import (
-    TypeInfo,
-    cluster_types,
-    gavel_throughput,
-    one_gpu_throughput,
-    solve_sia_milp,
-)
+from phalanx.cluster.policies.gavel import gavel_throughput
+from phalanx.cluster.policies.sia import solve_sia_milp
+from phalanx.cluster.policies.typed_base import TypeInfo, cluster_types, one_gpu_throughput
 from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.sim.run import SimulateOptions, apply_preset, load_inputs, simulate
 from phalanx.errors import ConfigError
@@ -261,7 +257,7 @@ def test_a_job_with_nothing_fitted_starts_on_up_to_start_gpus_of_one_node(inputs
     A start that is not a whole number of GPUs in 1..64 is refused."""
     from phalanx.cluster.core.view import JobView
     from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
-    from phalanx.cluster.policies.sia import ZERO_ALLOC_GAIN
+    from phalanx.cluster.policies.typed_base import ZERO_ALLOC_GAIN
     from phalanx.cluster.sim.run import _typed
 
     typed, app = inputs.perf.typed, "cifar10"
@@ -375,7 +371,7 @@ def test_interior_lp_is_optimal_and_splits_ties():
     tie, half on each (a vertex would put it all on one)."""
     from scipy.optimize import linprog
 
-    from phalanx.cluster.policies.sia import lp_interior
+    from phalanx.cluster.policies.gavel import lp_interior
 
     rng = np.random.default_rng(1)
     n, k = 20, 3
@@ -418,7 +414,7 @@ def test_interior_lp_survives_a_singular_newton_system():
     run died); the least-squares direction reaches the simplex's optimum."""
     from scipy.optimize import linprog
 
-    from phalanx.cluster.policies.sia import lp_interior
+    from phalanx.cluster.policies.gavel import lp_interior
 
     c = -np.array([1.0960101, 1.02253413, 0.70246133] * 3 + [
         0.29964907, 3.53686725, 0.57760515, 1.05316669, 3.12261212, 1.51831766,

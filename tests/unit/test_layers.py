@@ -106,8 +106,9 @@ def _is_module(name: str) -> bool:
     return (ROOT / rel).with_suffix(".py").is_file() or (ROOT / rel / "__init__.py").is_file()
 
 
-def imports() -> list[tuple[str, str, int, bool]]:
-    """(module, imported module, line, inside a function) for every phalanx import."""
+def imports(typing_too: bool = False) -> list[tuple[str, str, int, bool]]:
+    """(module, imported module, line, inside a function) for every phalanx import; with
+    ``typing_too``, those under ``if TYPE_CHECKING:`` as well."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         source = module_name(path)
@@ -122,7 +123,8 @@ def imports() -> list[tuple[str, str, int, bool]]:
                     and node.test.id == "TYPE_CHECKING"):
                 typing_only.update(id(n) for n in ast.walk(node))
         for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in typing_only:
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and (
+                    typing_too or id(node) not in typing_only):
                 for target in resolve(source, node, path.name == "__init__.py"):
                     found.append((source, target, node.lineno, id(node) in inner))
     return found
@@ -146,12 +148,10 @@ def test_no_phalanx_import_hides_in_a_function() -> None:
     assert not hidden, "\n".join(hidden)
 
 
-def test_no_module_level_import_cycle() -> None:
-    graph: dict[str, set[str]] = {}
-    for src, dst, _, inside in imports():
-        if not inside and src != dst:
-            graph.setdefault(src, set()).add(dst)
-    # Tarjan's strongly connected components: a component of two or more modules is a cycle
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``graph``: each of two or more modules is
+    a cycle (a package's ``__init__`` re-exporting its own submodules is not one worth
+    refusing)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -162,7 +162,7 @@ def test_no_module_level_import_cycle() -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in graph.get(v, ()):
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -182,9 +182,41 @@ def test_no_module_level_import_cycle() -> None:
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    # a package's __init__ re-exporting its own submodules is not a cycle worth refusing
-    cycles = [c for c in cycles if not _package_reexport(c)]
+    return [c for c in cycles if not _package_reexport(c)]
+
+
+def test_no_module_level_import_cycle() -> None:
+    graph: dict[str, set[str]] = {}
+    for src, dst, _, inside in imports():
+        if not inside and src != dst:
+            graph.setdefault(src, set()).add(dst)
+    cycles = import_cycles(graph)
     assert not cycles, f"module-level import cycles: {cycles}"
+
+
+def test_no_import_circle_in_the_cluster() -> None:
+    """In ``phalanx.cluster`` no circle at all, not even through an import for type
+    checking or one inside a function: a module that needs another's types while that
+    one imports it back (``live/restart.py`` and ``live/loop.py`` did) is one concern cut
+    in two, and its halves read each other's internals."""
+    graph: dict[str, set[str]] = {}
+    for src, dst, _, _ in imports(typing_too=True):
+        if src != dst and src.startswith("phalanx.cluster.") and dst.startswith(
+                "phalanx.cluster."):
+            graph.setdefault(src, set()).add(dst)
+    cycles = import_cycles(graph)
+    assert not cycles, f"import circles in phalanx.cluster: {cycles}"
+
+
+def test_the_cycle_finder_sees_a_circle_through_a_type_import() -> None:
+    """The finder is not blind: the circle restart -> loop (for types only) -> restart is
+    found, a chain is not, and the walker reads ``if TYPE_CHECKING:`` imports when asked."""
+    a, b, c = "phalanx.cluster.live.a", "phalanx.cluster.live.b", "phalanx.cluster.live.c"
+    assert import_cycles({a: {b}, b: {c}, c: {a}}) == [sorted([a, b, c])]
+    assert import_cycles({a: {b}, b: {c}}) == []
+    typed = [(s, d) for s, d, _, _ in imports(typing_too=True)]
+    plain = [(s, d) for s, d, _, _ in imports()]
+    assert len(typed) > len(plain)   # the package has typing-only imports, now counted
 
 
 def _package_reexport(component: list[str]) -> bool:

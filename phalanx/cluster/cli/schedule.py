@@ -24,6 +24,7 @@ from phalanx.cluster.cli import (
 )
 from phalanx.cluster.live.engines import ENGINES
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
+from phalanx.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -93,8 +94,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     remember_defaults(p)
 
 
-def check_read(args: argparse.Namespace) -> None:
-    """A flag the chosen policy or placement does not read is refused."""
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags alone, before the engines and the training side are imported: an unknown
+    policy, an engine's option given for another engine, a flag the chosen policy or
+    placement does not read."""
+    if args.policy not in (*ORDERINGS, "goodput"):
+        raise ConfigError(f"--policy {args.policy}: unknown (choose from "
+                          f"{', '.join(ORDERINGS)}, goodput)")
+    if args.ray_address and args.engine != "ray":
+        raise ConfigError("--ray-address: only with --engine ray")
+    if args.slurm_partition and args.engine != "slurm":
+        raise ConfigError("--slurm-partition: only with --engine slurm")
     policy, placement = {args.policy}, {args.placement}
     goodput = (read_by(policy, ("goodput",))[0],
                f"--policy {args.policy} does not use it (only goodput: its round)")
@@ -110,6 +120,7 @@ def check_read(args: argparse.Namespace) -> None:
 def _cmd_schedule(args: argparse.Namespace) -> int:
     # the live engines, the job list's checks and the training side (torch) are imported
     # when a schedule runs, not when the command's flags are built (``--help``)
+    check_flags(args)
     from phalanx.cluster.cli.schedule_run import run_schedule
 
     return run_schedule(args)

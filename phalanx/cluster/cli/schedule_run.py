@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 from phalanx.cluster.cli import given
-from phalanx.cluster.cli.schedule import check_read
 from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
 from phalanx.cluster.core.report import summarise, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.core.result import SimResult
+from phalanx.cluster.live.config import LiveConfig
 from phalanx.cluster.live.elastic import ElasticLiveCluster
 from phalanx.cluster.live.engines import ENGINES
 from phalanx.cluster.live.engines.base import EngineOptions
@@ -25,11 +25,11 @@ from phalanx.cluster.live.joblist import (
     check_settings,
     load_job_list,
 )
-from phalanx.cluster.live.loop import LiveCluster, LiveConfig
+from phalanx.cluster.live.loop import LiveCluster
 from phalanx.cluster.live.state import STATE_FILE, unfinished
 from phalanx.cluster.live.state import load as load_state
 from phalanx.cluster.model.core_share import CoreShare
-from phalanx.cluster.policies import ORDERINGS, make_ordering, make_placement
+from phalanx.cluster.policies import make_ordering, make_placement
 from phalanx.cluster.policies.ordering import parse_thresholds
 from phalanx.dashboard.beside import serve_beside
 from phalanx.dashboard.serve import check_port
@@ -40,15 +40,8 @@ from phalanx.runtime.supervise import preload
 
 
 def run_schedule(args: argparse.Namespace) -> int:
-    """Check the flags, the cluster and the job list, then run the schedule."""
-    if args.policy not in (*ORDERINGS, "goodput"):
-        raise ConfigError(f"--policy {args.policy}: unknown (choose from "
-                          f"{', '.join(ORDERINGS)}, goodput)")
-    if args.ray_address and args.engine != "ray":
-        raise ConfigError("--ray-address: only with --engine ray")
-    if args.slurm_partition and args.engine != "slurm":
-        raise ConfigError("--slurm-partition: only with --engine slurm")
-    check_read(args)
+    """Check the cluster and the job list (the flags are checked before this module is
+    imported: :func:`schedule.check_flags`), then run the schedule."""
     if args.dashboard is not None:
         check_port(args.dashboard, "--dashboard")
     cadence = Cadence(args.interval, args.restart_cost)

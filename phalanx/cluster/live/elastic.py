@@ -44,10 +44,11 @@ from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.jobs import JobState
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.core.view import Choice, job_view
+from phalanx.cluster.live.config import LiveConfig
 from phalanx.cluster.live.engines.base import Executor
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.launch_plan import emulate_type, resumable
-from phalanx.cluster.live.loop import LiveCluster, LiveConfig
+from phalanx.cluster.live.loop import LiveCluster
 from phalanx.cluster.live.observe import WINDOWS, EventTail, JobObserver, Observation
 from phalanx.cluster.live.resize import resize_run
 from phalanx.cluster.live.resize_ps import refusal
@@ -58,7 +59,7 @@ from phalanx.cluster.policies import FIFO, PlacementPolicy
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
 from phalanx.cluster.policies.goodput_typed import TypedGoodputPolicy, TypedOptions
 from phalanx.cluster.policies.placement import place_typed
-from phalanx.cluster.policies.sia import cluster_types
+from phalanx.cluster.policies.typed_base import cluster_types
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.parallel.registry import spec

@@ -39,7 +39,6 @@ import itertools
 import json
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,15 +49,15 @@ from phalanx.cluster.core.jobs import JobState
 from phalanx.cluster.core.result import SimResult
 from phalanx.cluster.core.scheduler import SchedulerCore
 from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.live.config import LiveConfig
 from phalanx.cluster.live.engines.base import Executor, Gang
 from phalanx.cluster.live.engines.local import LocalExecutor
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.launch_plan import JobPlan, build_gang, plan_of, resumable
-from phalanx.cluster.live.restart import Saver, restore
+from phalanx.cluster.live.restart import Progress, Saver, restore
 from phalanx.cluster.live.state import SavedState
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
 from phalanx.cluster.policies.placement import OneType
-from phalanx.errors import ConfigError
 from phalanx.runtime import first_failure
 
 
@@ -72,35 +71,6 @@ def type_order(topology: Topology) -> tuple[str, ...]:
 
 
 LOST_GRACE_S = 2.0   # a job that lost a server: its other ranks' time to go before SIGKILL
-
-
-@dataclass(frozen=True)
-class LiveConfig:
-    """The live loop's settings (output folder, poll period, job timeout, grace before
-    SIGKILL), checked once."""
-
-    out: Path
-    poll_s: float = 0.05            # how often exits and arrivals are checked
-    job_timeout_s: float = 0.0      # stop a job running longer than this (0 = never)
-    grace_s: float = 30.0           # SIGTERM -> SIGKILL: time to write a checkpoint
-    python: str = sys.executable
-    max_job_restarts: int = 1       # a failed job starts again this many times, then fails
-    lost_wait_s: float = 600.0      # jobs that only lost servers could hold wait this long
-
-    def __post_init__(self) -> None:
-        if not 0 < self.poll_s <= 5:
-            raise ConfigError(f"--poll must be in (0, 5] seconds, got {self.poll_s}")
-        if not 0 <= self.job_timeout_s < float("inf"):
-            raise ConfigError(f"--job-timeout must be a finite number >= 0, "
-                              f"got {self.job_timeout_s}")
-        if not 0 < self.grace_s <= 3600:
-            raise ConfigError(f"--grace must be in (0, 3600] seconds, got {self.grace_s}")
-        if not 0 <= self.max_job_restarts <= 1000:
-            raise ConfigError(f"--max-job-restarts must be in [0, 1000], "
-                              f"got {self.max_job_restarts}")
-        if not 0 <= self.lost_wait_s <= 7 * 86400:
-            raise ConfigError(f"--lost-wait must be in [0, 604800] seconds, "
-                              f"got {self.lost_wait_s}")
 
 
 @dataclass
@@ -255,11 +225,8 @@ class LiveCluster:
     def _watch(self) -> None:
         """Follow the servers the engine reports lost: a newly lost one's jobs are stopped
         (to resume elsewhere), its free devices held; a server back is free again."""
-        down = getattr(self.executor, "down", None)
-        if down is None:
-            return
         index = {s.name: s.index for s in self.topology.servers}
-        lost = {index[n] for n in down() if n in index}
+        lost = {index[n] for n in self.executor.down() if n in index}
         servers = self.topology.servers
         for s in sorted(lost - self.lost):
             hit = [r for r in self.runs.values()
@@ -324,7 +291,7 @@ class LiveCluster:
             rc = self.executor.poll(run.gang.job)
             if rc is None:
                 continue
-            first = getattr(self.executor, "failed", {}).pop(run.gang.job, None)
+            first = self.executor.failed.pop(run.gang.job, None)
             ended += 1
             self._account()
             del self.runs[jid]
@@ -406,6 +373,11 @@ class LiveCluster:
             self.core.try_start(self.ordering.order(waiting, self.now), self._start)
 
     # ------------------------------------------------------------------ loop
+    def _progress(self) -> Progress:
+        """What the saver records beside the core's states (:class:`restart.Progress`)."""
+        return Progress(self.now, tuple(self.runs), tuple(r.stop for r in self.runs.values()),
+                        frozenset(self.benched), len(self.round_times))
+
     def run(self) -> SimResult:
         out = self.config.out
         for sub in ("configs", "jobs", "logs", "ranks"):
@@ -418,8 +390,10 @@ class LiveCluster:
         pending = sorted(self.jobs, key=lambda j: (j.spec.submit, j.spec.id))
         clock = 0.0
         if self.resume is not None:
-            pending, clock = restore(self, self.resume), self.resume.clock
-        saver = Saver(self)
+            restored = restore(self.core, self.jobs, self.config, self.executor, self.resume)
+            pending, clock = restored.pending, self.resume.clock
+            self.benched = set(restored.benched)
+        saver = Saver(self.core, self.jobs, self.topology, out)
         round_s = self.round_s
         next_round = clock + round_s if round_s else float("inf")
         t0 = time.monotonic() - clock   # a resumed schedule's clock goes on where it stopped
@@ -443,13 +417,13 @@ class LiveCluster:
                 self.core.sample(self.now)
                 if not self.runs and not pending:
                     if self._wait_for_lost():
-                        saver.save(pending)
+                        saver.save(self._progress(), pending)
                         time.sleep(self.config.poll_s)
                         continue
-                    saver.save(pending, finished=True)
+                    saver.save(self._progress(), pending, finished=True)
                     break   # done (anything still waiting could not start on an idle cluster)
                 self._lost_wait_from = None
-                saver.save(pending)
+                saver.save(self._progress(), pending)
                 wait = self.config.poll_s
                 if pending and not self.runs:
                     wait = max(0.0, min(wait, pending[0].spec.submit - self.now))

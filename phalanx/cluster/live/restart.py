@@ -23,10 +23,14 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from phalanx.cluster.core.jobs import JobState
+from phalanx.cluster.core.scheduler import SchedulerCore
+from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.live.config import LiveConfig
+from phalanx.cluster.live.engines.base import Executor
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.state import (
     SERIES,
@@ -40,27 +44,39 @@ from phalanx.cluster.live.state import (
     save,
 )
 
-if TYPE_CHECKING:
-    from phalanx.cluster.live.loop import LiveCluster
-
 SAVE_EVERY_S = 1.0      # the clock is saved at least this often, even when nothing changed
 
 
-def snapshot(live: LiveCluster, pending: Sequence[LiveJob], finished: bool) -> SavedState:
+@dataclass(frozen=True)
+class Progress:
+    """What the loop hands the saver beyond the core's job states: its clock, which jobs
+    have a gang (and why each is being stopped, '' if it is not), which wait for the next
+    round, and how many rounds ran. A value, so that saving reads nothing of the loop."""
+
+    now: float
+    running: tuple[int, ...]
+    stopping: tuple[str, ...]
+    benched: frozenset[int]
+    rounds: int
+
+
+def snapshot(core: SchedulerCore, jobs: Sequence[LiveJob], topology: Topology, out: Path,
+             progress: Progress, pending: Sequence[LiveJob], finished: bool) -> SavedState:
     """The loop's state now (``pending``: the jobs that have not arrived)."""
-    core, res = live.core, live.core.result
-    jobs = {}
+    res = core.result
+    running = set(progress.running)
+    saved = {}
     for jid, st in core.states.items():
-        status = ("running" if jid in live.runs else "waiting" if jid in core.waiting
+        status = ("running" if jid in running else "waiting" if jid in core.waiting
                   else "done")
-        jobs[st.spec.name] = SavedJob(status, st.spec.gpus, job_fields(st),
-                                      str(live.config.out / "jobs" / st.spec.name))
-    name = {j.spec.id: j.spec.name for j in live.jobs}
-    return SavedState(jobs_digest(live.jobs), cluster_id(live.topology), live.now,
+        saved[st.spec.name] = SavedJob(status, st.spec.gpus, job_fields(st),
+                                       str(out / "jobs" / st.spec.name))
+    name = {j.spec.id: j.spec.name for j in jobs}
+    return SavedState(jobs_digest(jobs), cluster_id(topology), progress.now,
                       [name[j] for j in core.waiting],
-                      sorted(name[j] for j in live.benched if j in core.waiting),
+                      sorted(name[j] for j in progress.benched if j in core.waiting),
                       [j.spec.name for j in pending],
-                      [(spec.name, why) for spec, why in res.rejected], jobs,
+                      [(spec.name, why) for spec, why in res.rejected], saved,
                       {k: list(getattr(res, k)) for k in SERIES}, res.events, finished)
 
 
@@ -68,41 +84,51 @@ class Saver:
     """Saves the loop's state when it changed (a job arrived, started, ended, was stopped
     or benched, a round ran) and at least every :data:`SAVE_EVERY_S` seconds."""
 
-    def __init__(self, live: LiveCluster) -> None:
-        self.live = live
-        self.path = live.config.out / STATE_FILE
+    def __init__(self, core: SchedulerCore, jobs: Sequence[LiveJob], topology: Topology,
+                 out: Path) -> None:
+        self.core, self.jobs, self.topology, self.out = core, jobs, topology, out
+        self.path = out / STATE_FILE
         self.key: tuple = ()
         self.at = -float("inf")
 
-    def save(self, pending: Sequence[LiveJob], finished: bool = False) -> None:
-        live = self.live
-        res = live.core.result
-        key = (res.events, len(res.times), tuple(live.runs), tuple(live.core.waiting),
-               frozenset(live.benched), len(live.round_times),
-               tuple(r.stop for r in live.runs.values()), finished)
+    def save(self, progress: Progress, pending: Sequence[LiveJob],
+             finished: bool = False) -> None:
+        res = self.core.result
+        key = (res.events, len(res.times), progress.running, tuple(self.core.waiting),
+               progress.benched, progress.rounds, progress.stopping, finished)
         now = time.monotonic()
         if key == self.key and now - self.at < SAVE_EVERY_S:
             return
-        save(self.path, snapshot(live, pending, finished))
+        save(self.path, snapshot(self.core, self.jobs, self.topology, self.out, progress,
+                                 pending, finished))
         self.key, self.at = key, now
 
 
-def restore(live: LiveCluster, saved: SavedState) -> list[LiveJob]:
-    """Rebuild ``live``'s queue and job states from ``saved``; the jobs still to arrive."""
-    by_name = {j.spec.name: j for j in live.jobs}
-    core, res = live.core, live.core.result
+@dataclass(frozen=True)
+class Restored:
+    """What :func:`restore` rebuilt beside the core's queue and states: the jobs still to
+    arrive (in arrival order) and the waiting ones that wait for the next round."""
+
+    pending: list[LiveJob]
+    benched: frozenset[int]
+
+
+def restore(core: SchedulerCore, jobs: Sequence[LiveJob], config: LiveConfig,
+            executor: Executor, saved: SavedState) -> Restored:
+    """Rebuild ``core``'s queue and job states from ``saved``, after stopping what is left
+    of the killed scheduler's jobs (the ranks ``executor`` keeps, then any process of this
+    host that names a job's folder)."""
+    by_name = {j.spec.name: j for j in jobs}
+    res = core.result
     res.rejected.extend((by_name[n].spec, why) for n, why in saved.rejected)
     for k, v in saved.series.items():
         getattr(res, k).extend(v)
     res.events = saved.events
     unfinished = [n for n, j in saved.jobs.items() if j.status != "done"]
-    # ranks an engine keeps after its scheduler died (a Slurm cluster's batch jobs), then
-    # any process of this host that names a job's folder
-    engine = getattr(live.executor, "stop_leftovers", None)
-    gone = engine([live.config.out / "logs" / f"{n}.log" for n in unfinished],
-                  live.config.grace_s) if engine is not None else {}
+    gone = dict(executor.stop_leftovers([config.out / "logs" / f"{n}.log" for n in unfinished],
+                                        config.grace_s))
     for name, n in stop_leftovers([Path(saved.jobs[n].folder) for n in unfinished],
-                                  live.config.grace_s).items():
+                                  config.grace_s).items():
         gone[name] = gone.get(name, 0) + n
     # the queue first, in its order: the core keeps its waiting jobs in arrival order
     for name in [*saved.queue, *(n for n in saved.jobs if n not in saved.queue)]:
@@ -128,10 +154,10 @@ def restore(live: LiveCluster, saved: SavedState) -> list[LiveJob]:
                     "; it resumes from its checkpoint")
             print(line, flush=True)
             with contextlib.suppress(OSError), \
-                    open(live.config.out / "logs" / f"{name}.log", "a") as f:
+                    open(config.out / "logs" / f"{name}.log", "a") as f:
                 f.write(line + "\n")
-    live.benched = {by_name[n].spec.id for n in saved.benched}
-    return sorted((by_name[n] for n in saved.pending), key=lambda j: (j.spec.submit, j.spec.id))
+    pending = sorted((by_name[n] for n in saved.pending), key=lambda j: (j.spec.submit, j.spec.id))
+    return Restored(pending, frozenset(by_name[n].spec.id for n in saved.benched))
 
 
 def processes_of(folder: Path) -> list[int]:

@@ -85,13 +85,12 @@ from phalanx.cluster.model.learned import (
     optimize_batch,
 )
 from phalanx.cluster.model.profiles import BatchConfig, PolluxApplication
-from phalanx.cluster.policies.sia import (
+from phalanx.cluster.policies.sia import SiaPolicy, solve_sia_milp
+from phalanx.cluster.policies.typed_base import (
     GOODPUT_CLIP,
     ZERO_ALLOC_GAIN,
-    SiaPolicy,
     TypedLearner,
     TypeInfo,
-    solve_sia_milp,
 )
 from phalanx.errors import ConfigError
 

@@ -34,20 +34,16 @@ from phalanx.cluster.policies import (
     make_placement,
     parse_quota,
 )
+from phalanx.cluster.policies.gavel import GavelPolicy
 from phalanx.cluster.policies.goodput import GoodputOptions, GoodputPolicy
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy, LearnedOptions
 from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S, check_thresholds
 from phalanx.cluster.policies.placement import PlacementOptions
 from phalanx.cluster.policies.pollux import PolluxOptions, PolluxPolicy
-from phalanx.cluster.policies.sia import (
-    GavelPolicy,
-    SiaPolicy,
-    TypeInfo,
-    UnawarePolluxPolicy,
-    cluster_types,
-    unaware_layout,
-)
+from phalanx.cluster.policies.pollux_unaware import UnawarePolluxPolicy, unaware_layout
+from phalanx.cluster.policies.sia import SiaPolicy
+from phalanx.cluster.policies.typed_base import TypeInfo, cluster_types
 from phalanx.cluster.sim.event import SimConfig, Simulator
 from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.sim.traces import Trace, TraceOptions, load_trace

@@ -32,7 +32,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -209,12 +209,15 @@ class Executor(Protocol):
         """The servers (topology names) lost now: their node died or left the cluster.
         Cheap to call at every poll (an engine caches what it asks its cluster)."""
 
-    # ``failed``: {job: ((rank, exit code), ...)} of the ranks first seen failing
-    # (:func:`note_failure`);
-    # the live loop takes its entry when the gang has ended.
-    # ``stop_leftovers(logs, grace_s)`` (optional): an engine whose ranks outlive their
-    # scheduler (an existing Slurm cluster) stops those of a killed scheduler's jobs before
-    # ``--resume`` starts them again (:mod:`phalanx.cluster.live.restart`)
+    # {job: ((rank, exit code), ...)}: the ranks first seen failing (:func:`note_failure`);
+    # the live loop takes a job's entry when its gang has ended
+    failed: dict[str, tuple[tuple[int, int], ...]]
+
+    def stop_leftovers(self, logs: Sequence[Path], grace_s: float) -> dict[str, int]:
+        """Stop the ranks of a killed scheduler's jobs (``logs``: their log files) that
+        outlived it, before ``--resume`` starts them again; how many per job. Only an
+        engine whose ranks outlive their scheduler (an existing Slurm cluster) finds any:
+        the others' ranks die with it (:mod:`phalanx.cluster.live.restart`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from phalanx.cluster.core.topology import Topology
@@ -88,6 +88,9 @@ class LocalExecutor:
 
     def down(self) -> frozenset[str]:
         return frozenset()    # this machine is every server: it is never lost alone
+
+    def stop_leftovers(self, logs: Sequence[Path], grace_s: float) -> dict[str, int]:
+        return {}    # every rank died with its scheduler (PR_SET_PDEATHSIG)
 
     def close(self) -> None:
         for procs in self.gangs.values():

@@ -46,7 +46,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -493,6 +493,9 @@ class RayExecutor:
             self.ray.kill(dev.actor)
         with contextlib.suppress(Exception):
             remove_placement_group(dev.group)
+
+    def stop_leftovers(self, logs: Sequence[Path], grace_s: float) -> dict[str, int]:
+        return {}    # the actors, and their ranks, died with the scheduler that owned them
 
     def close(self) -> None:
         # a Ctrl-C from a terminal also reaches a local cluster's raylets: if they died
