@@ -2,7 +2,9 @@
 
 The restarted run takes every setting from ``DIR/config.json`` (the flags given with
 ``--resume`` are not merged in, so the run is the same run), except that injected faults
-(``--kill-worker``, ``--kill-server``) are not repeated. The strategy checks its
+(``--kill-worker``, ``--kill-server``) are not repeated, and that a strategy whose
+checkpoints re-shard (``StrategySpec.reshards``: zero) takes ``--workers N`` given with
+``--resume`` (other than the default 1): it continues on N workers. The strategy checks its
 checkpoints before any process starts (``check_resume(cfg)``; for the parameter server:
 every shard's checkpoint exists, passes its checksum and belongs to this run), so a
 missing or corrupt checkpoint is one line and exit 2, and nothing in DIR is touched.
@@ -15,7 +17,9 @@ from pathlib import Path
 
 from phalanx.config import RunConfig, read_config_text
 from phalanx.errors import ConfigError
-from phalanx.parallel.registry import NAMES, check_config, spec
+from phalanx.parallel.registry import NAMES, STRATEGIES, check_config, spec
+
+WORKERS_DEFAULT = RunConfig.__dataclass_fields__["workers"].default
 
 
 def resume_config(cfg: RunConfig) -> RunConfig:
@@ -50,4 +54,7 @@ def saved_config(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"--resume: {path}: not a mapping of setting -> value")
     values.update(resume=str(run_dir), out=str(run_dir), kill_worker="", kill_server="",
                   overwrite=False)
+    saved = STRATEGIES.get(values.get("strategy"))
+    if saved is not None and saved.reshards and cfg.workers != WORKERS_DEFAULT:
+        values["workers"] = cfg.workers  # its checkpoint is re-cut for them on load
     return check_config(RunConfig.from_mapping(values, source=f"--resume {path}"))

@@ -163,10 +163,13 @@ class ReplicaHooks(Hooks):
         self.compression = Compression.from_config(cfg)
         # the checkpoint holds rank 0's (= every rank's) weights: the broadcast above ran
         # on the fresh model, so each rank loads them itself
-        self.start = (self.ckpt.restore(self.model, self.state, self.kit.gen, self.counter,
-                                        self.compression, ctx.placement.torch_device)
-                      if cfg.resume else Position())
+        self.start = self.restore() if cfg.resume else Position()
         ctx.t0 -= self.start.wall_s
+
+    def restore(self) -> Position:
+        """``--resume``: the checkpoint's state into this replica; where it stands."""
+        return self.ckpt.restore(self.model, self.state, self.kit.gen, self.counter,
+                                 self.compression, self.ctx.placement.torch_device)
 
     def before_step(self, step: int) -> None:
         self.ckpt.maybe_kill(step)  # --kill-worker: about to start step + 1

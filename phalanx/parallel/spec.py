@@ -120,6 +120,9 @@ class StrategySpec:
     # non-default value is refused in one line with the reason)
     unused: dict[str, str] = field(default_factory=dict)
     full_batch: bool = False  # a step is a pass over the whole training set (L-BFGS)
+    # its checkpoints re-shard on load: ``--resume DIR --workers N`` continues on N workers
+    # (phalanx.entry.resume)
+    reshards: bool = False
     local_only: str = ""  # why it cannot run under torchrun when process_main is None
     # the strategy is a preset of another's settings (a parameter-server consistency model,
     # server rule, ...): name -> value, read by the parameter-server strategy itself

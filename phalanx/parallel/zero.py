@@ -21,7 +21,8 @@ Clipping (``--clip-grad-norm``) takes the norm over every shard: one allreduce o
 
 The memory each rank holds (parameters, gradients, optimizer state) is counted from the
 tensors at the end of each step's backward and reported beside the formula
-(:mod:`phalanx.parallel.zero_memory`).
+(:mod:`phalanx.parallel.zero_memory`). Each rank checkpoints its own shards, and a resume
+at another N re-shards them (:mod:`phalanx.parallel.zero_checkpoint`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from phalanx.comm.sharded import make_sharded
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.parallel.base import Job, write_result
-from phalanx.parallel.loop import Micro
+from phalanx.parallel.dp_checkpoint import has_checkpoint
+from phalanx.parallel.loop import Micro, Position
 from phalanx.parallel.replicas import (
     DEVICE,
     ReplicaHooks,
@@ -47,6 +49,7 @@ from phalanx.parallel.replicas import (
 )
 from phalanx.parallel.spec import StrategySpec, workers_momentum
 from phalanx.parallel.stats import ZeroStats
+from phalanx.parallel.zero_checkpoint import ZeroCheckpointer, check_resume
 from phalanx.parallel.zero_memory import Held, formula, held
 from phalanx.parallel.zero_units import Unit, check_uniform, make_units
 from phalanx.rules import apply_updates, make_rule, update_owned
@@ -87,6 +90,14 @@ class ZeroHooks(ReplicaHooks):
         self._unit_of = {id(p): u for u in self.units for p in u.params}
         self._index = {id(u): i for i, u in enumerate(self.units)}
         self._unit_of_module = {id(u.module): u for u in self.units if u.module is not None}
+        self.zckpt = ZeroCheckpointer(cfg, ctx.job.run_dir, self.rank, self.world, ctx.log)
+        if cfg.resume:  # each rank's shards of the checkpoint, re-sharded if N changed
+            self.start = self.zckpt.restore(self)
+            ctx.t0 -= self.start.wall_s
+            if self.stage < 3:  # the replicas' whole weights (bookkeeping, not traffic)
+                quiet = make_sharded("native", counter=ByteCounter())
+                for u in self.units:
+                    u.refresh(quiet)
         if self.stage >= 2:  # each unit is reduced as soon as backward finished it
             for u in self.units:
                 u.handles += [p.register_post_accumulate_grad_hook(self._on_grad)
@@ -99,6 +110,9 @@ class ZeroHooks(ReplicaHooks):
                                   u.module.register_forward_hook(self._after_forward)]
 
     # ---- stage 3: gather before use, free after ----------------------------------------
+
+    def restore(self) -> Position:
+        return Position()  # the shards exist once the units are built: __init__ restores
 
     def _before_forward(self, module, args) -> None:
         self._unit_for(module).gather(self.sharded)
@@ -226,11 +240,8 @@ class ZeroHooks(ReplicaHooks):
         super().evaluate(report, step, epoch, samples)
         self.free_all()
 
-    def checkpoint(self, pos, final: bool) -> None:
-        pass  # the spec refuses --checkpoint-every: each rank's state is its own shard
-
-    def can_stop_after(self, step: int) -> bool:
-        return False
+    def checkpoint(self, pos: Position, final: bool) -> None:
+        self.zckpt.save(self, pos)  # each rank its shards (zero_checkpoint.py)
 
     def close(self) -> None:
         for u in self.units:
@@ -280,14 +291,11 @@ def check_job(job: Job) -> None:
         raise ConfigError(f"--model {job.config.model}: zero cannot shard it: {why}")
 
 
-_NO_CHECKPOINT = ("each rank's optimizer state is its own shard: zero does not checkpoint "
-                  "it yet")
-
 SPEC = StrategySpec(
     name="zero", summary="sharded data parallel (ZeRO): optimizer state (stage 1), gradients "
     "(2), parameters (3) sharded over the workers", process_main=process_main,
     world_size=world_size, check=check_config, check_job=check_job,
     options=("allreduce", "zero_stage"), shards_by="workers", device=DEVICE,
-    supports=frozenset({"bf16"}),
-    unused={"checkpoint_every": _NO_CHECKPOINT},
+    supports=frozenset({"bf16", "kill_worker"}),
+    check_resume=check_resume, can_restart=has_checkpoint, reshards=True,
     example={"zero_stage": 3}, default_rule=workers_momentum)

@@ -142,7 +142,7 @@ def test_refusals_name_the_setting():
         phalanx.train("mlp", "synthetic", strategy="zero", allreduce="main", workers=2,
                       progress=False)
     with pytest.raises(ConfigError, match="checkpoint.every"):
-        phalanx.train("mlp", "synthetic", strategy="zero", checkpoint_every=2, workers=2,
+        phalanx.train("mlp", "synthetic", strategy="fsdp", checkpoint_every=2, workers=2,
                       progress=False)
     with pytest.raises(ConfigError, match="zero.stage"):
         phalanx.train("mlp", "synthetic", strategy="sync", zero_stage=3, workers=2,
