@@ -23,6 +23,7 @@ from phalanx.experiments.demo import STRATEGIES as DEMO_STRATEGIES
 from phalanx.experiments.demo import run_demo
 from phalanx.limits import short
 from phalanx.models import MODELS, build_model, count_parameters
+from phalanx.models.gpt import SIZES as GPT_SIZES
 from phalanx.models.zoo import MODEL_TASKS
 from phalanx.parallel.registry import check_flags_apply, spec
 from phalanx.runtime.command_fork import fork_server_from_here
@@ -117,12 +118,20 @@ def _cmd_models(args: argparse.Namespace) -> int:
             if own:  # a text or click model: at its defaults, on its own data's shape
                 n = count_parameters(build_model(name, own[0], own[1], **own[2]))
                 print(f"{name:10s} {n:12,d}   ({own[3]})")
+                for size, flags in GPT_SIZES.items() if name == "gpt" else ():
+                    if flags != {k: GPT_DEFAULTS[k] for k in flags}:  # the default's above
+                        n = count_parameters(build_model(name, own[0], own[1], **flags))
+                        given = " ".join(f"--gpt-{k} {v}" for k, v in flags.items())
+                        print(f"{'  ' + size:10s} {n:12,d}   ({given})")
             else:
                 print(f"{name:10s} {count_parameters(build_model(name, shape, args.classes)):12,d}")
         except PhalanxError as e:  # this model cannot take that input; the others can
             print(f"{name:10s} {'-':>12s}   ({e})")
     return 0
 
+
+GPT_DEFAULTS = {"layers": RunConfig.gpt_layers, "dim": RunConfig.gpt_dim,
+                "heads": RunConfig.gpt_heads}
 
 # the input a model of another task is counted on: (shape, classes, options, in words)
 OWN_INPUTS = {

@@ -157,6 +157,11 @@ class RunConfig:
         0, 'intra-op threads per worker process (0: cores / processes, at least 1)',
         section="parallel", rule=Range(0, 1024))
 
+    memory_limit: int = setting(
+        0, "per-rank memory budget in bytes: each rank process may map this much beyond its "
+        "start-up (RLIMIT_AS, set before it builds the model; 0: none; docs/memory.md)",
+        section="parallel", rule=Range(0), limit=(0, 2**50))
+
     # parameter server family
     servers: int = setting(1, "parameter-server shards (or Sandblaster's parameter shards)",
         section="ps", rule=Range(1, 64))

@@ -88,6 +88,14 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+# the GPT's named sizes: the --gpt-layers / --gpt-dim / --gpt-heads each one is. 4x128 is
+# the default (0.8M parameters on Tiny Shakespeare); 12x512 (38M, GPT-2 small's depth at
+# two thirds its width) is the one large enough for memory to matter: its bytes held per
+# rank under sync, ZeRO and FSDP are in docs/memory.md
+SIZES = {"4x128": {"layers": 4, "dim": 128, "heads": 4},
+         "12x512": {"layers": 12, "dim": 512, "heads": 8}}
+
+
 def gpt(input_shape: tuple[int, ...], num_classes: int, *, layers: int = 4, heads: int = 4,
         dim: int = 128, dropout: float = 0.0) -> nn.Sequential:
     """A GPT over windows of ``input_shape == (context,)`` tokens and a vocabulary of

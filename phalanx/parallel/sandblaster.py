@@ -167,7 +167,9 @@ SPEC = StrategySpec(
                                           "clip_grad_norm")},
             **{name: "its objective is the whole, unaugmented training set"
                for name in ("batch_size", "grad_accum", "augment")},
-            **{name: "it writes no checkpoints" for name in ("checkpoint_every", "resume")}},
+            **{name: "it writes no checkpoints" for name in ("checkpoint_every", "resume")},
+            "memory_limit": "its coordinator, shards and workers are not placed per rank "
+                            "(setup_rank), where the limit is set"},
     default_lr=1.0,  # L-BFGS's natural step is 1 (--lr scales it)
     default_epochs=DEFAULT_PASSES,
     full_batch=True)

@@ -85,4 +85,6 @@ SPEC = StrategySpec(
     run=run, check=check, device=DEVICE, fixed_workers=1,
     supports=frozenset({"sparse_grads", "bf16"}),
     unused={"worker_threads": "it trains in the driver process: --threads sets its threads",
-            "backend": "one process has no collectives"})
+            "backend": "one process has no collectives",
+            "memory_limit": "it trains in the driver process, where a limit would outlive "
+                            "the run (a parallel strategy's ranks take it)"})

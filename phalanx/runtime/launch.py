@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing  # noqa: F401 - registers tensor sharing for spawn
 
 from phalanx.errors import PhalanxError
-from phalanx.runtime import preempt
+from phalanx.runtime import memlimit, preempt
 from phalanx.runtime.exits import Death
 from phalanx.runtime.signals import child_setup, make_run_tempdir
 from phalanx.runtime.supervise import (
@@ -69,7 +69,11 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
         except preempt.Preempted:
             raise  # stopped on request, its state on disk: not a failure
         except BaseException as e:
-            _record_failure(error_dir, rank, e)  # before our connections close (os._exit)
+            # an allocation past --memory-limit: one line naming it, not a traceback
+            said = memlimit.explain(e, rank)
+            _record_failure(error_dir, rank, said)  # before our connections close (os._exit)
+            if said is not e:
+                raise said from None
             raise
         # only after success: a failed or stopped rank leaves at once below (os._exit).
         # Destroying a gloo group waits for its operations in flight, and one blocked on a

@@ -32,6 +32,7 @@ import torch
 
 from phalanx.config import BACKENDS, DATA_ON_DEVICE, Device, parse_device
 from phalanx.errors import ConfigError
+from phalanx.runtime import memlimit
 
 NCCL_WITH_HOST = "cpu:gloo,cuda:nccl"  # device-specific backends of one group
 
@@ -225,6 +226,8 @@ def setup_rank(cfg, rank: int, world: int, support: DeviceSupport, **kwargs) -> 
     torch.set_num_threads(p.threads)
     if p.is_cuda:
         torch.cuda.set_device(p.torch_device)
+    if cfg.memory_limit:  # before the rank builds anything: its budget from here on
+        memlimit.apply(cfg.memory_limit)
     return p
 
 

@@ -59,6 +59,7 @@ SAMPLE = {
     "dropout": 0.1, "clip_grad_norm": 0.5,
     "ctr_rows": 1000, "ctr_dim": 8, "sparse_allreduce": True, "transport": "gloo",
     "zero_stage": 3, "activation_checkpoint": 1, "precision": "bf16",
+    "memory_limit": 8 << 30,
 }
 FIELDS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "strategy"]
 
@@ -80,6 +81,7 @@ ACTS_ONLY_ON = {
     "activation_checkpoint": "memory only, the same numbers (tests/unit/test_recompute.py; "
                              "tests/distributed/test_zero.py: zero-3 with it, bit for bit)",
     "overwrite": "an earlier run in --out (tests/e2e)",
+    "memory_limit": "an allocation past it (tests/distributed/test_memory_limit.py)",
 }
 
 
