@@ -183,7 +183,7 @@ class Schedule:
                             == self.csv_name), {})
         out: dict[str, Any] = {"id": self.sid, "kind": self.kind, "label": self.label,
                                "summary": summary, "clock": None, "finished": True,
-                               "queue": []}
+                               "queue": [], "lost": []}
         state_servers: list[str] = []
         cols = None
         if self.kind == "live":
@@ -203,6 +203,8 @@ class Schedule:
                     problems.append(f"{STATE_FILE} last saved {age:.0f} s ago: the scheduler "
                                     "is not running (phalanx schedule --resume continues it)")
                 out["queue"] = [q for q in state.get("queue") or () if isinstance(q, str)]
+                # servers lost at the last save (drawn lost on the map)
+                out["lost"] = [s for s in state.get("lost") or () if isinstance(s, str)]
                 state_servers = [c for c in state.get("cluster") or () if isinstance(c, str)]
         if cols is None or (out["finished"] and (self.folder / self.csv_name).is_file()):
             cols = read_jobs_csv(self.folder / self.csv_name, problems) \

@@ -150,6 +150,12 @@ def test_resume_refuses_a_bad_state_in_one_line(tmp_path, capsys):
     refused("a value of the wrong type")
     good["jobs"] = {}
     state.write_text(json.dumps(good))
+    refused("not the job list")  # a state without "lost" (older) loads that far
+    good["lost"] = [1]           # the lost servers are names
+    state.write_text(json.dumps(good))
+    refused("a value of the wrong type")
+    good["lost"] = ["s0"]
+    state.write_text(json.dumps(good))
     refused("not the job list")
     assert main(["schedule", "--jobs", str(jobs), "--resume", str(out), "--out",
                  str(tmp_path / "elsewhere")]) == 2

@@ -76,6 +76,16 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     broken = root / "sims" / "broken"
     broken.mkdir()
     (broken / "scheduler-state.json").write_text('{"format": "phalanx-schedule-st')
+    # a live schedule that ended with server s1 lost, its job held there (the fields as
+    # cluster/live/state.py writes them)
+    lost = root / "sims" / "lost"
+    lost.mkdir()
+    fields = {"start": 1.0, "end": -1, "placements": [[1.0, [2, 3]]], "preemptions": 0,
+              "restarts": 0, "failure": "", "executed": 3}
+    (lost / "scheduler-state.json").write_text(json.dumps({
+        "format": "phalanx-schedule-state", "version": 1, "clock": 9.0, "finished": True,
+        "cluster": ["s0:2", "s1:2"], "queue": [], "pending": [], "lost": ["s1"],
+        "jobs": {"a": {"status": "running", "gpus": 2, "folder": "", "fields": fields}}}))
     return root
 
 
@@ -164,6 +174,24 @@ def test_two_simulated_schedules_jct_distributions_are_drawn(page) -> None:
     rows = driver.find_elements("css selector", "tr[data-schedule]")
     assert [r.get_attribute("data-schedule") for r in rows] == [
         "sims/cmp#fifo-topology", "sims/cmp#las-topology"]
+    assert console_errors(driver) == []
+
+
+def test_a_lost_server_is_drawn_lost(page) -> None:
+    """The server the schedule's state names lost: marked on the map, each of its devices
+    drawn lost (not in its job's colour), the other server's devices free."""
+    driver, url = page
+    show(driver, url, "schedule=sims/lost")
+    until(lambda: driver.find_elements("css selector", ".server"), what="the map")
+    lost = driver.execute_script(
+        "return [...document.querySelectorAll('.server.lost')].map(s => s.title)")
+    assert lost == ["s1 (?): lost"]
+    devs = driver.execute_script(
+        "return [...document.querySelectorAll('.dev')].map(d => [d.dataset.dev,"
+        " d.classList.contains('lost'), d.title])")
+    assert [(d, bad) for d, bad, _ in devs] == [("0", False), ("1", False), ("2", True),
+                                                ("3", True)]
+    assert devs[2][2].endswith(": lost (a)") and devs[0][2].endswith(": free")
     assert console_errors(driver) == []
 
 

@@ -113,6 +113,10 @@ def test_schedules_read_live_state_csv_and_corrupt_files(tmp_path: Path) -> None
     assert d["jobs"]["name"] == ["a", "b", "c"]
     assert d["jobs"]["status"] == ["running", "waiting", "not arrived"]
     assert d["cluster"]["devices"] == 2 and d["clock"] == 12.5 and d["queue"] == ["b"]
+    assert d["lost"] == []  # a state without the field (written before it existed)
+    state["lost"] = ["s0", 3, None]  # the lost servers the scheduler saved; junk dropped
+    (live / "scheduler-state.json").write_text(json.dumps(state))
+    assert Folder(tmp_path).schedule("live")["lost"] == ["s0"]
     s = f.schedule("sim")
     assert s["jobs"]["placements"] == [[[1.0, [0, 1]], [5.0, [2, 3]]]]
     assert s["cluster"]["devices"] == 8 and len(s["cluster"]["zones"][0]["racks"]) == 1

@@ -58,6 +58,7 @@ class Progress:
     stopping: tuple[str, ...]
     benched: frozenset[int]
     rounds: int
+    lost: tuple[str, ...] = ()      # the servers lost now, by name
 
 
 def snapshot(core: SchedulerCore, jobs: Sequence[LiveJob], topology: Topology, out: Path,
@@ -77,7 +78,8 @@ def snapshot(core: SchedulerCore, jobs: Sequence[LiveJob], topology: Topology, o
                       sorted(name[j] for j in progress.benched if j in core.waiting),
                       [j.spec.name for j in pending],
                       [(spec.name, why) for spec, why in res.rejected], saved,
-                      {k: list(getattr(res, k)) for k in SERIES}, res.events, finished)
+                      {k: list(getattr(res, k)) for k in SERIES}, res.events, finished,
+                      sorted(progress.lost))
 
 
 class Saver:

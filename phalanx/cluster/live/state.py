@@ -5,7 +5,9 @@ What is saved, after every change the loop makes (and at least every second, for
 clock): the clock (seconds since the schedule began), the queue in its order, the jobs a
 round benched, the jobs not yet arrived, the rejected ones, the run's series, and each
 admitted job's state (status, attained service, executed time, starts, preemptions,
-restarts, every placement, its failure line, its gang size, its run folder).
+restarts, every placement, its failure line, its gang size, its run folder), and the
+servers the engine reports lost at that moment (read by the dashboard; a resume asks the
+engine again).
 
 * **Atomic.** The text goes to a temporary file in the same folder, is flushed to disk and
   then renamed over the state (``os.replace``): a reader sees the old state or the new one,
@@ -73,6 +75,10 @@ class SavedState:
     series: dict[str, list[float]] = field(default_factory=dict)
     events: int = 0
     finished: bool = False          # the run ended (nothing is left to continue)
+    # servers the engine reports lost now, by name: for whoever reads the file (the
+    # dashboard draws them lost); a resume asks the engine again. Optional on load, so a
+    # state written before it existed still resumes
+    lost: list[str] = field(default_factory=list)
 
 
 def jobs_digest(jobs: Sequence[LiveJob]) -> str:
@@ -149,14 +155,15 @@ def _parse(path: Path, d: Any) -> SavedState:
     if d.get("version") != VERSION:
         raise _bad(path, f"has version {d.get('version')!r}, this phalanx reads {VERSION}")
     keys = {f.name for f in dataclasses.fields(SavedState)}
-    if set(d) - {"format", "version"} != keys:
+    if set(d) - {"format", "version"} not in (keys, keys - {"lost"}):
         raise _bad(path, "is corrupt (missing or unknown fields)")
+    lost = d.get("lost", [])
     jobs = d["jobs"]
     ok = (isinstance(d["jobs_digest"], str) and _strings(d["cluster"]) and _num(d["clock"])
           and d["clock"] >= 0 and _strings(d["queue"]) and _strings(d["benched"])
           and _strings(d["pending"]) and isinstance(d["rejected"], list)
           and all(isinstance(r, list) and len(r) == 2 and _strings(r) for r in d["rejected"])
-          and isinstance(jobs, dict) and isinstance(d["events"], int)
+          and _strings(lost) and isinstance(jobs, dict) and isinstance(d["events"], int)
           and isinstance(d["finished"], bool) and isinstance(d["series"], dict)
           and set(d["series"]) <= set(SERIES)
           and all(isinstance(v, list) and all(_num(x) for x in v)
@@ -172,7 +179,7 @@ def _parse(path: Path, d: Any) -> SavedState:
     return SavedState(d["jobs_digest"], d["cluster"], float(d["clock"]), d["queue"],
                       d["benched"], d["pending"], [(a, b) for a, b in d["rejected"]],
                       {n: SavedJob(**j) for n, j in jobs.items()}, d["series"], d["events"],
-                      d["finished"])
+                      d["finished"], lost)
 
 
 def load(out: Path, jobs: Sequence[LiveJob], topology: Topology, jobs_source: str

@@ -67,20 +67,24 @@ function holders(d, segs, t) {
 }
 
 function clusterMap(d, held) {
-  const c = d.cluster, big = c.devices > 256;
+  const c = d.cluster, big = c.devices > 256, lostSet = new Set(d.lost || []);
   let html = `<div class="${big ? "big" : ""}" id="cluster">`;
   for (const z of c.zones) {
     html += `<div class="zone"><div class="label">${esc(z.name)}</div>`;
     for (const r of z.racks) {
       html += `<div class="rack"><div class="label">${esc(r.name)}</div>`;
       for (const s of r.servers) {
-        html += `<div class="server" title="${esc(s.name)} (${esc(s.type)})">` +
-          `<div class="label">${esc(s.name)} ${esc(s.type)}</div>`;
+        const lost = lostSet.has(s.name);
+        html += `<div class="server${lost ? " lost" : ""}" title="${esc(s.name)} ` +
+          `(${esc(s.type)})${lost ? ": lost" : ""}">` +
+          `<div class="label">${esc(s.name)} ${esc(s.type)}${lost ? " (lost)" : ""}</div>`;
         for (let k = 0; k < s.n; k++) {
           const dev = s.first + k, job = held.get(dev);
-          html += `<span class="dev" data-dev="${dev}" data-job="${esc(job ?? "")}"` +
-            ` title="device ${dev} (${esc(s.type)})${job ? ": " + esc(job) : ": free"}"` +
-            `${job ? ` style="background:${hue(job)}"` : ""}>${esc(s.type)}</span>`;
+          const what = lost ? ": lost" + (job ? " (" + esc(job) + ")" : "") :
+            job ? ": " + esc(job) : ": free";
+          html += `<span class="dev${lost ? " lost" : ""}" data-dev="${dev}"` +
+            ` data-job="${esc(job ?? "")}" title="device ${dev} (${esc(s.type)})${what}"` +
+            `${job && !lost ? ` style="background:${hue(job)}"` : ""}>${esc(s.type)}</span>`;
         }
         html += "</div>";
       }
