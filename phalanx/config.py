@@ -282,6 +282,10 @@ class RunConfig:
     split_layer: str = setting(
         "", "model-parallel: split one Linear layer's columns over the workers (its name)",
         section="stages")
+    split_at: str = setting(
+        "", "pipeline / model-parallel / hybrid / zero / fsdp: the model's block list by its "
+        "qualified name, e.g. transformer.h (default: its largest list of same-class "
+        "modules)", section="stages")
     lock: bool = setting(False, 'hogwild: guard every write with a lock (the locked baseline)',
         section="hogwild")
 

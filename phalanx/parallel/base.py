@@ -19,6 +19,7 @@ from phalanx.config import RunConfig
 from phalanx.data import Dataset, parse_augment, shard_indices, steps_per_epoch
 from phalanx.metrics.ranking import auc
 from phalanx.models.loss import correct, token_cross_entropy
+from phalanx.parallel.blocks import name_blocks
 from phalanx.parallel.precision import FP32, Precision
 from phalanx.parallel.recompute import checkpoint_blocks
 from phalanx.runtime.checkpoint import load_checkpoint, save_checkpoint
@@ -45,6 +46,8 @@ class Job:
     def build_model(self) -> nn.Module:
         torch.manual_seed(self.config.seed)
         model = self.model_fn()
+        if self.config.split_at:  # the block list stages, units and recomputation cut at
+            name_blocks(model, self.config.split_at)
         if self.config.activation_checkpoint:
             checkpoint_blocks(model, self.config.activation_checkpoint,
                               f"--model {self.config.model}")

@@ -16,8 +16,9 @@ pre-hook raises with it). ``post`` runs the model's ``forward`` on a dummy input
 blocks swapped for pass-throughs, the last one handing over the activation it was given:
 the final layers run as the model wrote them. What a model must expose to be split:
 
-1. one ``ModuleList`` holding most of its parameters (the blocks), each block taking and
-   returning one tensor;
+1. a list of blocks at any depth: the largest ``ModuleList`` or ``nn.Sequential`` of
+   same-class modules (or the one ``--split-at`` names), each block taking and returning
+   one tensor;
 2. its modules registered in the order its forward uses them (before the blocks, then
    after: true of nanoGPT, minGPT and torchtitan's models);
 3. a first input of token ids (B, T) whose activations are (B, T, ...);
@@ -36,6 +37,9 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from phalanx.errors import ConfigError
+from phalanx.models.loss import logits_of
+
 
 class _Stop(Exception):
     def __init__(self, value: torch.Tensor) -> None:
@@ -43,15 +47,55 @@ class _Stop(Exception):
         self.value = value
 
 
-def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
-    """The model's block list: its ``ModuleList`` with the most parameters (None: none)."""
-    best: tuple[int, str, nn.ModuleList] | None = None
-    for name, m in model.named_modules():
-        if isinstance(m, nn.ModuleList) and len(m):
-            size = sum(p.numel() for p in m.parameters())
-            if best is None or size > best[0]:
-                best = (size, name, m)
-    return None if best is None else (best[1], best[2])
+# the attribute naming a model's block list (``--split-at``, set by Job.build_model; a
+# model may set it itself): a qualified name as torch.distributed.pipelining names split
+# points, e.g. "transformer.h"
+SPLIT_AT = "phalanx_blocks"
+LISTS = (nn.ModuleList, nn.Sequential)
+
+
+def _size(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+def block_lists(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every list of modules below the root at any depth (``ModuleList`` or
+    ``nn.Sequential``) whose children are all of one class: the candidates for blocks."""
+    return [(name, m) for name, m in model.named_modules()
+            if name and isinstance(m, LISTS) and len(m)
+            and len({type(c) for c in m.children()}) == 1]
+
+
+def find_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """The model's block list (None: none): the one it names (:data:`SPLIT_AT`), else the
+    largest (by parameters) list of same-class modules at any depth (nanoGPT's
+    ``transformer.h``, minGPT's ``blocks``, a ``Sequential`` of blocks), else its largest
+    ``ModuleList``."""
+    named = model.__dict__.get(SPLIT_AT, "")
+    if named:
+        return named, model.get_submodule(named)
+    found = block_lists(model)
+    if not found:  # blocks of several classes: the largest list of them
+        found = [(n, m) for n, m in model.named_modules()
+                 if n and isinstance(m, nn.ModuleList) and len(m)]
+    if not found:
+        return None
+    return max(found, key=lambda nm: _size(nm[1]))
+
+
+def name_blocks(model: nn.Module, name: str) -> None:
+    """``--split-at NAME``: ``model``'s block list is the module ``name`` (one line if it
+    is not a list of modules)."""
+    lists = ", ".join(n for n, _ in block_lists(model)) or "none"
+    try:
+        module = model.get_submodule(name)
+    except AttributeError:
+        raise ConfigError(f"--split-at {name}: the model has no module of that name (its "
+                          f"lists of blocks: {lists})") from None
+    if not isinstance(module, LISTS) or not len(module):
+        raise ConfigError(f"--split-at {name}: a {type(module).__name__}, not a ModuleList or "
+                          f"nn.Sequential of blocks (the model's: {lists})")
+    model.__dict__[SPLIT_AT] = name  # a plain attribute: copies and deep copies keep it
 
 
 def _leaves_around(model: nn.Module, blocks_name: str) -> tuple[list[str], list[str]]:
@@ -123,7 +167,9 @@ class _Part(nn.Module):
         with contextlib.ExitStack() as undo:
             blocks._modules = OrderedDict((k, m) for k, m in zip(saved, stand_ins))
             undo.callback(setattr, blocks, "_modules", saved)
-            return model(dummy)
+            # the logits of what the model returns (nanoGPT's (logits, loss), an object
+            # with .logits): a stage hands on tensors
+            return logits_of(model(dummy))
 
 
 class BlockView:

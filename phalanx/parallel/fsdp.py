@@ -162,6 +162,7 @@ SPEC = StrategySpec(
     "rule on each rank's shards: the reference for --strategy zero",
     process_main=process_main, world_size=world_size, check_job=check_job,
     preload=("torch.distributed.fsdp",), shards_by="workers", device=DEVICE,
+    options=("split_at",),
     supports=frozenset({"bf16"}),
     unused={"checkpoint_every": "each rank's optimizer state is its own shard: fsdp does "
             "not checkpoint it yet"},

@@ -41,7 +41,7 @@ def replicas_momentum(cfg: RunConfig) -> tuple[str, float] | None:
 SPEC = StrategySpec(
     name="hybrid", summary="hybrid: --replicas data-parallel copies of a --stages pipeline",
     process_main=process_main, world_size=world_size, check_job=check_job,
-    options=("microbatches", "pipeline_schedule", "replicas", "stages"),
+    options=("microbatches", "pipeline_schedule", "replicas", "stages", "split_at"),
     shards_by="replicas", compute_ranks=stage_ranks, device=DEVICE,
     unused={"workers": "it runs --stages x --replicas processes"},
     default_rule=replicas_momentum,  # R x fewer steps per epoch: docs/model-parallel.md

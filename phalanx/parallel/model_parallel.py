@@ -215,4 +215,4 @@ def _checkpoint(job: Job, model, part, rank: int, world: int, pos: Position) -> 
 SPEC = StrategySpec(
     name="model-parallel", summary="model parallel: layers (or one layer's columns, "
     "--split-layer) over --workers ranks", process_main=process_main, world_size=world_size,
-    check_job=check_job, options=("split_layer",), device=DEVICE)
+    check_job=check_job, options=("split_layer", "split_at"), device=DEVICE)

@@ -310,7 +310,7 @@ def stage_ranks(cfg: RunConfig) -> tuple[int, str]:
 SPEC = StrategySpec(
     name="pipeline", summary="pipeline parallel: --stages stages, --microbatches per step "
     "(GPipe, 1F1B)", process_main=process_main, world_size=world_size, check_job=check_job,
-    options=("microbatches", "pipeline_schedule", "stages"), compute_ranks=stage_ranks,
+    options=("microbatches", "pipeline_schedule", "stages", "split_at"), compute_ranks=stage_ranks,
     device=DEVICE, unused={"workers": "it runs one process per stage, --stages"},
     # the ranks' schedules: imported once, in the fork server
     preload=(PIPELINING,), rank_name="stage",

@@ -295,7 +295,7 @@ SPEC = StrategySpec(
     name="zero", summary="sharded data parallel (ZeRO): optimizer state (stage 1), gradients "
     "(2), parameters (3) sharded over the workers", process_main=process_main,
     world_size=world_size, check=check_config, check_job=check_job,
-    options=("allreduce", "zero_stage"), shards_by="workers", device=DEVICE,
+    options=("allreduce", "zero_stage", "split_at"), shards_by="workers", device=DEVICE,
     supports=frozenset({"bf16", "kill_worker"}),
     check_resume=check_resume, can_restart=has_checkpoint, reshards=True,
     example={"zero_stage": 3}, default_rule=workers_momentum)

@@ -59,7 +59,7 @@ SAMPLE = {
     "dropout": 0.1, "clip_grad_norm": 0.5,
     "ctr_rows": 1000, "ctr_dim": 8, "sparse_allreduce": True, "transport": "gloo",
     "zero_stage": 3, "activation_checkpoint": 1, "precision": "bf16",
-    "memory_limit": 8 << 30,
+    "memory_limit": 8 << 30, "split_at": "blocks",
 }
 FIELDS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "strategy"]
 

@@ -230,7 +230,7 @@ class NanoGPT(nn.Module):
     logits, as minGPT returns them)."""
 
     def __init__(self, vocab: int = 65, context: int = 32, dim: int = 32, heads: int = 2,
-                 layers: int = 2, last_only: bool = False) -> None:
+                 layers: int = 2, last_only: bool = False, tie: bool = True) -> None:
         super().__init__()
         self.last_only = last_only
         self.transformer = nn.ModuleDict(dict(
@@ -238,7 +238,8 @@ class NanoGPT(nn.Module):
             h=nn.ModuleList(UserBlock(dim, heads) for _ in range(layers)),
             ln_f=nn.LayerNorm(dim)))
         self.lm_head = nn.Linear(dim, vocab, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # tied, as nanoGPT
+        if tie:
+            self.transformer.wte.weight = self.lm_head.weight  # tied, as nanoGPT
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         t = self.transformer
@@ -262,6 +263,10 @@ def nano_gpt_last_only() -> nn.Module:
     return NanoGPT(last_only=True)
 
 
+def nano_gpt_untied() -> nn.Module:
+    return NanoGPT(tie=False)
+
+
 @pytest.mark.parametrize(("strategy", "extra"), [
     ("sync", {}), ("asp", {}), ("zero", {"zero_stage": 3}), ("fsdp", {})])
 def test_a_gpt_written_as_nanogpt_trains(tmp_path, strategy, extra):
@@ -274,6 +279,26 @@ def test_a_gpt_written_as_nanogpt_trains(tmp_path, strategy, extra):
     assert result.summary["test_loss"] < math.log(65) - 0.3, result.summary["test_loss"]
     if strategy == "zero":  # the blocks were found one level down: 2 blocks + the root
         assert result.summary["units"] == 3
+
+
+@pytest.mark.parametrize(("strategy", "extra"), [
+    ("pipeline", {"stages": 3, "microbatches": 2}),
+    ("pipeline", {"stages": 2, "microbatches": 2, "split_at": "transformer.h"}),
+    ("model-parallel", {"workers": 3})])
+def test_a_gpt_written_as_nanogpt_is_cut_at_its_blocks(tmp_path, strategy, extra):
+    """Its blocks one level down (``transformer.h``, found, or named by --split-at): pre
+    (the embeddings), h.0, h.1, post (ln_f, the head) over the stages, equal to
+    single-process training of the same model on the same batches (momentum SGD: see the
+    user GPT's test above). Untied: stages refuse tied embeddings (tested above)."""
+    opts = _opts(tmp_path, strategy, strategy=strategy, rule="momentum", lr=0.05, **extra)
+    del opts["model"], opts["gpt_layers"], opts["gpt_dim"], opts["gpt_heads"]
+    result = phalanx.train(nano_gpt_untied, **opts)
+    ref = _reference({k: v for k, v in {**opts, "model": "mlp"}.items() if k != "split_at"},
+                     nano_gpt_untied)
+    assert set(result.model.state_dict()) == set(nano_gpt_untied().state_dict())
+    diff = max_state_diff(result.model.state_dict(), ref.state)
+    assert diff <= 1e-5, diff
+    assert result.summary["test_loss"] < math.log(65) - 0.3
 
 
 def test_logits_of_one_position_only_is_one_line(tmp_path):
