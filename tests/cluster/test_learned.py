@@ -190,9 +190,9 @@ def test_the_guard_catches_a_leak(short_inputs):
         Trap(inputs.perf.pollux["bert"]).throughput((1,), 12)
 
     class Leaky(type(make_elastic(opts, inputs))):
-        def allocate(self, jobs, capacity, now):
+        def allocate(self, jobs, capacity, now, **kw):
             sum(j.remaining for j in jobs)
-            return super().allocate(jobs, capacity, now)
+            return super().allocate(jobs, capacity, now, **kw)
 
     pol = Leaky(inputs.perf.pollux, priority="none")
     sim = IntervalSimulator(inputs.topology, inputs.trace.jobs, make_ordering("fifo"),

@@ -247,6 +247,7 @@ def test_a_job_only_lost_servers_hold_waits_for_them_then_fails(tmp_path, capsys
                                       "lost for 0.3 s (--lost-wait)")
         state = json.loads((tmp_path / "out" / "scheduler-state.json").read_text())
         assert state["jobs"]["both"]["status"] == "done"
+        assert state["lost"] == [topo.servers[1].name]  # what the dashboard draws lost
 
 
 def test_rounds_never_stop_a_job_that_cannot_resume(tmp_path):

@@ -16,8 +16,8 @@ from phalanx.cli import main
 from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.clusters import resolve_cluster
 from phalanx.cluster.core.view import JobView
-from phalanx.cluster.live.elastic import typed_policy
 from phalanx.cluster.live.joblist import check_profiles, load_job_list
+from phalanx.cluster.live.live_policies import typed_policy
 from phalanx.runtime import rank_record
 
 REPO = Path(__file__).resolve().parents[2]

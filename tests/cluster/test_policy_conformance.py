@@ -309,3 +309,90 @@ def test_goodput_fixed_batch_keeps_each_jobs_batch(data_dir):
         assert c.gpus <= v.batch // app.min_local_bsz
         if c.gpus:
             assert c.config == app.batch_config(c.gpus, v.batch)
+
+
+def _elastic_policies():
+    """Every elastic policy of the catalog, built as ``phalanx simulate`` builds it: on
+    Pollux's cluster, and on Sia's cluster of several GPU types (first jobs only)."""
+    from phalanx.cluster.sim.run import ELASTIC, SimulateOptions, load_inputs, make_elastic
+
+    homog = SimulateOptions(trace="pollux:1", cluster="pollux-64", limit=8)
+    typed = SimulateOptions(trace="sia:philly:1", cluster="sia-64", limit=8)
+    built = []
+    for opts in (homog, typed):
+        inputs = load_inputs(opts)
+        for name in ELASTIC:
+            if name in ("sia", "gavel") and opts is homog:
+                continue    # they need GPU types
+            built.append((f"{name}@{opts.cluster}", make_elastic(replace(opts, ordering=name),
+                                                                 inputs), inputs))
+    return built
+
+
+def test_every_elastic_policy_declares_its_inputs():
+    """One declared interface (``core.view.ElasticPolicy``): each policy of the catalog
+    answers ``learner_for`` (a learning policy names a model, the others None), forgets a
+    finished job, and takes the GPUs others hold as a keyword-only ``held``."""
+    import inspect
+
+    from phalanx.cluster.model.learned import Learner
+
+    learns = {"goodput@pollux-64", "pollux@pollux-64", "pollux@sia-64"}
+    for label, pol, _ in _elastic_policies():
+        sig = inspect.signature(pol.allocate)
+        assert sig.parameters["held"].kind is inspect.Parameter.KEYWORD_ONLY, label
+        untyped = pol.learner_for("")
+        assert isinstance(untyped, Learner) == (label in learns), label
+        if label in ("sia@sia-64", "goodput@sia-64"):
+            assert isinstance(pol.learner_for("rtx"), Learner), label  # one per type
+        pol.finished(12345)      # a job it never saw: nothing to forget, no error
+
+
+def test_held_devices_of_a_type_go_to_nobody():
+    """The typed policies (sia, gavel, our typed goodput) give no job a type whose GPUs
+    are all ``held`` by jobs outside the policy; with nothing held the same jobs do get
+    that type (so the check is not vacuous)."""
+    from phalanx.cluster.core.view import JobView
+
+    for label, pol, inputs in _elastic_policies():
+        if not label.endswith("sia-64") or label.startswith("pollux"):
+            continue
+        types = {s.device_type: 0 for s in inputs.topology.servers}
+        for s in inputs.topology.servers:
+            types[s.device_type] += s.num_devices
+        views = tuple(JobView(j.id, j.model, 0.0, 0, None, 0, 0.0, j.batch_size,
+                              requested=j.gpus) for j in inputs.trace.jobs)
+        free = pol.allocate(views, sum(types.values()), 0.0)
+        used = {c.device_type for c in free.values() if c.gpus}
+        assert used, label
+        for t in sorted(used):
+            held = {t: types[t]}
+            out = pol.allocate(views, sum(types.values()) - types[t], 0.0, held=held)
+            assert all(c.device_type != t for c in out.values() if c.gpus), (label, t)
+
+
+def test_no_side_channel_to_a_policy_or_an_executor():
+    """In ``phalanx/cluster`` nothing probes a policy or an executor with ``getattr`` or
+    writes an attribute onto a policy from outside it: what they take and give is in
+    their declared interfaces (``ElasticPolicy``, ``Executor``)."""
+    import ast
+    from pathlib import Path
+
+    import phalanx.cluster
+
+    root = Path(phalanx.cluster.__file__).parent
+    bad = []
+    words = ("policy", "elastic", "executor")
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and node.args
+                    and any(w in ast.unparse(node.args[0]) for w in words)):
+                bad.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute)
+                            and any(w in t.value.attr for w in words)):
+                        bad.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(t)}")
+    assert not bad, "side channels:\n" + "\n".join(bad)

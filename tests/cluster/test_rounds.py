@@ -1,6 +1,7 @@
 """The two rounds every engine shares (``SchedulerCore.preemptive_round`` and
-``elastic_round``), and the one view of a job an elastic policy reads, on a small cluster
-with stub engines: what is kept, stopped, moved and placed, in which order."""
+``elastic_round``), each returning a ``Decision`` value, and the one view of a job an
+elastic policy reads, on a small cluster: what is kept, stopped, moved and placed, in which
+order."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass, field
 
 from phalanx.cluster.core.allocator import Placement
 from phalanx.cluster.core.jobs import JobSpec, JobState
-from phalanx.cluster.core.scheduler import SchedulerCore
+from phalanx.cluster.core.scheduler import SchedulerCore, placement_order
 from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.core.view import Choice, JobView, job_view
 from phalanx.cluster.live.observe import EventTail, JobObserver
@@ -46,32 +47,33 @@ def test_preemptive_round_keeps_in_order_and_pins_the_unpreemptible():
     start_on(core, sa, (0, 1))
     start_on(core, sb, (2, 3))
     sa.attained, sb.attained, sc.attained = 50.0, 100.0, 0.0
-    stopped, started = [], []
-
-    def stop(st: JobState) -> None:
-        core.release(st)
-        st.running = False
-        stopped.append(st.spec.id)
-        core.preempted(st, 10.0)
+    d = core.preemptive_round([sa, sb], 10.0)
+    # order c, a, b; b cannot be preempted, so it is kept first; then c; a is stopped
+    assert d is not None
+    assert d.kept == {1, 2} and d.stop == (0,) and d.start == (1, 2)
+    # deciding changed nothing: the engine applies the decision
+    assert sa.running and sa.preemptions == 0 and set(core.waiting) == {2}
+    started = []
 
     def start(st: JobState, p: Placement) -> None:
         core.allocate(st, p)
         started.append((st.spec.id, p.devices))
 
-    keep = core.preemptive_round([sa, sb], 10.0, stop, start)
-    # order c, a, b; b cannot be preempted, so it is kept first; then c; a is stopped
-    assert keep == {1, 2}
-    assert stopped == [0] and sa.preemptions == 1 and sa.waiting_since == 10.0
+    core.release(sa)      # what a simulator does with ``stop``: at once
+    sa.running = False
+    core.preempted(sa, 10.0)
+    core.try_start(d.start, start)
     assert started == [(2, (0, 1))]
-    assert set(core.waiting) == {0}
+    assert sa.preemptions == 1 and sa.waiting_since == 10.0 and set(core.waiting) == {0}
 
 
 def test_preemptive_round_without_start_leaves_the_kept_waiting():
     core = core_with(LeastAttainedService(round_s=60), spec(0, 4), spec(1, 2))
-    assert core.preemptive_round([], 0.0, lambda st: None, None) == {0}
+    d = core.preemptive_round([], 0.0)
+    assert d is not None and d.kept == {0} and d.start == (0,) and d.stop == ()
     assert set(core.waiting) == {0, 1}      # the engine's fill pass starts them
     empty = core_with(FIFO())
-    assert empty.preemptive_round([], 0.0, lambda st: None, None) is None
+    assert empty.preemptive_round([], 0.0) is None
 
 
 @dataclass
@@ -84,29 +86,18 @@ class Scripted:
     adapts_batch: bool = False
     seen: list = field(default_factory=list)
 
-    def allocate(self, jobs, capacity, now):
-        self.seen.append((tuple(jobs), capacity, now))
+    def allocate(self, jobs, capacity, now, *, held=None):
+        self.seen.append((tuple(jobs), capacity, now, held))
         return self.answer
 
+    def learner_for(self, device_type):
+        return None
 
-@dataclass
-class Recorder:
-    calls: list = field(default_factory=list)
-
-    def keep(self, st, c):
-        self.calls.append(("keep", st.spec.id, c.gpus))
-
-    def vacate(self, st):
-        self.calls.append(("vacate", st.spec.id))
-
-    def move(self, st, c):
-        self.calls.append(("move", st.spec.id, c.gpus))
-
-    def place(self, moves):
-        self.calls.append(("place", tuple((st.spec.id, c.gpus) for c, st in moves)))
+    def finished(self, jid):
+        pass
 
 
-def test_elastic_round_hands_the_engine_the_difference():
+def test_elastic_round_returns_the_difference():
     pol = Scripted({0: Choice(2, None), 1: Choice(0, None), 2: Choice(3, None),
                     3: Choice(0, None), 4: Choice(1, None)})
     core = core_with(FIFO(), *(spec(i, 1) for i in range(5)), elastic=pol)
@@ -116,13 +107,23 @@ def test_elastic_round_hands_the_engine_the_difference():
         start_on(core, core.states[jid], devs)
     views = [job_view(core.states[j], core.topology, pol, held=j in held, epoch=j,
                       remaining=9.0, limit=2 if j == 2 else 0) for j in range(5)]
-    engine = Recorder()
-    core.elastic_round(views, 4, 5.0, engine)
-    assert pol.seen[0][1:] == (4, 5.0)
+    d = core.elastic_round(views, 4, 5.0, held={"v100": 1})
+    assert pol.seen[0][1:] == (4, 5.0, {"v100": 1})   # the declared input, passed on
     # 0 unchanged; 1 loses its GPU; 2 grows but its engine gives it at most 2; 3 still
-    # waits; 4 starts; the moved ones are placed last, together
-    assert engine.calls == [("keep", 0, 2), ("vacate", 1), ("move", 2, 2), ("keep", 3, 0),
-                            ("move", 4, 1), ("place", ((2, 2), (4, 1)))]
+    # waits; 4 starts; the moved ones are placed last, biggest first
+    assert [(ch.kind, ch.job, ch.choice.gpus) for ch in d.changes] == [
+        ("keep", 0, 2), ("vacate", 1, 0), ("move", 2, 2), ("keep", 3, 0), ("move", 4, 1)]
+    assert [(ch.job, ch.choice.gpus) for ch in d.place] == [(2, 2), (4, 1)]
+    # a decision, not an action: nothing was released or queued
+    assert core.states[1].running and set(core.waiting) == {3, 4}
+
+
+def test_placement_order_is_biggest_first_then_submission():
+    """The one order sim and live place a round's moves in."""
+    core = core_with(FIFO(), spec(0, 1), spec(1, 1), spec(2, 1), spec(3, 1))
+    st = core.states
+    got = placement_order([(1, st[0]), (4, st[3]), (2, st[2]), (4, st[1])])
+    assert [s.spec.id for s in got] == [1, 3, 2, 0]
 
 
 def test_job_view_is_the_same_for_every_engine():

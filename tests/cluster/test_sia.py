@@ -83,9 +83,15 @@ class _Spanning:
     adapts_batch: bool = field(default=False, init=False)
     uses_remaining: bool = field(default=False, init=False)
 
-    def allocate(self, jobs, capacity, now):
+    def allocate(self, jobs, capacity, now, **kw):
         return {j.id: Choice(2, None, self.servers) if i == 0 else Choice(0, None)
                 for i, j in enumerate(jobs)}
+
+    def learner_for(self, device_type):
+        return None
+
+    def finished(self, jid):
+        pass
 
 
 def test_mixed_type_gang_is_refused_with_the_reason(inputs):
@@ -323,18 +329,18 @@ def test_the_typed_guard_catches_a_leak():
         trap.throughput((2,), 64)
 
     class Peeks(TypedGoodputPolicy):
-        def allocate(self, jobs, capacity, now):
+        def allocate(self, jobs, capacity, now, **kw):
             for j in jobs:
                 self.typed["rtx"][j.app].throughput((8,), 32)
-            return super().allocate(jobs, capacity, now)
+            return super().allocate(jobs, capacity, now, **kw)
 
     with pytest.raises(AssertionError, match="read throughput"):
         _run_trapped(Peeks, opts, inputs)
 
     class Remaining(TypedGoodputPolicy):
-        def allocate(self, jobs, capacity, now):
+        def allocate(self, jobs, capacity, now, **kw):
             sum(j.remaining for j in jobs)
-            return super().allocate(jobs, capacity, now)
+            return super().allocate(jobs, capacity, now, **kw)
 
     with pytest.raises(UndeclaredRead):
         _run_trapped(Remaining, opts, inputs)

@@ -5,19 +5,19 @@ their decisions through one ``SchedulerCore``.
 It owns admission and the waiting queue, the fill pass (start waiting jobs in the ordering
 policy's order on what the placement policy finds in the ``ClusterState``), the two rounds
 (:meth:`SchedulerCore.preemptive_round` and :meth:`SchedulerCore.elastic_round`, each
-written once, here), arrivals, attained service, and the series a run reports. An engine
-owns its clock and how a decision is applied: it starts, stops and resizes jobs through
-callbacks; the simulators compute rates and completion times, the live engines launch and
-signal processes.
+written once, here, each returning a :class:`Decision`), arrivals, attained service, and
+the series a run reports. An engine owns its clock and applies a decision: it starts, stops
+and resizes jobs (the simulators compute rates and completion times, the live engines
+launch and signal processes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from phalanx.cluster.core.allocator import ClusterState, Placement
 from phalanx.cluster.core.jobs import JobSpec, JobState
@@ -29,24 +29,45 @@ if TYPE_CHECKING:
     from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
 
 StartFn = Callable[[JobState, Placement], None]
-StopFn = Callable[[JobState], None]
 
 
-class ElasticEngine(Protocol):
-    """How an engine applies the elastic round's answer, job by job (in the order of the
-    views), then ``place`` once for every job that moved."""
+@dataclass(frozen=True)
+class Change:
+    """One job's part of an elastic round: ``keep`` (the allocation it holds, or still
+    none; a new batch may come), ``vacate`` (it holds GPUs and gets none), ``move``
+    (another, non-zero allocation: what it holds is released, then it is placed)."""
 
-    def keep(self, st: JobState, choice: Choice) -> None:
-        """Same allocation as now (a waiting job: still none); a new batch may come."""
+    kind: str
+    job: int
+    choice: Choice
 
-    def vacate(self, st: JobState) -> None:
-        """The job holds GPUs and gets none."""
 
-    def move(self, st: JobState, choice: Choice) -> None:
-        """The job gets another (non-zero) allocation: release what it holds."""
+@dataclass(frozen=True)
+class Decision:
+    """A round as a value (Ray Train's ``ResizeDecision``, Blox's ``(to_suspend,
+    to_launch)``): the engine that owns the core only applies it.
 
-    def place(self, moves: Sequence[tuple[Choice, JobState]]) -> None:
-        """Every moved job, after all were released."""
+    Preemptive round: ``stop`` the running jobs it did not keep (in order), then start
+    the kept waiting ones in ``start`` order where they fit (the core's fill pass finds
+    their placements once the engine has freed the stopped ones' devices: at once in
+    simulation, when their ranks are gone live); ``kept``: every job kept.
+    Elastic round: ``changes``, every job's in the views' order (the order jobs re-enter
+    the queue in), and ``place``, the moved ones in :func:`placement_order`."""
+
+    stop: tuple[int, ...] = ()
+    start: tuple[int, ...] = ()
+    kept: frozenset[int] = frozenset()
+    changes: tuple[Change, ...] = ()
+    place: tuple[Change, ...] = ()
+
+
+def placement_order(moves: Sequence[tuple[int, JobState]]) -> list[JobState]:
+    """The order jobs given a new allocation are placed in, by simulation and live alike:
+    biggest first (``moves``: each job's new GPU count and state), so that a growing job
+    finds the GPUs shrinking ones left before small ones fragment them; ties by submission
+    then id."""
+    return [st for _, st in sorted(moves, key=lambda m: (-m[0], m[1].spec.submit,
+                                                         m[1].spec.id))]
 
 
 def keep_in_order(order: Sequence[int], gpus: Callable[[int], int], capacity: int) -> set[int]:
@@ -181,6 +202,38 @@ class SchedulerCore:
     def release(self, st: JobState) -> None:
         self.cluster.release(st.spec.id)
 
+    # ------------------------------------------------------------------ a job's record
+    # (every engine keeps it through these, once: started, stopped, back in the queue,
+    # ended finished or failed)
+    @staticmethod
+    def started(st: JobState, devices: tuple[int, ...], now: float) -> None:
+        """``st`` runs on ``devices`` from ``now`` (its first start, a resume or a
+        restart; the engine allocated them)."""
+        if st.start < 0:
+            st.start = now
+        st.running = True
+        st.last_start = now
+        st.placements.append((now, devices))
+
+    def stopped(self, st: JobState) -> None:
+        """``st`` no longer runs: its devices are free."""
+        self.release(st)
+        st.running = False
+
+    def requeue(self, st: JobState, now: float) -> None:
+        """``st`` waits again, not preempted by a round (it lost a server, it failed and
+        starts again, it moves to another allocation)."""
+        st.waiting_since = now
+        self.enqueue(st)
+
+    def ended(self, st: JobState, at: float, failure: str = "") -> None:
+        """``st`` left for good at ``at``: finished, or failed with ``failure``."""
+        st.end = at
+        st.remaining = 0.0
+        if failure:
+            st.failure = failure
+        self.done(st.spec)
+
     # ------------------------------------------------------------------ fill pass
     def try_start(self, ids: Sequence[int], start: StartFn) -> None:
         """Start the jobs of ``ids`` (in that order) that fit now; skip those that do not
@@ -217,13 +270,11 @@ class SchedulerCore:
         self.try_start(self._order, start)
 
     # ------------------------------------------------------------------ the rounds
-    def preemptive_round(self, running: Sequence[JobState], now: float, stop: StopFn,
-                         start: StartFn | None) -> set[int] | None:
+    def preemptive_round(self, running: Sequence[JobState], now: float) -> Decision | None:
         """The round of a time-sliced ordering: order every active job, keep the first
-        that fit the cluster's GPUs (running jobs that cannot be preempted first), ``stop``
-        the running rest, ``start`` the kept waiting ones in order where they fit now
-        (None: the engine starts them in its own fill pass). The kept jobs' ids; None when
-        nothing is active."""
+        that fit the cluster's GPUs (running jobs that cannot be preempted first); the
+        running rest are to stop, the kept ones to start in order where they fit. None
+        when nothing is active."""
         running = list(running)
         active = tuple(running) + tuple(self.waiting.values())
         if not active:
@@ -234,39 +285,35 @@ class SchedulerCore:
             order = [j for j in order if j in pinned] + [j for j in order if j not in pinned]
         gpus = {st.spec.id: st.spec.gpus for st in active}
         keep = keep_in_order(order, gpus.__getitem__, self.cluster.capacity)
-        for st in [s for s in running if s.spec.id not in keep]:
-            stop(st)
-        if start is not None:
-            self.try_start([j for j in order if j in keep], start)
-        return keep
+        return Decision(stop=tuple(s.spec.id for s in running if s.spec.id not in keep),
+                        start=tuple(j for j in order if j in keep), kept=frozenset(keep))
 
     def elastic_round(self, views: Sequence[JobView], capacity: int, now: float,
-                      engine: ElasticEngine) -> None:
+                      held: Mapping[str, int] | None = None) -> Decision:
         """The round of an elastic policy: ask it what each job gets now (GPUs, batch,
-        servers), then hand the engine the difference: jobs whose allocation is unchanged,
-        jobs that lose their GPUs, jobs that move; the moved ones are placed last, so
-        that growing jobs find the GPUs the shrinking ones left."""
+        servers; ``held``: GPUs per type others hold), then the difference from what each
+        holds: jobs whose allocation is unchanged, jobs that lose their GPUs, jobs that
+        move; the moved ones are placed last (:func:`placement_order`), so that growing
+        jobs find the GPUs the shrinking ones left."""
         if not views:
-            return
+            return Decision()
         assert self.elastic is not None
-        choice = self.elastic.allocate(tuple(views), capacity, now)
-        moves = []
+        choice = self.elastic.allocate(tuple(views), capacity, now, held=held)
+        changes, moves = [], []
         for v in views:
             c = choice[v.id]
             if v.limit and c.gpus > v.limit:
                 c = dataclasses.replace(c, gpus=v.limit)
-            st = self.states[v.id]
             same = c.servers == v.placement if c.servers else c.gpus == v.gpus
             if c.device_type and c.gpus and c.device_type != v.device_type:
                 same = False      # another GPU type: a move, even at the same count
-            if same:
-                engine.keep(st, c)
-            elif c.gpus == 0:
-                engine.vacate(st)
-            else:
-                engine.move(st, c)
-                moves.append((c, st))
-        engine.place(moves)
+            kind = "keep" if same else "vacate" if c.gpus == 0 else "move"
+            changes.append(Change(kind, v.id, c))
+            if kind == "move":
+                moves.append((c.gpus, self.states[v.id]))
+        by_id = {ch.job: ch for ch in changes}
+        return Decision(changes=tuple(changes),
+                        place=tuple(by_id[st.spec.id] for st in placement_order(moves)))
 
     # ------------------------------------------------------------------ bookkeeping
     @staticmethod

@@ -4,7 +4,7 @@ give a policy the same facts. Policies read views and never write them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -12,6 +12,7 @@ from phalanx.cluster.core.jobs import JobState
 from phalanx.cluster.core.topology import Topology
 
 if TYPE_CHECKING:
+    from phalanx.cluster.model.learned import Learner
     from phalanx.cluster.model.profiles import BatchConfig
 
 
@@ -64,16 +65,30 @@ class Choice:
 
 
 class ElasticPolicy(Protocol):
-    """What a round asks of an elastic policy. ``uses_remaining``: it is
-    given jobs' remaining work (from their declared epochs). ``adapts_batch``: each job
-    picks its own batch (through the policy's ``learner``) when the choice has none."""
+    """What a round asks of an elastic policy, and every input it gets: the views, the GPUs
+    it may give (``capacity``; per type, less what jobs outside it ``held``), the clock;
+    what its jobs measure goes to the model :meth:`learner_for` names. ``uses_remaining``:
+    it is given jobs' remaining work (from their declared epochs). ``adapts_batch``: each
+    job picks its own batch (through that model) when the choice has none."""
 
     name: str
     uses_remaining: bool
     adapts_batch: bool
 
-    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
-                 ) -> dict[int, Choice]: ...
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float, *,
+                 held: Mapping[str, int] | None = None) -> dict[int, Choice]:
+        """Each job's allocation. ``held``: GPUs per device type that jobs outside the
+        policy hold (a live cluster's jobs it cannot resize; already out of
+        ``capacity``): a policy that gives GPUs per type gives those to nobody."""
+
+    def learner_for(self, device_type: str) -> Learner | None:
+        """The model a job running on ``device_type`` reports its steps to and picks its
+        batch from ('': before it runs on a type, or where types do not matter); None:
+        the policy learns nothing there (it reads measured profiles, or learns per type
+        only)."""
+
+    def finished(self, jid: int) -> None:
+        """Job ``jid`` left for good: forget what the policy keeps of it."""
 
 
 def job_view(st: JobState, topology: Topology, policy: ElasticPolicy, *, held: bool,

@@ -42,42 +42,29 @@ from collections.abc import Sequence
 
 from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.jobs import JobState
+from phalanx.cluster.core.scheduler import placement_order
 from phalanx.cluster.core.topology import Topology
-from phalanx.cluster.core.view import Choice, job_view
+from phalanx.cluster.core.view import Choice, ElasticPolicy, job_view
 from phalanx.cluster.live.config import LiveConfig
 from phalanx.cluster.live.engines.base import Executor
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.launch_plan import emulate_type, resumable
+from phalanx.cluster.live.live_policies import describe, job_facts, typed_policy
 from phalanx.cluster.live.loop import LiveCluster
 from phalanx.cluster.live.observe import WINDOWS, EventTail, JobObserver, Observation
 from phalanx.cluster.live.resize import resize_run
 from phalanx.cluster.live.resize_ps import refusal
 from phalanx.cluster.live.state import SavedState
 from phalanx.cluster.model.core_share import CoreShare
-from phalanx.cluster.model.learned import AppFacts, JobKnowledge, Learner
+from phalanx.cluster.model.learned import Learner
 from phalanx.cluster.policies import FIFO, PlacementPolicy
 from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
-from phalanx.cluster.policies.goodput_typed import TypedGoodputPolicy, TypedOptions
 from phalanx.cluster.policies.placement import place_typed
 from phalanx.cluster.policies.typed_base import cluster_types
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.parallel.registry import spec
 from phalanx.settings import parse_device
-
-
-def job_facts(job: LiveJob, capacity: int) -> AppFacts:
-    b = int(RunConfig.from_mapping(job.config, source=job.spec.name).batch_size)
-    return AppFacts(job.spec.name, init_batch=b * job.spec.gpus, max_batch=2 * b * capacity,
-                    min_local_bsz=max(1, b // 2), max_local_bsz=2 * b, epochs=1)
-
-
-def describe(k: JobKnowledge, name: str) -> str:
-    p = k.params
-    assert p is not None
-    terms = " ".join(f"{f}={getattr(p, f):.4g}" for f in p._fields)
-    seen = ", ".join(f"{g} GPU x {n} node x batch {b:g}" for n, g, b in sorted(k.profile))
-    return f"phalanx: scheduler: {name}: step-time model fitted to [{seen}]: {terms}"
 
 
 class ElasticLiveCluster(LiveCluster):
@@ -101,24 +88,27 @@ class ElasticLiveCluster(LiveCluster):
                 raise ConfigError(f"{j.spec.name}: profile: the policy does not schedule it "
                                   f"({self.why_fixed[j.spec.id]}: it runs at its own gang, "
                                   "first come, first served); drop the profile")
-        self.policy: LearnedGoodputPolicy | TypedGoodputPolicy
+        # CPU jobs' ranks share their machines' cores (``cores``: None, never crowded)
+        self.cores = cores
+        self.on_cpu = {j.spec.id: parse_device(RunConfig.from_mapping(
+            j.config, source=j.spec.name).device).kind == "cpu" for j in self.jobs}
+        # the device types (one, untyped: its servers' size) and GPUs per node of each
+        self.types = cluster_types([(s.device_type, s.num_devices)
+                                    for s in topology.servers]) if topology.typed else ()
+        self.policy: ElasticPolicy
         if topology.typed:
+            # (the typed policy's MILP has no core-share term: measurements are still
+            # taken per whole core, predictions are not stretched)
             self.policy = typed_policy(topology, elastic, cadence, horizon_s)
         else:
             self.policy = LearnedGoodputPolicy({j.spec.application: job_facts(j, cap)
                                                 for j in elastic},
                                                node_gpus=max(topology.server_size),
                                                restart_s=cadence.restart_cost_s,
-                                               horizon_s=horizon_s)
+                                               horizon_s=horizon_s,
+                                               slowdown=self._slowdown_at
+                                               if cores is not None else None)
         self.core.elastic = self.policy
-        # CPU jobs' ranks share their machines' cores (``cores``: None, never crowded)
-        self.cores = cores
-        self.on_cpu = {j.spec.id: parse_device(RunConfig.from_mapping(
-            j.config, source=j.spec.name).device).kind == "cpu" for j in self.jobs}
-        if cores is not None and isinstance(self.policy, LearnedGoodputPolicy):
-            # (the typed policy's MILP has no core-share term: measurements are still
-            # taken per whole core, predictions are not stretched)
-            self.policy.slowdown = self._slowdown_at
         self.target_type: dict[int, str] = {}   # the type the round chose ('' any)
         self.observers = {j.spec.id: JobObserver(EventTail(
             config.out / "jobs" / j.spec.name / "events.jsonl")) for j in elastic}
@@ -149,16 +139,17 @@ class ElasticLiveCluster(LiveCluster):
     def _learner(self, jid: int, device_type: str | None = None) -> Learner:
         """The model of job ``jid``'s speed: on a typed cluster, the one fitted to what it
         ran on ``device_type`` (default: its type now)."""
-        if isinstance(self.policy, TypedGoodputPolicy):
-            return self.policy.learner_for(device_type or self._type_of(jid)
-                                           or self.policy.types[0].name)
-        return self.policy.learner
+        dtype = device_type or self._type_of(jid) or (self.types[0].name if self.types
+                                                      else "")
+        learner = self.policy.learner_for(dtype)
+        assert learner is not None     # both live policies learn (per type, or at all)
+        return learner
 
     def _node_gpus(self, device_type: str = "") -> int:
-        if isinstance(self.policy, TypedGoodputPolicy):
-            return next((t.node_gpus for t in self.policy.types if t.name == device_type),
-                        min(t.node_gpus for t in self.policy.types))
-        return self.policy.node_gpus
+        if self.types:
+            return next((t.node_gpus for t in self.types if t.name == device_type),
+                        min(t.node_gpus for t in self.types))
+        return max(self.topology.server_size)
 
     def _note(self, st: JobState, line: str) -> None:
         with open(self.config.out / "logs" / f"{st.spec.name}.log", "a") as f:
@@ -248,22 +239,21 @@ class ElasticLiveCluster(LiveCluster):
     # ------------------------------------------------------------------ decisions
     def _round(self) -> None:
         """The core's elastic round over the resizable jobs, on the devices the others
-        leave; its answer is applied by ``keep`` / ``vacate`` / ``move`` (a stop is
-        asynchronous: a stopped job is resized to its target when its ranks are gone, and
-        the fill pass starts the waiting jobs that are not benched)."""
+        leave; its ``Decision`` is applied here (a stop is asynchronous: a stopped job is
+        resized to its target when its ranks are gone, and the fill pass starts the
+        waiting jobs that are not benched)."""
         self._account()
         self._observe()
         live = {jid for jid, r in self.runs.items() if not r.stop}
         fixed = [r for jid, r in self.runs.items() if jid not in self.observers]
         pinned = sum(r.state.spec.gpus for r in fixed)
-        if isinstance(self.policy, TypedGoodputPolicy):
-            # the typed MILP gives each type's GPUs: those the jobs it cannot resize hold
-            # are not its to give
-            held: Counter[str] = Counter()
+        # a policy that gives each type's GPUs: those the jobs it cannot resize hold are
+        # not its to give
+        held: Counter[str] = Counter()
+        if self.types:
             for r in fixed:
                 devices = r.state.placements[-1][1]
                 held[self.topology.gang_type(devices)] += len(devices)
-            self.policy.held = dict(held)
         views = [job_view(st, self.topology, self.policy, held=st.spec.id in live,
                           epoch=self.observers[st.spec.id].epoch, remaining=None,
                           # a parameter-server driver starts every worker on its first
@@ -275,25 +265,29 @@ class ElasticLiveCluster(LiveCluster):
         if not views:
             return
         self.benched = set()
-        self.core.elastic_round(views, self.core.cluster.capacity - pinned, self.now, self)
+        d = self.core.elastic_round(views, self.core.cluster.capacity - pinned, self.now,
+                                    held=dict(held))
+        for ch in d.changes:
+            st, c = self.states[ch.job], ch.choice
+            if ch.kind == "keep":
+                self.target[ch.job] = c.gpus
+                self.target_type[ch.job] = c.device_type
+                if c.gpus == 0 and ch.job not in self.runs:
+                    self.benched.add(ch.job)
+            elif ch.kind == "vacate":
+                self.target[ch.job] = 0
+                if not self._stopping(st):
+                    self._stop(self.runs[ch.job], "preempt")
+            else:
+                self._move(st, c)
+        # the moved jobs are placed by the fill pass once their devices are free, in the
+        # core's placement order (``_fill``)
 
-    # the elastic round's answer, applied (``ElasticEngine``)
     def _stopping(self, st: JobState) -> bool:
         run = self.runs.get(st.spec.id)
         return run is not None and bool(run.stop)
 
-    def keep(self, st: JobState, c: Choice) -> None:
-        self.target[st.spec.id] = c.gpus
-        self.target_type[st.spec.id] = c.device_type
-        if c.gpus == 0 and st.spec.id not in self.runs:
-            self.benched.add(st.spec.id)
-
-    def vacate(self, st: JobState) -> None:
-        self.target[st.spec.id] = 0
-        if not self._stopping(st):
-            self._stop(self.runs[st.spec.id], "preempt")
-
-    def move(self, st: JobState, c: Choice) -> None:
+    def _move(self, st: JobState, c: Choice) -> None:
         # a job still stopping is resized to the target when its ranks are gone; on a
         # typed cluster it resumes on the type chosen (a change of type is a move)
         self.target[st.spec.id] = c.gpus
@@ -306,9 +300,6 @@ class ElasticLiveCluster(LiveCluster):
             self._stop(run, "preempt")
         elif run is None and c.gpus != st.spec.gpus:
             self._regang_waiting(st, c.gpus)
-
-    def place(self, moves: Sequence[tuple[Choice, JobState]]) -> None:
-        """Nothing here: the fill pass starts the moved jobs once their devices are free."""
 
     def _elastic_states(self) -> list[JobState]:
         running = [r.state for r in self.runs.values() if r.state.spec.id in self.observers]
@@ -362,7 +353,13 @@ class ElasticLiveCluster(LiveCluster):
         waiting = [st for jid, st in self.core.waiting.items() if jid not in self.benched]
         if not waiting:
             return
-        order = self.ordering.order(waiting, self.now)
+        # the policy's jobs in the order the simulator places a round's moves (biggest
+        # first: core.placement_order), then the jobs it cannot resize, first come first
+        # served
+        managed = [st for st in waiting if st.spec.id in self.observers]
+        order = [st.spec.id for st in placement_order([(st.spec.gpus, st) for st in managed])]
+        order += self.ordering.order([st for st in waiting if st.spec.id not in self.observers],
+                                     self.now)
         # a job the round gave a device type starts on that type only
         for jid in order:
             t = self.target_type.get(jid)
@@ -374,28 +371,3 @@ class ElasticLiveCluster(LiveCluster):
         rest = [jid for jid in order if not self.target_type.get(jid)]
         if rest:
             self.core.try_start(rest, self._start)
-
-
-def typed_policy(topology: Topology, elastic: Sequence[LiveJob], cadence: Cadence,
-                 horizon_s: float) -> TypedGoodputPolicy:
-    """``--policy goodput`` on several device types: the heterogeneity-aware policy on
-    Sia's information. Per type, a job's application facts (from its entry, capped by the
-    type's devices) and a 1-GPU throughput to bootstrap from: the type's declared
-    ``speed`` divided by its emulated ``slowdown``, the same for every job (Sia profiles
-    each job on each type; this prior is coarser, never finer). Then only what the job
-    measured on a type. Jobs it cannot resize run first come, first served beside it, on
-    whatever type they are placed; each round its MILP gives each type's GPUs less those
-    they hold (``TypedGoodputPolicy.held``)."""
-    types = cluster_types([(s.device_type, s.num_devices) for s in topology.servers])
-    facts = {t.name: {j.spec.application: job_facts(j, t.gpus) for j in elastic}
-             for t in types}
-    speed = {t.name: topology.device_types[t.name].speed / topology.device_types[t.name].slowdown
-             for t in types}
-    # a job's own profile where its entry gives one (every type: check_profiles), else
-    # the types' declared speeds
-    boot = {t: {j.spec.application: j.profile.get(t, speed[t]) for j in elastic}
-            for t in facts}
-    return TypedGoodputPolicy(facts, types, options=TypedOptions(horizon_s=horizon_s),
-                              restart_s=dict.fromkeys(facts[types[0].name],
-                                                      cadence.restart_cost_s),
-                              bootstrap=boot)

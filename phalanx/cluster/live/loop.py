@@ -33,16 +33,13 @@ preemption. When the node comes back its devices are free again.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import json
 import shutil
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from phalanx.cluster.core.allocator import Placement
 from phalanx.cluster.core.jobs import JobState
@@ -52,6 +49,7 @@ from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.config import LiveConfig
 from phalanx.cluster.live.engines.base import Executor, Gang
 from phalanx.cluster.live.engines.local import LocalExecutor
+from phalanx.cluster.live.exits import Exit, Outcome, classify, failure_line
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.launch_plan import JobPlan, build_gang, plan_of, resumable
 from phalanx.cluster.live.restart import Progress, Saver, restore
@@ -94,31 +92,6 @@ class StopRecord:
     asked: float                    # seconds after start: SIGTERM sent
     exited: float                   # every rank gone, devices free
     code: int
-
-
-def failure_line(path: Path, offset: int, rank: int, code: int) -> str:
-    """One line for a failed start: the rank that failed first, its exit, and why. A gang's
-    ranks share one log (read from ``offset``: earlier starts wrote what is before it), and
-    the first failure writes first; the others only fail because of it. So the cause is the
-    signal that killed that rank, else the first ``phalanx:`` line of this start (an error
-    or an injected fault), else the last line that mentions an error. Never a traceback."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")
-    except OSError:
-        text = ""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    cause = ""
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            cause = f"killed by {signal.Signals(-code).name}"
-    if not cause:
-        cause = next((ln for ln in lines if ln.startswith("phalanx: ")), "")
-    if not cause:
-        cause = next((ln for ln in reversed(lines) if "error" in ln.lower()),
-                     lines[-1] if lines else "no output")
-    return f"rank {rank} exit {code}: {cause[:300]}"
 
 
 class LiveCluster:
@@ -187,22 +160,16 @@ class LiveCluster:
             self.executor.start(gang)
         except OSError as e:
             self._watch()
-            if self._servers(p.devices) & self.lost:
-                self.core.release(st)    # its server was lost as it started: it waits
-                self.core.enqueue(st)
-                return
             self.core.release(st)
-            st.end = self.now
-            st.failure = f"cannot start ({e.strerror or e})"
-            self.core.done(st.spec)
+            if self._servers(p.devices) & self.lost:
+                self.core.enqueue(st)    # its server was lost as it started: it waits
+                return
+            self.core.ended(st, self.now, f"cannot start ({e.strerror or e})")
             return
         # the engine's own cost of a start (the ranks' Python start-up runs after it)
         self.start_s.append((job.spec.name, time.perf_counter() - t))
-        st.running = True
-        if st.start < 0:
-            st.start = self.now
-        st.last_start = st.last_update = self.now
-        st.placements.append((self.now, p.devices))
+        self.core.started(st, p.devices, self.now)
+        st.last_update = self.now
         self.runs[st.spec.id] = _Run(st, gang, self.now, log_from=log_from)
 
     def _account(self) -> None:
@@ -274,76 +241,70 @@ class LiveCluster:
         if self.now - self._lost_wait_from < limit:
             return True
         for st in waiting:
-            self.core.abandon(st)
-            st.end = self.now
-            st.remaining = 0.0
+            self.core.abandon(st)    # out of the queue, its quota given back
+            st.end, st.remaining = self.now, 0.0
             st.failure = (f"could not {'resume' if st.start >= 0 else 'start'}: "
                           f"server(s) {names} lost for {limit:g} s (--lost-wait)")
         return False
 
     def _reap(self) -> int:
+        """Poll every gang; apply each exit's outcome (:func:`exits.classify`)."""
         limit = self.config.job_timeout_s
         ended = 0
-        for jid, run in list(self.runs.items()):
-            st = run.state
-            if limit and not run.stop and self.now - st.start > limit:
+        for run in list(self.runs.values()):
+            if limit and not run.stop and self.now - run.state.start > limit:
                 self._stop(run, "timeout")
             rc = self.executor.poll(run.gang.job)
-            if rc is None:
-                continue
-            first = self.executor.failed.pop(run.gang.job, None)
-            ended += 1
-            self._account()
-            del self.runs[jid]
-            self.core.release(st)
-            st.running = False
-            if run.stop:
-                self.stops.append(StopRecord(st.spec.name, run.asked, self.now, rc))
-            if rc != 0 and not run.stop:
-                self._watch()   # did it end because its server was lost?
-            lost = run.stop == "lost" or (
-                rc != 0 and run.stop != "timeout"
-                and bool(self._servers(st.placements[-1][1]) & self.lost))
-            # stopped just as it finished (a driver's exit code is SIGTERM's when the signal
-            # came after its summary was written): done, nothing is left to resume
-            finished = (run.stop == "preempt" or lost) and (
-                self.config.out / "jobs" / st.spec.name / "summary.json").is_file()
-            if lost and not finished:
-                # not its failure: it waits to resume from its checkpoint on what is left
-                st.waiting_since = self.now
-                self.core.enqueue(st)
-                continue
-            if run.stop == "preempt" and rc != 0 and not finished:
-                # stopped on request (a checkpoint written, or killed before one was due):
-                # back to the queue; the next start resumes from what is on disk
-                st.preemptions += 1
-                st.waiting_since = self.now
-                self._requeue(st, rc)
-                continue
-            failed = run.stop != "timeout" and rc != 0 and not finished
-            if failed:
-                rank, code = first_failure.cause(first or (), first_failure.read(
-                    run.gang.claim)) or (0, rc)
-                line = failure_line(run.gang.log, run.log_from, rank, code)
-                if st.restarts < self.config.max_job_restarts:
-                    # a rank died or could not join: the job starts again (from its
-                    # checkpoint when it has one), on whatever placement it gets then
-                    st.restarts += 1
-                    st.waiting_since = self.now
-                    print(f"phalanx: scheduler: {st.spec.name} failed ({line}); starting "
-                          f"it again ({st.restarts} of {self.config.max_job_restarts})",
-                          flush=True)
-                    self.core.enqueue(st)
-                    continue
-            self.core.done(st.spec)
-            st.end = self.now
-            st.remaining = 0.0
-            if run.stop == "timeout":
-                st.failure = f"timed out after {limit:g} s"
-            elif failed:
-                st.failure = line + (f" (after {st.restarts} restart"
-                                     f"{'s' if st.restarts > 1 else ''})" if st.restarts else "")
+            if rc is not None:
+                ended += 1
+                self._ended(run, rc)
         return ended
+
+    def _ended(self, run: _Run, rc: int) -> None:
+        """A gang ended with ``rc``: its devices are free; the job waits again (a server
+        lost, a preemption, a restart after a failure) or is done (finished, timed out,
+        failed)."""
+        st = run.state
+        first = self.executor.failed.pop(run.gang.job, None)
+        self._account()
+        del self.runs[st.spec.id]
+        self.core.stopped(st)
+        if run.stop:
+            self.stops.append(StopRecord(st.spec.name, run.asked, self.now, rc))
+        if rc != 0 and not run.stop:
+            self._watch()   # did it end because its server was lost?
+        outcome = classify(Exit(
+            run.stop, rc, bool(self._servers(st.placements[-1][1]) & self.lost),
+            (self.config.out / "jobs" / st.spec.name / "summary.json").is_file()),
+            st.restarts, self.config.max_job_restarts)
+        if outcome is Outcome.LOST:
+            # not its failure: it waits to resume from its checkpoint on what is left
+            self.core.requeue(st, self.now)
+        elif outcome is Outcome.PREEMPTED:
+            # stopped on request (a checkpoint written, or killed before one was due):
+            # back to the queue; the next start resumes from what is on disk
+            st.preemptions += 1
+            st.waiting_since = self.now
+            self._requeue(st, rc)
+        elif outcome is Outcome.TIMEOUT:
+            self.core.ended(st, self.now, f"timed out after {self.config.job_timeout_s:g} s")
+        elif outcome is Outcome.DONE:
+            self.core.ended(st, self.now)
+        else:
+            rank, code = first_failure.cause(first or (), first_failure.read(
+                run.gang.claim)) or (0, rc)
+            line = failure_line(run.gang.log, run.log_from, rank, code)
+            if outcome is Outcome.RESTART:
+                # a rank died or could not join: the job starts again (from its checkpoint
+                # when it has one), on whatever placement it gets then
+                st.restarts += 1
+                print(f"phalanx: scheduler: {st.spec.name} failed ({line}); starting it "
+                      f"again ({st.restarts} of {self.config.max_job_restarts})", flush=True)
+                self.core.requeue(st, self.now)
+            else:
+                self.core.ended(st, self.now, line + (
+                    f" (after {st.restarts} restart{'s' if st.restarts > 1 else ''})"
+                    if st.restarts else ""))
 
     def _requeue(self, st: JobState, rc: int) -> None:
         """A job stopped on request goes back to the queue (and waits for a round)."""
@@ -357,10 +318,13 @@ class LiveCluster:
         next round. The kept ones start in the fill pass that follows."""
         self._account()
         live = [r.state for r in self.runs.values() if not r.stop]
-        keep = self.core.preemptive_round(
-            live, self.now, lambda st: self._stop(self.runs[st.spec.id], "preempt"), None)
-        if keep is not None:
-            self.benched = {j for j in self.core.waiting if j not in keep}
+        d = self.core.preemptive_round(live, self.now)
+        if d is not None:
+            # a stop is asynchronous: the kept jobs start in the fill passes that follow,
+            # once the stopped ones' ranks are gone and their devices free
+            for jid in d.stop:
+                self._stop(self.runs[jid], "preempt")
+            self.benched = {j for j in self.core.waiting if j not in d.kept}
 
     def _fill(self) -> None:
         if not self.round_s:
@@ -375,8 +339,10 @@ class LiveCluster:
     # ------------------------------------------------------------------ loop
     def _progress(self) -> Progress:
         """What the saver records beside the core's states (:class:`restart.Progress`)."""
+        servers = self.topology.servers
         return Progress(self.now, tuple(self.runs), tuple(r.stop for r in self.runs.values()),
-                        frozenset(self.benched), len(self.round_times))
+                        frozenset(self.benched), len(self.round_times),
+                        tuple(servers[s].name for s in sorted(self.lost)))
 
     def run(self) -> SimResult:
         out = self.config.out

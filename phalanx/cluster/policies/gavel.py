@@ -118,8 +118,8 @@ class GavelPolicy:
                                                      ti.node_gpus)
         return hit
 
-    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
-                 ) -> dict[int, Choice]:
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float, *,
+                 held: Mapping[str, int] | None = None) -> dict[int, Choice]:
         if not jobs:
             return {}
         from scipy.optimize import linprog
@@ -142,7 +142,10 @@ class GavelPolicy:
             a_ub[j, j::k] = scale
         for i in range(n):
             a_ub[k + i, i * k:(i + 1) * k] = 1.0
-        b_ub = np.array([t.gpus for t in self.types] + [1.0] * n, dtype=float)
+        # a type's GPUs that jobs outside the policy hold are nobody's to give
+        held = held or {}
+        gpus = {t.name: max(t.gpus - held.get(t.name, 0), 0) for t in self.types}
+        b_ub = np.array([gpus[t.name] for t in self.types] + [1.0] * n, dtype=float)
         if self.lp == "interior":
             x = lp_interior(-tput.ravel(), a_ub, b_ub)
         else:
@@ -159,7 +162,7 @@ class GavelPolicy:
                 entries.append((prio, x[i, j], j, i))
         # stable, descending by (priority, deficit 0, allocation)
         entries.sort(key=lambda e: (e[0], e[1]), reverse=True)
-        left = {t.name: t.gpus for t in self.types}
+        left = dict(gpus)
         chosen: dict[int, str] = {}
         for _, _, j, i in entries:
             t = names[j]
@@ -230,6 +233,9 @@ class GavelPolicy:
                     new[jid] = tuple(mine)
         self._workers = {jid: (chosen[jid][0], w) for jid, w in new.items()}
         return new
+
+    def learner_for(self, device_type: str) -> None:
+        return None      # it reads each type's measured profile, as Sia ran Gavel
 
     def finished(self, jid: int) -> None:
         self.job_time.pop(jid, None)

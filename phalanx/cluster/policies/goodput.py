@@ -102,6 +102,12 @@ class GoodputPolicy:
     def adapts_batch(self) -> bool:
         return False
 
+    def learner_for(self, device_type: str) -> None:
+        return None      # it reads every measured profile (the oracle ablation)
+
+    def finished(self, jid: int) -> None:
+        """Nothing kept per job beyond the round."""
+
     def __post_init__(self) -> None:
         check_goodput_flags(self.priority, self.horizon_s)
         if self.node_gpus < 1:
@@ -181,8 +187,8 @@ class GoodputPolicy:
             g *= t / (t + self.restart_s)
         return w * g
 
-    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
-                 ) -> dict[int, Choice]:
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float, *,
+                 held: Mapping[str, int] | None = None) -> dict[int, Choice]:
         """GPU count and batch of every job (``gpus`` 0: it waits); the counts sum to at
         most ``capacity``."""
         apps = {j.id: self.apps[j.app] for j in jobs}

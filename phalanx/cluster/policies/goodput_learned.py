@@ -91,6 +91,12 @@ class LearnedGoodputPolicy:
     def uses_remaining(self) -> bool:
         return self.priority == "srpt"
 
+    def learner_for(self, device_type: str) -> Learner:
+        return self.learner      # one model per job, whatever it runs on
+
+    def finished(self, jid: int) -> None:
+        """Nothing more than the learner's entry, which the engine's job forgets."""
+
     def _counts(self, cap: int) -> list[int]:
         small = list(range(1, min(self.node_gpus, cap) + 1))
         return small + list(range(2 * self.node_gpus, cap + 1, self.node_gpus))
@@ -116,8 +122,8 @@ class LearnedGoodputPolicy:
             out[c] = float(s)
         return out, float(g[0])
 
-    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
-                 ) -> dict[int, Choice]:
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float, *,
+                 held: Mapping[str, int] | None = None) -> dict[int, Choice]:
         allowed, speed, weight = {}, {}, {}
         for j in jobs:
             counts = self._counts(min(self.learner.cap(j.id, j.app), capacity))

@@ -279,9 +279,6 @@ class TypedGoodputPolicy(SiaPolicy):
     options: TypedOptions = field(default_factory=TypedOptions)
     restart_s: Mapping[str, float] = field(default_factory=dict)
     name: str = "goodput"
-    # GPUs per type that jobs outside the policy hold now (set by the live engine before
-    # each round: the jobs it cannot resize run beside the policy's); none in simulation
-    held: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         o = self.options
@@ -379,8 +376,8 @@ class TypedGoodputPolicy(SiaPolicy):
             h = max(h, v.attained / max(v.gpus, 1))
         return h / (h + r) / (1.0 + o.min_gain)
 
-    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
-                 ) -> dict[int, Choice]:
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float, *,
+                 held: Mapping[str, int] | None = None) -> dict[int, Choice]:
         if not jobs:
             return {}
         o = self.options
@@ -402,7 +399,7 @@ class TypedGoodputPolicy(SiaPolicy):
                 c = c / (1.0 + v.attained / 3600.0)
             cost[i] = c
         x = solve_sia_milp(cost, self.configs, self.types, pinned, self.mip_gap, self.solve_ms,
-                           held=self.held)
+                           held=held)
         out = {}
         for i, v in enumerate(jobs):
             if x[i] < 0:

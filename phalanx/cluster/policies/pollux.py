@@ -94,8 +94,8 @@ class PolluxPolicy:
         return t
 
     # ------------------------------------------------------------------ allocation
-    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
-                 ) -> dict[int, Choice]:
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float, *,
+                 held: Mapping[str, int] | None = None) -> dict[int, Choice]:
         if not jobs:
             return {}
         order = sorted(jobs, key=lambda j: (j.attained, j.submit, j.id))
@@ -169,6 +169,9 @@ class PolluxPolicy:
             if j in where:
                 states[:, i] = prev[:, where[j]]
         return states
+
+    def learner_for(self, device_type: str) -> Learner:
+        return self.learner      # one model per job (its speedup over the cluster)
 
     def finished(self, jid: int) -> None:
         self.learner.forget(jid)

@@ -7,7 +7,7 @@ dropping the rest).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from phalanx.cluster.core.view import Choice, JobView
@@ -37,8 +37,8 @@ class UnawarePolluxPolicy(PolluxPolicy):
     def learner_for(self, device_type: str) -> Learner:
         return self.learner          # one model per job over every type (unaware)
 
-    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
-                 ) -> dict[int, Choice]:
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float, *,
+                 held: Mapping[str, int] | None = None) -> dict[int, Choice]:
         # the views' placements in virtual nodes: a job's GPUs on a server fill its first
         # virtual node, then the next
         first = {}
@@ -55,7 +55,7 @@ class UnawarePolluxPolicy(PolluxPolicy):
                     k -= size
                     vn += 1
             vjobs.append(replace(v, placement=tuple(vp)))
-        out = super().allocate(vjobs, capacity, now)
+        out = super().allocate(vjobs, capacity, now, held=held)
         fixed = {}
         for jid, c in out.items():
             if not c.servers:

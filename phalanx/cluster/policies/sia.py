@@ -79,8 +79,10 @@ class SiaPolicy:
         self.configs = [(ti.name, n, g) for ti in self.types for n, g in ti.configs()]
         self.solve_ms: list[float] = []
 
-    def learner_for(self, device_type: str) -> Learner:
-        return self.tl.learner_for(device_type)
+    def learner_for(self, device_type: str) -> Learner | None:
+        """The job's model on ``device_type``; none before it runs on a type (what a job
+        measures is a type's)."""
+        return self.tl.learner_for(device_type) if device_type else None
 
     # ------------------------------------------------------------------ goodputs
     def _raw(self, v: JobView, t: str, nodes: np.ndarray, gpus: np.ndarray) -> np.ndarray:
@@ -160,8 +162,8 @@ class SiaPolicy:
         return max(age - v.restarts * pen, 0.0) / (age + pen)
 
     # ------------------------------------------------------------------ the MILP
-    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float
-                 ) -> dict[int, Choice]:
+    def allocate(self, jobs: Sequence[JobView], capacity: int, now: float, *,
+                 held: Mapping[str, int] | None = None) -> dict[int, Choice]:
         if not jobs:
             return {}
         n, m = len(jobs), len(self.configs)
@@ -179,7 +181,7 @@ class SiaPolicy:
             speed[i] = row
         a = np.minimum(np.round(np.power(speed, self.p), 2), GOODPUT_CLIP)
         x = solve_sia_milp(a - self.lambda_n, self.configs, self.types, pinned,
-                           self.mip_gap, self.solve_ms)
+                           self.mip_gap, self.solve_ms, held=held)
         out = {}
         for i, v in enumerate(jobs):
             j = x[i]

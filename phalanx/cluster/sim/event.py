@@ -176,13 +176,10 @@ class Simulator:
         self._run_info[jid] = _Running(servers, self.perf.isolated_rate(st.spec, shape,
                                                                         self.topology))
         self.running[jid] = st
-        st.running = True
-        if st.start < 0:
-            st.start = self.now
+        self.core.started(st, p.devices, self.now)
         resumed = st.preemptions > 0
         st.progress_from = self.now + (self.config.checkpoint_cost_s if resumed else 0.0)
-        st.last_update = st.last_start = self.now
-        st.placements.append((self.now, p.devices))
+        st.last_update = self.now
         server_ids = [s for s, _, _, _ in servers]
         for s in server_ids:
             self._server_jobs[s][jid] = None
@@ -192,10 +189,9 @@ class Simulator:
     def _stop(self, st: JobState) -> None:
         jid = st.spec.id
         self._advance(st)
-        self.core.release(st)
+        self.core.stopped(st)
         info = self._run_info.pop(jid)
         del self.running[jid]
-        st.running = False
         st.version += 1
         server_ids = [s for s, _, _, _ in info.servers]
         for s in server_ids:
@@ -204,9 +200,7 @@ class Simulator:
 
     def _finish(self, st: JobState) -> None:
         self._stop(st)
-        st.remaining = 0.0
-        st.end = self.now
-        self.core.done(st.spec)
+        self.core.ended(st, self.now)
 
     def _preempt(self, st: JobState) -> None:
         self._stop(st)
@@ -219,7 +213,11 @@ class Simulator:
     def _round(self) -> None:
         for st in self.running.values():
             self._advance(st)      # attained service must be current for LAS / Tiresias
-        self.core.preemptive_round(self.running.values(), self.now, self._preempt, self._start)
+        d = self.core.preemptive_round(self.running.values(), self.now)
+        if d is not None:     # stopped at once: the kept ones start on what they freed
+            for jid in d.stop:
+                self._preempt(self.running[jid])
+            self.core.try_start(d.start, self._start)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> SimResult:

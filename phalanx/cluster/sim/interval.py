@@ -33,7 +33,7 @@ from phalanx.cluster.core.jobs import JobSpec, JobState
 from phalanx.cluster.core.result import SimResult
 from phalanx.cluster.core.scheduler import SchedulerCore
 from phalanx.cluster.core.topology import Topology
-from phalanx.cluster.core.view import Choice, ElasticPolicy, job_view
+from phalanx.cluster.core.view import ElasticPolicy, job_view
 from phalanx.cluster.model.learned import Learner
 from phalanx.cluster.model.perf import PerfModel
 from phalanx.cluster.model.profiles import BatchConfig, PolluxApplication
@@ -161,9 +161,8 @@ def _counts_in_order(topology: Topology, p: Placement) -> tuple[int, ...]:
 class IntervalSimulator:
     """The interval engine: owns the clock (fixed boundaries, arrivals and completions seen
     there), each job's progress (Pollux applications epoch by epoch, at the batch its
-    allocation gives it), restart costs, and how an allocation is applied (``_start``,
-    ``_stop``; for an elastic policy the ``ElasticEngine`` hooks ``keep`` / ``vacate`` /
-    ``move`` / ``place``). The rounds themselves are the ``SchedulerCore``'s."""
+    allocation gives it), restart costs, and how a round's ``Decision`` is applied
+    (``_start``, ``_stop``). The rounds themselves are the ``SchedulerCore``'s."""
 
     def __init__(self, topology: Topology, jobs: Sequence[JobSpec], ordering: OrderingPolicy,
                  placement: PlacementPolicy, perf: PerfModel,
@@ -199,9 +198,8 @@ class IntervalSimulator:
                                   f"(a job runs on one type at a time, as in Sia)")
             (dtype,) = types
             run.app = self.perf.app_on(st.spec.model, dtype)
-            learner_for = getattr(self.elastic, "learner_for", None)
-            if learner_for is not None:
-                run.learner = learner_for(dtype)
+            if self.elastic is not None:
+                run.learner = self.elastic.learner_for(dtype)
         if run.app is not None and run.learner is not None and cfg is None:
             # the job picks its batch for the new GPUs (``Job.reallocate``)
             run.cfg = run.learner.batch_config(st.spec.id, run.app.name, len(run.counts),
@@ -224,17 +222,12 @@ class IntervalSimulator:
         if run.app is not None and run.app.restart_s is not None and self.perf.typed:
             cost = run.app.restart_s      # Sia's checkpoint-restore time of the application
         run.restart_left = cost if (self.config.restart_first or not first) else 0.0
-        if first:
-            st.start = self.now
-        st.running = True
-        st.last_start = self.now
+        self.core.started(st, p.devices, self.now)
         self.running[st.spec.id] = st
-        st.placements.append((self.now, p.devices))
 
     def _stop(self, st: JobState) -> None:
-        self.core.release(st)
+        self.core.stopped(st)
         del self.running[st.spec.id]
-        st.running = False
 
     def _preempt(self, st: JobState) -> None:
         self._stop(st)
@@ -247,8 +240,11 @@ class IntervalSimulator:
         if not self.ordering.preemptive:
             self.core.fill(self.now, self._start)
             return
-        self.core.preemptive_round(self.running.values(), self.now, self._preempt,
-                                   self._start)
+        d = self.core.preemptive_round(self.running.values(), self.now)
+        if d is not None:     # stopped at once: the kept ones start on what they freed
+            for jid in d.stop:
+                self._preempt(self.running[jid])
+            self.core.try_start(d.start, self._start)
 
     def _elastic_round(self) -> None:
         views = [job_view(st, self.topology, self.elastic, held=st.running,
@@ -256,27 +252,23 @@ class IntervalSimulator:
                           remaining=self.runs[jid].remaining(st.spec),
                           restarting=self.runs[jid].restart_left > 0)
                  for jid, st in list(self.running.items()) + list(self.core.waiting.items())]
-        self.core.elastic_round(views, self.cluster.capacity, self.now, self)
-
-    # the elastic round's answer, applied (``ElasticEngine``)
-    def keep(self, st: JobState, c: Choice) -> None:
-        run = self.runs[st.spec.id]
-        if c.gpus and c.config is not None and c.config != run.cfg:
-            # a new batch on the same GPUs: re-scaled between steps, no restart
-            run.cfg = c.config
-            run.step_t = run_step_time(run.app, run.counts, c.config)
-
-    def vacate(self, st: JobState) -> None:
-        self._preempt(st)
-
-    def move(self, st: JobState, c: Choice) -> None:
-        if st.running:
-            self._stop(st)
-            self.core.enqueue(st)
-
-    def place(self, moves: Sequence[tuple[Choice, JobState]]) -> None:
+        d = self.core.elastic_round(views, self.cluster.capacity, self.now)
+        for ch in d.changes:
+            st, c = self.states[ch.job], ch.choice
+            if ch.kind == "keep":
+                run = self.runs[ch.job]
+                if c.gpus and c.config is not None and c.config != run.cfg:
+                    # a new batch on the same GPUs: re-scaled between steps, no restart
+                    run.cfg = c.config
+                    run.step_t = run_step_time(run.app, run.counts, c.config)
+            elif ch.kind == "vacate":
+                self._preempt(st)
+            elif st.running:       # a move: what it holds is released before any placing
+                self._stop(st)
+                self.core.enqueue(st)
         pack = Pack()
-        for c, st in sorted(moves, key=lambda m: (-m[0].gpus, m[1].spec.submit, m[1].id)):
+        for ch in d.place:         # biggest first (core.placement_order)
+            st, c = self.states[ch.job], ch.choice
             if c.servers:
                 p = place_on(self.cluster, st.spec, c.servers)
             elif c.device_type:
@@ -305,19 +297,16 @@ class IntervalSimulator:
                 self.core.serve(st, held, len(st.placements[-1][1]))
                 st.service_marks.append((self.now + step, st.attained))
                 if end is not None:
-                    st.end = end
-                    finished.append(st)
+                    finished.append((st, end))
             self.now += step
             res.events += 1
-            for st in finished:
+            for st, end in finished:
                 self._stop(st)
-                st.remaining = 0.0
-                self.core.done(st.spec)
+                self.core.ended(st, end)
                 if self.runs[st.spec.id].learner is not None:
                     self.runs[st.spec.id].learner.forget(st.spec.id)
-                finished_hook = getattr(self.elastic, "finished", None)
-                if finished_hook is not None:
-                    finished_hook(st.spec.id)
+                if self.elastic is not None:
+                    self.elastic.finished(st.spec.id)
                 done += 1
             # 2. arrivals up to this boundary
             while nxt < len(specs) and specs[nxt].submit <= self.now:
@@ -353,5 +342,6 @@ class IntervalSimulator:
         if self.core.submit(spec, self.now) is None:
             return
         app = self.perf.pollux.get(spec.model) if self.perf.is_step_based(spec) else None
-        learner = getattr(self.elastic, "learner", None) if app is not None else None
+        learner = (self.elastic.learner_for("") if app is not None and self.elastic is not None
+                   else None)
         self.runs[spec.id] = _Run(app, spec.work, learner, spec.id)
