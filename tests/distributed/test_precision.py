@@ -7,6 +7,7 @@
 * ZeRO stages 1 and 3 (bf16 weights and gradients, fp32 master shards) and FSDP2 (its own
   MixedPrecisionPolicy) end on the same weights, stage 1 moves sync's bf16 bytes, and
   what they hold matches the bf16 memory formula;
+* zero-3 in bf16 killed and resumed ends on the uninterrupted run's weights;
 * the strategies that cannot take it refuse it in one line that says why.
 """
 
@@ -19,6 +20,7 @@ import phalanx
 from phalanx.cli import main
 from phalanx.errors import ConfigError
 from phalanx.metrics import read_events
+from phalanx.runtime.launch import WorkerFailed
 
 TINY = {"model": "gpt", "gpt_layers": 2, "gpt_dim": 32, "gpt_heads": 2, "context": 32,
         "data": "shakespeare", "train_limit": 4000, "test_limit": 200, "max_steps": 20,
@@ -43,6 +45,12 @@ def runs(tmp_path_factory):
         trains = [e for e in read_events(base / name / "events.jsonl")
                   if e["kind"] == "train" and e["rank"] == 0]
         out[name] = (result, trains)
+    # zero-3 in bf16 killed after 10 steps (each rank saved its fp32 master shards) and
+    # resumed: its weights are the uninterrupted run's
+    with pytest.raises(WorkerFailed, match="killed at step 10"):
+        phalanx.train(out=str(base / "killed"), kill_worker="0@10", checkpoint_every=10,
+                      **TINY, **RUNS["zero3"])
+    out["resumed"] = (phalanx.train(resume=str(base / "killed"), progress=False), [])
     return out
 
 
@@ -82,6 +90,11 @@ def test_sharded_bf16_paths_agree(runs):
     # sync keeps fp32 weights under autocast (its layer norms and embeddings in fp32)
     sync_ring, sync_native = weights(runs["sync16"][0]), weights(runs["sync16-native"][0])
     assert (sync_ring - sync_native).abs().max().item() < 1e-6
+
+
+def test_zero_bf16_resumes_on_the_uninterrupted_runs_weights(runs):
+    resumed, whole = weights(runs["resumed"][0]), weights(runs["zero3"][0])
+    assert torch.equal(resumed, whole)  # measured: bit for bit
 
 
 def test_bf16_halves_the_bytes_per_step(runs):
