@@ -29,6 +29,8 @@ from phalanx.experiments.gpt_common import (
     seeds_flag,
     study_load,
 )
+from phalanx.experiments.gpt_memory_budget import markdown as budget_markdown
+from phalanx.experiments.gpt_memory_budget import search
 from phalanx.experiments.seeds import SeededRuns, run_seeded, write_seeded_report
 from phalanx.experiments.stats import summarize
 from phalanx.metrics import plots
@@ -48,6 +50,14 @@ QUICK_STRATEGIES = ("sync", "zero-1", "zero-3")
 LOSS_PAIR = ("sync", "zero-3")
 # the default GPT (4 blocks of width 128, 0.8M parameters), not the studies' smaller one
 MODEL = {"gpt_layers": 4, "gpt_dim": 128, "gpt_heads": 4}
+BUDGET_SETUP = (
+    "Every rank under `--memory-limit` (RLIMIT_AS: what it may map beyond its start-up), "
+    "N = 4, each strategy's largest size found by bisection over a ladder of GPTs (2 AdamW "
+    "steps and an evaluation must finish; a size that does not fit is the run's one-line "
+    "`--memory-limit` error), 2 windows per rank so the weights, gradients and rule state "
+    "decide (phalanx/experiments/gpt_memory_budget.py). Address space, not resident "
+    "memory: thread stacks count, and so would glibc's per-thread allocator arenas (64 MiB "
+    "of address space each), so the ranks run with `MALLOC_ARENA_MAX=1`.")
 EQUAL_NATS = 0.01  # "the same loss": the paired difference's 95% interval inside +-this
 HELD_SLACK = 0.01  # counted within 1% of the formula (padding, step counters)
 
@@ -217,6 +227,12 @@ def run(out: Path, *, quick: bool, data: str | None, seeds: Sequence[int],
     pre += "\n\n" + study_load(out, before, reuse=reuse)
     pre += "\n\nSeed " + str(seeds[0]) + ", every strategy at every N:\n\n" + markdown(rows)
     pre += "\n\n![bytes held per rank](held_vs_workers.png)"
+    budget = search(lambda folder: gpt_config(folder, quick=quick, seed=seeds[0],
+                                              rule="adamw"),
+                    out / "budget", {s: STRATEGIES[s] for s in names}, quick=quick,
+                    reuse=reuse)
+    pre += ("\n\n## The largest GPT inside a per-rank budget\n\n" + BUDGET_SETUP
+            + "\n\n" + budget_markdown(budget))
     return write_seeded_report(sr, out, title="Memory against workers: DDP, ZeRO 1-3 and "
                                "FSDP2 (GPT)", target=0.0, preamble=pre,
                                command="phalanx experiments run gpt-memory"

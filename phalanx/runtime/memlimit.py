@@ -25,7 +25,10 @@ from phalanx.errors import PhalanxError
 
 # what an allocation that the address-space limit refused looks like, by library
 _ALLOC_FAILED = ("can't allocate memory", "cannot allocate memory", "out of memory",
-                 "std::bad_alloc", "can't start new thread")
+                 "std::bad_alloc", "can't start new thread",
+                 # torch.save's zip writer when its buffer could not grow (the checkpoint
+                 # of a rank under the limit: "unexpected pos N vs M", measured)
+                 "enforce fail at inline_container.cc")
 
 
 class MemoryLimitExceeded(PhalanxError):

@@ -166,3 +166,34 @@ def test_memory_study_reads_psi_and_k_and_holds_counts_to_the_formula():
     off = SeededRuns([0, 1, 2], {"sync N=4": _runs("s", [2.0, 2.1, 2.05]),
                                  "zero-3 N=4": _runs("z", [2.03, 2.12, 2.08])})
     assert loss_verdict(off, 4)[0] is False
+
+
+def test_memory_budget_search_bisects_the_ladder_and_counts_parameters(monkeypatch):
+    from phalanx.experiments import gpt_memory_budget as gb
+    from phalanx.models.gpt import gpt
+
+    for layers, dim, heads in ((2, 32, 2), (4, 128, 4)):
+        model = gpt((64,), 65, layers=layers, dim=dim, heads=heads)
+        assert gb.gpt_params(layers, dim) == sum(p.numel() for p in model.parameters())
+    ladder = gb.LADDER
+    for fits_up_to in range(-1, len(ladder)):
+        seen = []
+
+        def probe(base, folder, size, reuse, limit=fits_up_to, seen=seen):
+            seen.append(size)
+            return gb.Probe(*size, fits=ladder.index(size) <= limit,
+                            why="" if ladder.index(size) <= limit else "--memory-limit 1: x")
+
+        monkeypatch.setattr(gb, "_probe", probe)
+        at, probes = gb.largest(None, None, ladder)
+        assert at == fits_up_to and len(probes) == len(seen) <= 3  # 7 sizes: 3 probes
+    rows = [{"strategy": "sync", "workers": 4, "budget": 2**20, "largest": "4x256",
+             "params": 100, "probes": [{"layers": 4, "dim": 256, "fits": True, "why": ""},
+                                       {"layers": 8, "dim": 256, "fits": False,
+                                        "why": "--memory-limit 1: over"}]},
+            {"strategy": "zero-3", "workers": 4, "budget": 2**20, "largest": None,
+             "params": None, "probes": [{"layers": 4, "dim": 256, "fits": False,
+                                         "why": "worker 0 failed: something else"}]}]
+    text = gb.markdown(rows)
+    assert "4x256 ✓, 8x256 ✗ |" in text and "none of the ladder" in text
+    assert "4x256 ✗[1]" in text and "[1] failed otherwise: worker 0 failed" in text
