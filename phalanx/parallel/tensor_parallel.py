@@ -13,8 +13,9 @@ out equal on every rank and need no traffic.
 Every rank sees the same batches. The update rule runs on each rank's own shards (a
 sharded parameter's local tensor), so the run equals single-process training to rounding;
 ``--clip-grad-norm`` clips each rank's shards by their own norm. The model declares which
-of its modules split how (``tensor_plan``: phalanx's GPT does); any other model is refused
-in one line.
+of its modules split how. The plan (:mod:`phalanx.parallel.tensor_plans`): the model's own
+``tensor_plan`` attribute, phalanx's GPT's, or one derived for separate q/k/v projections
+and two-layer MLPs in each block; any other model is refused in one line.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from phalanx.parallel.column_parallel import SameBatchHooks, train_same_batch
 from phalanx.parallel.device_data import DeviceData, train_bytes
 from phalanx.parallel.spec import StrategySpec
 from phalanx.parallel.stats import TensorParallelStats
+from phalanx.parallel.tensor_plans import check_plan, gpt_plan, tensor_plan
 from phalanx.parallel.worker import WorkerKit
 from phalanx.rules import make_rule
 from phalanx.runtime.placement import DeviceSupport, Placement, setup_rank
@@ -42,31 +44,17 @@ DEVICE = DeviceSupport(gloo_gpu="tensor parallel's DTensor collectives run on th
                        "SIGSEGV); give each rank its own GPU, or use --device cpu")
 
 
-def tensor_plan(model: nn.Module) -> dict[str, dict[str, str]]:
-    """{block name: {sub-module: "colwise" | "rowwise"}} for a model phalanx can split:
-    every ``Block`` of phalanx's GPT (its attention infers its heads from the projection's
-    width, so a rank holding a column slice runs the same code on its own heads)."""
-    plan = {}
-    for name, module in model.named_modules():
-        if type(module).__name__ == "Block" and type(module).__module__ == "phalanx.models.gpt":
-            plan[name] = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise",
-                          "attn.proj": "rowwise", "mlp.fc": "colwise", "mlp.proj": "rowwise"}
-    return plan
-
-
 def check_job(job: Job) -> None:
     cfg = job.config
     model = job.build_model()
-    plan = tensor_plan(model)
-    if not plan:
-        raise ConfigError(f"--strategy tensor: the model ({type(model).__name__}) has no "
-                          "tensor-parallel plan; phalanx's --model gpt has one (its blocks' "
-                          "attention and MLP)")
-    block = model.get_submodule(next(iter(plan)))
-    heads = block.attn.q.out_features // block.attn.head_dim
-    if heads % cfg.workers or block.mlp.fc.out_features % cfg.workers:
-        raise ConfigError(f"--workers: {cfg.workers} ranks cannot share {heads} attention heads "
-                          f"(--gpt-heads) evenly; use a divisor of {heads}")
+    gpt = gpt_plan(model)
+    if gpt:  # phalanx's GPT: its heads say it best
+        block = model.get_submodule(next(iter(gpt)))
+        heads = block.attn.q.out_features // block.attn.head_dim
+        if heads % cfg.workers or block.mlp.fc.out_features % cfg.workers:
+            raise ConfigError(f"--workers: {cfg.workers} ranks cannot share {heads} attention "
+                              f"heads (--gpt-heads) evenly; use a divisor of {heads}")
+    check_plan(model, job.train.x[:2], cfg.workers)  # a user's plan, or one derived
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -104,7 +92,9 @@ class _TensorHooks(SameBatchHooks):
         model.train()
         model.to(place.torch_device)
         plan = tensor_plan(model)
-        width = model.get_submodule(next(iter(plan))).attn.q.in_features  # before the split
+        rows = [model.get_submodule(f"{b}.{n}") for b, p in plan.items()
+                for n, style in p.items() if style == "rowwise"]
+        width = rows[0].out_features if rows else 0  # the activations' (before the split)
         _parallelize(model, world, place.torch_device)
         self.params = [p for p in model.parameters() if p.requires_grad]
         with torch.no_grad():
@@ -116,11 +106,11 @@ class _TensorHooks(SameBatchHooks):
         self.kit = WorkerKit.of(cfg, 0, rank)  # the same draws on every rank
         self.data = DeviceData(job.train, place.torch_device, place.data_on_device,
                                self.kit.aug is not None)
-        # per sample: 2 allreduces forward (attention and MLP outputs) and 2 backward (their
-        # inputs' gradients) per block, each of context x width values, ring-style
-        # (2 (N-1)/N of the tensor per rank)
+        # per sample: an allreduce forward per row-split layer (the attention's and the
+        # MLP's outputs) and one backward (their inputs' gradients), each of context x
+        # width values, ring-style (2 (N-1)/N of the tensor per rank)
         tokens = job.train.x[0].numel()
-        self.per_sample = 4 * len(plan) * 4 * tokens * width * 2 * (world - 1) / world
+        self.per_sample = 2 * len(rows) * 4 * tokens * width * 2 * (world - 1) / world
         self.sent = 0.0
 
     def grads(self) -> list[torch.Tensor]:
