@@ -312,8 +312,8 @@ class RunConfig:
     checkpoint_every: int = setting(0, 'write a checkpoint every N steps (0: only at the end)',
         section="output", rule=Range(0), limit=(0, 10**12))
     resume: str = setting(
-        "", 'continue the crashed or preempted run in this folder from its checkpoints',
-        section="output")
+        "", 'continue the crashed or preempted run in this folder from its checkpoints '
+        '(zero: with --workers N, on N workers, its shards re-cut)', section="output")
     progress: bool = setting(
         True, 'show a progress bar (a plain line every few seconds when not on a terminal)',
         section="output")
