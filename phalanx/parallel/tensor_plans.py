@@ -15,7 +15,10 @@ Where a plan comes from, first found first:
    ``o_proj``, ``out_proj``, ``c_proj``, ``wo``, ``dense``) by rows; an MLP (a module
    holding exactly two ``nn.Linear``, d -> h -> d) by columns, then rows. A fused q/k/v
    projection (nanoGPT's ``c_attn``) cannot be split by columns without re-ordering its
-   heads: no plan is derived for it.
+   heads: no plan is derived for it. A derived plan assumes what runs between a
+   column-split layer and its row-split partner acts per feature or per head (GELU,
+   dropout, attention over each head): a softmax or a norm across the hidden units would
+   see one rank's share only; such a model declares its own plan.
 
 :func:`check_plan` then splits a copy of the model as rank 0 of N would hold it and runs
 its forward on a sample: a forward that takes its head count as a constant (not from the
