@@ -166,7 +166,8 @@ class ZeroHooks(ReplicaHooks):
         """Reduce-scatter ``unit``'s gradients into this rank's summed shard; free them
         (stage 3: the weights too)."""
         i = self._index[id(unit)]
-        got = torch.empty(self.grads[i].shape, dtype=unit.full.dtype)  # the wire's dtype
+        got = torch.empty(self.grads[i].shape, dtype=unit.full.dtype,  # the wire's dtype
+                          device=self.grads[i].device)
         self.sharded.reduce_scatter(unit.flat_grad(), got)
         self.grads[i] += got  # summed in fp32 over the micro-batches
         for p in unit.params:
@@ -225,7 +226,7 @@ class ZeroHooks(ReplicaHooks):
             names.setdefault(id(p), []).append(name)
         quiet = make_sharded("native", counter=ByteCounter())
         for u in self.units:
-            whole = torch.empty(u.layout.padded, dtype=u.shard.dtype)
+            whole = torch.empty(u.layout.padded, dtype=u.shard.dtype, device=u.shard.device)
             quiet.all_gather(u.shard, whole)
             offset = 0
             for p in u.params:
