@@ -48,6 +48,9 @@ LEARN = {
     "asp-pull-ahead": {"strategy": "asp", "servers": 1, "pull_ahead": True},
     "hogwild": {"strategy": "hogwild"},
     "hogwild-lock": {"strategy": "hogwild", "lock": True},
+    # --precision bf16 (issue 47): CUDA's autocast, bf16 buckets / shards through the host
+    "sync-bf16": {"strategy": "sync", "allreduce": "ring", "precision": "bf16"},
+    "zero3-bf16": {"strategy": "zero", "zero_stage": 3, "precision": "bf16"},
 }
 
 
