@@ -176,7 +176,8 @@ def test_a_job_list_is_checked_as_phalanx_train_checks_a_run(tmp_path, capsys, g
 
 @pytest.mark.parametrize("args,line", [
     (["schedule", "--jobs", "never-read.yaml", "--interval", "5", "--policy", "fifo"],
-     "--interval: --policy fifo does not use it (only goodput: its round); drop it"),
+     "--interval: --policy fifo does not use it (only goodput, pollux, sia, gavel: their "
+     "round); drop it"),
     (["schedule", "--jobs", "never-read.yaml", "--slot", "10"],
      "--slot: --policy fifo does not use it (only las, tiresias, rr); drop it"),
     (["schedule", "--jobs", "never-read.yaml", "--policy", "las", "--starvation", "2"],

@@ -67,6 +67,44 @@ def test_goodput_resizes_a_live_job_from_its_own_measurements(tmp_path):
     assert held and int(held.group(1)) >= 3 and int(held.group(2)) <= bound, log
 
 
+def test_pollux_resizes_a_live_job_from_its_own_measurements(tmp_path):
+    """``--policy pollux`` (the simulator's PolluxPolicy, from the catalog: its model
+    fitted to the set-ups a job ran, its genetic search) on real jobs: a job is resized
+    after its model was fitted to what it measured, each start resumes from the resized
+    checkpoint, and both jobs finish."""
+    jobs = tmp_path / "jobs.yaml"
+    sync = "model: mlp, data: synthetic, strategy: sync, tensorboard: false"
+    jobs.write_text("jobs:\n"
+                    f"  - {{name: e, arrival: 0, gpus: 1, config: {{{sync}, epochs: 160}}}}\n"
+                    f"  - {{name: f, arrival: 7, gpus: 1, config: {{{sync}, epochs: 20}}}}\n")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
+                        "--cluster", "uniform:1,1,1,2", "--policy", "pollux", "--interval",
+                        "1.5", "--restart-cost", "1", "--out", str(out)],
+                       capture_output=True, text=True, cwd=REPO, timeout=240, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = list(csv.DictReader((out / "jobs.csv").open()))
+    assert [x["status"] for x in rows] == ["finished", "finished"]
+    log = (out / "logs" / "e.log").read_text()
+    lines = log.splitlines()
+    fitted = [i for i, ln in enumerate(lines) if "step-time model fitted to" in ln]
+    resized = [(i, m) for i, ln in enumerate(lines)
+               if (m := re.search(r"resized (\d+) -> (\d+) workers, batch (\d+) per worker, "
+                                  r"step (\d+) -> (\d+)", ln))]
+    # a resize decided once the job had measured itself (a model fitted before it)
+    assert fitted and any(i > fitted[0] for i, _ in resized), log
+    events = [json.loads(ln) for ln in (out / "jobs" / "e" / "events.jsonl").read_text()
+              .splitlines()]
+    resumes = [e["step"] for e in events if e["kind"] == "resume" and e["rank"] == 0]
+    assert resumes[:len(resized)] == [int(m.group(5)) for _, m in resized]
+    recs = rank_record.read(out / "ranks" / "e.jsonl")
+    sizes = [1] + [int(m.group(2)) for _, m in resized]
+    for k, n in enumerate(sizes):
+        assert sorted(x.rank for x in recs if x.start == k) == list(range(n))
+    summary = json.loads((out / "jobs" / "e" / "summary.json").read_text())
+    assert summary["steps"] > int(resized[-1][1].group(5))
+
+
 EPOCHS = 12
 
 

@@ -43,11 +43,12 @@ def cluster(tmp_path_factory):
     return path
 
 
-def schedule_goodput(jobs: Path, cluster: Path, out: Path, *flags: str
-                     ) -> subprocess.CompletedProcess:
-    """``phalanx schedule --policy goodput`` with 1 s rounds, as a user runs it."""
+def schedule_goodput(jobs: Path, cluster: Path, out: Path, *flags: str,
+                     policy: str = "goodput") -> subprocess.CompletedProcess:
+    """``phalanx schedule --policy goodput`` (or ``policy``) with 1 s rounds, as a user runs
+    it."""
     r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
-                        "--cluster", str(cluster), "--policy", "goodput", "--interval", "1",
+                        "--cluster", str(cluster), "--policy", policy, "--interval", "1",
                         "--restart-cost", "1", "--out", str(out), *flags],
                        capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -109,6 +110,38 @@ def test_goodput_moves_a_job_to_the_fast_type_when_it_frees(cluster, tmp_path):
     assert min(slow) > 1.4 * min(fast), (slow, fast)
     # the emulation is the run's setting while it is on the slow type only
     assert json.loads((out / "jobs" / "s" / "config.json").read_text())["slow_workers"] == {}
+
+
+def test_sia_moves_a_job_across_the_two_types(cluster, tmp_path):
+    """``--policy sia`` (the simulator's SiaPolicy, from the catalog) on real jobs: each job
+    first gets one GPU of either type (nothing is known of it); the one left on the slow
+    type is priced on the fast one by projecting what it measured with the types' declared
+    speeds, and moves there (stop, checkpoint, resume) once the other job frees it."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n"
+                    f"  - {{name: a, arrival: 0, gpus: 1, config: {{{SYNC}, epochs: 30, "
+                    f"checkpoint_every: 100}}}}\n"
+                    f"  - {{name: b, arrival: 0.5, gpus: 1, config: {{{SYNC}, epochs: 20, "
+                    f"checkpoint_every: 100}}}}\n")
+    out = tmp_path / "out"
+    schedule_goodput(jobs, cluster, out, policy="sia")
+    rows = {x["name"]: x for x in csv.DictReader((out / "jobs.csv").open())}
+    assert [rows[n]["status"] for n in "ab"] == ["finished", "finished"]
+    moved = [n for n in "ab" if "moves from slow to fast" in (out / "logs" / f"{n}.log")
+             .read_text()]
+    assert moved, [(out / "logs" / f"{n}.log").read_text() for n in "ab"]
+    name = moved[0]
+    # device 0 is fast (server f), device 1 slow (server s): it ran on s, then on f
+    recs = rank_record.read(out / "ranks" / f"{name}.jsonl")
+    nodes = [x.node for x in recs]
+    assert "s" in nodes and nodes[nodes.index("s"):].count("f") >= 1, nodes
+    events = [json.loads(ln) for ln in (out / "jobs" / name / "events.jsonl").read_text()
+              .splitlines()]
+    ckpt = [e["step"] for e in events if e["kind"] == "checkpoint" and e["rank"] == 0]
+    resumed = [e["step"] for e in events if e["kind"] == "resume" and e["rank"] == 0]
+    assert resumed and all(r in ckpt for r in resumed), (ckpt, resumed)
+    summary = json.loads((out / "jobs" / name / "summary.json").read_text())
+    assert summary["steps"] == {"a": 30, "b": 20}[name] * 62 > resumed[-1]
 
 
 @pytest.mark.parametrize("gpus,config,line", [

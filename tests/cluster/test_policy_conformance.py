@@ -314,7 +314,8 @@ def test_goodput_fixed_batch_keeps_each_jobs_batch(data_dir):
 def _elastic_policies():
     """Every elastic policy of the catalog, built as ``phalanx simulate`` builds it: on
     Pollux's cluster, and on Sia's cluster of several GPU types (first jobs only)."""
-    from phalanx.cluster.sim.run import ELASTIC, SimulateOptions, load_inputs, make_elastic
+    from phalanx.cluster.policies.catalog import ELASTIC
+    from phalanx.cluster.sim.run import SimulateOptions, load_inputs, make_elastic
 
     homog = SimulateOptions(trace="pollux:1", cluster="pollux-64", limit=8)
     typed = SimulateOptions(trace="sia:philly:1", cluster="sia-64", limit=8)

@@ -206,11 +206,11 @@ def _watch(learner):
 
 def _run_trapped(policy_cls_or_factory, opts, inputs):
     from phalanx.cluster.policies import make_ordering, make_placement
-    from phalanx.cluster.sim.run import _typed
+    from phalanx.cluster.sim.run import elastic_inputs
 
     trapped = {t: {a: TypedTrap(x) for a, x in apps.items()}
                for t, apps in inputs.perf.typed.items()}
-    pol = policy_cls_or_factory(trapped, _typed(opts, inputs, opts.ordering))
+    pol = policy_cls_or_factory(trapped, elastic_inputs(opts, inputs).types(opts.ordering))
     seen = {t: _watch(lr) for t, lr in pol.tl.by_type.items()}
     sim = IntervalSimulator(inputs.topology, inputs.trace.jobs, make_ordering("fifo", 60.0),
                             make_placement("count"), inputs.perf, None,
@@ -264,10 +264,10 @@ def test_a_job_with_nothing_fitted_starts_on_up_to_start_gpus_of_one_node(inputs
     from phalanx.cluster.core.view import JobView
     from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
     from phalanx.cluster.policies.typed_base import ZERO_ALLOC_GAIN
-    from phalanx.cluster.sim.run import _typed
+    from phalanx.cluster.sim.run import elastic_inputs
 
     typed, app = inputs.perf.typed, "cifar10"
-    types = _typed(_opts("goodput"), inputs, "goodput")
+    types = elastic_inputs(_opts("goodput"), inputs).types("goodput")
     v = JobView(1, app, 0.0, 0, None, 1, 60.0)
     rows = {k: make_typed_goodput(typed, types, TypedOptions(start=k)) for k in (1, 4, 8)}
     slowest = min(p.xput1[t][app] for p in rows.values() for t in p.xput1)
@@ -293,10 +293,10 @@ def test_a_change_is_worth_its_goodput_over_the_horizon_less_the_minimum_gain(in
     its current size (attained GPU-seconds over its GPUs)."""
     from phalanx.cluster.core.view import JobView
     from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
-    from phalanx.cluster.sim.run import _typed
+    from phalanx.cluster.sim.run import elastic_inputs
 
     typed = inputs.perf.typed
-    types = _typed(_opts("goodput"), inputs, "goodput")
+    types = elastic_inputs(_opts("goodput"), inputs).types("goodput")
     fixed = make_typed_goodput(typed, types, TypedOptions())
     grows = make_typed_goodput(typed, types, TypedOptions(restart="attained"))
     r = fixed.restart_s["cifar10"]
@@ -403,13 +403,13 @@ def test_gavel_breaks_equal_priorities_by_submission_order(inputs):
     came, our gavel restarted the rotating ImageNet gangs on fewer rounds than the
     artifact and ran saturn 10 at 0.83x its mean JCT; in submission order 1.00x)."""
     from phalanx.cluster.core.view import JobView
-    from phalanx.cluster.sim.run import _gavel
+    from phalanx.cluster.sim.run import make_elastic
 
     opts = _opts("gavel", interval_s=360.0)
     views = [JobView(i, "cifar10", float(i), 0, None, 0, 0.0, batch=2048, requested=24)
              for i in (3, 2, 1)]
     for order in (views, views[::-1]):
-        got = _gavel(opts, inputs).allocate(order, 64, 0.0)
+        got = make_elastic(opts, inputs).allocate(order, 64, 0.0)
         assert {i for i, c in got.items() if c.gpus} == {1, 2}, got
         assert {got[1].device_type, got[2].device_type} == {"aws", "rtx"}
 
@@ -478,10 +478,10 @@ def test_knowledge_ablations_offline_fit_and_oracle(inputs):
         offline_fit,
     )
     from phalanx.cluster.sim.interval import run_step_time
-    from phalanx.cluster.sim.run import _typed
+    from phalanx.cluster.sim.run import elastic_inputs
 
     typed, app = inputs.perf.typed, "cifar10"
-    types = _typed(_opts("goodput"), inputs, "goodput")
+    types = elastic_inputs(_opts("goodput"), inputs).types("goodput")
     pols = {k: make_typed_goodput(typed, types, TypedOptions(knowledge=k))
             for k in ("equal", "offline-fit", "oracle")}
     a = typed["aws"][app]

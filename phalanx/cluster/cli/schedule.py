@@ -24,6 +24,7 @@ from phalanx.cluster.cli import (
 )
 from phalanx.cluster.live.engines import ENGINES
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
+from phalanx.cluster.policies.catalog import ELASTIC
 from phalanx.errors import ConfigError
 
 
@@ -48,13 +49,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "through SLURM_CONF as Slurm's commands find it); without it a local "
                         "Slurm cluster is built from --cluster (root)")
     p.add_argument("--policy", default="fifo",
-                   help=f"ordering: {', '.join(ORDERINGS)}; or goodput (elastic: the learned "
-                        "goodput policy resizes sync, average and parameter-server jobs every "
-                        "--interval)")
+                   help=f"ordering: {', '.join(ORDERINGS)}; or elastic, the simulator's "
+                        f"catalog ({', '.join(ELASTIC)}: resizes sync, average and "
+                        "parameter-server jobs every --interval; sia on a cluster with "
+                        "device types; gavel needs measured per-type profiles, which a job "
+                        "list does not give)")
     p.add_argument("--interval", type=float, default=60.0,
-                   help="goodput: seconds between allocations (default 60)")
+                   help="elastic policies: seconds between allocations (default 60)")
     p.add_argument("--restart-cost", type=float, default=30.0,
-                   help="goodput: seconds a resize is assumed to cost (default 30)")
+                   help="elastic policies: seconds a resize is assumed to cost (default 30)")
     p.add_argument("--goodput-horizon", type=float, default=1800.0,
                    help="goodput: a resize must pay its restart back within this many "
                         "seconds (default 1800)")
@@ -98,18 +101,21 @@ def check_flags(args: argparse.Namespace) -> None:
     """The flags alone, before the engines and the training side are imported: an unknown
     policy, an engine's option given for another engine, a flag the chosen policy or
     placement does not read."""
-    if args.policy not in (*ORDERINGS, "goodput"):
+    if args.policy not in ORDERINGS and args.policy not in ELASTIC:
         raise ConfigError(f"--policy {args.policy}: unknown (choose from "
-                          f"{', '.join(ORDERINGS)}, goodput)")
+                          f"{', '.join(ORDERINGS)}, {', '.join(ELASTIC)})")
     if args.ray_address and args.engine != "ray":
         raise ConfigError("--ray-address: only with --engine ray")
     if args.slurm_partition and args.engine != "slurm":
         raise ConfigError("--slurm-partition: only with --engine slurm")
     policy, placement = {args.policy}, {args.placement}
+    elastic = (read_by(policy, ELASTIC.names())[0],
+               f"--policy {args.policy} does not use it (only {', '.join(ELASTIC)}: their "
+               "round)")
     goodput = (read_by(policy, ("goodput",))[0],
-               f"--policy {args.policy} does not use it (only goodput: its round)")
+               f"--policy {args.policy} does not use it (only goodput)")
     refuse_unread(args, [
-        ("interval", *goodput), ("restart_cost", *goodput), ("goodput_horizon", *goodput),
+        ("interval", *elastic), ("restart_cost", *elastic), ("goodput_horizon", *goodput),
         ("slot", *read_by(policy, ROUND_ORDERINGS)),
         ("tiresias_thresholds", *read_by(policy, ("tiresias",))),
         ("starvation", *read_by(policy, ("tiresias",))),

@@ -30,6 +30,7 @@ from phalanx.cluster.live.state import STATE_FILE, unfinished
 from phalanx.cluster.live.state import load as load_state
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.policies import make_ordering, make_placement
+from phalanx.cluster.policies.catalog import ELASTIC
 from phalanx.cluster.policies.ordering import parse_thresholds
 from phalanx.dashboard.beside import serve_beside
 from phalanx.dashboard.serve import check_port
@@ -47,7 +48,7 @@ def run_schedule(args: argparse.Namespace) -> int:
     cadence = Cadence(args.interval, args.restart_cost)
     thresholds = (parse_thresholds(args.tiresias_thresholds) if args.tiresias_thresholds
                   else None)
-    elastic = args.policy == "goodput"
+    elastic = args.policy in ELASTIC
     ordering = make_ordering("fifo" if elastic else args.policy, args.slot,
                              thresholds, args.starvation)
     placement = make_placement(args.placement, args.threshold, args.hysteresis)
@@ -94,7 +95,8 @@ def run_schedule(args: argparse.Namespace) -> int:
                      if args.ray_address or args.slurm_partition
                      else CoreShare.this_machine(topology))
             live = ElasticLiveCluster(topology, jobs, placement, config, cadence,
-                                      args.goodput_horizon, executor, cores, resume=saved)
+                                      args.goodput_horizon, executor, cores, resume=saved,
+                                      policy=args.policy)
             for job in live.jobs:
                 why = live.why_fixed[job.spec.id]
                 if why:

@@ -24,11 +24,11 @@ from phalanx.cluster.cli import (
 from phalanx.cluster.cli.schedule import register as register_schedule
 from phalanx.cluster.core.report import Summary, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
+from phalanx.cluster.policies.catalog import ELASTIC
 from phalanx.cluster.policies.goodput import BATCHES, PRIORITIES, PROFILES
 from phalanx.cluster.policies.ordering import parse_thresholds
 from phalanx.cluster.policies.pollux import SEARCHES
 from phalanx.cluster.sim.run import (
-    ELASTIC,
     PRESETS,
     SimulateOptions,
     apply_preset,

@@ -1,5 +1,5 @@
-"""``phalanx schedule --policy goodput``: the learned goodput policy on live jobs, with
-elastic resize.
+"""``phalanx schedule --policy goodput|sia|pollux``: an elastic policy of the catalog
+(``policies/catalog.py``, the simulator's) on live jobs, with elastic resize.
 
 Every ``interval_s`` seconds, as the interval engine does in simulation:
 
@@ -13,9 +13,11 @@ Every ``interval_s`` seconds, as the interval engine does in simulation:
    fitted to what the job ran, never to a table of its true speed. The fitted model goes
    into the job's log (``OUT/logs/NAME.log``), with its prediction against the
    measurement.
-2. **Allocate.** ``LearnedGoodputPolicy.allocate`` (the simulator's policy object) gives
-   each resizable job a GPU count: a job never run gets one GPU, a job may grow to twice
-   the most it has run on, a change must pay its restart back.
+2. **Allocate.** The policy's ``allocate`` (the simulator's policy object; goodput:
+   ``LearnedGoodputPolicy``, or the typed one on device types) gives each resizable job a
+   GPU count (and a device type): under goodput a job never run gets one GPU, a job may
+   grow to twice the most it has run on, a change must pay its restart back; sia solves
+   its MILP over the types, pollux runs its genetic search.
 3. **Resize.** A job whose count changes is stopped (SIGTERM: sync / average checkpoint at
    one step; a parameter-server job keeps its last periodic checkpoint), its run folder is
    rewritten for the new workers and the batch the model picks for them
@@ -49,7 +51,7 @@ from phalanx.cluster.live.config import LiveConfig
 from phalanx.cluster.live.engines.base import Executor
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.launch_plan import emulate_type, resumable
-from phalanx.cluster.live.live_policies import describe, job_facts, typed_policy
+from phalanx.cluster.live.live_policies import describe, live_inputs
 from phalanx.cluster.live.loop import LiveCluster
 from phalanx.cluster.live.observe import WINDOWS, EventTail, JobObserver, Observation
 from phalanx.cluster.live.resize import resize_run
@@ -58,7 +60,7 @@ from phalanx.cluster.live.state import SavedState
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.model.learned import Learner
 from phalanx.cluster.policies import FIFO, PlacementPolicy
-from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
+from phalanx.cluster.policies.catalog import ELASTIC
 from phalanx.cluster.policies.placement import place_typed
 from phalanx.cluster.policies.typed_base import cluster_types
 from phalanx.config import RunConfig
@@ -75,12 +77,12 @@ class ElasticLiveCluster(LiveCluster):
     def __init__(self, topology: Topology, jobs: Sequence[LiveJob],
                  placement: PlacementPolicy, config: LiveConfig, cadence: Cadence,
                  horizon_s: float = 1800.0, executor: Executor | None = None,
-                 cores: CoreShare | None = None, resume: SavedState | None = None) -> None:
+                 cores: CoreShare | None = None, resume: SavedState | None = None,
+                 policy: str = "goodput") -> None:
         # ``resume``: what the policy learned is not saved; it observes the jobs anew
         super().__init__(topology, jobs, FIFO(), placement, config, executor=executor,
                          resume=resume)
         self.round_s = cadence.interval_s
-        cap = topology.num_devices
         self.why_fixed = {j.spec.id: self._why_fixed(j) for j in self.jobs}
         elastic = [j for j in self.jobs if not self.why_fixed[j.spec.id]]
         for j in self.jobs:
@@ -95,19 +97,10 @@ class ElasticLiveCluster(LiveCluster):
         # the device types (one, untyped: its servers' size) and GPUs per node of each
         self.types = cluster_types([(s.device_type, s.num_devices)
                                     for s in topology.servers]) if topology.typed else ()
-        self.policy: ElasticPolicy
-        if topology.typed:
-            # (the typed policy's MILP has no core-share term: measurements are still
-            # taken per whole core, predictions are not stretched)
-            self.policy = typed_policy(topology, elastic, cadence, horizon_s)
-        else:
-            self.policy = LearnedGoodputPolicy({j.spec.application: job_facts(j, cap)
-                                                for j in elastic},
-                                               node_gpus=max(topology.server_size),
-                                               restart_s=cadence.restart_cost_s,
-                                               horizon_s=horizon_s,
-                                               slowdown=self._slowdown_at
-                                               if cores is not None else None)
+        # the catalog's policy, built from what this cluster knows (live_policies)
+        self.policy: ElasticPolicy = ELASTIC.get(policy)(live_inputs(
+            topology, elastic, cadence, horizon_s,
+            slowdown=self._slowdown_at if cores is not None else None))
         self.core.elastic = self.policy
         self.target_type: dict[int, str] = {}   # the type the round chose ('' any)
         self.observers = {j.spec.id: JobObserver(EventTail(

@@ -412,6 +412,8 @@ class TypedGoodputPolicy(SiaPolicy):
 
 def make_typed_goodput(typed: Mapping[str, Mapping[str, PolluxApplication]],
                        types: tuple[TypeInfo, ...], options: TypedOptions) -> TypedGoodputPolicy:
+    """The typed policy on measured profiles, restarts priced at each application's
+    checkpoint-restore time (what the catalog builds in simulation)."""
     restart = {a: float(x.restart_s) for apps in typed.values() for a, x in apps.items()
                if x.restart_s is not None}
     return TypedGoodputPolicy(typed, types, options=options, restart_s=restart)

@@ -24,7 +24,7 @@ import numpy as np
 from phalanx.cluster.core.view import Choice, JobView
 from phalanx.cluster.model.learned import Facts, Learner
 from phalanx.cluster.policies.goodput import greedy
-from phalanx.cluster.policies.pollux_ga import Problem, fronts, nsga2
+from phalanx.cluster.policies.pollux_ga import RESTART_S, Problem, fronts, nsga2
 from phalanx.errors import ConfigError
 
 SEARCHES = ("ga", "greedy")
@@ -58,6 +58,7 @@ class PolluxPolicy:
     generations: int = 30
     pop_size: int = 100
     search: str = "ga"                   # or "greedy": the same objective, no GA
+    restart_s: float = RESTART_S         # the restart delay its penalty counts
     name: str = "pollux"
     adapts_batch: bool = field(default=True, init=False)
     uses_remaining: bool = field(default=False, init=False)
@@ -113,7 +114,7 @@ class PolluxPolicy:
             tables[i] = self._table(v, int(caps[i]), fair, width)
         restarts = np.array([v.restarts for v in order], dtype=float)
         age = np.array([now - v.submit for v in order])
-        problem = Problem(tables, base, caps, restarts, age, sizes)
+        problem = Problem(tables, base, caps, restarts, age, sizes, self.restart_s)
         if self.search == "greedy":
             return self._greedy(order, problem, capacity)
         pop, f = nsga2(problem, self._initial(ids, base), self._rng, self.pop_size,

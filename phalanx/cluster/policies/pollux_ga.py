@@ -31,7 +31,8 @@ class Problem:
     (c = 0 none, 1 one node, 2 several: the model only tells one from several)."""
 
     def __init__(self, tables: np.ndarray, base: np.ndarray, max_replicas: np.ndarray,
-                 restarts: np.ndarray, age: np.ndarray, node_gpus: np.ndarray) -> None:
+                 restarts: np.ndarray, age: np.ndarray, node_gpus: np.ndarray,
+                 restart_s: float = RESTART_S) -> None:
         self.tables, self.base = tables, base
         self.max_replicas = max_replicas.reshape(-1, 1)
         self.node_gpus = node_gpus
@@ -39,7 +40,8 @@ class Problem:
         # one GPU per replica: the dominant share of a replica is 1 / cluster GPUs
         share = 1.0 / node_gpus.sum()
         self.scale = share * self.n_nodes
-        self.penalty = np.maximum(age - restarts * RESTART_S, 0.0) / (age + RESTART_S)
+        # the restart delay: the artifact's 30 s, or the engine's declared restart cost
+        self.penalty = np.maximum(age - restarts * restart_s, 0.0) / (age + restart_s)
 
     def speedups(self, states: np.ndarray) -> np.ndarray:
         nodes = np.minimum(np.count_nonzero(states, axis=2), 2)

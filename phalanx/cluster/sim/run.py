@@ -4,11 +4,9 @@ dataclass in, a summary and the raw result out."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from phalanx.catalog import Catalog
 from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
 from phalanx.cluster.core.jobs import JobSpec
@@ -34,16 +32,13 @@ from phalanx.cluster.policies import (
     make_placement,
     parse_quota,
 )
-from phalanx.cluster.policies.gavel import GavelPolicy
-from phalanx.cluster.policies.goodput import GoodputOptions, GoodputPolicy
-from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy, LearnedOptions
-from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
+from phalanx.cluster.policies.catalog import ELASTIC, ElasticInputs
+from phalanx.cluster.policies.goodput import GoodputOptions
+from phalanx.cluster.policies.goodput_learned import LearnedOptions
+from phalanx.cluster.policies.goodput_typed import TypedOptions
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S, check_thresholds
 from phalanx.cluster.policies.placement import PlacementOptions
-from phalanx.cluster.policies.pollux import PolluxOptions, PolluxPolicy
-from phalanx.cluster.policies.pollux_unaware import UnawarePolluxPolicy, unaware_layout
-from phalanx.cluster.policies.sia import SiaPolicy
-from phalanx.cluster.policies.typed_base import TypeInfo, cluster_types
+from phalanx.cluster.policies.pollux import PolluxOptions
 from phalanx.cluster.sim.event import SimConfig, Simulator
 from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.sim.traces import Trace, TraceOptions, load_trace
@@ -252,82 +247,26 @@ def perf_options(opts: SimulateOptions) -> PerfOptions:
                        k_server=base.k_server * opts.interference_scale)
 
 
-def _pollux(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
-    if opts.profiles != "learned":
-        raise ConfigError("--policy pollux: learns its throughput model; --profiles "
-                          "oracle is for --policy goodput")
-    o = opts.pollux()
-    sizes = tuple(s.num_devices for s in inputs.topology.servers)
-    if len({s.device_type for s in inputs.topology.servers}) > 1:
-        # heterogeneity-unaware, as Sia ran it: one homogenised cluster of virtual nodes,
-        # facts of its first type (aws), no job above the smallest type's GPUs
-        vsizes, owner = unaware_layout(sizes)
-        types = [s.device_type for s in inputs.topology.servers]
-        facts = inputs.perf.typed.get("aws") or inputs.perf.pollux
-        smallest = min(sum(x.num_devices for x in inputs.topology.servers
-                           if x.device_type == t) for t in set(types))
-        return UnawarePolluxPolicy(facts, vsizes, seed=opts.seed, generations=o.generations,
-                                   search=o.search, vnode_server=owner,
-                                   server_types=tuple(types), max_gpus=smallest)
-    return PolluxPolicy(inputs.perf.pollux, sizes, seed=opts.seed,
-                        generations=o.generations, search=o.search)
-
-
-def _typed(opts: SimulateOptions, inputs: Inputs, policy: str) -> tuple[TypeInfo, ...]:
-    if not inputs.perf.typed:
-        raise ConfigError(f"--policy {policy}: needs a cluster whose GPU types have "
-                          f"per-type profiles (--cluster sia-64), not {inputs.topology.name}")
-    if opts.profiles != "learned":
-        raise ConfigError(f"--policy {policy}: --profiles oracle is for --policy goodput")
-    return cluster_types([(s.device_type, s.num_devices) for s in inputs.topology.servers])
-
-
-def _sia(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
-    return SiaPolicy(inputs.perf.typed, _typed(opts, inputs, "sia"))
-
-
-def _gavel(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
-    servers: dict[str, tuple[int, ...]] = {}
-    for s in inputs.topology.servers:
-        servers[s.device_type] = servers.get(s.device_type, ()) + (s.index,)
-    return GavelPolicy(inputs.perf.typed, _typed(opts, inputs, "gavel"),
-                       opts.interval_s if opts.interval_s is not None else 360.0, servers)
-
-
-def _goodput(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
-    """``--profiles learned``: what Pollux knows; ``oracle``: every measured profile."""
-    node_gpus = max(s.num_devices for s in inputs.topology.servers)
-    g = opts.goodput()
-    if inputs.perf.typed and len({s.device_type for s in inputs.topology.servers}) > 1:
-        # several GPU types: heterogeneity-aware, on the information Sia has
-        if g.profiles != "learned" or g.priority != "none":
-            raise ConfigError("--policy goodput on several GPU types: learned profiles and "
-                              "--goodput-priority none only")
-        return make_typed_goodput(inputs.perf.typed, _typed(opts, inputs, "goodput"),
-                                  opts.typed())
-    if g.profiles == "learned":
-        if g.batch == "fixed":
-            raise ConfigError("--goodput-batch fixed: an ablation of the oracle policy; "
-                              "add --profiles oracle")
-        return LearnedGoodputPolicy(inputs.perf.pollux, node_gpus, opts.restart_cost_s,
-                                    g.horizon_s, g.priority, opts.learned())
-    return GoodputPolicy(inputs.perf.pollux, node_gpus, opts.restart_cost_s, g.horizon_s,
-                         g.priority, fixed_batch=g.batch == "fixed")
-
-
-# every elastic --policy (GPUs and batch per job, interval engine): adding one is its class
-# and one line here; an entry makes the policy from the run's options and inputs
-ElasticFactory = Callable[["SimulateOptions", Inputs], ElasticPolicy]
-ELASTIC: Catalog[ElasticFactory] = Catalog("elastic policy", "--policy")
-ELASTIC.add("goodput", _goodput, "GPUs and batch per job by goodput (learned or oracle)")
-ELASTIC.add("pollux", _pollux, "the Pollux artifact's policy")
-ELASTIC.add("sia", _sia, "the Sia artifact's MILP policy (GPU types)")
-ELASTIC.add("gavel", _gavel, "Gavel's max-sum-throughput, as Sia ran it (GPU types)")
+def elastic_inputs(opts: SimulateOptions, inputs: Inputs) -> ElasticInputs:
+    """What the catalog's elastic policies are built from in simulation: the measured
+    profiles (per type where the cluster's types have them), the run's sections."""
+    servers = inputs.topology.servers
+    typed = inputs.perf.typed
+    return ElasticInputs(
+        cluster=inputs.topology.name, server_sizes=tuple(s.num_devices for s in servers),
+        server_types=tuple(s.device_type for s in servers),
+        server_ids=tuple(s.index for s in servers), apps=inputs.perf.pollux, typed=typed,
+        restart_s=opts.restart_cost_s,
+        restart_by_app={a: float(x.restart_s) for apps in typed.values()
+                        for a, x in apps.items() if x.restart_s is not None},
+        seed=opts.seed, interval_s=opts.interval_s, goodput=opts.goodput(),
+        learned=opts.learned(), typed_options=opts.typed(), pollux=opts.pollux())
 
 
 def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
-    """The elastic policy of ``opts.ordering`` with what ``opts.profiles`` lets it know."""
-    return ELASTIC.get(opts.ordering)(opts, inputs)
+    """The elastic policy of ``opts.ordering`` (the catalog's) with what ``opts.profiles``
+    lets it know."""
+    return ELASTIC.get(opts.ordering)(elastic_inputs(opts, inputs))
 
 
 def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
