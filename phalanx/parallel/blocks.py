@@ -83,6 +83,12 @@ def find_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
     return max(found, key=lambda nm: _size(nm[1]))
 
 
+def cut_between_children(model: nn.Module) -> bool:
+    """An ``nn.Sequential`` is cut between its children, unless ``--split-at`` named a
+    block list inside it."""
+    return isinstance(model, nn.Sequential) and not model.__dict__.get(SPLIT_AT, "")
+
+
 def name_blocks(model: nn.Module, name: str) -> None:
     """``--split-at NAME``: ``model``'s block list is the module ``name`` (one line if it
     is not a list of modules)."""

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from phalanx.errors import ConfigError
-from phalanx.parallel.blocks import BlockView, shared_parameters
+from phalanx.parallel.blocks import BlockView, cut_between_children, shared_parameters
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Partition:
 def layers_of(model: nn.Module, what: str = "--strategy") -> list[tuple[str, nn.Module]]:
     """The named layers a stage is cut from: a sequential model's top-level children, or
     a block model's ``pre``, blocks and ``post`` (:mod:`phalanx.parallel.blocks`)."""
-    if isinstance(model, nn.Sequential):
+    if cut_between_children(model):
         return list(model.named_children())
     try:
         return BlockView(model).layers
@@ -59,7 +59,7 @@ def layers_of(model: nn.Module, what: str = "--strategy") -> list[tuple[str, nn.
 def layer_keys(model: nn.Module, names: Sequence[str]) -> list[str]:
     """State-dict keys (parameters and buffers) of the layers ``names`` of ``model``."""
     state = list(model.state_dict())
-    if isinstance(model, nn.Sequential):
+    if cut_between_children(model):
         prefixes = tuple(f"{n}." for n in names)
         return [k for k in state if k.startswith(prefixes)]
     view = BlockView(model)

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from phalanx.errors import ConfigError
-from phalanx.parallel.blocks import find_blocks
+from phalanx.parallel.blocks import cut_between_children, find_blocks
 
 
 class _Recomputed:
@@ -37,7 +37,7 @@ class _Recomputed:
 
 def blocks_of(model: nn.Module) -> list[nn.Module]:
     """The model's repeated blocks (see the module); [] if it has none."""
-    if isinstance(model, nn.Sequential):
+    if cut_between_children(model):
         by_class: dict[type, list[nn.Module]] = defaultdict(list)
         for child in model.children():
             by_class[type(child)].append(child)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from phalanx.comm.sharded import Sharded, ShardLayout
-from phalanx.parallel.blocks import find_blocks
+from phalanx.parallel.blocks import cut_between_children, find_blocks
 
 
 @dataclass(eq=False)
@@ -86,7 +86,7 @@ class Unit:
 
 def unit_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of each unit that is a module, in forward order."""
-    if isinstance(model, nn.Sequential):
+    if cut_between_children(model):
         return [(n, m) for n, m in model.named_children()
                 if any(p.requires_grad for p in m.parameters())]
     found = find_blocks(model)

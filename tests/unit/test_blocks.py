@@ -94,3 +94,18 @@ def test_cut_at_nested_blocks_the_layers_compute_the_models_forward():
     assert view.keys(state, "block1") == [k for k in state if k.startswith("gpt.blocks.1.")]
     assert set(view.keys(state, "post")) == {k for k in state if k.startswith(
         ("gpt.adapters.", "gpt.head."))}
+
+
+def test_split_at_inside_a_sequential_model_cuts_at_its_blocks():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(11, 8), nn.Sequential(Block(8), Block(8)),
+                          nn.Linear(8, 11))
+    assert [n for n, _ in layers_of(model)] == ["0", "1", "2"]  # its children, by default
+    name_blocks(model, "1")
+    layers = layers_of(model)
+    assert [n for n, _ in layers] == ["pre", "block0", "block1", "post"]
+    idx = torch.randint(0, 11, (2, 5))
+    x = idx
+    for _, layer in layers:
+        x = layer(x)
+    assert torch.equal(x, model(idx))
