@@ -41,7 +41,7 @@ from phalanx.metrics import EventLog
 from phalanx.parallel.base import read_result
 from phalanx.parallel.registry import spec
 from phalanx.parallel.spec import StrategySpec
-from phalanx.runtime import first_failure, groupstore, netif, nodes, preempt
+from phalanx.runtime import first_failure, groupstore, memlimit, netif, nodes, preempt
 from phalanx.runtime.launch import DEFAULT_TIMEOUT_S
 
 
@@ -125,6 +125,9 @@ def _run_attempt(fn, args: tuple, attempt: int, timeout_s: float = DEFAULT_TIMEO
     except PhalanxError:
         raise
     except Exception as e:  # noqa: BLE001 - a peer's loss surfaces as any backend error
+        said = memlimit.explain(e, rank)  # an allocation past --memory-limit: its line
+        if said is not e:
+            raise said from None
         raise PhalanxError(table.failure_line(rank, e)) from None
     # not on a failure: the process then leaves at once (main: os._exit after its line).
     # Destroying a gloo group waits for its operations in flight (ProcessGroupGloo joins its
