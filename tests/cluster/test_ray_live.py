@@ -408,3 +408,48 @@ def test_kill_9_of_the_scheduler_then_resume_on_ray(cluster, tmp_path):
     ref.assert_same_parameters(out)
     assert not _pids_with(str(out)), "rank processes left behind"
     print(f"resumed schedule {resumed_s:.1f} s; test {time.monotonic() - t_test:.1f} s")
+
+
+def test_sia_and_pollux_schedule_real_jobs_on_ray(cluster, tmp_path):
+    """The catalog's sia and pollux on the module's Ray cluster (no cluster of their own;
+    its nodes declare no device type, so sia sees one type here: its moves across types
+    are tests/cluster/test_live_types.py's, on the local engine): under ``--policy sia``
+    two jobs get their GPUs from its MILP, run on the nodes of the devices it gave and
+    finish; under ``--policy pollux`` a job is resized once its model was fitted to what it
+    measured."""
+    c = cluster
+    sync = "model: mlp, data: synthetic, strategy: sync, tensorboard: false, worker_threads: 1"
+    jobs = tmp_path / "sia.yaml"
+    jobs.write_text("jobs:\n"
+                    f"  - {{name: A, arrival: 0, gpus: 1, config: {{{sync}, epochs: 30, "
+                    "checkpoint_every: 100}}\n"
+                    f"  - {{name: B, arrival: 0.5, gpus: 1, config: {{{sync}, epochs: 20, "
+                    "checkpoint_every: 100}}\n")
+    out = tmp_path / "sia"
+    r = c.net.hosts[0].run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                            str(jobs), "--cluster", TOPOLOGY, "--engine", "ray", "--policy",
+                            "sia", "--interval", "1", "--restart-cost", "1", "--ray-address",
+                            c.address, "--out", str(out)], env=_env(), cwd=REPO, timeout=300,
+                           check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "engine ray (sia," in r.stdout, r.stdout
+    rows = rows_of(out)
+    assert [rows[n]["status"] for n in "AB"] == ["finished", "finished"], rows
+    ranks_where_placed(out, rows, c.topology, "AB")
+
+    jobs = tmp_path / "pollux.yaml"
+    jobs.write_text(f"jobs:\n  - {{name: e, arrival: 0, gpus: 1, config: {{{sync}, "
+                    "epochs: 160}}\n")
+    out = tmp_path / "pollux"
+    r = c.net.hosts[0].run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                            str(jobs), "--cluster", TOPOLOGY, "--engine", "ray", "--policy",
+                            "pollux", "--interval", "1.5", "--restart-cost", "1",
+                            "--ray-address", c.address, "--out", str(out)], env=_env(),
+                           cwd=REPO, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert rows_of(out)["e"]["status"] == "finished"
+    lines = (out / "logs" / "e.log").read_text().splitlines()
+    fitted = [i for i, ln in enumerate(lines) if "step-time model fitted to" in ln]
+    resized = [i for i, ln in enumerate(lines) if re.search(r"resized \d+ -> \d+ workers", ln)]
+    assert fitted and any(i > fitted[0] for i in resized), lines
+    assert not _pids_with(str(tmp_path)), "rank processes left behind"

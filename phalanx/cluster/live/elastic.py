@@ -132,8 +132,8 @@ class ElasticLiveCluster(LiveCluster):
     def _learner(self, jid: int, device_type: str | None = None) -> Learner:
         """The model of job ``jid``'s speed: on a typed cluster, the one fitted to what it
         ran on ``device_type`` (default: its type now)."""
-        dtype = device_type or self._type_of(jid) or (self.types[0].name if self.types
-                                                      else "")
+        dtype = device_type or self._type_of(jid) or (
+            self.types[0].name if self.types else self.topology.servers[0].device_type)
         learner = self.policy.learner_for(dtype)
         assert learner is not None     # both live policies learn (per type, or at all)
         return learner
@@ -285,7 +285,8 @@ class ElasticLiveCluster(LiveCluster):
         # typed cluster it resumes on the type chosen (a change of type is a move)
         self.target[st.spec.id] = c.gpus
         self.target_type[st.spec.id] = c.device_type
-        if c.device_type and c.device_type != self._type_of(st.spec.id) and st.placements:
+        if (self.topology.typed and c.device_type and st.placements
+                and c.device_type != self._type_of(st.spec.id)):
             self._note(st, f"phalanx: scheduler: {st.spec.name}: moves from "
                            f"{self._type_of(st.spec.id)} to {c.device_type} ({c.gpus} GPU)")
         run = self.runs.get(st.spec.id)

@@ -48,7 +48,8 @@ def live_inputs(topology: Topology, elastic: Sequence[LiveJob], cadence: Cadence
     apps = {j.spec.application: job_facts(j, topology.num_devices) for j in elastic}
     typed: dict[str, dict[str, AppFacts]] = {}
     boot = None
-    if topology.typed:
+    if topology.typed or len(set(topology.server_size)) == 1:
+        # per type (one, on a cluster of one type and one server size: what sia needs)
         types = cluster_types([(s.device_type, s.num_devices) for s in servers])
         typed = {t.name: {j.spec.application: job_facts(j, t.gpus) for j in elastic}
                  for t in types}
