@@ -3,7 +3,17 @@ topology-aware scheduler for DL jobs on GPU clusters."""
 
 from __future__ import annotations
 
+import os
 import re
+
+# OpenMP threads that wait for work sleep (futex) instead of spinning. torch's intra-op
+# threads (libgomp) spin by default; on a machine with more runnable threads than cores,
+# as phalanx's ranks, servers and drivers often are, the spinning takes the cores the
+# working threads need. Measured (2-core machine at load ~11, one rank with 2 intra-op
+# threads, the default GPT): 731 tokens/s spinning, 4,147-5,671 passive (bench/threads.py).
+# Set before torch is imported (libgomp reads it once); every process phalanx starts
+# inherits it; a value the user set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from phalanx.config import RunConfig
 from phalanx.errors import PhalanxError

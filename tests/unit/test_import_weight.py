@@ -18,3 +18,19 @@ def test_the_ray_actors_module_imports_no_torch():
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]", r.stdout
+
+
+def test_import_phalanx_makes_idle_openmp_threads_sleep_unless_the_user_chose():
+    """torch's intra-op threads spin while idle by default, which on a machine with more
+    runnable threads than cores starves the threads doing the work (bench/threads.py: 12x
+    fewer steps/s). ``import phalanx`` sets OMP_WAIT_POLICY=PASSIVE before torch loads, so
+    the process and everything it starts inherit it; a value already set is kept."""
+    code = ("import os, sys, phalanx; assert 'torch' not in sys.modules; "
+            "print(os.environ['OMP_WAIT_POLICY'])")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
+    for given, want in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
+        r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                           text=True, timeout=60,
+                           env={**env, **({"OMP_WAIT_POLICY": given} if given else {})})
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == want
