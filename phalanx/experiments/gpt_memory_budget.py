@@ -28,10 +28,10 @@ from phalanx.config import RunConfig
 from phalanx.entry.api import train
 from phalanx.errors import PhalanxError
 
-# (layers, width, heads): 3.2M to 118M parameters
+# (layers, width, heads): 3.2M to 118M parameters, in order
 LADDER: tuple[tuple[int, int, int], ...] = (
-    (4, 256, 4), (8, 256, 4), (8, 384, 6), (12, 384, 6), (12, 512, 8), (16, 640, 10),
-    (24, 640, 10))
+    (4, 256, 4), (8, 256, 4), (8, 384, 6), (12, 384, 6), (12, 512, 8), (16, 512, 8),
+    (12, 640, 10), (16, 640, 10), (24, 640, 10))
 QUICK_LADDER = LADDER[:3]
 BUDGET = 768 * 2**20   # bytes per rank beyond start-up
 QUICK_BUDGET = 160 * 2**20

@@ -186,7 +186,9 @@ def test_memory_budget_search_bisects_the_ladder_and_counts_parameters(monkeypat
 
         monkeypatch.setattr(gb, "_probe", probe)
         at, probes = gb.largest(None, None, ladder)
-        assert at == fits_up_to and len(probes) == len(seen) <= 3  # 7 sizes: 3 probes
+        assert at == fits_up_to and len(probes) == len(seen) <= 4  # 9 sizes: 4 probes
+    sizes = [gb.gpt_params(layers, dim) for layers, dim, _ in ladder]
+    assert sizes == sorted(sizes)  # bisection needs the ladder in order
     rows = [{"strategy": "sync", "workers": 4, "budget": 2**20, "largest": "4x256",
              "params": 100, "probes": [{"layers": 4, "dim": 256, "fits": True, "why": ""},
                                        {"layers": 8, "dim": 256, "fits": False,
