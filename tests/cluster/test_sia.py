@@ -514,3 +514,30 @@ def test_knowledge_ablations_offline_fit_and_oracle(inputs):
     assert got == pytest.approx(want, rel=1e-12)
     assert got != pytest.approx(float(pols["offline-fit"]._raw(v, "aws", np.array([2.0]),
                                                                   np.array([8.0]))[0]))
+
+
+@pytest.mark.parametrize(("policy", "cluster", "kw", "named"), [
+    # the drift of issue 48: a "share" variant on sia-64 set the learned policy's switch,
+    # which the typed policy that runs there never read
+    ("goodput", "sia-64", {"goodput_share": True}, "goodput_share"),
+    ("goodput", "sia-64", {"goodput_min_gain": 0.3, "goodput_explore": 0.1},
+     "goodput_explore, goodput_min_gain"),
+    ("goodput", "pollux-64", {"typed_share": True}, "typed_share"),
+])
+def test_a_goodput_section_the_policy_does_not_read_is_refused(policy, cluster, kw, named):
+    from phalanx.cluster.sim.run import make_elastic
+
+    opts = SimulateOptions(**apply_preset("sia-artifact" if cluster == "sia-64" else
+                                          "pollux-artifact",
+                                          {"trace": "sia:philly:1" if cluster == "sia-64"
+                                           else "pollux:1", "ordering": policy, "limit": 4,
+                                           "data_dir": DATA, **kw}))
+    inputs = load_inputs(opts)
+    with pytest.raises(ConfigError, match=f"{named} not read: the "):
+        make_elastic(opts, inputs)
+    # the policy's own section, and the horizon both share, are accepted
+    own = ({"typed_share": True} if cluster == "sia-64" else {"goodput_share": True})
+    ok = SimulateOptions(**{**{k: getattr(opts, k) for k in ("trace", "cluster", "ordering",
+                                                           "limit", "data_dir")},
+                            "goodput_horizon_s": 900.0, **own})
+    assert make_elastic(ok, inputs).name == "goodput"

@@ -9,7 +9,7 @@ says so in one line.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from phalanx.catalog import Catalog
 from phalanx.cluster.core.view import ElasticPolicy
@@ -71,12 +71,30 @@ class ElasticInputs:
         return cluster_types(list(zip(self.server_types, self.server_sizes, strict=True)))
 
 
+def unread(section: object, default: object, keep: tuple[str, ...] = ()) -> list[str]:
+    """The fields of ``section`` set away from ``default`` (but ``keep``, shared with a
+    section that is read): what a run gave a policy that will not read it."""
+    return [f.name for f in fields(section)  # type: ignore[arg-type]
+            if f.name not in keep and getattr(section, f.name) != getattr(default, f.name)]
+
+
 def _goodput(x: ElasticInputs) -> ElasticPolicy:
     """``--profiles learned``: what Pollux knows; ``oracle``: every measured profile; on
-    several GPU types, the heterogeneity-aware policy on the information Sia has."""
+    several GPU types, the heterogeneity-aware policy on the information Sia has. Each
+    reads its own section; one given to the other is refused (``goodput_share`` on
+    ``sia-64`` once ran plain goodput under a "share" label)."""
     g = x.goodput
     node_gpus = max(x.server_sizes)
-    if x.by_type if x.by_type is not None else bool(x.typed) and x.several_types:
+    by_type = x.by_type if x.by_type is not None else bool(x.typed) and x.several_types
+    stray = (unread(x.learned, LearnedOptions()) if by_type
+             else unread(x.typed_options, TypedOptions(), keep=("horizon_s",)))
+    if stray:
+        own, other = ("typed", "goodput") if by_type else ("goodput", "typed")
+        names = ", ".join(f"{other}_{n}" for n in stray)
+        raise ConfigError(f"--policy goodput on {x.cluster}: {names} not read: the "
+                          f"{'typed' if by_type else 'learned'} goodput policy runs here "
+                          f"and reads its own options ({own}_*)")
+    if by_type:
         if g.profiles != "learned" or g.priority != "none":
             raise ConfigError("--policy goodput on several GPU types: learned profiles and "
                               "--goodput-priority none only")
