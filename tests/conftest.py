@@ -39,7 +39,7 @@ LONGEST_FIRST = (
     "tests/distributed/test_startup_death.py",   # 22 s
     "tests/cluster/test_live.py",                # 21 s
     "tests/cluster/test_live_addresses.py",      # 20 s
-    "tests/distributed/test_precision.py",       # ~20 s (77 s at load 11, issue 47)
+    "tests/distributed/test_precision.py",       # 13 s (77 s at load 11)
     "tests/e2e/test_cli.py",                     # 18 s
     "tests/cluster/test_resize_ps.py",           # 18 s
     "tests/e2e/test_dashboard_browser.py",       # 18 s
