@@ -39,12 +39,12 @@ LONGEST_FIRST = (
     "tests/distributed/test_startup_death.py",   # 22 s
     "tests/cluster/test_live.py",                # 21 s
     "tests/cluster/test_live_addresses.py",      # 20 s
-    "tests/distributed/test_precision.py",       # 13 s (77 s at load 11)
     "tests/e2e/test_cli.py",                     # 18 s
     "tests/cluster/test_resize_ps.py",           # 18 s
     "tests/e2e/test_dashboard_browser.py",       # 18 s
     "tests/distributed/test_sync_faults.py",     # 18 s
     "tests/distributed/test_zero.py",            # 15 s
+    "tests/distributed/test_precision.py",       # 13 s (77 s at load 11)
 )
 
 
