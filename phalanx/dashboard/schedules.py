@@ -23,9 +23,11 @@ STATE_FILE = "scheduler-state.json"      # phalanx.cluster.live.state.STATE_FILE
 ARRIVALS_FILE = "dashboard-jobs.json"    # written beside a live schedule (beside.py)
 STALE_S = 10.0  # an unfinished state older than this: its scheduler is not running
 COLUMNS = ("name", "gpus", "status", "submit", "start", "end", "jct", "delay",
-           "preemptions", "restarts", "placements", "stopped")
-# stopped: when a live job now waiting was stopped (its state's ``waiting_since``), so its
-# last bar ends there; jobs.csv keeps no stop times (None)
+           "preemptions", "restarts", "placements", "stops", "stopped")
+# stops: when each placement ended, in order (jobs.csv's ``stops`` column, the state's
+# ``stops`` field; [] from files written before they recorded it). stopped: when a live job
+# now waiting was stopped (its state's ``waiting_since``): its last bar ends there even
+# without stops
 
 
 def _f(v: Any) -> float | None:
@@ -47,6 +49,16 @@ def parse_placements(text: str) -> list[list[Any]]:
             out.append([float(t), [int(d) for d in devs.split(",") if d]])
         except ValueError:
             continue
+    return out
+
+
+def parse_times(text: str) -> list[float]:
+    """``t;t`` -> [t, t] (a malformed entry is skipped)."""
+    out = []
+    for part in text.split(";"):
+        v = _f(part) if part else None
+        if v is not None:
+            out.append(v)
     return out
 
 
@@ -80,6 +92,7 @@ def read_jobs_csv(path: Path, problems: list[str]) -> dict[str, list[Any]]:
         cols["preemptions"].append(_f(row.get("preemptions")))
         cols["restarts"].append(None)
         cols["placements"].append(parse_placements(row.get("placements") or ""))
+        cols["stops"].append(parse_times(row.get("stops") or ""))
         cols["stopped"].append(None)
     if bad:
         problems.append(f"{path.name}: {bad} row(s) malformed (half-written?), skipped")
@@ -116,6 +129,9 @@ def _state_jobs(state: dict[str, Any], arrivals: dict[str, Any]) -> dict[str, li
         places = f.get("placements")
         cols["placements"].append([p for p in places if isinstance(p, list) and len(p) == 2]
                                   if isinstance(places, list) else [])
+        stops = f.get("stops")
+        cols["stops"].append([t for t in stops if _f(t) is not None]
+                             if isinstance(stops, list) else [])
         since = _f(f.get("waiting_since"))
         cols["stopped"].append(since if status == "waiting" and cols["placements"][-1]
                                and since is not None and since >= 0 else None)
@@ -123,7 +139,7 @@ def _state_jobs(state: dict[str, Any], arrivals: dict[str, Any]) -> dict[str, li
         if isinstance(name, str) and name not in cols["name"]:
             cols["name"].append(name)
             for c in COLUMNS[1:]:
-                cols[c].append([] if c == "placements" else None)
+                cols[c].append([] if c in ("placements", "stops") else None)
             cols["status"][-1] = "not arrived"
             cols["submit"][-1] = _f(arrivals.get(name))
     return cols

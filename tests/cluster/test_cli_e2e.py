@@ -3,6 +3,7 @@ flags in-process)."""
 
 import csv
 import json
+import math
 import re
 import subprocess
 import sys
@@ -36,6 +37,13 @@ def test_simulate_writes_outputs(tmp_path):
         times = [p.split("@")[0] for p in row["placements"].split(";")]
         assert all(re.fullmatch(r"\d+\.\d", t) for t in times), row["placements"]
         assert times[0] == row["start"]
+        # each placement's end, in order: within it and the next start; the last the end
+        stops = [float(t) for t in row["stops"].split(";")]
+        starts = [float(t) for t in times]
+        assert len(stops) == len(starts), row
+        assert all(a <= b <= c for a, b, c in zip(starts, stops, starts[1:] + [math.inf]))
+        assert stops[-1] == float(row["end"]), row
+    assert any(int(row["preemptions"]) for row in rows)  # so some bar ended before the end
     for name in ("jct_cdf.png", "utilisation.png", "queue.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -61,6 +61,9 @@ def test_tiresias_demotes_at_the_threshold_and_never_promotes(tmp_path, data_dir
     _, res = simulate(opts)
     long_, short = res.jobs
     assert short.start == 240.0 and long_.placements[1][0] == 360.0
+    # when each placement ended (jobs.csv's stops): preempted at 240, done at its end
+    assert long_.stops == [240.0, long_.end] and short.stops[0] == 360.0
+    assert short.stops[-1] == short.end and len(short.stops) == len(short.placements)
     assert long_.service_marks[1] == (180.0, 120.0)
     _, res = simulate(_opts(data_dir, trace, ordering="tiresias"))
     assert res.jobs[0].preemptions == 0 and res.jobs[1].start > res.jobs[0].end

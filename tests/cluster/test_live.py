@@ -278,6 +278,11 @@ def test_rounds_never_stop_a_job_that_cannot_resume(tmp_path):
     # starts after a stop: a fresh start again (nothing on disk to resume here)
     assert len([s for s in ex.started if s[0] in "pq"]) == sum(
         by[n].preemptions + 1 for n in "pq")
+    # each placement's stop, in order: after its start, before the next, the last the end
+    for st in by.values():
+        starts = [t for t, _ in st.placements]
+        assert len(st.stops) == len(starts) and st.stops[-1] == st.end, (starts, st.stops)
+        assert all(a <= b <= c for a, b, c in zip(starts, st.stops, starts[1:] + [st.end]))
 
 
 def test_ctrl_c_mid_run_leaves_no_rank(tmp_path):

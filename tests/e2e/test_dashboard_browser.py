@@ -195,6 +195,24 @@ def test_a_lost_server_is_drawn_lost(page) -> None:
     assert console_errors(driver) == []
 
 
+def test_a_preempted_jobs_bar_ends_at_its_recorded_stop(page) -> None:
+    """The timeline's bars from a schedule's stops (jobs.csv's ``stops``): a job placed at
+    1, stopped at 4 and placed again at 9 has a bar 1-4, not 1-9; without stops (an older
+    file) a bar runs to the next placement."""
+    driver, url = page
+    show(driver, url, "schedule=sims/lost")
+    until(lambda: driver.find_elements("css selector", ".server"), what="the page")
+    jobs = {"name": ["a"], "end": [12.0], "placements": [[[1.0, [0]], [9.0, [1]]]],
+            "stopped": [None]}
+    bars = driver.execute_script(
+        "return [PX.segments(arguments[0]), PX.segments(arguments[1])]"
+        ".map(s => s.map(x => [x.from, x.to, x.kind]))",
+        {"jobs": {**jobs, "stops": [[4.0, 12.0]]}, "clock": None},
+        {"jobs": {**jobs, "stops": [[]]}, "clock": None})
+    assert bars == [[[1, 4, "start"], [9, 12, "move"]], [[1, 9, "start"], [9, 12, "move"]]]
+    assert console_errors(driver) == []
+
+
 def raw_get(url: str, path: str) -> tuple[int, str]:
     """A request sent as written (a browser or urllib would resolve the '..' first)."""
     host, port = url.split("//")[1].rstrip("/").split(":")

@@ -114,11 +114,16 @@ def test_schedules_read_live_state_csv_and_corrupt_files(tmp_path: Path) -> None
     assert d["jobs"]["status"] == ["running", "waiting", "not arrived"]
     assert d["cluster"]["devices"] == 2 and d["clock"] == 12.5 and d["queue"] == ["b"]
     assert d["lost"] == []  # a state without the field (written before it existed)
+    assert d["jobs"]["stops"] == [[], [], []]
+    state["jobs"]["b"]["fields"]["stops"] = [1.5, "x"]
+    (live / "scheduler-state.json").write_text(json.dumps(state))
+    assert Folder(tmp_path).schedule("live")["jobs"]["stops"][1] == [1.5]
     state["lost"] = ["s0", 3, None]  # the lost servers the scheduler saved; junk dropped
     (live / "scheduler-state.json").write_text(json.dumps(state))
     assert Folder(tmp_path).schedule("live")["lost"] == ["s0"]
     s = f.schedule("sim")
     assert s["jobs"]["placements"] == [[[1.0, [0, 1]], [5.0, [2, 3]]]]
+    assert s["jobs"]["stops"] == [[]]  # a jobs.csv written before stops were recorded
     assert s["cluster"]["devices"] == 8 and len(s["cluster"]["zones"][0]["racks"]) == 1
 
 
@@ -242,3 +247,10 @@ def test_every_interface_is_refused_in_one_line():
     for host in ("0.0.0.0", "::"):
         with pytest.raises(ConfigError, match="never serves on every interface"):
             check_host(host)
+
+
+def test_stop_times_are_read_from_jobs_csv() -> None:
+    from phalanx.dashboard.schedules import parse_times
+
+    assert parse_times("4.0;12.5") == [4.0, 12.5]
+    assert parse_times("") == [] and parse_times("4.0;x;;7") == [4.0, 7.0]

@@ -59,6 +59,7 @@ class JobState:
     progress_from: float = 0.0        # progress resumes here (after a restore from checkpoint)
     version: int = 0                  # invalidates stale completion events
     placements: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
+    stops: list[float] = field(default_factory=list)  # when each placement ended (stopped)
     failure: str = ""                 # live mode: why the job's process failed ('' = it did not)
     restarts: int = 0                 # live mode: starts again after a failure (--max-job-restarts)
     # interval engine: (boundary time, attained GPU-s) whenever attained grew, so Tiresias

@@ -80,12 +80,13 @@ def _status(j: JobState) -> str:
 def write_jobs_csv(res: SimResult, path: Path) -> None:
     """One row per job; ``placements`` lists ``start_time@device,device,...`` separated by
     ``;`` (one entry per (re)start; times to 0.1 s, as start and end: whole seconds made a
-    move at 6.2 s read as 6, before the 6.2 s end of the job it waited for)."""
+    move at 6.2 s read as 6, before the 6.2 s end of the job it waited for); ``stops`` the
+    time each of those placements ended, in the same order (its last: the job's end)."""
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["id", "name", "vc", "model", "gpus", "submit", "start", "end", "jct",
                     "queue_delay", "executed", "preemptions", "status", "placements",
-                    "preemptible"])
+                    "preemptible", "stops"])
         for j in res.jobs:
             s = j.spec
             jct = j.end - s.submit if j.end >= 0 else ""
@@ -95,10 +96,11 @@ def write_jobs_csv(res: SimResult, path: Path) -> None:
                         f"{j.start:.1f}", f"{j.end:.1f}", jct if jct == "" else f"{jct:.1f}",
                         delay if delay == "" else f"{delay:.1f}", f"{j.executed:.1f}",
                         j.preemptions, _status(j), places,
-                        f"no: {s.not_preemptible}" if s.not_preemptible else "yes"])
+                        f"no: {s.not_preemptible}" if s.not_preemptible else "yes",
+                        ";".join(f"{t:.1f}" for t in j.stops)])
         for s, reason in res.rejected:
             w.writerow([s.id, s.name, s.vc, s.model, s.gpus, f"{s.submit:.1f}", "", "", "", "",
-                        "", 0, f"rejected: {reason}", "", ""])
+                        "", 0, f"rejected: {reason}", "", "", ""])
 
 
 def write_summary(summary: Summary, path: Path) -> None:

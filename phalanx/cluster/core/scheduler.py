@@ -215,10 +215,12 @@ class SchedulerCore:
         st.last_start = now
         st.placements.append((now, devices))
 
-    def stopped(self, st: JobState) -> None:
-        """``st`` no longer runs: its devices are free."""
+    def stopped(self, st: JobState, now: float) -> None:
+        """``st`` no longer runs from ``now``: its devices are free (the placement it
+        started last ends there: ``st.stops``)."""
         self.release(st)
         st.running = False
+        st.stops.append(now)
 
     def requeue(self, st: JobState, now: float) -> None:
         """``st`` waits again, not preempted by a round (it lost a server, it failed and

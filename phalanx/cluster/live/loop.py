@@ -268,7 +268,7 @@ class LiveCluster:
         first = self.executor.failed.pop(run.gang.job, None)
         self._account()
         del self.runs[st.spec.id]
-        self.core.stopped(st)
+        self.core.stopped(st, self.now)
         if run.stop:
             self.stops.append(StopRecord(st.spec.name, run.asked, self.now, rc))
         if rc != 0 and not run.stop:

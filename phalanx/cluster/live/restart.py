@@ -142,6 +142,8 @@ def restore(core: SchedulerCore, jobs: Sequence[LiveJob], config: LiveConfig,
             apply_fields(st, sj.fields)
             if finished:   # it ended while no scheduler watched: done when we last saw it
                 st.end, st.remaining = saved.clock, 0.0
+                if len(st.stops) < len(st.placements):
+                    st.stops.append(saved.clock)
             core.states[spec.id] = st
             continue
         st = core.submit(spec, sj.fields["waiting_since"])
@@ -151,6 +153,8 @@ def restore(core: SchedulerCore, jobs: Sequence[LiveJob], config: LiveConfig,
         if sj.status == "running":
             # its ranks died with the scheduler: it waits again, to resume from its checkpoint
             st.waiting_since = st.last_update = saved.clock
+            if len(st.stops) < len(st.placements):  # its last placement ended with us
+                st.stops.append(saved.clock)
             left = f" (stopped {gone[name]} of its ranks left running)" if gone.get(name) else ""
             line = (f"phalanx: scheduler: {name} was running when the scheduler stopped{left}"
                     "; it resumes from its checkpoint")

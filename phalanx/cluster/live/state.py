@@ -46,7 +46,8 @@ STATUSES = ("waiting", "running", "done")
 # the JobState fields saved for every admitted job (``spec`` is the list's, ``gpus`` saved
 # apart: an elastic policy may have changed it); the simulator's own fields are left out
 SAVED = ("remaining", "attained", "executed", "start", "end", "waiting_since", "last_start",
-         "preemptions", "last_update", "placements", "failure", "restarts")
+         "preemptions", "last_update", "placements", "failure", "restarts", "stops")
+OPTIONAL = {"stops"}  # fields a state written before them lacks (loaded as empty)
 SERIES = ("times", "busy", "queue", "frag")
 
 
@@ -96,12 +97,13 @@ def cluster_id(topology: Topology) -> list[str]:
 def job_fields(st: JobState) -> dict[str, Any]:
     out = {k: getattr(st, k) for k in SAVED}
     out["placements"] = [[t, list(d)] for t, d in st.placements]
+    out["stops"] = list(st.stops)
     return out
 
 
 def apply_fields(st: JobState, saved: dict[str, Any]) -> None:
     for k in SAVED:
-        setattr(st, k, saved[k])
+        setattr(st, k, saved.get(k, []) if k in OPTIONAL else saved[k])
     st.placements = [(float(t), tuple(int(d) for d in devs)) for t, devs in saved["placements"]]
 
 
@@ -136,10 +138,12 @@ def _strings(v: Any) -> bool:
 
 
 def _check_fields(f: Any) -> bool:
-    if not isinstance(f, dict) or set(f) != set(SAVED):
+    if not isinstance(f, dict) or set(f) not in (set(SAVED), set(SAVED) - OPTIONAL):
         return False
     ints = ("preemptions", "restarts")
-    if not all(_num(f[k]) for k in SAVED if k not in ("placements", "failure")):
+    if not all(_num(f[k]) for k in SAVED if k not in ("placements", "failure", "stops")):
+        return False
+    if not (isinstance(f.get("stops", []), list) and all(_num(t) for t in f.get("stops", []))):
         return False
     if not all(isinstance(f[k], int) and f[k] >= 0 for k in ints):
         return False

@@ -189,7 +189,7 @@ class Simulator:
     def _stop(self, st: JobState) -> None:
         jid = st.spec.id
         self._advance(st)
-        self.core.stopped(st)
+        self.core.stopped(st, self.now)
         info = self._run_info.pop(jid)
         del self.running[jid]
         st.version += 1

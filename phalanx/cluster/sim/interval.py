@@ -225,8 +225,8 @@ class IntervalSimulator:
         self.core.started(st, p.devices, self.now)
         self.running[st.spec.id] = st
 
-    def _stop(self, st: JobState) -> None:
-        self.core.stopped(st)
+    def _stop(self, st: JobState, at: float | None = None) -> None:
+        self.core.stopped(st, self.now if at is None else at)
         del self.running[st.spec.id]
 
     def _preempt(self, st: JobState) -> None:
@@ -301,7 +301,7 @@ class IntervalSimulator:
             self.now += step
             res.events += 1
             for st, end in finished:
-                self._stop(st)
+                self._stop(st, end)
                 self.core.ended(st, end)
                 if self.runs[st.spec.id].learner is not None:
                     self.runs[st.spec.id].learner.forget(st.spec.id)

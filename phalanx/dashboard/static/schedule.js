@@ -31,16 +31,17 @@ async function showSchedules() {
 }
 
 function segments(d) {
-  // [{job, from, to, devs, kind}] from each job's placements: a placement lasts until the
-  // next one, the job's end, when a live job now waiting was stopped, or the clock.
-  // jobs.csv keeps no stop times.
+  // [{job, from, to, devs, kind}] from each job's placements: a placement lasts until its
+  // recorded stop; without one (files written before stops were), until the next
+  // placement, the job's end, when a live job now waiting was stopped, or the clock.
   const J = d.jobs, out = [], now = d.clock ?? Infinity;
   for (let i = 0; i < J.name.length; i++) {
-    const ps = J.placements[i];
+    const ps = J.placements[i], stops = (J.stops && J.stops[i]) || [];
     for (let k = 0; k < ps.length; k++) {
       const [t, devs] = ps[k];
       const last = J.stopped && J.stopped[i] != null ? J.stopped[i] : (J.end[i] ?? now);
-      const next = k + 1 < ps.length ? ps[k + 1][0] : last;
+      const next = k < stops.length && stops[k] >= t ? stops[k] :
+        k + 1 < ps.length ? ps[k + 1][0] : last;
       const prev = k ? ps[k - 1][1] : null;
       const kind = !prev ? "start" : prev.length !== devs.length ? "resize" :
         prev.join() !== devs.join() ? "move" : "resume";
@@ -49,6 +50,7 @@ function segments(d) {
   }
   return out;
 }
+PX.segments = segments;  // the timeline's bars, for the browser tests to check
 
 function holders(d, segs, t) {
   const held = new Map();
