@@ -410,6 +410,11 @@ def test_kill_9_of_the_scheduler_then_resume_on_ray(cluster, tmp_path):
     print(f"resumed schedule {resumed_s:.1f} s; test {time.monotonic() - t_test:.1f} s")
 
 
+# slow (78 s of a fresh clone's 627 s suite, 2026-11-29): the same two policies schedule
+# real jobs on the local engine in every run (test_live_types: sia's move across types;
+# test_live_elastic: pollux's resize), and the Ray engine's own paths (placement on the
+# devices' nodes, preemption, resume, node loss) are this module's other tests
+@pytest.mark.slow
 def test_sia_and_pollux_schedule_real_jobs_on_ray(cluster, tmp_path):
     """The catalog's sia and pollux on the module's Ray cluster (no cluster of their own;
     its nodes declare no device type, so sia sees one type here: its moves across types
