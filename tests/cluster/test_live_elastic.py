@@ -16,25 +16,32 @@ from phalanx.runtime import rank_record
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_goodput_resizes_a_live_job_from_its_own_measurements(tmp_path):
+def _two_jobs_under(tmp_path: Path, policy: str) -> tuple[Path, str]:
+    """``phalanx schedule --policy POLICY`` of e (160 epochs, from 0 s) and f (20 epochs,
+    from 7 s), 1 GPU each asked, on 2 devices, rounds every 1.5 s: both finish; the run
+    folder and e's log."""
     jobs = tmp_path / "jobs.yaml"
-    # e grows to both devices (its first model knows no sync cost: 2 workers look twice as
-    # fast), then gives one up to f. On 2 shared cores a third or fourth rank only slows
-    # every rank (core_share), so with 4 devices the policy rightly stops at 2 and a lone
-    # job is resized once: the second resize comes from a second job, as under Pollux.
     sync = "model: mlp, data: synthetic, strategy: sync, tensorboard: false"
     jobs.write_text("jobs:\n"
                     f"  - {{name: e, arrival: 0, gpus: 1, config: {{{sync}, epochs: 160}}}}\n"
                     f"  - {{name: f, arrival: 7, gpus: 1, config: {{{sync}, epochs: 20}}}}\n")
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
-                        "--cluster", "uniform:1,1,1,2", "--policy", "goodput", "--interval",
+                        "--cluster", "uniform:1,1,1,2", "--policy", policy, "--interval",
                         "1.5", "--restart-cost", "1", "--out", str(out)],
                        capture_output=True, text=True, cwd=REPO, timeout=240, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = list(csv.DictReader((out / "jobs.csv").open()))
     assert [x["status"] for x in rows] == ["finished", "finished"]
-    log = (out / "logs" / "e.log").read_text()
+    return out, (out / "logs" / "e.log").read_text()
+
+
+def test_goodput_resizes_a_live_job_from_its_own_measurements(tmp_path):
+    # e grows to both devices (its first model knows no sync cost: 2 workers look twice as
+    # fast), then gives one up to f. On 2 shared cores a third or fourth rank only slows
+    # every rank (core_share), so with 4 devices the policy rightly stops at 2 and a lone
+    # job is resized once: the second resize comes from a second job, as under Pollux.
+    out, log = _two_jobs_under(tmp_path, "goodput")
     resized = re.findall(r"resized (\d+) -> (\d+) workers, batch (\d+) per worker, "
                          r"step (\d+) -> (\d+)", log)
     assert len(resized) >= 2, log
@@ -72,20 +79,7 @@ def test_pollux_resizes_a_live_job_from_its_own_measurements(tmp_path):
     fitted to the set-ups a job ran, its genetic search) on real jobs: a job is resized
     after its model was fitted to what it measured, each start resumes from the resized
     checkpoint, and both jobs finish."""
-    jobs = tmp_path / "jobs.yaml"
-    sync = "model: mlp, data: synthetic, strategy: sync, tensorboard: false"
-    jobs.write_text("jobs:\n"
-                    f"  - {{name: e, arrival: 0, gpus: 1, config: {{{sync}, epochs: 160}}}}\n"
-                    f"  - {{name: f, arrival: 7, gpus: 1, config: {{{sync}, epochs: 20}}}}\n")
-    out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs),
-                        "--cluster", "uniform:1,1,1,2", "--policy", "pollux", "--interval",
-                        "1.5", "--restart-cost", "1", "--out", str(out)],
-                       capture_output=True, text=True, cwd=REPO, timeout=240, check=False)
-    assert r.returncode == 0, r.stdout + r.stderr
-    rows = list(csv.DictReader((out / "jobs.csv").open()))
-    assert [x["status"] for x in rows] == ["finished", "finished"]
-    log = (out / "logs" / "e.log").read_text()
+    out, log = _two_jobs_under(tmp_path, "pollux")
     lines = log.splitlines()
     fitted = [i for i, ln in enumerate(lines) if "step-time model fitted to" in ln]
     resized = [(i, m) for i, ln in enumerate(lines)
