@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cli_run import run_main
 
 import phalanx
-from phalanx.cli import main
 from phalanx.errors import ConfigError
 from phalanx.metrics import read_events
 from phalanx.runtime.launch import WorkerFailed
@@ -136,14 +136,6 @@ def test_strategies_that_cannot_take_bf16_refuse_it(strategy, why):
     line = str(e.value)
     assert "\n" not in line and "precision=bf16" in line and why in line, line
     assert "use one of single, sync, average, zero, fsdp" in line
-
-
-def run_main(capsys, *args):
-    try:
-        code = main(list(args))
-    except SystemExit as e:  # argparse errors exit from inside parse_args
-        code = e.code
-    return code, capsys.readouterr()
 
 
 def test_bf16_with_compression_is_refused_in_one_line(tmp_path, capsys):

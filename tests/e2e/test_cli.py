@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from cli_run import run_main
 
 from phalanx.data.idx import write_idx
 
@@ -46,17 +47,6 @@ def test_progress_lines_when_not_a_tty(tmp_path):
                 "--out", str(tmp_path))
     assert r.returncode == 0
     assert "single" in r.stderr and "%" in r.stderr
-
-
-def run_main(capsys, *args):
-    """In-process run of the same entry point (a subprocess per case costs ~3 s of import)."""
-    from phalanx.cli import main
-
-    try:
-        code = main(list(args))
-    except SystemExit as e:  # argparse errors exit from inside parse_args
-        code = e.code
-    return code, capsys.readouterr()
 
 
 def test_bad_flag_in_a_real_process(tmp_path):

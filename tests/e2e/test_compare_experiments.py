@@ -5,17 +5,9 @@ import inspect
 import json
 
 import pytest
+from cli_run import run_main
 
-from phalanx.cli import main
 from phalanx.experiments import EXPERIMENTS
-
-
-def run_main(capsys, *args):
-    try:
-        code = main(list(args))
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr()
 
 
 def test_compare_writes_report_table_and_plots(tmp_path, capsys):
