@@ -9,9 +9,8 @@ import re
 # OpenMP threads that wait for work sleep (futex) instead of spinning. torch's intra-op
 # threads (libgomp) spin by default; on a machine with more runnable threads than cores,
 # as phalanx's ranks, servers and drivers often are, the spinning takes the cores the
-# working threads need. Measured (2-core machine at load ~11, one rank with 2 intra-op
-# threads, the default GPT): 731 tokens/s spinning, 4,147-5,671 passive. bench/threads.py
-# (2 intra-op threads): 8.1x the steps/s beside busy loops, 0.78x on a quiet machine
+# working threads need. bench/threads.py (2 intra-op threads, 2-core machine at load 1.5):
+# 8.1x the steps/s beside busy loops, 0.78x on a quiet machine
 # (waking a sleeping thread costs more than finding it spinning); GOMP_SPINCOUNT=10000
 # measured between (7.4x, 0.85x). Set before torch is imported (libgomp reads it once);
 # every process phalanx starts inherits it; a value the user set is kept (export
