@@ -25,6 +25,7 @@ from phalanx.comm.allreduce import AllReduce
 from phalanx.comm.exchange import group_screened
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
+from phalanx.parallel import dp_resize
 from phalanx.parallel.base import Job, write_result
 from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.dp_checkpoint import (
@@ -163,5 +164,5 @@ SPEC = StrategySpec(
                         "sparse_grads", "bf16"}),
     options=("allreduce", "period", "average_optimizer_state", "sfb", "outer_lr",
              "outer_momentum"),
-    shards_by="workers", device=DEVICE,
+    shards_by="workers", device=DEVICE, resize=dp_resize.RESIZE,
     default_rule=workers_momentum)  # N x fewer steps per epoch: docs/data-parallel.md

@@ -43,10 +43,11 @@ from phalanx.comm.transport import GlooTransport, Transport
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.metrics import EventLog
+from phalanx.parallel import ps_resize
 from phalanx.parallel.base import Job, Outcome, read_result, stats_dict, with_deaths, write_result
 from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.ps_worker import WorkerStats, steps_per_worker, worker_main
-from phalanx.parallel.spec import StrategySpec, nothing, workers_momentum
+from phalanx.parallel.spec import Resize, StrategySpec, nothing, workers_momentum
 from phalanx.parallel.stats import ParameterServerStats, Traffic
 from phalanx.ps.checkpoint import read_shard, restore_shard, save_shard, shard_path
 from phalanx.ps.consistency import Consistency, make_consistency
@@ -385,6 +386,13 @@ _OPTIONS = {"downpour": ("nfetch", "npush", "downpour_local_steps"),
 _SHARED_OPTIONS = ("servers", "ps_timeout", "heartbeat_s", "on_worker_loss", "pull_ahead",
                    "transport")
 
+def _resized(old: RunConfig, new: RunConfig) -> RunConfig:
+    return ps_resize.settings(old, new, consistency(old))
+
+
+# workers and their batch change, the shards stay (ps_resize.py)
+RESIZE = Resize(refusal=ps_resize.refusal, settings=_resized, rewrite=ps_resize.rewrite)
+
 SPECS = tuple(
     StrategySpec(name=name, summary=_SUMMARY[name], run=run, process_main=process_main,
                  world_size=world_size, check=check_config,
@@ -392,7 +400,7 @@ SPECS = tuple(
                  supports=frozenset({"kill_worker", "kill_server", "drop_messages",
                                      "compress", "sparse_grads"}),
                  options=(*_SHARED_OPTIONS, *_OPTIONS.get(name, ())), shards_by="workers",
-                 device=DEVICE, preset=dataclasses.asdict(p),
+                 device=DEVICE, preset=dataclasses.asdict(p), resize=RESIZE,
                  # BSP averages N gradients per update, like sync; the asynchronous presets
                  # keep plain SGD: asynchrony already acts as momentum (Mitliagkas et al.
                  # 2016; measured: ASP with momentum 0.9 sat at ln 10, docs/data-parallel.md)

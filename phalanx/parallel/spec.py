@@ -66,6 +66,35 @@ def workers_momentum(cfg: RunConfig) -> tuple[str, float] | None:
     return momentum_for(cfg.workers, cfg)
 
 
+def no_refusal(_: RunConfig) -> str:
+    return ""
+
+
+def same_settings(old: RunConfig, new: RunConfig) -> RunConfig:
+    return new
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resize:
+    """A strategy's elastic resize: a stopped run's folder rewritten so that ``--resume``
+    continues it on another number of workers with another per-worker batch (the live
+    scheduler's resize; :func:`phalanx.entry.resize.resize_run` calls the three in order).
+
+    ``refusal(cfg)``: why this run cannot be resized ('' when it can), before anything is
+    read. ``settings(old, new)``: the new settings, given ``new`` with the workers, the
+    batch and the learning rate already changed (:meth:`StrategySpec.resized_lr`), plus
+    what else follows the worker count for this strategy (SoftSync's group, a step
+    budget); they are then checked as any run's. ``rewrite(job, new)``: rewrite the
+    checkpoint and ``config.json`` of the stopped run (``job``: its old settings, data and
+    model, ``job.run_dir`` its folder) for the checked ``new``; returns (the step it stopped at,
+    the step it resumes at). Nothing is written when any of them refuses (one-line
+    :class:`ConfigError`)."""
+
+    rewrite: Callable[[Job, RunConfig], tuple[int, int]]
+    settings: Callable[[RunConfig, RunConfig], RunConfig] = same_settings
+    refusal: Callable[[RunConfig], str] = no_refusal
+
+
 @dataclass(frozen=True, kw_only=True)
 class StrategySpec:
     """Everything the rest of phalanx knows about one strategy.
@@ -123,6 +152,8 @@ class StrategySpec:
     # its checkpoints re-shard on load: ``--resume DIR --workers N`` continues on N workers
     # (phalanx.entry.resume)
     reshards: bool = False
+    # the live scheduler's resize of a stopped run (None: its runs keep their size)
+    resize: Resize | None = None
     local_only: str = ""  # why it cannot run under torchrun when process_main is None
     # the strategy is a preset of another's settings (a parameter-server consistency model,
     # server rule, ...): name -> value, read by the parameter-server strategy itself
@@ -155,6 +186,17 @@ class StrategySpec:
     @property
     def can_resume(self) -> bool:
         return self.check_resume is not None
+
+    def resized_lr(self, old: RunConfig, workers: int) -> float | None:
+        """The learning rate of a run resized to ``workers`` whose rule is this strategy's
+        default momentum for its worker count (``momentum_for``, recorded resolved in
+        config.json): the one a fresh run with ``workers`` gets, kept as momentum at one
+        worker (the same effective step as single's SGD: the rule state is momentum's).
+        Anything else (the user's rule or rate, plain SGD of a run started with one
+        worker) stays."""
+        if old.workers > 1 and self.default_rule(old) == (old.rule, old.lr):
+            return round(RULES.get("sgd").default_lr * (1.0 - old.momentum) * workers, 12)
+        return old.lr
 
     def data_shards(self, cfg: RunConfig) -> tuple[int, str]:
         """How many disjoint shards the training set is split into, and the flag."""

@@ -30,6 +30,7 @@ from phalanx.comm.sfb import SufficientFactors
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.metrics.noise import JobProbe
+from phalanx.parallel import dp_resize
 from phalanx.parallel.base import Job, write_result
 from phalanx.parallel.device_data import train_bytes
 from phalanx.parallel.dp_checkpoint import check_resume as _check_resume
@@ -188,5 +189,5 @@ SPEC = StrategySpec(
     supports=frozenset({"kill_worker", "compress", "powersgd", "compress_checkpoint",
                         "sparse_grads", "bf16"}),
     options=("allreduce", "bucket_mb", "sfb", "sparse_allreduce"), shards_by="workers",
-    device=DEVICE,
+    device=DEVICE, resize=dp_resize.RESIZE,
     default_rule=workers_momentum)  # N x fewer steps per epoch: docs/data-parallel.md

@@ -28,14 +28,17 @@ at another N re-shards them (:mod:`phalanx.parallel.zero_checkpoint`).
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 import torch.distributed as dist
 
 from phalanx.comm.counters import ByteCounter
-from phalanx.comm.sharded import make_sharded
+from phalanx.comm.sharded import Sharded, make_sharded
 from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
+from phalanx.metrics.noise import JobProbe
+from phalanx.parallel import zero_resize
 from phalanx.parallel.base import Job, write_result
 from phalanx.parallel.dp_checkpoint import has_checkpoint
 from phalanx.parallel.loop import Micro, Position
@@ -64,6 +67,26 @@ def process_main(rank: int, world: int, job: Job) -> None:
     run_replica(train_worker, rank, world, job)
 
 
+class TimedCollectives:
+    """The run's collectives, with the time this rank spent in them: the step's sync time
+    that a scheduler's throughput model is fitted to (``perf`` events)."""
+
+    def __init__(self, inner: Sharded) -> None:
+        self.inner, self.estimated, self.wait_s = inner, inner.estimated, 0.0
+
+    def reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        got = self.inner.reduce_scatter(flat, out)
+        self.wait_s += time.perf_counter() - t0
+        return got
+
+    def all_gather(self, shard: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        got = self.inner.all_gather(shard, out)
+        self.wait_s += time.perf_counter() - t0
+        return got
+
+
 class ZeroHooks(ReplicaHooks):
     """One rank of sharded data parallel (see the module)."""
 
@@ -74,7 +97,12 @@ class ZeroHooks(ReplicaHooks):
         super().__init__(ctx)  # the replica, started from rank 0's values
         cfg = self.cfg
         self.stage = cfg.zero_stage
-        self.sharded = make_sharded(cfg.allreduce, counter=self.counter)
+        self.sharded = TimedCollectives(make_sharded(cfg.allreduce, counter=self.counter))
+        # step and sync times for a scheduler (metrics/noise.py), rank 0's; no noise scale:
+        # no rank holds the whole averaged gradient (the policy goes by throughput, as for
+        # the parameter server)
+        self.probe = JobProbe([], cfg.batch_size, cfg.grad_accum * self.world, self.world,
+                              ctx.log, self.rank == 0)
         # --precision bf16: the parameters (so their gradients) and every collective in
         # bf16, the shards fp32 masters (the rule's)
         self.units = make_units(self.model, self.params, self.rank, self.world,
@@ -190,6 +218,7 @@ class ZeroHooks(ReplicaHooks):
         if self.stage < 3:  # every rank's updated shards, into every replica
             for u in self.units:
                 u.refresh(self.sharded)
+        self.probe.step(step, self.sharded.wait_s)
         return {"bytes_sent": self.counter.sent}
 
     def _clip(self, grads: list[torch.Tensor]) -> None:
@@ -245,6 +274,7 @@ class ZeroHooks(ReplicaHooks):
         self.zckpt.save(self, pos)  # each rank its shards (zero_checkpoint.py)
 
     def close(self) -> None:
+        self.probe.close()
         for u in self.units:
             for h in u.handles:
                 h.remove()
@@ -299,4 +329,5 @@ SPEC = StrategySpec(
     options=("allreduce", "zero_stage", "split_at"), shards_by="workers", device=DEVICE,
     supports=frozenset({"bf16", "kill_worker"}),
     check_resume=check_resume, can_restart=has_checkpoint, reshards=True,
+    resize=zero_resize.RESIZE,
     example={"zero_stage": 3}, default_rule=workers_momentum)

@@ -11,17 +11,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from phalanx.runtime import rank_record
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _two_jobs_under(tmp_path: Path, policy: str) -> tuple[Path, str]:
+def _two_jobs_under(tmp_path: Path, policy: str, strategy: str = "sync"
+                    ) -> tuple[Path, str]:
     """``phalanx schedule --policy POLICY`` of e (160 epochs, from 0 s) and f (20 epochs,
     from 7 s), 1 GPU each asked, on 2 devices, rounds every 1.5 s: both finish; the run
     folder and e's log."""
     jobs = tmp_path / "jobs.yaml"
-    sync = "model: mlp, data: synthetic, strategy: sync, tensorboard: false"
+    sync = f"model: mlp, data: synthetic, strategy: {strategy}, tensorboard: false"
     jobs.write_text("jobs:\n"
                     f"  - {{name: e, arrival: 0, gpus: 1, config: {{{sync}, epochs: 160}}}}\n"
                     f"  - {{name: f, arrival: 7, gpus: 1, config: {{{sync}, epochs: 20}}}}\n")
@@ -72,6 +75,26 @@ def test_goodput_resizes_a_live_job_from_its_own_measurements(tmp_path):
     held = re.search(r"against (\d+) later windows .*?: median \|error\| (\d+)%", log)
     bound = 50 if os.getloadavg()[0] <= 2 * (os.cpu_count() or 1) else 90
     assert held and int(held.group(1)) >= 3 and int(held.group(2)) <= bound, log
+
+
+@pytest.mark.slow
+def test_goodput_resizes_a_live_zero_job_through_its_hook(tmp_path):
+    """The same schedule with zero-3 jobs: each resize goes through zero's own hook
+    (``parallel/zero_resize.py``), each start re-cuts the shards the last one wrote for its
+    own number of ranks (one run: e resized 1 -> 2 -> 1 workers, steps 310 -> 75 and
+    125 -> 258, and finished; 39 s)."""
+    out, log = _two_jobs_under(tmp_path, "goodput", strategy="zero, zero_stage: 3")
+    resized = re.findall(r"resized (\d+) -> (\d+) workers, batch (\d+) per worker, "
+                         r"step (\d+) -> (\d+)", log)
+    assert resized and "not resized" not in log, log
+    events = [json.loads(ln) for ln in (out / "jobs" / "e" / "events.jsonl").read_text()
+              .splitlines()]
+    resumes = [(e["step"], e["workers_saved"]) for e in events
+               if e["kind"] == "resume" and e["rank"] == 0]
+    assert resumes[:len(resized)] == [(int(x[4]), int(x[0])) for x in resized], resumes
+    summary = json.loads((out / "jobs" / "e" / "summary.json").read_text())
+    assert summary["steps"] > int(resized[-1][4]) and summary["test_accuracy"] > 0.5
+    assert len(summary["held_bytes_per_rank"]) == int(resized[-1][1])
 
 
 def test_pollux_resizes_a_live_job_from_its_own_measurements(tmp_path):

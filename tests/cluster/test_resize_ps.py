@@ -1,4 +1,4 @@
-"""Elastic resize of parameter-server runs (``cluster/resize_ps.py``, ``ps/resize.py``).
+"""Elastic resize of parameter-server runs (``parallel/ps_resize.py``, ``ps/resize.py``).
 
 Real ``phalanx train`` runs (asp, ssp; 2 shards) are stopped by SIGTERM once every shard
 has checkpointed, as the live scheduler stops a parameter-server job, resized 2 -> 3 -> 1
@@ -25,11 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from phalanx.cluster.live.resize import resize_run, run_config
-from phalanx.cluster.live.resize_ps import default_lr, resized_settings
 from phalanx.comm.wire import Header, Kind
 from phalanx.config import RunConfig
 from phalanx.entry.api import make_job
+from phalanx.entry.resize import default_lr, resize_run, resized_settings, run_config
 from phalanx.errors import ConfigError
 from phalanx.parallel.registry import check_config
 from phalanx.ps.consistency import BulkSynchronous

@@ -21,14 +21,14 @@ Every ``interval_s`` seconds, as the interval engine does in simulation:
 3. **Resize.** A job whose count changes is stopped (SIGTERM: sync / average checkpoint at
    one step; a parameter-server job keeps its last periodic checkpoint), its run folder is
    rewritten for the new workers and the batch the model picks for them
-   (:func:`~phalanx.cluster.live.resize.resize_run`), and it resumes from that checkpoint on the
-   placement the placement policy finds.
+   (:func:`~phalanx.entry.resize.resize_run`: the strategy's own hook), and it resumes from
+   that checkpoint on the placement the placement policy finds.
 
 What a job's application "declares" (Pollux's facts) comes from its job-list entry: the
 initial batch is ``batch_size x gpus``; a worker's batch may range over
 ``[batch_size / 2, 2 x batch_size]``; the total batch up to ``2 x batch_size`` x the
 cluster's devices. A parameter-server job is resized in its workers (its shards stay;
-:mod:`~phalanx.cluster.live.resize_ps`). Jobs that cannot be resized (single, Hogwild!, the
+:mod:`~phalanx.parallel.ps_resize`). Jobs that cannot be resized (single, Hogwild!, the
 stage strategies, SandBlaster, or a job that cannot be preempted) keep their declared
 gang and run first come, first served on the devices the resizable jobs were not given
 (on a typed cluster, the MILP's capacity per type excludes the devices they hold); the CLI
@@ -54,8 +54,6 @@ from phalanx.cluster.live.launch_plan import emulate_type, resumable
 from phalanx.cluster.live.live_policies import describe, live_inputs
 from phalanx.cluster.live.loop import LiveCluster
 from phalanx.cluster.live.observe import WINDOWS, EventTail, JobObserver, Observation
-from phalanx.cluster.live.resize import resize_run
-from phalanx.cluster.live.resize_ps import refusal
 from phalanx.cluster.live.state import SavedState
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.model.learned import Learner
@@ -64,6 +62,7 @@ from phalanx.cluster.policies.catalog import ELASTIC
 from phalanx.cluster.policies.placement import place_typed
 from phalanx.cluster.policies.typed_base import cluster_types
 from phalanx.config import RunConfig
+from phalanx.entry.resize import refusal, resize_run
 from phalanx.errors import ConfigError
 from phalanx.parallel.registry import spec
 from phalanx.settings import parse_device

@@ -1,5 +1,6 @@
 """Elastic resize of a stopped parameter-server run (bsp, asp, ssp, softsync, downpour,
-dc-asgd): another worker count and per-worker batch; the shards (``--servers``) stay.
+dc-asgd; their ``StrategySpec.resize``): another worker count and per-worker batch; the
+shards (``--servers``) stay.
 
 The shard checkpoints get the new worker count and one common clock for every worker
 (:mod:`phalanx.ps.resize` says why); a worker's data position and RNG streams are not
@@ -12,7 +13,7 @@ its RNG streams from the seed and its index), so the clock is the whole per-work
   the staleness of an update grows as W / n; n = W is the sync-like end, n = 1 is ASP), so
   a run keeps its place between ASP and BSP instead of its group size.
 * **BSP** with the strategy's default rule (momentum at 0.05 x (1 - m) x workers): the
-  learning rate is the one a fresh run with W' workers gets (``resize_base.default_lr``,
+  learning rate is the one a fresh run with W' workers gets (``StrategySpec.resized_lr``,
   as for sync and average). A rule or rate the user chose stays.
 * ``--max-steps`` (steps per worker) is converted to keep the run's sample budget.
 
@@ -25,17 +26,13 @@ than a worker's new shard).
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
-from phalanx.cluster.live.resize_base import default_lr, micro_per_epoch, write_config
 from phalanx.config import RunConfig
-from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
-from phalanx.parallel.ps import consistency
+from phalanx.parallel.base import Job
 from phalanx.parallel.ps_worker import steps_per_worker
-from phalanx.parallel.registry import check_config
+from phalanx.parallel.resize_base import micro_per_epoch, write_config
 from phalanx.ps.checkpoint import read_shard, shard_path
+from phalanx.ps.consistency import Consistency
 from phalanx.ps.resize import common_clock, rewrite_shards, worker_steps
 from phalanx.runtime.checkpoint import CheckpointError
 
@@ -48,37 +45,32 @@ def refusal(cfg: RunConfig) -> str:
     return ""
 
 
-def resized_settings(old: RunConfig, workers: int, batch_size: int) -> RunConfig:
-    """The run's settings for ``workers`` x ``batch_size`` (the module's rules)."""
-    new = dataclasses.replace(old, workers=workers, batch_size=batch_size, resume="",
-                              lr=default_lr(old, workers))
-    if consistency(old).name.startswith("softsync"):
-        new.softsync = max(1, min(workers, round(old.softsync * workers / old.workers)))
+def settings(old: RunConfig, new: RunConfig, model: Consistency) -> RunConfig:
+    """What follows the worker count besides the learning rate (the module's rules);
+    ``model``: the run's consistency model."""
+    if model.name.startswith("softsync"):
+        new.softsync = max(1, min(new.workers, round(old.softsync * new.workers / old.workers)))
     if old.max_steps:
         new.max_steps = max(1, round(old.max_steps * old.workers * old.batch_size
-                                     / (workers * batch_size)))
-    return check_config(new)
+                                     / (new.workers * new.batch_size)))
+    return new
 
 
-def resize_ps(run_dir: Path, old: RunConfig, workers: int, batch_size: int
-              ) -> tuple[int, int]:
-    """Rewrite a stopped parameter-server run in ``run_dir`` for ``workers`` x
-    ``batch_size``; returns (the workers' mean step before, the step they resume at)."""
-    why = refusal(old)
-    if why:
-        raise ConfigError(f"{run_dir}: --strategy {old.strategy} cannot be resized: {why}")
+def rewrite(job: Job, new: RunConfig) -> tuple[int, int]:
+    """Rewrite the stopped parameter-server run in ``job.run_dir`` for ``new``; returns (the
+    workers' mean step before, the step they resume at)."""
+    old, run_dir = job.config, job.run_dir
     try:
         payloads = [read_shard(shard_path(run_dir, k), shard=k, servers=old.servers,
                                workers=old.workers, strategy=old.strategy)
                     for k in range(old.servers)]
     except CheckpointError as e:
         raise ConfigError(f"cannot resize: {e}") from None
-    new = resized_settings(old, workers, batch_size)
-    job = make_job(old)
-    per_old, per_new = micro_per_epoch(run_dir, len(job.train), old, workers, batch_size)
+    per_old, per_new = micro_per_epoch(run_dir, len(job.train), old, new.workers,
+                                       new.batch_size)
     npush = old.npush
     steps = worker_steps(payloads, npush, steps_per_worker(job))
     clock = common_clock(steps, old.grad_accum, npush, per_old, per_new)
-    rewrite_shards(run_dir, payloads, workers, clock)
+    rewrite_shards(run_dir, payloads, new.workers, clock)
     write_config(run_dir, new, ("workers", "batch_size", "softsync", "lr", "max_steps"))
     return sum(steps) // len(steps), clock * npush

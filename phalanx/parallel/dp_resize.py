@@ -1,5 +1,6 @@
-"""Elastic resize: rewrite a stopped sync / average run so that it resumes with another
-worker count and per-worker batch (a parameter-server run: :mod:`~phalanx.cluster.live.resize_ps`).
+"""Elastic resize of sync and average (their ``StrategySpec.resize``): rewrite a stopped run
+so that it resumes with another worker count and per-worker batch (the parameter server:
+:mod:`~phalanx.parallel.ps_resize`; zero: :mod:`~phalanx.parallel.zero_resize`).
 
 A sync or average checkpoint (:mod:`phalanx.parallel.dp_checkpoint`) holds one model, the
 update rule's state, the position in the data and every rank's RNG streams. For another
@@ -17,47 +18,37 @@ worker count W' and batch b':
 
 The learning rate follows the new settings as for a fresh run of them where the run uses
 its strategy's default rule (momentum scaled with the workers;
-:func:`~phalanx.cluster.live.resize_base.default_lr`): config.json records it resolved, so it is
-recomputed here. A run started with one worker trains with single's plain SGD and keeps it
-(its rule state has no momentum), as does a rule or rate the user chose. The continued
-trajectory is not the one an unresized run would take: that is what resizing is.
+:meth:`~phalanx.parallel.spec.StrategySpec.resized_lr`): config.json records it resolved,
+so :func:`phalanx.entry.resize.resize_run` recomputes it, for every strategy. A run started
+with one worker trains with single's plain SGD and keeps it (its rule state has no
+momentum), as does a rule or rate the user chose. The continued trajectory is not the one
+an unresized run would take: that is what resizing is.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
 import torch
 
-from phalanx.cluster.live.resize_base import default_lr, micro_per_epoch, run_config, write_config
-from phalanx.cluster.live.resize_ps import resize_ps
+from phalanx.config import RunConfig
 from phalanx.data import same_place
-from phalanx.entry.api import make_job
 from phalanx.errors import ConfigError
+from phalanx.parallel.base import Job
 from phalanx.parallel.dp_checkpoint import FORMAT, checkpoint_path, fingerprint, read_checkpoint
-from phalanx.parallel.registry import check_config, spec
+from phalanx.parallel.resize_base import micro_per_epoch, write_config
+from phalanx.parallel.spec import Resize
 from phalanx.runtime.checkpoint import save_checkpoint
 
 
-def resize_run(run_dir: Path, workers: int, batch_size: int) -> tuple[int, int]:
-    """Rewrite ``run_dir`` (config.json and checkpoint.pt, or a parameter-server run's
-    shard checkpoints: :mod:`phalanx.cluster.live.resize_ps`) for ``workers`` x ``batch_size``;
-    returns (old step, new step). Raises ``ConfigError`` with the reason when the run
-    cannot be resized."""
-    old = run_config(run_dir)
-    if spec(old.strategy).is_parameter_server:
-        return resize_ps(run_dir, old, workers, batch_size)
-    old.out = old.resume = str(run_dir)
+def rewrite(job: Job, new: RunConfig) -> tuple[int, int]:
+    """Rewrite the stopped run in ``job.run_dir`` (checkpoint.pt and config.json) for ``new``;
+    returns (old step, new step)."""
+    old, run_dir = job.config, job.run_dir
     payload = read_checkpoint(old, checkpoint_path(run_dir))
     if payload.get("format") != FORMAT:
         raise ConfigError(f"{run_dir}: not a sync / average checkpoint: cannot resize")
-    new = dataclasses.replace(old, workers=workers, batch_size=batch_size, resume="",
-                              lr=default_lr(old, workers))
-    check_config(new)
+    workers, batch_size = new.workers, new.batch_size
     ga = old.grad_accum
-    per_old, per_new = micro_per_epoch(run_dir, len(make_job(new).train), old, workers,
-                                       batch_size)
+    per_old, per_new = micro_per_epoch(run_dir, len(job.train), old, workers, batch_size)
     epoch, micro = same_place(payload["step"] * ga, per_old, per_new)
     step = micro // ga
     ranks = payload["ranks"]
@@ -76,3 +67,6 @@ def resize_run(run_dir: Path, workers: int, batch_size: int) -> tuple[int, int]:
         "comm": []})  # residuals are the old ranks': error feedback starts afresh
     write_config(run_dir, new, ("workers", "batch_size", "lr"))
     return payload["step"], step
+
+
+RESIZE = Resize(rewrite=rewrite)
