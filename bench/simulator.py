@@ -55,9 +55,9 @@ POLLUX_TARGET_S = 30.0
 # non-elastic orderings
 POLLUX_POLICIES: tuple[tuple[str, dict, float], ...] = (
     ("goodput", {"ordering": "goodput"}, POLLUX_TARGET_S),
-    ("goodput_oracle", {"ordering": "goodput", "profiles": "oracle"}, POLLUX_TARGET_S),
+    ("goodput_oracle", {"ordering": "goodput", "goodput": {"profiles": "oracle"}}, POLLUX_TARGET_S),
     ("pollux", {"ordering": "pollux"}, 60.0),
-    ("pollux_greedy", {"ordering": "pollux", "pollux_search": "greedy"}, 60.0),
+    ("pollux_greedy", {"ordering": "pollux", "pollux": {"search": "greedy"}}, 60.0),
     *((o, {"ordering": o}, POLLUX_TARGET_S) for o in ("fifo", "sjf", "las", "tiresias", "rr")),
 )
 
@@ -68,7 +68,7 @@ def pollux_case(workload: int, data_dir: Path | None) -> tuple[dict, dict]:
     results, ratios = {}, {}
     for label, kw, target in POLLUX_POLICIES:
         t0 = time.perf_counter()
-        opts = SimulateOptions(**apply_preset("pollux-artifact", {**given, **kw}))
+        opts = SimulateOptions.from_dict(apply_preset("pollux-artifact", {**given, **kw}))
         s, _ = simulate(opts)      # inputs loaded inside: the trace read is part of it
         wall = time.perf_counter() - t0
         print(f"pollux:{workload} {label}: {wall:.1f} s, mean JCT {s.mean_jct_s:.0f} s",
@@ -117,7 +117,7 @@ def milp_case(data_dir: Path | None) -> tuple[dict, dict]:
         results[f"sia_milp_{gpus}_configs"] = len(configs)
     given = {"trace": "sia:philly:1", "ordering": "sia", "limit": 60, "progress": False,
              **({"data_dir": data_dir} if data_dir else {})}
-    opts = SimulateOptions(**apply_preset("sia-artifact", given))
+    opts = SimulateOptions.from_dict(apply_preset("sia-artifact", given))
     inputs = load_inputs(opts)
     pol = SiaPolicy(inputs.perf.typed, cluster_types(
         [(s.device_type, s.num_devices) for s in inputs.topology.servers]))

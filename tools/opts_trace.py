@@ -67,7 +67,7 @@ def trace(argv: list[str]) -> dict:
     try:
         # the options are built (and each section checked) inside the trace, as the CLI
         # builds them before it calls simulate
-        opts = sim_run.SimulateOptions(**sim_run.apply_preset(args.preset, given))
+        opts = sim_run.SimulateOptions.from_dict(sim_run.apply_preset(args.preset, given))
         sim_run.simulate(opts)
     finally:
         sys.setprofile(None)

@@ -27,7 +27,7 @@ def _trace(tmp_path, rows):
 
 def _opts(data_dir, trace, **kw):
     given = {"trace": trace, "cluster": "uniform:1,1,1,1", "data_dir": data_dir, **kw}
-    return SimulateOptions(**apply_preset("pollux-artifact", given))
+    return SimulateOptions.from_dict(apply_preset("pollux-artifact", given))
 
 
 def test_boundaries_and_restart_cost(tmp_path, data_dir):
@@ -89,7 +89,7 @@ def test_count_placement_fills_the_most_free_node_first(data_dir):
 def test_preset_reproduces_the_artifacts_tiresias(data_dir):
     """Fidelity: within +-10% of the artifact's published Tiresias on each workload."""
     for w, published in enumerate(ARTIFACT_TIRESIAS, start=1):
-        opts = SimulateOptions(**apply_preset("pollux-artifact", {
+        opts = SimulateOptions.from_dict(apply_preset("pollux-artifact", {
             "trace": f"pollux:{w}", "ordering": "tiresias", "data_dir": data_dir}))
         s, _ = simulate(opts)
         assert s.finished == 160

@@ -142,7 +142,7 @@ class WatchedLearner(Learner):
 
 @pytest.fixture(scope="module")
 def short_inputs(data_dir):
-    opts = SimulateOptions(**apply_preset("pollux-artifact", {
+    opts = SimulateOptions.from_dict(apply_preset("pollux-artifact", {
         "trace": "pollux:2", "limit": 24, "data_dir": data_dir, "ordering": "goodput"}))
     return opts, load_inputs(opts)
 
@@ -166,8 +166,8 @@ def test_learned_policies_read_only_what_pollux_knows(short_inputs, policy, prio
     and observations only of set-ups its jobs ran; every job finishes, each first ran on
     one GPU (nothing known yet) and ncf never on more than one."""
     opts, inputs = short_inputs
-    opts = replace(opts, ordering=policy, goodput_priority=priority,
-                   pollux_generations=3)
+    opts = opts.merged({"ordering": policy, "goodput": {"priority": priority},
+                        "pollux": {"generations": 3}})
     pol, res = _run_guarded(opts, inputs)
     assert pol.uses_remaining == (policy == "goodput" and priority == "srpt")
     assert len(res.jobs) == 24 and all(j.end > j.submit for j in res.jobs)

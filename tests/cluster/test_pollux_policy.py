@@ -72,7 +72,7 @@ def test_ga_finds_the_best_state_of_a_small_problem():
 
 
 def _run(w, **kw):
-    opts = SimulateOptions(**apply_preset("pollux-artifact", {
+    opts = SimulateOptions.from_dict(apply_preset("pollux-artifact", {
         "trace": f"pollux:{w}", "ordering": "pollux", "progress": False, **kw}))
     return simulate(opts)[0]
 
@@ -80,8 +80,8 @@ def _run(w, **kw):
 def test_pollux_one_short_workload(data_dir):
     """A 30-job prefix of workload 3 finishes; the greedy search of the same objective
     lands within 15% of the GA's mean JCT."""
-    ga = _run(3, limit=30, data_dir=data_dir, pollux_generations=10)
-    gr = _run(3, limit=30, data_dir=data_dir, pollux_search="greedy")
+    ga = _run(3, limit=30, data_dir=data_dir, pollux={"generations": 10})
+    gr = _run(3, limit=30, data_dir=data_dir, pollux={"search": "greedy"})
     assert ga.finished == gr.finished == 30
     assert abs(gr.mean_jct_s / ga.mean_jct_s - 1) < 0.15, (ga.mean_jct_s, gr.mean_jct_s)
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not (DATA / "sia" / "workloads").exists(),
 
 def _opts(policy: str, trace: str = "sia:philly:1", limit: int = 12, **kw) -> SimulateOptions:
     given = {"trace": trace, "ordering": policy, "limit": limit, "data_dir": DATA, **kw}
-    return SimulateOptions(**apply_preset("sia-artifact", given))
+    return SimulateOptions.from_dict(apply_preset("sia-artifact", given))
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def test_gavel_throughput_reads_the_measured_profile(inputs):
 def test_reference_policies_run_jobs_on_one_type(policy):
     kw = {"interval_s": 360.0} if policy == "gavel" else {}
     if policy == "pollux":
-        kw["pollux_generations"] = 5
+        kw["pollux"] = {"generations": 5}
     opts = _opts(policy, limit=6, **kw)
     inputs = load_inputs(opts)
     s, res = simulate(opts, inputs)
@@ -519,15 +519,15 @@ def test_knowledge_ablations_offline_fit_and_oracle(inputs):
 @pytest.mark.parametrize(("policy", "cluster", "kw", "named"), [
     # the drift of issue 48: a "share" variant on sia-64 set the learned policy's switch,
     # which the typed policy that runs there never read
-    ("goodput", "sia-64", {"goodput_share": True}, "goodput_share"),
-    ("goodput", "sia-64", {"goodput_min_gain": 0.3, "goodput_explore": 0.1},
-     "goodput_explore, goodput_min_gain"),
-    ("goodput", "pollux-64", {"typed_share": True}, "typed_share"),
+    ("goodput", "sia-64", {"learned": {"share": True}}, "learned.share"),
+    ("goodput", "sia-64", {"learned": {"min_gain": 0.3, "explore": 0.1}},
+     "learned.explore, learned.min_gain"),
+    ("goodput", "pollux-64", {"typed": {"share": True}}, "typed.share"),
 ])
 def test_a_goodput_section_the_policy_does_not_read_is_refused(policy, cluster, kw, named):
     from phalanx.cluster.sim.run import make_elastic
 
-    opts = SimulateOptions(**apply_preset("sia-artifact" if cluster == "sia-64" else
+    opts = SimulateOptions.from_dict(apply_preset("sia-artifact" if cluster == "sia-64" else
                                           "pollux-artifact",
                                           {"trace": "sia:philly:1" if cluster == "sia-64"
                                            else "pollux:1", "ordering": policy, "limit": 4,
@@ -535,9 +535,9 @@ def test_a_goodput_section_the_policy_does_not_read_is_refused(policy, cluster, 
     inputs = load_inputs(opts)
     with pytest.raises(ConfigError, match=f"{named} not read: the "):
         make_elastic(opts, inputs)
-    # the policy's own section, and the horizon both share, are accepted
-    own = ({"typed_share": True} if cluster == "sia-64" else {"goodput_share": True})
-    ok = SimulateOptions(**{**{k: getattr(opts, k) for k in ("trace", "cluster", "ordering",
-                                                           "limit", "data_dir")},
-                            "goodput_horizon_s": 900.0, **own})
+    # the policy's own section, and the goodput section's horizon both read, are accepted
+    own = ({"typed": {"share": True}} if cluster == "sia-64" else {"learned": {"share": True}})
+    ok = SimulateOptions.from_dict({**{k: getattr(opts, k) for k in (
+        "trace", "cluster", "ordering", "limit", "data_dir")},
+        "goodput": {"horizon_s": 900.0}, **own})
     assert make_elastic(ok, inputs).name == "goodput"

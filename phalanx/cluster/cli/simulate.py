@@ -35,6 +35,7 @@ from phalanx.cluster.sim.run import (
     check_fits,
     default_data_dir,
     load_inputs,
+    scaled_interference,
     simulate,
     with_policy,
 )
@@ -150,28 +151,38 @@ def _interval_flags(g: argparse._ArgumentGroup) -> None:
 
 
 def _options(args: argparse.Namespace) -> SimulateOptions:
+    """The flags mapped into the options and their sections (the flags keep their names:
+    ``--goodput-priority`` is ``goodput.priority``, ``--pollux-search`` ``pollux.search``)."""
     given: dict[str, object] = dict(
-        trace=args.trace, ordering=args.policy, threshold=args.threshold, slot_s=args.slot,
+        trace=args.trace, ordering=args.policy, slot_s=args.slot,
         checkpoint_cost_s=args.checkpoint_cost, quota=args.quota,
-        interference_scale=args.interference_scale, hysteresis=args.hysteresis,
         data_dir=Path(args.data_dir) if args.data_dir else default_data_dir(),
         seed=args.seed, limit=args.limit, load_scale=args.load_scale,
-        skip_bad_rows=args.skip_bad_rows, progress=not args.no_progress)
+        skip_bad_rows=args.skip_bad_rows, progress=not args.no_progress,
+        placing={"threshold": args.threshold, "hysteresis": args.hysteresis})
     # flags a preset sets: only when given, so that the preset fills the rest
     optional = dict(cluster=args.cluster, placement=args.placement,
                     interval_s=args.interval, restart_cost_s=args.restart_cost,
-                    starvation=args.starvation, goodput_priority=args.goodput_priority,
-                    goodput_horizon_s=args.goodput_horizon,
-                    goodput_batch=args.goodput_batch, profiles=args.profiles,
-                    pollux_generations=args.pollux_generations,
-                    pollux_search=args.pollux_search,
+                    starvation=args.starvation,
                     restart_first=(None if args.restart_first is None
                                    else args.restart_first == "yes"),
                     tiresias_thresholds=(None if args.tiresias_thresholds is None
-                                         else parse_thresholds(args.tiresias_thresholds)),
-                    interference=False if args.no_interference else None)
+                                         else parse_thresholds(args.tiresias_thresholds)))
     given.update({k: v for k, v in optional.items() if v is not None})
-    return SimulateOptions(**apply_preset(args.preset or "", given))
+    sections = {
+        "goodput": dict(priority=args.goodput_priority, horizon_s=args.goodput_horizon,
+                        batch=args.goodput_batch, profiles=args.profiles),
+        "pollux": dict(generations=args.pollux_generations, search=args.pollux_search),
+        "perf": dict(interference=False if args.no_interference else None)}
+    if args.interference_scale != 1.0:
+        # the neighbour weights scaled (a preset's "no interference" kept)
+        scaled = scaled_interference(args.interference_scale)
+        sections["perf"].update(k_switch=scaled.k_switch, k_server=scaled.k_server)
+    for key, section in sections.items():
+        section = {k: v for k, v in section.items() if v is not None}
+        if section:
+            given[key] = section
+    return SimulateOptions.from_dict(apply_preset(args.preset or "", given))
 
 
 def _check_read(args: argparse.Namespace, pairs: list[tuple[str, str]]) -> None:

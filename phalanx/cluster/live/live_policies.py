@@ -14,7 +14,6 @@ from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.model.learned import AppFacts, JobKnowledge
 from phalanx.cluster.policies.catalog import ELASTIC, ElasticInputs
 from phalanx.cluster.policies.goodput import GoodputOptions
-from phalanx.cluster.policies.goodput_typed import TypedOptions
 from phalanx.cluster.policies.typed_base import cluster_types
 from phalanx.config import RunConfig
 
@@ -67,8 +66,7 @@ def live_inputs(topology: Topology, elastic: Sequence[LiveJob], cadence: Cadence
         measured=False, by_type=topology.typed, bootstrap=boot,
         restart_s=cadence.restart_cost_s,
         restart_by_app=dict.fromkeys(apps, cadence.restart_cost_s),
-        goodput=GoodputOptions(horizon_s=horizon_s),
-        typed_options=TypedOptions(horizon_s=horizon_s), slowdown=slowdown)
+        goodput=GoodputOptions(horizon_s=horizon_s), slowdown=slowdown)
 
 
 def typed_policy(topology: Topology, elastic: Sequence[LiveJob], cadence: Cadence,

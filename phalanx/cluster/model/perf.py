@@ -57,8 +57,9 @@ class PerfOptions:
     shared_cores: int = 0
 
     def __post_init__(self) -> None:
-        if self.k_switch < 0 or self.k_server < 0:
-            raise ConfigError("perf model: interference weights must be >= 0")
+        if not (0 <= self.k_switch < math.inf and 0 <= self.k_server < math.inf):
+            raise ConfigError(f"perf model: interference weights must be finite numbers "
+                              f">= 0, got {self.k_switch}, {self.k_server}")
         if self.shared_cores < 0:
             raise ConfigError("perf model: shared_cores must be >= 0")
 

@@ -71,35 +71,41 @@ class ElasticInputs:
         return cluster_types(list(zip(self.server_types, self.server_sizes, strict=True)))
 
 
-def unread(section: object, default: object, keep: tuple[str, ...] = ()) -> list[str]:
-    """The fields of ``section`` set away from ``default`` (but ``keep``, shared with a
-    section that is read): what a run gave a policy that will not read it."""
+# the sections' defaults, against which a section given to the policy that will not read it
+# is found
+_LEARNED, _TYPED = LearnedOptions(), TypedOptions()
+
+
+def unread(section: object, default: object) -> list[str]:
+    """The fields of ``section`` set away from ``default``: what a run gave a policy that
+    will not read it."""
     return [f.name for f in fields(section)  # type: ignore[arg-type]
-            if f.name not in keep and getattr(section, f.name) != getattr(default, f.name)]
+            if getattr(section, f.name) != getattr(default, f.name)]
 
 
 def _goodput(x: ElasticInputs) -> ElasticPolicy:
     """``--profiles learned``: what Pollux knows; ``oracle``: every measured profile; on
-    several GPU types, the heterogeneity-aware policy on the information Sia has. Each
-    reads its own section; one given to the other is refused (``goodput_share`` on
+    several GPU types, the heterogeneity-aware policy on the information Sia has. Both
+    read the goodput section (its horizon); beside it each reads its own (``learned`` or
+    ``typed``), and one given to the other is refused: which of the two runs depends on
+    the cluster, so no shape of the options can rule it out (``learned.share`` on
     ``sia-64`` once ran plain goodput under a "share" label)."""
     g = x.goodput
     node_gpus = max(x.server_sizes)
     by_type = x.by_type if x.by_type is not None else bool(x.typed) and x.several_types
-    stray = (unread(x.learned, LearnedOptions()) if by_type
-             else unread(x.typed_options, TypedOptions(), keep=("horizon_s",)))
+    own, other = ("typed", "learned") if by_type else ("learned", "typed")
+    stray = unread(x.learned, _LEARNED) if by_type else unread(x.typed_options, _TYPED)
     if stray:
-        own, other = ("typed", "goodput") if by_type else ("goodput", "typed")
-        names = ", ".join(f"{other}_{n}" for n in stray)
-        raise ConfigError(f"--policy goodput on {x.cluster}: {names} not read: the "
-                          f"{'typed' if by_type else 'learned'} goodput policy runs here "
-                          f"and reads its own options ({own}_*)")
+        names = ", ".join(f"{other}.{n}" for n in stray)
+        raise ConfigError(f"--policy goodput on {x.cluster}: {names} not read: the {own} "
+                          f"goodput policy runs here and reads its own section ({own}.*)")
     if by_type:
         if g.profiles != "learned" or g.priority != "none":
             raise ConfigError("--policy goodput on several GPU types: learned profiles and "
                               "--goodput-priority none only")
         return TypedGoodputPolicy(x.typed, x.types("goodput"), options=x.typed_options,
-                                  restart_s=x.restart_by_app, bootstrap=x.bootstrap)
+                                  restart_s=x.restart_by_app, horizon_s=g.horizon_s,
+                                  bootstrap=x.bootstrap)
     if g.profiles == "learned":
         if g.batch == "fixed":
             raise ConfigError("--goodput-batch fixed: an ablation of the oracle policy; "

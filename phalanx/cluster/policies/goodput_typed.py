@@ -108,8 +108,7 @@ class TypedOptions:
     p: float = -0.25        # Sia: -0.5 (module doc)
     lambda_n: float = 1.1
     batch: str = "job"
-    restart: str = "horizon"
-    horizon_s: float = 1800.0
+    restart: str = "horizon"     # over the goodput section's horizon (GoodputOptions)
     min_gain: float = 0.2
     weight: str = "none"
     # per-application priors: an ablation (0.92x our sia on philly 1-2, 0.95x without):
@@ -143,8 +142,9 @@ class TypedOptions:
                               f"got {self.start!r}")
         if not 1 <= self.growth < math.inf:
             raise ConfigError(f"goodput: growth must be >= 1, got {self.growth}")
-        if not 0 < self.horizon_s < math.inf or not 0 <= self.min_gain < math.inf:
-            raise ConfigError("goodput: horizon must be > 0 and min_gain >= 0 (finite)")
+        if not 0 <= self.min_gain < math.inf:
+            raise ConfigError(f"goodput: min_gain must be a finite number >= 0, got "
+                              f"{self.min_gain}")
 
 
 class SharedTypedLearner(TypedLearner):
@@ -278,6 +278,7 @@ class TypedGoodputPolicy(SiaPolicy):
 
     options: TypedOptions = field(default_factory=TypedOptions)
     restart_s: Mapping[str, float] = field(default_factory=dict)
+    horizon_s: float = 1800.0    # a change must pay its restart back within this
     name: str = "goodput"
 
     def __post_init__(self) -> None:
@@ -370,7 +371,7 @@ class TypedGoodputPolicy(SiaPolicy):
         if o.restart == "sia":
             return self.realloc_factor(v, now)
         r = self.restart_s.get(v.app, 30.0)
-        h = o.horizon_s
+        h = self.horizon_s
         if o.restart == "attained":
             # the job has run this long at its current size: expect as much again
             h = max(h, v.attained / max(v.gpus, 1))

@@ -4,7 +4,8 @@ dataclass in, a summary and the raw result out."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from phalanx.cluster.core.cadence import Cadence
@@ -24,12 +25,12 @@ from phalanx.cluster.model.profiles import (
     load_sia_apps,
 )
 from phalanx.cluster.policies import (
+    PLACEMENTS,
     AcceptAll,
     AdmissionPolicy,
     OrderingPolicy,
     PlacementPolicy,
     make_ordering,
-    make_placement,
     parse_quota,
 )
 from phalanx.cluster.policies.catalog import ELASTIC, ElasticInputs
@@ -44,84 +45,67 @@ from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.sim.traces import Trace, TraceOptions, load_trace
 from phalanx.errors import ConfigError
 
+# each section's default, checked once when this module loads (a frozen default shared by
+# every SimulateOptions that leaves the section alone)
+_PLACING, _PERF, _GOODPUT = PlacementOptions(), PerfOptions(), GoodputOptions()
+_LEARNED, _TYPED, _POLLUX = LearnedOptions(), TypedOptions(), PolluxOptions()
 
-@dataclass(frozen=True)
+# the sections of SimulateOptions: key -> the class that owns (and checks) it
+SECTIONS: dict[str, type] = {"placing": PlacementOptions, "perf": PerfOptions,
+                             "goodput": GoodputOptions, "learned": LearnedOptions,
+                             "typed": TypedOptions, "pollux": PolluxOptions}
+
+
+@dataclass(frozen=True, kw_only=True)
 class SimulateOptions:
-    """Everything a simulation run is given (the CLI's flags, the studies' grids); each
-    section of it is checked once, by the class that owns it."""
+    """Everything a simulation run is given (the CLI's flags, the studies' grids): the run's
+    own fields, then one section per policy or model that reads them (torchtitan's
+    ``JobConfig`` shape), each a frozen dataclass that checks itself once, where it is
+    owned. A section left at its default is the module's validated default instance;
+    :meth:`from_dict` builds one from nested dicts and refuses an unknown key."""
 
     trace: str = "philly"
     cluster: str = "philly-2048"
     ordering: str = "fifo"
     placement: str = "topology"
-    threshold: float = 0.5
     slot_s: float = DEFAULT_SLOT_S
     checkpoint_cost_s: float = 60.0
     quota: str = ""
-    interference: bool = True
-    interference_scale: float = 1.0   # multiplies the neighbour weights (0.3 switch, 0.1 server)
-    hysteresis: float | None = None   # load-adaptive: None = the policy's default
     data_dir: Path = field(default_factory=default_data_dir)
     seed: int = 0
     limit: int = 0
     load_scale: float = 1.0
     skip_bad_rows: bool = False
     progress: bool = False
-    # interval engine (interval_s set, or the goodput policy): see interval.py
+    # interval engine (interval_s set, or an elastic policy): see interval.py
     interval_s: float | None = None
     restart_cost_s: float = 30.0
     restart_first: bool = True
     tiresias_thresholds: tuple[float, ...] | None = None   # None: Tiresias's defaults
     starvation: float | None = None
-    goodput_priority: str = "none"      # srpt reads remaining work (declared epochs)
-    goodput_horizon_s: float = 1800.0
-    goodput_batch: str = "adaptive"     # or "fixed": each job keeps its own batch (ablation)
-    # what an elastic policy knows of throughput: "learned" (fitted to the set-ups each
-    # job has run, as Pollux) or "oracle" (every measured profile: an ablation)
-    profiles: str = "learned"
-    pollux_generations: int = 30
-    pollux_search: str = "ga"           # or "greedy" (the same objective, no GA)
-    # learned goodput ablations (policies/goodput_learned.py): bonus for GPU counts a job
-    # has not run, one model per application over all its jobs, a change's minimum gain
-    goodput_explore: float = 0.0
-    goodput_share: bool = False
-    goodput_min_gain: float = 0.1
-    goodput_speedup_units: bool = False
-    goodput_growth: float = 2.0
-    goodput_multistart: bool = False
-    # --policy goodput on several GPU types (policies/goodput_typed.py)
-    typed_p: float = -0.25          # the power mean's p (Sia's: -0.5; our sia keeps it)
-    typed_growth: float = 8.0       # a job grows to this x the most GPUs it ran (Sia: 2)
-    typed_start: int = 4            # GPUs of one node a job may start on, nothing fitted
-    typed_min_gain: float = 0.2     # a change must beat the kept configuration by this
-    typed_lambda_n: float = 1.1
-    typed_batch: str = "job"
-    typed_restart: str = "horizon"
-    typed_weight: str = "none"
-    typed_share: bool = False       # per-application priors: an ablation (more than Sia sees)
-    # what the typed policy knows of throughput: "equal" (Sia's information); the
-    # ablations "offline-fit" / "oracle" read every measured profile (never a headline)
-    typed_knowledge: str = "equal"
-    typed_known_cap: str = "profile"    # with those: "own" keeps equal information's cap
     preset: str = ""
+    # sections (module-level defaults: frozen, checked when this module loads)
+    placing: PlacementOptions = _PLACING       # --threshold, --hysteresis
+    perf: PerfOptions = _PERF                  # --no-interference, --interference-scale
+    goodput: GoodputOptions = _GOODPUT         # --goodput-*, --profiles (every goodput)
+    learned: LearnedOptions = _LEARNED         # learned goodput's ablation switches
+    typed: TypedOptions = _TYPED               # goodput on several GPU types
+    pollux: PolluxOptions = _POLLUX            # --pollux-*
 
     def __post_init__(self) -> None:
-        # flags are checked here, before any file is read or any run starts
-        # (each section checks its own flags, once)
-        self.cadence()
+        # the run's own flags are checked here, before any file is read or any run starts
+        # (each section checked itself when it was made)
+        for key, cls in SECTIONS.items():
+            if not isinstance(getattr(self, key), cls):
+                raise ConfigError(f"options: section {key} must be a {cls.__name__}, got "
+                                  f"{type(getattr(self, key)).__name__}")
+        Cadence(60.0 if self.interval_s is None else self.interval_s, self.restart_cost_s,
+                self.restart_first)
         if self.tiresias_thresholds is not None:
             check_thresholds(self.tiresias_thresholds)
         if self.starvation is not None and not 0.0 <= self.starvation < math.inf:
             raise ConfigError(f"--starvation must be a finite number >= 0 (0 = off), "
                               f"got {self.starvation}")
-        self.goodput()
-        self.learned()
-        self.typed()
-        self.pollux()
-        self.placing()
-        if not 0.0 <= self.interference_scale < math.inf:
-            raise ConfigError(f"--interference-scale must be a finite number >= 0, "
-                              f"got {self.interference_scale}")
         # a slot under a second makes millions of rounds (and under ~1e-12 s of a trace's
         # clock, time stops advancing): the simulation would never end
         if not 1.0 <= self.slot_s < math.inf:
@@ -131,40 +115,42 @@ class SimulateOptions:
             raise ConfigError(f"--checkpoint-cost must be a finite number >= 0, "
                               f"got {self.checkpoint_cost_s}")
 
-    # the sections, each owned (and checked) by its engine or policy
-    def goodput(self) -> GoodputOptions:
-        return GoodputOptions(priority=self.goodput_priority, horizon_s=self.goodput_horizon_s,
-                              batch=self.goodput_batch, profiles=self.profiles)
+    @classmethod
+    def from_dict(cls, given: Mapping[str, object]) -> SimulateOptions:
+        """Options from a dict (a preset merged with a study's or the CLI's choices): a
+        section's key holds a dict of its fields (or the section itself); an unknown key at
+        either level is a one-line error naming it."""
+        return cls(**_known(given, cls, "options", _section))
 
-    def learned(self) -> LearnedOptions:
-        return LearnedOptions(self.goodput_explore, self.goodput_share, self.goodput_min_gain,
-                              self.goodput_speedup_units, self.goodput_growth,
-                              self.goodput_multistart)
+    def merged(self, changes: Mapping[str, object]) -> SimulateOptions:
+        """These options with ``changes`` (nested as :meth:`from_dict`'s: a section's dict
+        changes only the fields it names); an unknown key is an error."""
+        out = {}
+        for k, v in _known(changes, type(self), "options").items():
+            cls = SECTIONS.get(k)
+            out[k] = (replace(getattr(self, k), **_known(v, cls, f"options.{k}"))
+                      if cls is not None and isinstance(v, Mapping) else v)
+        return replace(self, **out)
 
-    def typed(self) -> TypedOptions:
-        return TypedOptions(p=self.typed_p, lambda_n=self.typed_lambda_n,
-                            batch=self.typed_batch, restart=self.typed_restart,
-                            horizon_s=self.goodput_horizon_s,
-                            min_gain=self.typed_min_gain, weight=self.typed_weight,
-                            share=self.typed_share, growth=self.typed_growth,
-                            start=self.typed_start,
-                            knowledge=self.typed_knowledge,
-                            known_cap=self.typed_known_cap)
 
-    def pollux(self) -> PolluxOptions:
-        return PolluxOptions(generations=self.pollux_generations, search=self.pollux_search)
+def _known(given: Mapping[str, object], cls: type, where: str,
+           convert: Callable[[str, object], object] = lambda k, v: v) -> dict[str, object]:
+    """``given`` checked against ``cls``'s fields (an unknown key: one line naming it)."""
+    names = [f.name for f in fields(cls)]
+    out = {}
+    for k, v in given.items():
+        if k not in names:
+            raise ConfigError(f"{where}: unknown key {k!r} (choose from {', '.join(names)})")
+        out[k] = convert(k, v)
+    return out
 
-    def placing(self) -> PlacementOptions:
-        return PlacementOptions(threshold=self.threshold, hysteresis=self.hysteresis)
 
-    def cadence(self) -> Cadence:
-        """The interval engine's cadence (60 s when only an elastic policy asks for it)."""
-        return Cadence(60.0 if self.interval_s is None else self.interval_s,
-                       self.restart_cost_s, self.restart_first)
-
-    def trace_options(self) -> TraceOptions:
-        return TraceOptions(self.data_dir, seed=self.seed, skip_bad_rows=self.skip_bad_rows,
-                            limit=self.limit, load_scale=self.load_scale)
+def _section(key: str, value: object) -> object:
+    """A section's dict made into its class (which checks it); anything else as given."""
+    cls = SECTIONS.get(key)
+    if cls is None or not isinstance(value, Mapping):
+        return value
+    return cls(**_known(value, cls, f"options.{key}"))
 
 
 @dataclass(frozen=True)
@@ -179,17 +165,19 @@ class Inputs:
 
 def load_inputs(opts: SimulateOptions) -> Inputs:
     topology = resolve_cluster(opts.cluster, opts.data_dir)
-    trace = load_trace(opts.trace, opts.trace_options(), topology)
+    trace = load_trace(opts.trace, TraceOptions(
+        opts.data_dir, seed=opts.seed, skip_bad_rows=opts.skip_bad_rows, limit=opts.limit,
+        load_scale=opts.load_scale), topology)
     types = sorted({s.device_type for s in topology.servers})
     if all(t in SIA_PROFILED_TYPES for t in types):
         # every GPU type has Sia's per-type profiles: each job runs at its type's speed
         typed = load_sia_apps(opts.data_dir, types)
         perf = PerfModel(load_profiles(opts.data_dir), typed[SIA_REFERENCE_TYPE]
                          if SIA_REFERENCE_TYPE in typed else typed[types[0]],
-                         perf_options(opts), typed)
+                         opts.perf, typed)
     else:
         perf = PerfModel(load_profiles(opts.data_dir), load_pollux_apps(opts.data_dir),
-                         perf_options(opts))
+                         opts.perf)
     return Inputs(topology, trace, perf)
 
 
@@ -201,13 +189,14 @@ def load_inputs(opts: SimulateOptions) -> Inputs:
 PRESETS: dict[str, dict[str, object]] = {
     "pollux-artifact": {"interval_s": 60.0, "restart_cost_s": 30.0, "restart_first": True,
                         "tiresias_thresholds": (57600.0,), "starvation": 0.0,
-                        "placement": "count", "interference": False,
+                        "placement": "count", "perf": {"interference": False},
                         "cluster": "pollux-64"},
     # Sia's simulator (siasosp23/artifacts sia-simulator): 60 s rounds (Gavel: 360 s, set
     # per run), every allocation restarts the job for its application's checkpoint-
     # restore time (Sia's per-application figures), no interference, its 64-GPU cluster
-    "sia-artifact": {"interval_s": 60.0, "restart_first": True, "interference": False,
-                     "placement": "count", "cluster": "sia-64"},
+    "sia-artifact": {"interval_s": 60.0, "restart_first": True,
+                     "perf": {"interference": False}, "placement": "count",
+                     "cluster": "sia-64"},
 }
 
 
@@ -218,10 +207,13 @@ def apply_preset(name: str, given: dict[str, object]) -> dict[str, object]:
         return dict(given)
     if name not in PRESETS:
         raise ConfigError(f"--preset {name}: unknown (choose from {', '.join(PRESETS)})")
-    out = dict(PRESETS[name])
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in PRESETS[name].items()}
     if name == "sia-artifact" and given.get("ordering") == "gavel":
         out["interval_s"] = 360.0     # Sia ran Gavel with 360 s rounds
-    out.update(given)
+    for k, v in given.items():
+        # a section given as a dict merges field by field with the preset's
+        mine = out.get(k)
+        out[k] = {**mine, **v} if isinstance(mine, dict) and isinstance(v, Mapping) else v
     out["preset"] = name
     return out
 
@@ -240,11 +232,14 @@ def check_fits(inputs: Inputs) -> int:
     return too_big
 
 
-def perf_options(opts: SimulateOptions) -> PerfOptions:
-    base = PerfOptions()
-    return PerfOptions(interference=opts.interference,
-                       k_switch=base.k_switch * opts.interference_scale,
-                       k_server=base.k_server * opts.interference_scale)
+def scaled_interference(scale: float, interference: bool = True) -> PerfOptions:
+    """The perf section of ``--interference-scale``: the neighbour weights (0.3 same PCIe
+    switch, 0.1 same server) multiplied by ``scale``."""
+    if not 0.0 <= scale < math.inf:
+        raise ConfigError(f"--interference-scale must be a finite number >= 0, got {scale}")
+    base = _PERF
+    return PerfOptions(interference=interference, k_switch=base.k_switch * scale,
+                       k_server=base.k_server * scale)
 
 
 def elastic_inputs(opts: SimulateOptions, inputs: Inputs) -> ElasticInputs:
@@ -259,8 +254,8 @@ def elastic_inputs(opts: SimulateOptions, inputs: Inputs) -> ElasticInputs:
         restart_s=opts.restart_cost_s,
         restart_by_app={a: float(x.restart_s) for apps in typed.values()
                         for a, x in apps.items() if x.restart_s is not None},
-        seed=opts.seed, interval_s=opts.interval_s, goodput=opts.goodput(),
-        learned=opts.learned(), typed_options=opts.typed(), pollux=opts.pollux())
+        seed=opts.seed, interval_s=opts.interval_s, goodput=opts.goodput,
+        learned=opts.learned, typed_options=opts.typed, pollux=opts.pollux)
 
 
 def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:
@@ -281,7 +276,7 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
     inputs = inputs or load_inputs(opts)
     admission: AdmissionPolicy = parse_quota(opts.quota) if opts.quota else AcceptAll()
     if placement is None:
-        placement = make_placement(opts.placement, opts.threshold, opts.hysteresis)
+        placement = PLACEMENTS.get(opts.placement)(opts.placing)
     specs = jobs if jobs is not None else inputs.trace.jobs
     is_elastic = opts.ordering in ELASTIC
     if opts.interval_s is not None or is_elastic:
@@ -302,17 +297,19 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
                         SimConfig(opts.checkpoint_cost_s, progress=opts.progress))
         res = sim.run()
     # the elastic policy places its own jobs (pack, biggest first)
-    summary = summarise(res, opts.ordering, _elastic_label(opts) if is_elastic else opts.placement,
+    label = (_elastic_label(opts.ordering, opts.goodput.profiles, opts.goodput.priority)
+             if is_elastic else opts.placement)
+    summary = summarise(res, opts.ordering, label,
                         inputs.topology.name, opts.trace)
     return replace(summary, skipped_rows=inputs.trace.skipped), res
 
 
-def _elastic_label(opts: SimulateOptions) -> str:
+def _elastic_label(ordering: str, profiles: str, priority: str) -> str:
     """The placement column of an elastic run: what it knew (oracle runs are ablations)."""
-    if opts.ordering in ("pollux", "sia", "gavel"):
-        return "learned" if opts.ordering != "gavel" else "measured"
-    label = f"{opts.profiles}/{opts.goodput_priority}"
-    return label + (" (oracle ablation)" if opts.profiles == "oracle" else "")
+    if ordering in ("pollux", "sia", "gavel"):
+        return "learned" if ordering != "gavel" else "measured"
+    label = f"{profiles}/{priority}"
+    return label + (" (oracle ablation)" if profiles == "oracle" else "")
 
 
 def with_policy(opts: SimulateOptions, ordering: str, placement: str) -> SimulateOptions:

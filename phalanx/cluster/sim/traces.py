@@ -132,14 +132,17 @@ def _gang(text: str, what: str) -> int:
     return gpus
 
 
-def _finish(jobs: list[JobSpec], opts: TraceOptions, source: str, skipped: int) -> Trace:
+def _finish(jobs: list[JobSpec], source: str, skipped: int, limit: int,
+            load_scale: float) -> Trace:
+    """The trace's jobs by submit time, the first ``limit`` (0: all), submits from 0 and
+    divided by ``load_scale``."""
     jobs.sort(key=lambda j: (j.submit, j.id))
-    if opts.limit:
-        jobs = jobs[:opts.limit]
+    if limit:
+        jobs = jobs[:limit]
     if not jobs:
         raise DataError(f"trace {source}: no jobs")
     t0 = jobs[0].submit
-    out = tuple(replace(j, id=i, submit=(j.submit - t0) / opts.load_scale)
+    out = tuple(replace(j, id=i, submit=(j.submit - t0) / load_scale)
                 for i, j in enumerate(jobs))
     return Trace(out, source, skipped)
 
@@ -172,7 +175,7 @@ def read_philly(path: Path, opts: TraceOptions) -> Trace:
                        opts.cpu_per_gpu, row[4])
 
     jobs = rows.parse(parse)
-    return _finish(jobs, opts, str(path), rows.skipped)
+    return _finish(jobs, str(path), rows.skipped, opts.limit, opts.load_scale)
 
 
 def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4,
@@ -213,7 +216,7 @@ def read_pollux(path: Path, opts: TraceOptions, node_gpus: int = 4,
                        batch)
 
     jobs = rows.parse(parse)
-    return _finish(jobs, opts, str(path), rows.skipped)
+    return _finish(jobs, str(path), rows.skipped, opts.limit, opts.load_scale)
 
 
 SIA_WORKLOADS = {"philly": 8, "saturn": 10}
@@ -282,7 +285,7 @@ def synthetic(spec: SyntheticSpec, opts: TraceOptions) -> Trace:
         d = max(60.0, spec.median_s * math.exp(rng.gauss(0.0, 1.5)))
         jobs.append(JobSpec(i, f"syn-{i}", t, rng.choices(gangs, weights)[0], d, d,
                             rng.choice(models), opts.cpu_per_gpu, f"vc{rng.randrange(4)}"))
-    return _finish(jobs, opts, "synthetic", 0)
+    return _finish(jobs, "synthetic", 0, opts.limit, opts.load_scale)
 
 
 def load_trace(spec: str, opts: TraceOptions, topology: Topology | None = None) -> Trace:

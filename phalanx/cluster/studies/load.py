@@ -32,7 +32,13 @@ import numpy as np
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.policies import LoadAdaptive, Pack, Spread
 from phalanx.cluster.policies.placement import PlacementPolicy, SpreadKeepEmpty
-from phalanx.cluster.sim.run import Inputs, SimulateOptions, load_inputs, simulate
+from phalanx.cluster.sim.run import (
+    Inputs,
+    SimulateOptions,
+    load_inputs,
+    scaled_interference,
+    simulate,
+)
 
 CLUSTERS = {"2sw": "uniform:1,2,16,8,2", "1sw": "uniform:1,2,16,8,1"}   # 256 GPUs each
 JOBS = 3000                              # first 3,000 Philly jobs (22 days of arrivals)
@@ -127,7 +133,8 @@ def _level(base: SimulateOptions, mix: str, cluster: str, target: float, scale: 
     key = (mix, cluster, target, scale, seed)
     if key not in _CACHE:
         opts = replace(base, trace="philly", cluster=CLUSTERS[cluster], limit=JOBS, ordering="fifo",
-                       seed=seed, interference_scale=scale, progress=False)
+                       seed=seed, perf=scaled_interference(scale, base.perf.interference),
+                       progress=False)
         inputs = load_inputs(opts)
         jobs = inputs.trace.jobs if mix == "philly" else sensitive_mix(inputs.trace.jobs,
                                                                         inputs, seed)

@@ -21,7 +21,6 @@ delete it to recompute.
 from __future__ import annotations
 
 import csv
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,18 +30,18 @@ from phalanx.cluster.studies.pollux_preset import ARTIFACT_POLLUX, Row, read_row
 
 VARIANTS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("goodput", "learned/none", {}),
-    ("goodput", "min gain 0 (Pollux's information, no hysteresis)", {"goodput_min_gain": 0.0}),
-    ("goodput", "min gain 0.2", {"goodput_min_gain": 0.2}),
-    ("goodput", "explore 0.2", {"goodput_explore": 0.2}),
-    ("goodput", "share (prior from same-application jobs)", {"goodput_share": True}),
-    ("goodput", "growth 4x", {"goodput_growth": 4.0}),
-    ("goodput", "speedup units", {"goodput_speedup_units": True}),
+    ("goodput", "min gain 0 (Pollux's information, no hysteresis)", {"learned": {"min_gain": 0.0}}),
+    ("goodput", "min gain 0.2", {"learned": {"min_gain": 0.2}}),
+    ("goodput", "explore 0.2", {"learned": {"explore": 0.2}}),
+    ("goodput", "share (prior from same-application jobs)", {"learned": {"share": True}}),
+    ("goodput", "growth 4x", {"learned": {"growth": 4.0}}),
+    ("goodput", "speedup units", {"learned": {"speedup_units": True}}),
     ("goodput", "share + min gain 0.2 (the two that helped)",
-     {"goodput_share": True, "goodput_min_gain": 0.2}),
+     {"learned": {"share": True, "min_gain": 0.2}}),
     ("pollux", "learned", {"seed": 0}),
     ("pollux", "seed 1", {"seed": 1}),
     ("pollux", "seed 2", {"seed": 2}),
-    ("pollux", "greedy search", {"pollux_search": "greedy"}),
+    ("pollux", "greedy search", {"pollux": {"search": "greedy"}}),
 )
 # other seeds of the GA (2-3 min a run here) on the first workloads only
 SEED_WORKLOADS = (1, 2, 3)
@@ -61,8 +60,8 @@ def ablation_study(base: SimulateOptions, out: Path,
     rows: list[Row] = []
     for w in range(1, 9):
         given = {"trace": f"pollux:{w}", "data_dir": base.data_dir, "progress": False,
-                 "goodput_priority": "none"}
-        opts = SimulateOptions(**apply_preset("pollux-artifact", given))
+                 "goodput": {"priority": "none"}}
+        opts = SimulateOptions.from_dict(apply_preset("pollux-artifact", given))
         inputs = None
         for policy, variant, kw in variants:
             if variant.startswith("seed ") and w not in SEED_WORKLOADS:
@@ -70,7 +69,7 @@ def ablation_study(base: SimulateOptions, out: Path,
             hit = done.get((w, policy, variant))
             if hit is None:
                 inputs = inputs or load_inputs(opts)
-                s, _ = simulate(replace(opts, ordering=policy, **kw), inputs)
+                s, _ = simulate(opts.merged({"ordering": policy, **kw}), inputs)
                 hit = done[(w, policy, variant)] = Row(w, policy, variant, s.mean_jct_s,
                                                        s.finished, s.preemptions, s.wall_s)
                 _write(path, {k: r for k, r in done.items()

@@ -11,7 +11,7 @@ the Pollux artifact's published Tiresias and Pollux figures; and each policy's w
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +29,11 @@ NON_ELASTIC = tuple((o, p) for o in ("fifo", "sjf", "las", "tiresias", "rr")
 # srpt reads the epochs users declare; oracle runs read every measured profile (ablations)
 ELASTIC_RUNS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("pollux", "learned", {}),
-    ("goodput", "learned/none", {"goodput_priority": "none"}),
-    ("goodput", "learned/las", {"goodput_priority": "las"}),
-    ("goodput", "learned/srpt", {"goodput_priority": "srpt"}),
-    ("goodput", "oracle/none", {"goodput_priority": "none", "profiles": "oracle"}),
-    ("goodput", "oracle/srpt", {"goodput_priority": "srpt", "profiles": "oracle"}),
+    ("goodput", "learned/none", {"goodput": {"priority": "none"}}),
+    ("goodput", "learned/las", {"goodput": {"priority": "las"}}),
+    ("goodput", "learned/srpt", {"goodput": {"priority": "srpt"}}),
+    ("goodput", "oracle/none", {"goodput": {"priority": "none", "profiles": "oracle"}}),
+    ("goodput", "oracle/srpt", {"goodput": {"priority": "srpt", "profiles": "oracle"}}),
 )
 
 
@@ -65,13 +65,13 @@ def preset_study(base: SimulateOptions, out: Path) -> list[Row]:
     rows: list[Row] = []
     for w in range(1, 9):
         given = {"trace": f"pollux:{w}", "data_dir": base.data_dir, "progress": False}
-        opts = SimulateOptions(**apply_preset("pollux-artifact", given))
+        opts = SimulateOptions.from_dict(apply_preset("pollux-artifact", given))
         inputs = None
         for policy, variant, kw in runs:
             hit = done.get((w, policy, variant))
             if hit is None:
                 inputs = inputs or load_inputs(opts)
-                s, _ = simulate(replace(opts, **kw), inputs)
+                s, _ = simulate(opts.merged(kw), inputs)
                 hit = Row(w, policy, variant, s.mean_jct_s, s.finished, s.preemptions,
                           s.wall_s)
             rows.append(hit)

@@ -101,7 +101,7 @@ def run_one(workload: str, label: str, kw: dict[str, object], load: float,
             base: SimulateOptions) -> Row:
     given = {"trace": workload, "data_dir": base.data_dir, "progress": False,
              "load_scale": load, **kw}
-    opts = SimulateOptions(**apply_preset("sia-artifact", given))
+    opts = SimulateOptions.from_dict(apply_preset("sia-artifact", given))
     s, res = simulate(opts, load_inputs(opts))
     jcts = [st.end - st.spec.submit for st in res.jobs if st.end >= 0]
     return Row(workload, label, load, s.mean_jct_s, float(np.percentile(jcts, 99)),

@@ -6,55 +6,55 @@ VARIANTS = {
   "pollux": {"ordering": "pollux"},
   "goodput": {"ordering": "goodput"},
   # the typed policy's growth cap was 2 (Sia's) before the tune4 runs, 8 since
-  "goodput-growth2": {"ordering": "goodput", "typed_growth": 2.0},
-  "goodput-restart-sia": {"ordering": "goodput", "typed_restart": "sia"},
-  "goodput-batch-target": {"ordering": "goodput", "typed_batch": "target"},
-  "goodput-las": {"ordering": "goodput", "typed_weight": "las"},
-  "goodput-share": {"ordering": "goodput", "goodput_share": True},
-  "goodput-p-1": {"ordering": "goodput", "typed_p": -1.0},
-  "goodput-gain0": {"ordering": "goodput", "typed_min_gain": 0.0},
-  "goodput-growth4": {"ordering": "goodput", "typed_growth": 4.0},
-  "goodput-share-growth4": {"ordering": "goodput", "goodput_share": True, "typed_growth": 4.0},
-  "goodput-p-0.25": {"ordering": "goodput", "typed_p": -0.25},
-  "goodput-growth8": {"ordering": "goodput", "typed_growth": 8.0},
+  "goodput-growth2": {"ordering": "goodput", "typed": {"growth": 2.0}},
+  "goodput-restart-sia": {"ordering": "goodput", "typed": {"restart": "sia"}},
+  "goodput-batch-target": {"ordering": "goodput", "typed": {"batch": "target"}},
+  "goodput-las": {"ordering": "goodput", "typed": {"weight": "las"}},
+  "goodput-share": {"ordering": "goodput", "learned": {"share": True}},
+  "goodput-p-1": {"ordering": "goodput", "typed": {"p": -1.0}},
+  "goodput-gain0": {"ordering": "goodput", "typed": {"min_gain": 0.0}},
+  "goodput-growth4": {"ordering": "goodput", "typed": {"growth": 4.0}},
+  "goodput-share-growth4": {"ordering": "goodput", "learned": {"share": True}, "typed": {"growth": 4.0}},
+  "goodput-p-0.25": {"ordering": "goodput", "typed": {"p": -0.25}},
+  "goodput-growth8": {"ordering": "goodput", "typed": {"growth": 8.0}},
   # a job's first size before any fit: 4 since 2026-11-27 (the files before start.jsonl
   # were made at 1: goodput-start1 repeats them)
-  "goodput-start1": {"ordering": "goodput", "typed_start": 1},
-  "goodput-start4": {"ordering": "goodput", "typed_start": 4},
-  "goodput-start8": {"ordering": "goodput", "typed_start": 8},
+  "goodput-start1": {"ordering": "goodput", "typed": {"start": 1}},
+  "goodput-start4": {"ordering": "goodput", "typed": {"start": 4}},
+  "goodput-start8": {"ordering": "goodput", "typed": {"start": 8}},
   # the typed policy's minimum gain: 0.2 since 2026-11-27 (0.1 before; the gain0.2 /
   # gain0.05 runs in start.jsonl were made at start 4 with min gain 0.1 as the default)
-  "goodput-gain0.1": {"ordering": "goodput", "typed_min_gain": 0.1},
-  "goodput-gain0.2": {"ordering": "goodput", "typed_min_gain": 0.2},
-  "goodput-gain0.05": {"ordering": "goodput", "typed_min_gain": 0.05},
-  "goodput-lambda1.5": {"ordering": "goodput", "typed_lambda_n": 1.5},
-  "goodput-start2": {"ordering": "goodput", "typed_start": 2},
-  "goodput-growth16": {"ordering": "goodput", "typed_growth": 16.0},
-  "goodput-growth64": {"ordering": "goodput", "typed_growth": 64.0},
-  "goodput-h900": {"ordering": "goodput", "goodput_horizon_s": 900.0},
-  "goodput-h3600": {"ordering": "goodput", "goodput_horizon_s": 3600.0},
-  "goodput-p-1.0": {"ordering": "goodput", "typed_p": -1.0},
-  "goodput-p-0.75": {"ordering": "goodput", "typed_p": -0.75},
-  "goodput-p-0.1": {"ordering": "goodput", "typed_p": -0.1},
+  "goodput-gain0.1": {"ordering": "goodput", "typed": {"min_gain": 0.1}},
+  "goodput-gain0.2": {"ordering": "goodput", "typed": {"min_gain": 0.2}},
+  "goodput-gain0.05": {"ordering": "goodput", "typed": {"min_gain": 0.05}},
+  "goodput-lambda1.5": {"ordering": "goodput", "typed": {"lambda_n": 1.5}},
+  "goodput-start2": {"ordering": "goodput", "typed": {"start": 2}},
+  "goodput-growth16": {"ordering": "goodput", "typed": {"growth": 16.0}},
+  "goodput-growth64": {"ordering": "goodput", "typed": {"growth": 64.0}},
+  "goodput-h900": {"ordering": "goodput", "goodput": {"horizon_s": 900.0}},
+  "goodput-h3600": {"ordering": "goodput", "goodput": {"horizon_s": 3600.0}},
+  "goodput-p-1.0": {"ordering": "goodput", "typed": {"p": -1.0}},
+  "goodput-p-0.75": {"ordering": "goodput", "typed": {"p": -0.75}},
+  "goodput-p-0.1": {"ordering": "goodput", "typed": {"p": -0.1}},
   # the typed policy's p: -0.25 since 2026-11-27 (-0.5 before: the p variants above and
   # the files before p.jsonl were made at -0.5, and goodput-p-0.5 repeats them)
-  "goodput-p-0.5": {"ordering": "goodput", "typed_p": -0.5},
-  "goodput-attained": {"ordering": "goodput", "typed_restart": "attained"},
-  "goodput-p-0.5-attained": {"ordering": "goodput", "typed_p": -0.5, "typed_restart": "attained"},
-  "goodput-p-0.5-las": {"ordering": "goodput", "typed_p": -0.5, "typed_weight": "las"},
-  "goodput-p-0.25-gain0.1": {"ordering": "goodput", "typed_p": -0.25, "typed_min_gain": 0.1},
-  "goodput-p-0.25-gain0.3": {"ordering": "goodput", "typed_p": -0.25, "typed_min_gain": 0.3},
-  "goodput-p-0.25-lambda1.2": {"ordering": "goodput", "typed_p": -0.25, "typed_lambda_n": 1.2},
-  "goodput-p-0.25-h900": {"ordering": "goodput", "typed_p": -0.25, "goodput_horizon_s": 900.0},
-  "goodput-p-0.25-lambda1.05": {"ordering": "goodput", "typed_p": -0.25, "typed_lambda_n": 1.05},
-  "goodput-growth4-gain0": {"ordering": "goodput", "typed_growth": 4.0, "typed_min_gain": 0.0},
+  "goodput-p-0.5": {"ordering": "goodput", "typed": {"p": -0.5}},
+  "goodput-attained": {"ordering": "goodput", "typed": {"restart": "attained"}},
+  "goodput-p-0.5-attained": {"ordering": "goodput", "typed": {"p": -0.5, "restart": "attained"}},
+  "goodput-p-0.5-las": {"ordering": "goodput", "typed": {"p": -0.5, "weight": "las"}},
+  "goodput-p-0.25-gain0.1": {"ordering": "goodput", "typed": {"p": -0.25, "min_gain": 0.1}},
+  "goodput-p-0.25-gain0.3": {"ordering": "goodput", "typed": {"p": -0.25, "min_gain": 0.3}},
+  "goodput-p-0.25-lambda1.2": {"ordering": "goodput", "typed": {"p": -0.25, "lambda_n": 1.2}},
+  "goodput-p-0.25-h900": {"ordering": "goodput", "typed": {"p": -0.25}, "goodput": {"horizon_s": 900.0}},
+  "goodput-p-0.25-lambda1.05": {"ordering": "goodput", "typed": {"p": -0.25, "lambda_n": 1.05}},
+  "goodput-growth4-gain0": {"ordering": "goodput", "typed": {"growth": 4.0, "min_gain": 0.0}},
   # ablations reading every measured profile (more than Sia knows): the model fitted
   # offline to all of them, or the simulator's own throughput table
-  "goodput-fit": {"ordering": "goodput", "typed_knowledge": "offline-fit"},
-  "goodput-oracle": {"ordering": "goodput", "typed_knowledge": "oracle"},
-  "goodput-fit-owncap": {"ordering": "goodput", "typed_knowledge": "offline-fit", "typed_known_cap": "own"},
-  "goodput-oracle-owncap": {"ordering": "goodput", "typed_knowledge": "oracle", "typed_known_cap": "own"},
-  "goodput-share-growth4-las": {"ordering": "goodput", "goodput_share": True, "typed_growth": 4.0, "typed_weight": "las"},
+  "goodput-fit": {"ordering": "goodput", "typed": {"knowledge": "offline-fit"}},
+  "goodput-oracle": {"ordering": "goodput", "typed": {"knowledge": "oracle"}},
+  "goodput-fit-owncap": {"ordering": "goodput", "typed": {"knowledge": "offline-fit", "known_cap": "own"}},
+  "goodput-oracle-owncap": {"ordering": "goodput", "typed": {"knowledge": "oracle", "known_cap": "own"}},
+  "goodput-share-growth4-las": {"ordering": "goodput", "learned": {"share": True}, "typed": {"growth": 4.0, "weight": "las"}},
 }
 out = sys.argv[1]
 load = 1.0
@@ -64,7 +64,7 @@ for spec in sys.argv[2:]:
     if "x" in v.split("-")[-1] and v.split("-")[-1].startswith("x"):
         load = float(v.split("-")[-1][1:]); v = "-".join(v.split("-")[:-1])
     kw = dict(VARIANTS[v], trace=trace, progress=False, load_scale=load)
-    opts = SimulateOptions(**apply_preset("sia-artifact", kw))
+    opts = SimulateOptions.from_dict(apply_preset("sia-artifact", kw))
     t = time.time()
     s, res = simulate(opts)
     jcts = sorted(st.end - st.spec.submit for st in res.jobs if st.end >= 0)
