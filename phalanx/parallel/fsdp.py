@@ -65,6 +65,7 @@ class FsdpHooks(ReplicaHooks):
 
     label = "fsdp"
     shared_rule_state = False
+    whole_replica = False  # the rule's state is built for the local shards only (below)
 
     def __init__(self, ctx: WorkerContext) -> None:
         # here, not at the top: the registry imports every strategy, and FSDP2's package
@@ -72,8 +73,16 @@ class FsdpHooks(ReplicaHooks):
         # gives an fsdp run's fork server it)
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        super().__init__(ctx)  # the replica, started from rank 0's values
+        super().__init__(ctx)  # the replica
         units = unit_modules(self.model)
+        # every rank starts from rank 0's values, as DDP does, unit by unit (a flat copy of
+        # the whole model would be the start-up's peak)
+        left = {id(p) for p in self.params}
+        for module in [m for _, m in units] + [self.model]:  # the model last: the root's
+            group = [p for p in module.parameters() if id(p) in left]
+            broadcast_from_rank0(group, self.counter, self.rank, self.world)
+            left -= {id(p) for p in group}
+        broadcast_from_rank0(list(self.model.buffers()), self.counter, self.rank, self.world)
         # the per-step traffic of FSDP2's default schedule (see the module), in the wire's
         # dtype (--precision bf16: FSDP2 gathers and reduce-scatters bf16)
         wire = self.precision.wire

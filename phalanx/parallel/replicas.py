@@ -127,6 +127,11 @@ class ReplicaHooks(Hooks):
 
     label = "replica"
     shared_rule_state = True
+    # every rank holds the whole model with the rule's state for all of it, started from
+    # rank 0's values here. False (zero): the subclass starts its ranks alike and builds
+    # the rule's state itself, for its shards only: a whole-model state (Adam: 8 bytes a
+    # parameter) and a flat copy for the broadcast would be the peak of its start-up
+    whole_replica = True
 
     def __init__(self, ctx: WorkerContext) -> None:
         job, rank, world = ctx.job, ctx.rank, ctx.world
@@ -137,20 +142,22 @@ class ReplicaHooks(Hooks):
         self.test = job.test
         self.counter = ByteCounter()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        # DDP does the same: equal start even if model_fn was not seeded deterministically
-        broadcast_from_rank0(self.params + list(self.model.buffers()), self.counter, rank,
-                             world)
+        if self.whole_replica:
+            # DDP does the same: equal start even if model_fn was not seeded deterministically
+            broadcast_from_rank0(self.params + list(self.model.buffers()), self.counter,
+                                 rank, world)
         self.allreduce = staged(make_allreduce(cfg.allreduce, counter=self.counter),
                                 ctx.placement.host_staging)
         self.buffers = [b for b in self.model.buffers() if b.is_floating_point()]
         self.total = total_steps(job, world)
-        self.weights = detached(self.params)
+        self.weights = detached(self.params) if self.whole_replica else []
         self.rule = make_rule(cfg, self.total)
         # a sparse-gradient table (the click model's): a sparse gradient updates only the
         # rows it holds (rules/sparse.py); a densified one, the whole table
         self.table = sparse_table(self.model, self.params)
         self.table_rule = TableRule(self.rule, self.table) if self.table is not None else None
-        self.state = (self.table_rule.init(self.weights) if self.table_rule is not None
+        self.state = (None if not self.whole_replica
+                      else self.table_rule.init(self.weights) if self.table_rule is not None
                       else self.rule.init(self.weights))
         self.precision = precision_of(cfg)  # --precision: the forward's autocast
         self.kit = WorkerKit.of(cfg, rank)

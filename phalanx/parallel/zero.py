@@ -92,6 +92,7 @@ class ZeroHooks(ReplicaHooks):
 
     label = "zero"
     shared_rule_state = False
+    whole_replica = False  # the rule's state is built for the shards only (below)
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)  # the replica, started from rank 0's values
@@ -105,10 +106,13 @@ class ZeroHooks(ReplicaHooks):
                               ctx.log, self.rank == 0)
         # --precision bf16: the parameters (so their gradients) and every collective in
         # bf16, the shards fp32 masters (the rule's)
+        # every rank starts from rank 0's values, as DDP does (unit by unit: a flat copy of
+        # the whole model would be the start-up's peak)
+        broadcast_from_rank0(list(self.model.buffers()), self.counter, self.rank, self.world)
         self.units = make_units(self.model, self.params, self.rank, self.world,
                                 own_shard=self.stage == 3,
-                                dtype=self.precision.wire if self.precision.mixed else None)
-        self.weights = []  # the replica's detached copies: they held the old storage
+                                dtype=self.precision.wire if self.precision.mixed else None,
+                                start=self._from_rank0)
         # the rule sees this rank's shards only; clipping needs every shard (below)
         self.rule = make_rule(dataclasses.replace(cfg, clip_grad_norm=0.0), self.total)
         self.shards = [u.shard for u in self.units]
@@ -130,12 +134,14 @@ class ZeroHooks(ReplicaHooks):
             for u in self.units:
                 u.handles += [p.register_post_accumulate_grad_hook(self._on_grad)
                               for p in u.params]
-        if self.stage == 3:
+        if self.stage == 3:  # make_units freed the buffers: the rank holds its shards
             for u in self.units:
-                u.free()
                 if u.module is not None:
                     u.handles += [u.module.register_forward_pre_hook(self._before_forward),
                                   u.module.register_forward_hook(self._after_forward)]
+
+    def _from_rank0(self, values: torch.Tensor) -> None:
+        broadcast_from_rank0([values], self.counter, self.rank, self.world)
 
     # ---- stage 3: gather before use, free after ----------------------------------------
 

@@ -17,6 +17,7 @@ model as one unit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -97,12 +98,17 @@ def unit_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def make_units(model: nn.Module, params: list[nn.Parameter], rank: int, world: int,
-               own_shard: bool, dtype: torch.dtype | None = None) -> list[Unit]:
-    """The model's units, their parameters moved into flat buffers (values kept).
-    ``own_shard``: each shard is a tensor of its own (stage 3), not a view of the buffer.
-    ``dtype``: the buffers' (and so the parameters' and gradients') dtype, bf16 under
-    ``--precision bf16`` (None: the parameters' own); the shards stay in the parameters'
-    dtype (fp32 masters) and are tensors of their own when the two differ."""
+               own_shard: bool, dtype: torch.dtype | None = None,
+               start: Callable[[torch.Tensor], None] | None = None) -> list[Unit]:
+    """The model's units, their parameters moved into flat buffers (values kept), one unit
+    at a time: a unit's parameters give up their own storage as soon as its buffer holds
+    them, so the model is never held twice. ``own_shard``: each shard is a tensor of its
+    own (stage 3), not a view of the buffer, and the buffer is freed at once: by the last
+    unit the rank holds its shards only. ``dtype``: the buffers' (and so the parameters'
+    and gradients') dtype, bf16 under ``--precision bf16`` (None: the parameters' own);
+    the shards stay in the parameters' dtype (fp32 masters) and are tensors of their own
+    when the two differ. ``start(values)``: makes every rank's unit values rank 0's (a
+    broadcast of the unit's real values, before they are cut into shards)."""
     trainable = {id(p) for p in params}
     seen: set[int] = set()
     groups: list[tuple[str, nn.Module | None, list[nn.Parameter]]] = []
@@ -118,20 +124,28 @@ def make_units(model: nn.Module, params: list[nn.Parameter], rank: int, world: i
     for name, module, group in groups:
         layout = ShardLayout(sum(p.numel() for p in group), world)
         master = torch.zeros(layout.padded, dtype=group[0].dtype, device=group[0].device)
-        full = master if dtype in (None, master.dtype) else master.to(dtype)
         offset = 0
         with torch.no_grad():
             for p in group:
                 n = p.numel()
                 master[offset : offset + n].copy_(p.reshape(-1))
-                if full is not master:
-                    full[offset : offset + n].copy_(master[offset : offset + n])
+                offset += n
+            if start is not None:
+                start(master[: layout.numel])
+            full = master if dtype in (None, master.dtype) else master.to(dtype)
+            offset = 0
+            for p in group:  # p's own storage is released here (nothing else holds it)
+                n = p.numel()
                 p.data = full[offset : offset + n].view_as(p)
                 offset += n
         lo = rank * layout.shard
         shard = master[lo : lo + layout.shard]
-        units.append(Unit(name, module, group, layout, full,
-                          shard.clone() if own_shard or full is not master else shard))
+        unit = Unit(name, module, group, layout, full,
+                    shard.clone() if own_shard or full is not master else shard)
+        if own_shard:
+            unit.free()
+        units.append(unit)
+        del master, full, shard  # the unit holds what it keeps
     return units
 
 
