@@ -52,13 +52,14 @@ from phalanx.cluster.core.clusters import resolve_cluster
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.config import LiveConfig
 from phalanx.cluster.live.engines.local import LocalExecutor
-from phalanx.cluster.live.engines.ray import RayExecutor, ray_cluster
+from phalanx.cluster.live.engines.ray import RayExecutor
+from phalanx.cluster.live.engines.ray_cluster import ray_cluster
 from phalanx.cluster.live.engines.slurm.executor import SlurmExecutor
 from phalanx.cluster.live.engines.slurm.local import check_installed, slurm_cluster
 from phalanx.cluster.live.joblist import LiveJob, load_job_list
 from phalanx.cluster.live.loop import LiveCluster
+from phalanx.cluster.model.families import ModelProfile
 from phalanx.cluster.model.perf import PerfModel, PerfOptions
-from phalanx.cluster.model.profiles import ModelProfile
 from phalanx.cluster.policies import make_ordering, make_placement
 from phalanx.cluster.sim.event import SimConfig, Simulator
 from phalanx.errors import ConfigError

@@ -43,7 +43,7 @@ import numpy as np
 
 from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.model.core_share import CoreShare
-from phalanx.cluster.model.learned import fit_perf_params, predict_step_time
+from phalanx.cluster.model.perf_fit import fit_perf_params, predict_step_time
 
 
 def measure(workers: int, batch: int, steps: int, out: Path) -> tuple[float, float]:

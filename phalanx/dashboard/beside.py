@@ -10,7 +10,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from phalanx.cluster.core.topology import Topology, save_topology
+from phalanx.cluster.core.cluster_file import save_topology
+from phalanx.cluster.core.topology import Topology
 from phalanx.dashboard.cluster_map import TOPOLOGY_FILE
 from phalanx.dashboard.schedules import ARRIVALS_FILE
 from phalanx.dashboard.serve import Served, check_host, check_port, serve_in_thread

@@ -13,8 +13,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from phalanx.cluster.core.cluster_file import load_topology
 from phalanx.cluster.core.clusters import NAMED
-from phalanx.cluster.core.topology import Topology, load_topology, uniform
+from phalanx.cluster.core.topology import Topology, uniform
 
 TOPOLOGY_FILE = "topology.yaml"
 _UNIFORM = re.compile(r"uniform-(\d+)x(\d+)x(\d+)x(\d+)")

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from phalanx.cluster.core.topology import read_yaml
+from phalanx.cluster.core.cluster_file import read_yaml
 from phalanx.errors import ConfigError
 from phalanx.runtime.hosts import TestNetwork, unavailable
 from phalanx.scale.network import Link, Network

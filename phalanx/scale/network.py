@@ -29,7 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from phalanx.cluster.core.topology import Topology, topology_from_mapping, uniform
+from phalanx.cluster.core.cluster_file import topology_from_mapping
+from phalanx.cluster.core.topology import Topology, uniform
 from phalanx.errors import ConfigError
 
 LEVELS = ("intra", "nic", "rack", "zone")

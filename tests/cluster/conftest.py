@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.cluster.model.families import load_profiles
 from phalanx.cluster.model.perf import PerfModel
-from phalanx.cluster.model.profiles import load_pollux_apps, load_profiles
+from phalanx.cluster.model.profiles import load_pollux_apps
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = (REPO / ".." / "shared" / "data").resolve()

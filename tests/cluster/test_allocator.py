@@ -9,7 +9,7 @@ from phalanx.cluster.core.allocator import AllocationError, ClusterState, Placem
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.policies import make_placement
-from phalanx.cluster.policies.placement import PLACEMENTS
+from phalanx.cluster.policies.placement_catalog import PLACEMENTS
 
 
 def snapshot(c: ClusterState):

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from phalanx.cli import main
+from phalanx.cluster.core.cluster_file import topology_from_mapping
 from phalanx.cluster.core.jobs import JobSpec
-from phalanx.cluster.core.topology import topology_from_mapping, uniform
+from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.policies import ORDERINGS, make_ordering, make_placement
 from phalanx.cluster.sim.event import SimConfig, Simulator
 

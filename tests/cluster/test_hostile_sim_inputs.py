@@ -8,7 +8,7 @@ import time
 import pytest
 
 from phalanx.cli import main
-from phalanx.cluster.core.topology import load_topology
+from phalanx.cluster.core.cluster_file import load_topology
 from phalanx.cluster.sim.traces import TraceOptions, read_philly, read_pollux
 from phalanx.errors import ConfigError, DataError
 

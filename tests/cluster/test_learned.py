@@ -13,14 +13,16 @@ from phalanx.cluster.model.learned import (
     AppFacts,
     JobKnowledge,
     Learner,
+    fixed_batch_config,
+    optimize_batch,
+)
+from phalanx.cluster.model.perf import PerfModel
+from phalanx.cluster.model.perf_fit import (
     PerfParams,
     _objective,
     fit_perf_params,
-    fixed_batch_config,
-    optimize_batch,
     predict_step_time,
 )
-from phalanx.cluster.model.perf import PerfModel
 from phalanx.cluster.model.profiles import load_pollux_apps
 from phalanx.cluster.policies import make_ordering, make_placement
 from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator

@@ -7,8 +7,9 @@ import pytest
 from phalanx.cluster.core.allocator import ClusterState
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.model.families import load_profiles
 from phalanx.cluster.model.perf import PerfModel, PerfOptions, Shape
-from phalanx.cluster.model.profiles import load_pollux_apps, load_profiles, min_rotation
+from phalanx.cluster.model.profiles import load_pollux_apps, min_rotation
 from phalanx.cluster.policies import Pack, Spread
 
 

@@ -268,8 +268,9 @@ def test_goodput_contract(priority, capacity, data_dir):
 def test_goodput_simulates_within_limits(data_dir):
     """The elastic policy through the interval engine (bitmaps checked every interval):
     every job finishes, no allocation exceeds the cluster or the job's limit."""
+    from phalanx.cluster.model.families import load_profiles
     from phalanx.cluster.model.perf import PerfModel
-    from phalanx.cluster.model.profiles import load_pollux_apps, load_profiles
+    from phalanx.cluster.model.profiles import load_pollux_apps
     from phalanx.cluster.policies.goodput import GoodputPolicy
     from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
     from phalanx.cluster.sim.traces import load_trace

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from phalanx.cli import main
-from phalanx.cluster.live.engines import ray as R
+from phalanx.cluster.live.engines import ray_cluster as R
 from phalanx.errors import ConfigError
 from phalanx.runtime import signals
 from phalanx.runtime.signals import AF_UNIX_MAX
@@ -67,7 +67,8 @@ def test_each_device_resource_carries_its_type_and_a_mismatch_is_one_line():
     """A node declares ``phx_type_<type>`` beside its ``phx_dev_<id>`` resources (the
     local cluster builds its nodes so); the executor checks every server's node against
     the topology's types (here on the node records ``ray.nodes()`` gives)."""
-    from phalanx.cluster.core.topology import Topology, topology_from_mapping
+    from phalanx.cluster.core.cluster_file import topology_from_mapping
+    from phalanx.cluster.core.topology import Topology
 
     topo = topology_from_mapping({"name": "two", "device_types": [
         {"name": "fast"}, {"name": "slow", "slowdown": 3}], "zones": [{"name": "z", "racks": [

@@ -5,8 +5,8 @@ import pytest
 
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.model.families import ModelProfile
 from phalanx.cluster.model.perf import PerfModel, PerfOptions
-from phalanx.cluster.model.profiles import ModelProfile
 from phalanx.cluster.policies import FIFO, FirstFit
 from phalanx.cluster.sim.event import Simulator
 from phalanx.errors import ConfigError

@@ -472,11 +472,8 @@ def test_knowledge_ablations_offline_fit_and_oracle(inputs):
     from phalanx.cluster.core.view import JobView
     from phalanx.cluster.model.learned import efficiency
     from phalanx.cluster.model.profiles import BatchConfig
-    from phalanx.cluster.policies.goodput_typed import (
-        TypedOptions,
-        make_typed_goodput,
-        offline_fit,
-    )
+    from phalanx.cluster.policies.goodput_typed import TypedOptions, make_typed_goodput
+    from phalanx.cluster.policies.typed_knowledge import offline_fit
     from phalanx.cluster.sim.interval import run_step_time
     from phalanx.cluster.sim.run import elastic_inputs
 

@@ -39,8 +39,8 @@ from live_procs import (
     wait_for_checkpoint,
 )
 
+from phalanx.cluster.core.cluster_file import topology_from_mapping
 from phalanx.cluster.core.clusters import resolve_cluster
-from phalanx.cluster.core.topology import topology_from_mapping
 from phalanx.cluster.live.engines.slurm.executor import SlurmExecutor
 from phalanx.cluster.live.engines.slurm.local import (
     CLIENTS,

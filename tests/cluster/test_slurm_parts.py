@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from phalanx.cli import main
-from phalanx.cluster.core.topology import topology_from_mapping, uniform
+from phalanx.cluster.core.cluster_file import topology_from_mapping
+from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.live.engines.base import KILLED
 from phalanx.cluster.live.engines.slurm.conf import (
     LocalPorts,

@@ -4,13 +4,9 @@ importer on the real inventory."""
 import pytest
 import yaml
 
+from phalanx.cluster.core.cluster_file import load_topology, save_topology, topology_from_mapping
 from phalanx.cluster.core.clusters import import_alibaba, philly_2048, pollux_64, resolve_cluster
-from phalanx.cluster.core.topology import (
-    load_topology,
-    save_topology,
-    topology_from_mapping,
-    uniform,
-)
+from phalanx.cluster.core.topology import uniform
 from phalanx.errors import ConfigError, DataError
 
 GOOD = {

@@ -7,13 +7,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from phalanx.cluster.core.topology import (
-    DeviceType,
-    Topology,
-    TopologyBuilder,
-    load_topology,
-    uniform,
-)
+from phalanx.cluster.core.cluster_file import load_topology
+from phalanx.cluster.core.topology import DeviceType, Topology, TopologyBuilder, uniform
 from phalanx.errors import ConfigError, DataError
 
 # relative throughput of each Alibaba GPU model against a V100 (the reference device).

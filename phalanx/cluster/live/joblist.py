@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phalanx.cluster.core.cluster_file import read_yaml
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.scheduler import oversize_reason, usable_gpus
-from phalanx.cluster.core.topology import Topology, read_yaml
+from phalanx.cluster.core.topology import Topology
 from phalanx.config import RunConfig
 from phalanx.data import DataOptions, load_data
 from phalanx.errors import ConfigError, DataError

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.topology import Topology
-from phalanx.cluster.model.profiles import ModelProfile, PolluxApplication
+from phalanx.cluster.model.families import ModelProfile
+from phalanx.cluster.model.profiles import PolluxApplication
 from phalanx.errors import ConfigError
 
 

@@ -18,15 +18,14 @@ from phalanx.cluster.policies.ordering import (
                                                 make_ordering,
 )
 from phalanx.cluster.policies.placement import (
-                                                PLACEMENTS,
                                                 FirstFit,
                                                 LoadAdaptive,
                                                 Pack,
                                                 PlacementPolicy,
                                                 Spread,
                                                 TopologyAware,
-                                                make_placement,
 )
+from phalanx.cluster.policies.placement_catalog import PLACEMENTS, make_placement
 
 __all__ = [
                                                 "FIFO",

@@ -16,14 +16,10 @@ from phalanx.cluster.core.result import SimResult
 from phalanx.cluster.core.scheduler import usable_gpus
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.core.view import ElasticPolicy
+from phalanx.cluster.model.families import load_profiles
 from phalanx.cluster.model.perf import PerfModel, PerfOptions
-from phalanx.cluster.model.profiles import (
-    SIA_PROFILED_TYPES,
-    SIA_REFERENCE_TYPE,
-    load_pollux_apps,
-    load_profiles,
-    load_sia_apps,
-)
+from phalanx.cluster.model.profiles import load_pollux_apps
+from phalanx.cluster.model.sia_apps import SIA_PROFILED_TYPES, SIA_REFERENCE_TYPE, load_sia_apps
 from phalanx.cluster.policies import (
     PLACEMENTS,
     AcceptAll,
@@ -38,7 +34,7 @@ from phalanx.cluster.policies.goodput import GoodputOptions
 from phalanx.cluster.policies.goodput_learned import LearnedOptions
 from phalanx.cluster.policies.goodput_typed import TypedOptions
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S, check_thresholds
-from phalanx.cluster.policies.placement import PlacementOptions
+from phalanx.cluster.policies.placement_catalog import PlacementOptions
 from phalanx.cluster.policies.pollux import PolluxOptions
 from phalanx.cluster.sim.event import SimConfig, Simulator
 from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator

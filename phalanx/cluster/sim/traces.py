@@ -16,14 +16,10 @@ from pathlib import Path
 
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.model.families import load_profiles
 from phalanx.cluster.model.perf import ideal_shape
-from phalanx.cluster.model.profiles import (
-    SIA_REFERENCE_TYPE,
-    PolluxApplication,
-    load_pollux_apps,
-    load_profiles,
-    load_sia_apps,
-)
+from phalanx.cluster.model.profiles import PolluxApplication, load_pollux_apps
+from phalanx.cluster.model.sia_apps import SIA_REFERENCE_TYPE, load_sia_apps
 from phalanx.errors import ConfigError, DataError
 from phalanx.limits import MAX_SEED
 
