@@ -290,6 +290,9 @@ def train_worker(ctx: WorkerContext) -> None:
     hooks = ZeroHooks(ctx)
     try:
         pos = hooks.train()
+        # training is over: the rule's state and the gradient shards go before the whole
+        # model is gathered (the run's last peak)
+        hooks.state, hooks.grads = None, []
         hooks.gather_all()  # the whole model, for rank 0's result
         state = hooks.master_state()
     finally:

@@ -78,9 +78,8 @@ class ZeroCheckpointer:
     def save(self, hooks, pos: Position) -> None:
         """Collective: this rank's shard file, then (rank 0) the manifest."""
         mine = {"format": FORMAT, "rank": self.rank, "workers": self.world, "step": pos.step,
-                "masters": [u.shard.detach().to("cpu", copy=True) for u in hooks.units],
-                "state": [t.detach().to("cpu", copy=True)
-                          for t in state_tensors(hooks.state)],
+                "masters": [_compact(u.shard) for u in hooks.units],
+                "state": [_compact(t) for t in state_tensors(hooks.state)],
                 "rank_state": RankState.capture(hooks.kit.gen, hooks.counter, hooks.state,
                                                 shared=True).tensors()}
         save_checkpoint(shard_path(self.run_dir, pos.step, self.rank), mine)
@@ -157,6 +156,20 @@ class ZeroCheckpointer:
     def _barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as torch.save should get it: on the host, and a tensor of its own (a view
+    would carry its whole buffer into the file: stage 1's and 2's masters are slices of
+    their unit's). A host tensor that is its own storage is not copied: the file is written
+    before training goes on, and a copy of every shard and its rule state would be the
+    peak of a run's last step."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        return t.to("cpu")
+    whole = t.storage_offset() == 0 and t.is_contiguous() \
+        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    return t if whole else t.clone()
 
 
 def _shard_files(run_dir: Path) -> list[Path]:
