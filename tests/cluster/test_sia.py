@@ -5,6 +5,7 @@ pollux unaware of types) on short Sia workloads."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from phalanx.cluster.policies.sia import solve_sia_milp
 from phalanx.cluster.policies.typed_base import TypeInfo, cluster_types, one_gpu_throughput
 from phalanx.cluster.sim.interval import IntervalConfig, IntervalSimulator
 from phalanx.cluster.sim.run import SimulateOptions, apply_preset, load_inputs, simulate
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, DataError
 
 DATA = default_data_dir()
 pytestmark = pytest.mark.skipif(not (DATA / "sia" / "workloads").exists(),
@@ -450,18 +451,56 @@ def test_interior_lp_survives_a_singular_newton_system():
     assert (a @ x - b).max() < 1e-6 and x.min() > -1e-9
 
 
-def test_the_study_table_compares_with_the_reference():
-    from phalanx.cluster.studies.sia import REFERENCE, Row, render
+REPORTS = Path(__file__).resolve().parents[2] / "reports" / "cluster" / "sia"
 
-    ref = REFERENCE[("sia", "sia:philly:1")]
+
+def test_the_study_table_compares_with_the_reference():
+    """The artifact's figures come from reference.jsonl (not copied into the code)."""
+    from phalanx.cluster.studies.sia import ABLATIONS, TUNE, Row, read_reference, render
+
+    reference = read_reference(REPORTS / "reference.jsonl")
+    assert len(reference) == 36   # sia and gavel on the 18 workloads
+    ref = reference[("sia", "sia:philly:1")]
+    assert ref == 1949.75
     rows = [Row("sia:philly:1", "sia", 1.0, ref * 1.05, 9000.0, 600.0, 4.0, 160, 1.0),
             Row("sia:philly:1", "goodput", 1.0, ref * 0.945, 8000.0, 590.0, 3.0, 160, 1.0),
             Row("sia:philly:5", "sia", 1.5, 3000.0, 9000.0, 600.0, 4.0, 160, 1.0),
             Row("sia:philly:5", "goodput", 1.5, 2700.0, 8000.0, 550.0, 3.0, 160, 1.0)]
-    md = render(rows)
+    md = render(rows, reference)
     assert "| philly:1 | 1,950 | 2,047 | 1.050 |" in md
     assert "| 0.900 |" in md          # goodput / our sia on philly 1
     assert "| test: philly 5-8 (1) | 1.5 | 3,000 | 2,700 | 0.900 |" in md
+    # an ablation's row: its mean over the tuning set against goodput's
+    label = ABLATIONS[0][0]
+    tuned = [Row(w, p, 1.0, 2000.0 if p == "goodput" else 2100.0, 1.0, 1.0, 1.0, 160, 1.0)
+             for w in TUNE for p in ("goodput", label)]
+    assert f"| {label} | 2,100 | 1.050 |" in render(tuned, reference)
+
+
+def test_a_bad_reference_file_is_one_line(tmp_path):
+    from phalanx.cluster.studies.sia import read_reference
+
+    with pytest.raises(DataError, match="cannot read the Sia reference runs"):
+        read_reference(tmp_path / "missing.jsonl")
+    bad = tmp_path / "reference.jsonl"
+    bad.write_text('{"policy": "sia", "trace": "sia:philly:1", "mean_jct_s": 1.0}\n{"policy": 1}\n')
+    with pytest.raises(DataError, match=r"reference.jsonl:2: not a reference run"):
+        read_reference(bad)
+
+
+def test_a_study_row_records_its_commit_and_resolved_options():
+    """Each row carries the commit that ran it and every section's fields as run."""
+    import json
+
+    from phalanx.cluster.studies.provenance import commit, resolved
+
+    opts = _opts("goodput").merged({"typed": {"p": -0.5}})
+    got = json.loads(resolved(opts))
+    assert got["typed"]["p"] == -0.5 and got["ordering"] == "goodput"
+    assert got["perf"]["interference"] is False and got["interval_s"] == 60.0
+    assert "data_dir" not in got and got["preset"] == "sia-artifact"
+    c = commit()
+    assert c == "unknown" or len(c.removesuffix("+dirty")) >= 7
 
 
 def test_knowledge_ablations_offline_fit_and_oracle(inputs):

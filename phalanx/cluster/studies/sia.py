@@ -1,25 +1,32 @@
 """The Sia comparison (``phalanx simulate --study sia --out DIR``, issue 35) under
 ``--preset sia-artifact`` on Sia's 64-GPU cluster (6 aws x 4 T4, 3 rtx x 8 2080Ti,
 2 dgx-ext x 8 A100): per workload (philly 1-8, saturn 1-10) the Sia artifact's own
-simulator's mean JCT where it was run here (``REFERENCE``), our ``sia``, ``pollux``
+simulator's mean JCT where it was run here (``reference.jsonl``), our ``sia``, ``pollux``
 (heterogeneity-unaware) and ``gavel``, and our ``goodput`` policy on equal information;
 then ours against our ``sia`` on the test workloads (philly 5-8, all of saturn; philly 1-4
 were used for tuning) at 1.0x and 1.5x load: mean and p99 JCT, GPU-hours, restarts per
 job.
 
-    -> sia.csv (one row per run; rows already there are reused: delete to recompute),
-       sia.md
+Our goodput's ablations (``ABLATIONS``: each label says what it changes) run on the
+tuning workloads. The artifact's figures are read from ``reference.jsonl`` in the study's
+folder.
+
+    -> DIR/sia/sia.csv (one row per run, with the commit that ran it and the options as
+       resolved; rows already there are reused: delete to recompute), DIR/sia/sia.md
 """
 
 from __future__ import annotations
 
 import csv
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from phalanx.cluster.sim.run import SimulateOptions, apply_preset, load_inputs, simulate
+from phalanx.cluster.studies.provenance import commit, resolved
+from phalanx.errors import DataError
 
 WORKLOADS = tuple(f"sia:philly:{w}" for w in range(1, 9)) + tuple(
     f"sia:saturn:{w}" for w in range(1, 11))
@@ -34,52 +41,47 @@ RUNS: tuple[tuple[str, dict[str, object]], ...] = (
 )
 LOADS = (1.0, 1.5)
 
-# Mean JCT (s) printed by the Sia artifact's simulator (siasosp23/artifacts,
-# sia-simulator/multi_simulator*.py with run_experiment.sh's flags) run here, in a scratch
-# venv (numpy 1.23, pandas 1.5, pymoo 0.4.2.1, cvxpy with CBC and ECOS), one workload at a
-# time: {(policy, workload): seconds}; reports/cluster/sia/reference.jsonl has each run's
-# per-application figures. Sia and Gavel were run on all 18 workloads (a Sia run 6-22 min
-# here); the artifact's Pollux (a genetic search every 60 s round) had not finished philly 1
-# after 90 minutes, nor in a second run (reports/cluster/sia/README.md: its first jobs
-# done against ours).
-REFERENCE: dict[tuple[str, str], float] = {
-    ("gavel", "sia:philly:1"): 6016.46,
-    ("gavel", "sia:philly:2"): 7572.36,
-    ("gavel", "sia:philly:3"): 4781.43,
-    ("gavel", "sia:philly:4"): 6550.71,
-    ("gavel", "sia:philly:5"): 6982.63,
-    ("gavel", "sia:philly:6"): 6274.46,
-    ("gavel", "sia:philly:7"): 8141.41,
-    ("gavel", "sia:philly:8"): 7490.3,
-    ("gavel", "sia:saturn:1"): 6474.21,
-    ("gavel", "sia:saturn:2"): 6182.01,
-    ("gavel", "sia:saturn:3"): 9347.32,
-    ("gavel", "sia:saturn:4"): 9205.48,
-    ("gavel", "sia:saturn:5"): 7324.65,
-    ("gavel", "sia:saturn:6"): 6433.63,
-    ("gavel", "sia:saturn:7"): 5089.17,
-    ("gavel", "sia:saturn:8"): 12063.6,
-    ("gavel", "sia:saturn:9"): 14516.77,
-    ("gavel", "sia:saturn:10"): 15099.81,
-    ("sia", "sia:philly:1"): 1949.75,
-    ("sia", "sia:philly:2"): 2690.68,
-    ("sia", "sia:philly:3"): 2070.08,
-    ("sia", "sia:philly:4"): 2485.02,
-    ("sia", "sia:philly:5"): 2401.93,
-    ("sia", "sia:philly:6"): 2103.56,
-    ("sia", "sia:philly:7"): 3028.42,
-    ("sia", "sia:philly:8"): 2299.82,
-    ("sia", "sia:saturn:1"): 2091.09,
-    ("sia", "sia:saturn:2"): 2575.18,
-    ("sia", "sia:saturn:3"): 2627.98,
-    ("sia", "sia:saturn:4"): 3041.89,
-    ("sia", "sia:saturn:5"): 2389.81,
-    ("sia", "sia:saturn:6"): 2408.76,
-    ("sia", "sia:saturn:7"): 2100.78,
-    ("sia", "sia:saturn:8"): 2859.06,
-    ("sia", "sia:saturn:9"): 3660.16,
-    ("sia", "sia:saturn:10"): 2864.19,
-}
+# The Sia artifact's own simulator (siasosp23/artifacts, sia-simulator/multi_simulator*.py
+# with run_experiment.sh's flags), run here in a scratch venv (numpy 1.23, pandas 1.5,
+# pymoo 0.4.2.1, cvxpy with CBC and ECOS) one workload at a time: reference.jsonl in the
+# study's folder holds each run (mean JCT and per-application figures; run_reference.sh
+# and ref_extract.py made it). Sia and Gavel were run on all 18 workloads (a Sia run 6-22
+# min here); the artifact's Pollux (a genetic search every 60 s round) had not finished
+# philly 1 after 90 minutes, nor in a second run (README.md there).
+REFERENCE_FILE = "reference.jsonl"
+# ablations of our goodput policy the docs quote, on the tuning workloads at load 1.0:
+# (label, sections changed); the label says what runs
+ABLATIONS: tuple[tuple[str, dict[str, object]], ...] = (
+    ("goodput p -0.5 (Sia's)", {"typed": {"p": -0.5}}),
+    ("goodput start 1 GPU (Sia's)", {"typed": {"start": 1}}),
+    ("goodput growth 2x (Sia's)", {"typed": {"growth": 2.0}}),
+    ("goodput min gain 0.1", {"typed": {"min_gain": 0.1}}),
+    ("goodput restart horizon from attained service", {"typed": {"restart": "attained"}}),
+    ("goodput per-application priors (more than Sia sees)", {"typed": {"share": True}}),
+    ("goodput offline-fit ablation (every measured profile)",
+     {"typed": {"knowledge": "offline-fit"}}),
+    ("goodput oracle ablation (the simulator's own table)", {"typed": {"knowledge": "oracle"}}),
+)
+
+
+def read_reference(path: Path) -> dict[tuple[str, str], float]:
+    """``{(policy, workload): mean JCT s}`` from the reference runs' file (one line naming
+    the file and line for a missing file or a bad line)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the Sia reference runs ({e.strerror})") from None
+    out = {}
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            out[(str(rec["policy"]), str(rec["trace"]))] = float(rec["mean_jct_s"])
+        except (ValueError, KeyError, TypeError):
+            raise DataError(f"{path}:{n}: not a reference run (JSON with policy, trace, "
+                            f"mean_jct_s)") from None
+    return out
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ class Row:
     restarts_per_job: float
     finished: int
     wall_s: float
+    commit: str = ""       # the code that ran (studies/provenance.py)
+    options: str = ""      # the options as resolved, every section (JSON)
 
 
 def run_one(workload: str, label: str, kw: dict[str, object], load: float,
@@ -107,16 +111,24 @@ def run_one(workload: str, label: str, kw: dict[str, object], load: float,
     return Row(workload, label, load, s.mean_jct_s, float(np.percentile(jcts, 99)),
                sum(st.attained for st in res.jobs) / 3600.0,
                float(np.mean([max(len(st.placements) - 1, 0) for st in res.jobs])),
-               s.finished, s.wall_s)
+               s.finished, s.wall_s, commit(), resolved(opts))
 
 
 def sia_study(base: SimulateOptions, out: Path) -> list[Row]:
-    path = out / "sia.csv"
+    """Every run into ``out/sia/`` (beside the reference runs it reads); rows already in
+    ``sia.csv`` are reused (runs are deterministic), so delete it to recompute after a model
+    or policy change."""
+    folder = out / "sia"
+    folder.mkdir(parents=True, exist_ok=True)
+    reference = read_reference(folder / REFERENCE_FILE)
+    path = folder / "sia.csv"
     done = {(r.workload, r.policy, r.load): r for r in read_rows(path)} \
         if path.exists() else {}
     rows = []
     for w in WORKLOADS:
-        for label, kw in RUNS:
+        runs = RUNS + (tuple((label, {"ordering": "goodput", **kw}) for label, kw in ABLATIONS)
+                       if w in TUNE else ())
+        for label, kw in runs:
             for load in LOADS:
                 if load != 1.0 and (w not in TEST or label not in ("sia", "goodput")):
                     continue
@@ -124,10 +136,10 @@ def sia_study(base: SimulateOptions, out: Path) -> list[Row]:
                 if hit is None:
                     hit = run_one(w, label, kw, load, base)
                     done[(w, label, load)] = hit
-                    write_outputs(list(done.values()), out)
+                    write_outputs(list(done.values()), folder, reference)
                 rows.append(hit)
         print(f"sia study, {w}: done", flush=True)
-    write_outputs(rows, out)
+    write_outputs(rows, folder, reference)
     return rows
 
 
@@ -135,27 +147,29 @@ def read_rows(path: Path) -> list[Row]:
     with path.open(newline="") as f:
         return [Row(r["workload"], r["policy"], float(r["load"]), float(r["mean_jct_s"]),
                     float(r["p99_jct_s"]), float(r["gpu_h"]), float(r["restarts_per_job"]),
-                    int(r["finished"]), float(r["wall_s"])) for r in csv.DictReader(f)]
+                    int(r["finished"]), float(r["wall_s"]), r.get("commit", ""),
+                    r.get("options", "")) for r in csv.DictReader(f)]
 
 
-def write_outputs(rows: list[Row], out: Path) -> None:
-    with (out / "sia.csv").open("w", newline="") as f:
+def write_outputs(rows: list[Row], folder: Path,
+                  reference: dict[tuple[str, str], float]) -> None:
+    with (folder / "sia.csv").open("w", newline="") as f:
         wr = csv.writer(f)
         wr.writerow(["workload", "policy", "load", "mean_jct_s", "p99_jct_s", "gpu_h",
-                     "restarts_per_job", "finished", "wall_s"])
+                     "restarts_per_job", "finished", "wall_s", "commit", "options"])
         for r in rows:
             wr.writerow([r.workload, r.policy, r.load, f"{r.mean_jct_s:.1f}",
                          f"{r.p99_jct_s:.1f}", f"{r.gpu_h:.2f}", f"{r.restarts_per_job:.3f}",
-                         r.finished, f"{r.wall_s:.1f}"])
-    (out / "sia.md").write_text(render(rows))
+                         r.finished, f"{r.wall_s:.1f}", r.commit, r.options])
+    (folder / "sia.md").write_text(render(rows, reference))
 
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:,.0f}"
 
 
-def render(rows: list[Row]) -> str:
-    """The study's tables (markdown)."""
+def render(rows: list[Row], reference: dict[tuple[str, str], float]) -> str:
+    """The study's tables (markdown); ``reference``: the artifact's runs' mean JCT."""
     by = {(r.workload, r.policy, r.load): r for r in rows}
     head = ("| workload | ref sia | our sia | ratio | ref pollux | our pollux | ratio "
             "| ref gavel | our gavel | ratio | goodput (equal info) | goodput / our sia |")
@@ -164,7 +178,7 @@ def render(rows: list[Row]) -> str:
         cells = [w.removeprefix("sia:")]
         ours_sia = by.get((w, "sia", 1.0))
         for pol in ("sia", "pollux", "gavel"):
-            ref = REFERENCE.get((pol, w))
+            ref = reference.get((pol, w))
             ours = by.get((w, pol, 1.0))
             cells += [_fmt(ref), _fmt(ours.mean_jct_s if ours else None),
                       f"{ours.mean_jct_s / ref:.3f}" if ours and ref else "n/a"]
@@ -200,4 +214,20 @@ def render(rows: list[Row]) -> str:
             "ref = the Sia artifact's simulator run here (n/a: not run):\n\n"
             + "\n".join(lines) + "\n\nOur goodput policy (equal information) against our "
             "sia (means over workloads; philly 1-4 were used for tuning):\n\n"
-            + "\n".join(test) + "\n")
+            + "\n".join(test) + "\n" + _ablation_table(by))
+
+
+def _ablation_table(by: dict[tuple[str, str, float], Row]) -> str:
+    """Each ablation's mean JCT over the tuning workloads against our goodput's there."""
+    base = [by.get((w, "goodput", 1.0)) for w in TUNE]
+    if not all(base):
+        return ""
+    ref = float(np.mean([r.mean_jct_s for r in base if r]))
+    lines = ["| variant (philly 1-4, load 1.0) | mean JCT | / goodput |", "|---|---|---|",
+             f"| goodput (the defaults) | {ref:,.0f} | 1.000 |"]
+    for label, _ in ABLATIONS:
+        got = [by.get((w, label, 1.0)) for w in TUNE]
+        if all(got):
+            m = float(np.mean([r.mean_jct_s for r in got if r]))
+            lines.append(f"| {label} | {m:,.0f} | {m / ref:.3f} |")
+    return "\nAblations of our goodput policy (sections it reads):\n\n" + "\n".join(lines) + "\n"
