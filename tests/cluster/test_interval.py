@@ -159,10 +159,10 @@ def test_cli_preset_compare(tmp_path, capsys):
     import json
 
     rc, out, err = run_cli(capsys, "--preset", "pollux-artifact", "--trace", "pollux:3",
-                           "--limit", "30", "--compare", "tiresias,goodput,fifo:pack",
+                           "--limit", "12", "--compare", "tiresias,goodput,fifo:pack",
                            "--out", str(tmp_path))
     assert rc == 0, err
     rows = json.loads((tmp_path / "compare.json").read_text())
     assert [(r["ordering"], r["placement"]) for r in rows] == [
         ("tiresias", "count"), ("goodput", "learned/none"), ("fifo", "pack")]
-    assert all(r["cluster"] == "pollux-64" and r["finished"] == 30 for r in rows)
+    assert all(r["cluster"] == "pollux-64" and r["finished"] == 12 for r in rows)
