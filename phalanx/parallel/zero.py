@@ -28,11 +28,14 @@ at another N re-shards them (:mod:`phalanx.parallel.zero_checkpoint`).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import threading
 import time
 
 import torch
 import torch.distributed as dist
 
+from phalanx.comm.bucketing import CommThread
 from phalanx.comm.counters import ByteCounter
 from phalanx.comm.sharded import Sharded, make_sharded
 from phalanx.config import RunConfig
@@ -68,23 +71,27 @@ def process_main(rank: int, world: int, job: Job) -> None:
 
 
 class TimedCollectives:
-    """The run's collectives, with the time this rank spent in them: the step's sync time
-    that a scheduler's throughput model is fitted to (``perf`` events)."""
+    """The run's collectives, with the time the training thread spent blocked on them: the
+    step's sync time that a scheduler's throughput model is fitted to (``perf`` events).
+    A collective on the communication thread (stage 2's overlapped reduce-scatters) is not
+    counted: the training thread's wait for it is (:meth:`ZeroHooks._wait`)."""
 
     def __init__(self, inner: Sharded) -> None:
         self.inner, self.estimated, self.wait_s = inner, inner.estimated, 0.0
 
-    def reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def _timed(self, call, *args) -> torch.Tensor:
+        if threading.current_thread() is not threading.main_thread():
+            return call(*args)
         t0 = time.perf_counter()
-        got = self.inner.reduce_scatter(flat, out)
+        got = call(*args)
         self.wait_s += time.perf_counter() - t0
         return got
 
+    def reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return self._timed(self.inner.reduce_scatter, flat, out)
+
     def all_gather(self, shard: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        t0 = time.perf_counter()
-        got = self.inner.all_gather(shard, out)
-        self.wait_s += time.perf_counter() - t0
-        return got
+        return self._timed(self.inner.all_gather, shard, out)
 
 
 class ZeroHooks(ReplicaHooks):
@@ -130,6 +137,12 @@ class ZeroHooks(ReplicaHooks):
                 quiet = make_sharded("native", counter=ByteCounter())
                 for u in self.units:
                     u.refresh(quiet)
+        # stage 2: a unit's reduce-scatter runs on a communication thread while backward
+        # goes on to the units before it (as sync's buckets; FIFO keeps every rank's
+        # collectives in one order). Not stage 3: its gathers run in backward, on the
+        # training thread, and two threads' collectives on one group could interleave
+        # differently on different ranks
+        self.comm = CommThread() if self.stage == 2 and self.world > 1 else None
         if self.stage >= 2:  # each unit is reduced as soon as backward finished it
             for u in self.units:
                 u.handles += [p.register_post_accumulate_grad_hook(self._on_grad)
@@ -186,6 +199,7 @@ class ZeroHooks(ReplicaHooks):
                 if not u.reduced:
                     self._reduce(u)
         if last:
+            self._wait()
             self.held = held(self)  # everything a step holds, before the update
         return micro
 
@@ -200,17 +214,32 @@ class ZeroHooks(ReplicaHooks):
         """Reduce-scatter ``unit``'s gradients into this rank's summed shard; free them
         (stage 3: the weights too)."""
         i = self._index[id(unit)]
-        got = torch.empty(self.grads[i].shape, dtype=unit.full.dtype,  # the wire's dtype
-                          device=self.grads[i].device)
-        self.sharded.reduce_scatter(unit.flat_grad(), got)
-        self.grads[i] += got  # summed in fp32 over the micro-batches
+        flat = unit.flat_grad()  # a tensor of its own: what the reduce-scatter reads
         for p in unit.params:
             p.grad = None
         unit.reduced = True
         if self.stage == 3:
             unit.free()
+        if self.comm is not None:
+            self.comm.submit(functools.partial(self._reduce_into, i, flat))
+        else:
+            self._reduce_into(i, flat)
+
+    def _reduce_into(self, i: int, flat: torch.Tensor) -> None:
+        got = torch.empty(self.grads[i].shape, dtype=flat.dtype,  # the wire's dtype
+                          device=self.grads[i].device)
+        self.sharded.reduce_scatter(flat, got)
+        self.grads[i] += got  # summed in fp32 over the micro-batches
+
+    def _wait(self) -> None:
+        """Stage 2: every reduce-scatter handed to the communication thread is done."""
+        if self.comm is not None:
+            t0 = time.perf_counter()
+            self.comm.wait()  # sync point: this rank's summed shards are complete
+            self.sharded.wait_s += time.perf_counter() - t0
 
     def apply_update(self, step: int) -> dict:
+        self._wait()
         if self.stage == 1:  # the step's gradients, held whole until now
             for u in self.units:
                 self._reduce(u)
@@ -281,6 +310,8 @@ class ZeroHooks(ReplicaHooks):
 
     def close(self) -> None:
         self.probe.close()
+        if self.comm is not None:
+            self.comm.close()
         for u in self.units:
             for h in u.handles:
                 h.remove()
