@@ -30,7 +30,13 @@ def run_config(run_dir: Path) -> RunConfig:
     if not path.is_file():
         raise ConfigError(f"{run_dir}: no config.json (not a phalanx run directory): cannot "
                           "resize")
-    return RunConfig.from_mapping(json.loads(path.read_text()), source=str(path))
+    try:
+        values = json.loads(path.read_text())
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"{path}: not valid JSON ({type(e).__name__}): cannot resize") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: not a mapping of setting -> value: cannot resize")
+    return RunConfig.from_mapping(values, source=str(path))
 
 
 def refusal(cfg: RunConfig) -> str:

@@ -86,3 +86,6 @@ def test_a_strategy_without_a_hook_is_refused_in_one_line(tmp_path):
         resize_run(run, 2, 32)
     with pytest.raises(ConfigError, match="no config.json"):
         resize_run(tmp_path, 2, 32)
+    (run / "config.json").write_text("{nope")
+    with pytest.raises(ConfigError, match=r"config.json: not valid JSON"):
+        resize_run(run, 2, 32)
