@@ -1,4 +1,5 @@
-"""``phalanx scale``: predict, report, async, published, calibrate, validate (docs/scale.md).
+"""``phalanx scale``: predict, report, async, published, calibrate, validate, bytes
+(docs/scale.md).
 
 Every flag is checked where it is owned (``Setting``, ``Shape``, ``AsyncSpec``); a bad value
 is one line naming it and exit 2."""
@@ -226,6 +227,20 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bytes(args: argparse.Namespace) -> int:
+    from phalanx.scale import wire_check  # torch and test hosts: only for this action
+
+    steps = _ints(args.steps, "--steps")
+    if len(steps) != 2:
+        raise ConfigError(f"--steps: {args.steps!r} is not two step counts SHORT,LONG")
+    models = [m for m in args.models.split(",") if m]
+    path = wire_check.run(Path(args.out), models, _ints(args.sizes, "--sizes"), *steps,
+                          seed=args.seed)
+    print(path.read_text())
+    print(f"-> {path}")
+    return 0
+
+
 def _model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="resnet50",
@@ -326,3 +341,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="write the table into this folder")
     p.add_argument("--name", default="validation.md", help="file name in --out")
     p.set_defaults(func=_cmd_validate)
+
+    p = inner.add_parser("bytes", help="every strategy's bytes per step on test hosts (the "
+                                       "kernel's counters) against the prediction (root)")
+    p.add_argument("--models", default="mlp,gpt", help="mlp, gpt (comma-separated)")
+    p.add_argument("--sizes", default="2,3,4", help="worker counts N, 2..8")
+    p.add_argument("--steps", default="4,12",
+                   help="SHORT,LONG (LONG - SHORT a multiple of 8): each configuration "
+                        "runs twice; the difference is the steady state's bytes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/scale/bytes")
+    p.set_defaults(func=_cmd_bytes)

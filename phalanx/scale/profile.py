@@ -35,8 +35,10 @@ def _batch(task: str, shape: tuple[int, ...], classes: int, batch: int) -> torch
     return torch.randn(batch, *shape)
 
 
-def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1) -> Workload:
-    """Build ``name`` and time its forward + backward at ``batch`` here."""
+def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
+                  input_shape: tuple[int, ...] | None = None) -> Workload:
+    """Build ``name`` and time its forward + backward at ``batch`` here (its task's input,
+    or ``input_shape``: ``--data synthetic``'s 1x16x16 makes a smaller MLP)."""
     if name not in MODELS.names():
         raise ConfigError(f"--model: {name!r} is not a phalanx model "
                           f"({', '.join(MODELS.names())})")
@@ -44,6 +46,7 @@ def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1) -> 
         raise ConfigError(f"--batch: {batch} is not in 1..65536")
     task = MODEL_TASKS.get(name, "classify")
     shape, classes, options = INPUTS[task]
+    shape = input_shape or shape
     torch.manual_seed(0)
     model = build_model(name, shape, classes, **options)
     old = torch.get_num_threads()

@@ -63,6 +63,7 @@ LAZY = {
     # validate's MLP), ~2 s of a `scale --help` otherwise
     ("phalanx.scale.cli", "phalanx.scale.profile"),
     ("phalanx.scale.cli", "phalanx.scale.server_cost"),  # calibrate times a real shard
+    ("phalanx.scale.cli", "phalanx.scale.wire_check"),  # bytes runs real ranks on test hosts
 }
 
 

@@ -1,0 +1,222 @@
+"""``phalanx scale bytes``: every strategy's bytes per step, predicted and counted by the
+kernel on test hosts.
+
+Bytes, unlike step times, do not depend on how busy the machine is: a protocol sends what
+it sends. So this check runs on links that are not shaped, needs no calibration run and
+fits nothing: each strategy x model x N is one held-out point.
+
+* **Measured.** One torchrun group per world size on test hosts (network namespaces, one
+  process per host, as the bandwidth study does: ``phalanx.experiments.hostgroup``). Each
+  configuration runs twice, for ``short`` and ``long`` steps, with no evaluation but the
+  last; the kernel's tx counter of every host is read around each run. The steady state's
+  bytes per step are the difference over the extra steps, so start-up (the weights'
+  broadcast, rendezvous) and the final evaluation, equal in both runs, drop out.
+* **Predicted.** :func:`phalanx.scale.predict.predict` for the same model (its parameters
+  and activation size read from the model phalanx builds, :mod:`phalanx.scale.profile`)
+  and the same settings: the busiest worker's payload per step, times the wire's framing
+  and ACK overhead (TCP/IP headers: +0.3%, the calibration's median,
+  ``reports/experiments/scale/calibration.json``; the same for every point).
+
+A point's error is predicted / measured - 1 for the busiest worker host (PS shards are
+hosts of their own and are not workers).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from phalanx.errors import ConfigError
+from phalanx.experiments.hostgroup import Plan, PlannedRun, run_plan
+from phalanx.runtime.hosts import TestNetwork, unavailable
+from phalanx.scale.network import Link, Links, uniform_network
+from phalanx.scale.predict import predict
+from phalanx.scale.profile import profile_model
+from phalanx.scale.setting import Compression, Setting
+
+# the wire's framing and the receiver's ACKs, per payload byte (calibration.json, 2026-11-28:
+# wire overhead 0.11-0.17%, ACKs 0.05-0.16%: their medians' sum)
+WIRE = 1.0025
+BATCH = 32
+MODELS = {
+    "mlp": ["--model", "mlp", "--data", "synthetic", "--train-limit", "4000"],
+    "gpt": ["--model", "gpt", "--data", "shakespeare", "--context", "64", "--train-limit",
+            "20000"],
+}
+INPUT = {"mlp": (1, 16, 16), "gpt": (64,)}  # what the data above feeds the model
+PERIOD = 8  # averaging's steps between averages
+GPT_HEADS = 4  # the GPT's default heads (4 blocks of width 128)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One strategy's configuration at N workers: its flags, how many processes (hosts) it
+    starts, which ranks are workers, and the prediction's settings."""
+
+    label: str
+    flags: tuple[str, ...]
+    world: int
+    workers: tuple[int, ...]
+    setting: dict[str, Any]
+
+
+def cases(n: int, model: str) -> list[Case]:
+    """Every strategy phalanx can run across hosts with ``n`` workers (PS: 2 more hosts for
+    the shards, ranks 0 and 1)."""
+    w = tuple(range(n))
+    ps = tuple(range(2, n + 2))
+    out = [
+        Case("sync ring", ("--strategy", "sync", "--allreduce", "ring"), n, w,
+             {"strategy": "sync", "allreduce": "ring"}),
+        Case("sync main", ("--strategy", "sync", "--allreduce", "main"), n, w,
+             {"strategy": "sync", "allreduce": "main"}),
+        Case("sync top-k 1%", ("--strategy", "sync", "--allreduce", "ring", "--compress",
+                               "topk:0.01"), n, w,
+             {"strategy": "sync", "allreduce": "ring", "compress": "topk:0.01"}),
+        Case(f"average k={PERIOD}", ("--strategy", "average", "--period", str(PERIOD)), n, w,
+             {"strategy": "average", "period": PERIOD}),
+        *[Case(s, ("--strategy", s, "--servers", "2", "--rule", "sgd"), n + 2, ps,
+               {"strategy": s, "servers": 2}) for s in ("bsp", "asp", "ssp")],
+        Case("zero-1", ("--strategy", "zero", "--zero-stage", "1", "--allreduce", "ring",
+                        "--rule", "adamw"), n, w, {"strategy": "zero", "zero_stage": 1}),
+        Case("zero-3", ("--strategy", "zero", "--zero-stage", "3", "--allreduce", "ring",
+                        "--rule", "adamw"), n, w, {"strategy": "zero", "zero_stage": 3}),
+        Case("pipeline M=4", ("--strategy", "pipeline", "--stages", str(n), "--microbatches",
+                              "4"), n, w, {"strategy": "pipeline", "micro_batches": 4}),
+        Case("model-parallel", ("--strategy", "model-parallel", "--workers", str(n)), n, w,
+             {"strategy": "model-parallel"}),
+    ]
+    if model == "gpt" and GPT_HEADS % n == 0:  # tensor splits the heads over the ranks
+        out.append(Case("tensor", ("--strategy", "tensor", "--workers", str(n)), n, w,
+                        {"strategy": "tensor", "tensor": n}))
+    if n % 2 == 0 and n >= 4:
+        out.append(Case("hybrid 2 stages", ("--strategy", "hybrid", "--stages", "2",
+                                            "--replicas", str(n // 2), "--microbatches", "2"),
+                        n, w, {"strategy": "hybrid", "stages": 2, "micro_batches": 2}))
+    return out
+
+
+def _flags(case: Case, model: str, steps: int, out: Path, seed: int) -> list[str]:
+    has_workers = "--workers" in case.flags or case.setting["strategy"] in (
+        "pipeline", "hybrid")
+    workers = [] if has_workers else ["--workers", str(len(case.workers))]
+    return [*MODELS[model], "--batch-size", str(BATCH), "--max-steps", str(steps),
+            "--eval-every", str(10 * steps), "--seed", str(seed), "--threads", "1",
+            "--test-limit", "64", "--no-progress", "--no-tensorboard", *case.flags, *workers,
+            "--out", str(out)]
+
+
+@dataclass(frozen=True)
+class Point:
+    model: str
+    label: str
+    n: int
+    measured: float     # bytes per step the busiest worker host sent (kernel)
+    predicted: float
+    per_host: tuple[float, ...]
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1 if self.measured else float("inf")
+
+
+def _tx(run_dir: Path, world: int) -> list[float]:
+    return [float(json.loads((run_dir / f"netstats-rank{r}.json").read_text())["tx_bytes"])
+            for r in range(world)]
+
+
+def measure(out: Path, models: list[str], sizes: list[int], short: int, long: int,
+            seed: int = 0, say=print) -> dict[tuple[str, str, int], list[float]]:
+    """Per (model, case, N): each host's tx bytes per step over the extra steps."""
+    found: dict[tuple[str, str, int], list[float]] = {}
+    for model in models:
+        for n in sizes:
+            by_world: dict[int, list[Case]] = {}
+            for c in cases(n, model):
+                by_world.setdefault(c.world, []).append(c)
+            for world, group in sorted(by_world.items()):
+                runs, index = [], []
+                for c in group:
+                    tag = f"{model}-n{n}-{c.label.replace(' ', '_').replace('%', 'pc')}"
+                    for steps in (short, long):
+                        d = out / "runs" / f"{tag}-{steps}"
+                        runs.append(PlannedRun(_flags(c, model, steps, d, seed),
+                                               netstats="eth0"))
+                    index.append((c, out / "runs" / f"{tag}-{short}",
+                                  out / "runs" / f"{tag}-{long}"))
+                say(f"phalanx scale bytes: {model}, N={n}, {world} hosts: "
+                    f"{', '.join(c.label for c in group)}")
+                with TestNetwork(world) as net:
+                    plan = Plan(runs, net.bridge_ns, net.ports())
+                    run_plan(net, 1, plan, out / "groups" / f"{model}-n{n}-w{world}",
+                             timeout_s=1800)
+                for c, a, b in index:
+                    ta, tb = _tx(a, world), _tx(b, world)
+                    found[(model, c.label, n)] = [(y - x) / (long - short)
+                                                  for x, y in zip(ta, tb)]
+    return found
+
+
+def predict_point(model: str, c: Case, n: int, workload) -> float:
+    kw = dict(c.setting)
+    if "compress" in kw:
+        kw["compress"] = Compression.parse(kw["compress"])
+    s = Setting(workers=n, **kw)
+    net = uniform_network(n, gpus_per_server=1, links=Links(nic=Link(bandwidth=1e9 / 8),
+                                                            rack=Link(bandwidth=64e9 / 8)))
+    return predict(workload, s, net).bytes_per_worker * WIRE
+
+
+def points(found: dict[tuple[str, str, int], list[float]]) -> list[Point]:
+    loads = {m: profile_model(m, BATCH, repeats=1, input_shape=INPUT[m])
+             for m in {k[0] for k in found}}
+    out = []
+    for (model, label, n), per_host in sorted(found.items()):
+        c = next(c for c in cases(n, model) if c.label == label)
+        measured = max(per_host[r] for r in c.workers)
+        out.append(Point(model, label, n, measured, predict_point(model, c, n, loads[model]),
+                         tuple(per_host)))
+    return out
+
+
+def table(pts: list[Point]) -> str:
+    rows = ["| model | strategy | N | measured KB/step (busiest worker) | predicted | error |",
+            "|---|---|---|---|---|---|"]
+    rows += [f"| {p.model} | {p.label} | {p.n} | {p.measured / 1e3:.1f} | "
+             f"{p.predicted / 1e3:.1f} | {p.error:+.1%} |" for p in pts]
+    errs = [abs(p.error) for p in pts]
+    within = sum(e <= 0.02 for e in errs)
+    rows.append("")
+    rows.append(f"{len(pts)} points: median |error| {statistics.median(errs):.1%}, worst "
+                f"{max(errs):.1%}; {within} of {len(pts)} within 2%.")
+    return "\n".join(rows)
+
+
+def run(out: Path, models: list[str], sizes: list[int], short: int = 4, long: int = 12,
+        seed: int = 0) -> Path:
+    for m in models:
+        if m not in MODELS:
+            raise ConfigError(f"--models: {m!r} is not one of {', '.join(MODELS)}")
+    for n in sizes:
+        if not 2 <= n <= 8:
+            raise ConfigError(f"--sizes: {n} is not in 2..8")
+    if not 1 <= short < long:
+        raise ConfigError(f"--steps: {short},{long}: the short run must be shorter")
+    if (long - short) % PERIOD:
+        raise ConfigError(f"--steps: {short},{long}: the difference must be a multiple of "
+                          f"{PERIOD} (averaging's period: it averages once every {PERIOD} "
+                          f"steps)")
+    reason = unavailable()
+    if reason is not None:
+        raise ConfigError(f"scale bytes: needs test hosts (run as root): {reason}")
+    out.mkdir(parents=True, exist_ok=True)
+    found = measure(out, models, sizes, short, long, seed)
+    pts = points(found)
+    (out / "bytes.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
+    path = out / "bytes.md"
+    path.write_text("# Bytes per step: predicted against the kernel's counters\n\n"
+                    + table(pts) + "\n")
+    return path

@@ -1,0 +1,96 @@
+"""``phalanx scale bytes`` (phalanx/scale/wire_check.py) without test hosts: every case's
+flags are ones ``phalanx train`` accepts, the steady state's bytes are the difference of
+two runs' counters, the prediction of a hand-computed case, and bad input in one line.
+(The measurement itself, on test hosts: tests/multinode/test_scale_bytes.py, slow.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_run import run_main
+
+from phalanx.entry.flags import _Parser, add_run_config_flags, config_from_args
+from phalanx.scale import wire_check as wc
+from phalanx.scale.profile import profile_model
+
+
+@pytest.mark.parametrize("model", list(wc.MODELS))
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_case_is_a_run_phalanx_accepts(tmp_path, model, n):
+    labels = []
+    for c in wc.cases(n, model):
+        parser = _Parser(prog="t")
+        add_run_config_flags(parser)
+        cfg = config_from_args(parser.parse_args(wc._flags(c, model, 4, tmp_path / "o", 0)))
+        assert cfg.max_steps == 4 and cfg.eval_every == 40 and cfg.batch_size == wc.BATCH
+        assert len(c.workers) == n and max(c.workers) < c.world
+        if c.setting["strategy"] in ("bsp", "asp", "ssp"):
+            assert c.world == n + 2 and cfg.servers == 2 and min(c.workers) == 2
+        labels.append(c.label)
+    assert len(set(labels)) == len(labels)
+    assert ("tensor" in labels) == (model == "gpt" and n != 3)  # 4 heads over 3 ranks: no
+    assert ("hybrid 2 stages" in labels) == (n == 4)
+
+
+def _netstats(d: Path, tx: list[int]) -> None:
+    d.mkdir(parents=True)
+    for r, b in enumerate(tx):
+        (d / f"netstats-rank{r}.json").write_text(json.dumps({"tx_bytes": b, "rx_bytes": 0}))
+
+
+def test_the_steady_state_is_the_difference_of_the_two_runs(tmp_path):
+    # start-up (1,000,000 B) and the last evaluation (5,000 B) in both; 8 more steps of
+    # 400,000 B (rank 0) and 300,000 B (rank 1) in the long run
+    _netstats(tmp_path / "a", [1_005_000 + 4 * 400_000, 1_005_000 + 4 * 300_000])
+    _netstats(tmp_path / "b", [1_005_000 + 12 * 400_000, 1_005_000 + 12 * 300_000])
+    a, b = wc._tx(tmp_path / "a", 2), wc._tx(tmp_path / "b", 2)
+    assert [(y - x) / 8 for x, y in zip(a, b)] == [400_000, 300_000]
+
+
+def test_predictions_by_hand():
+    """The MLP on 1x16x16 (99,978 parameters, 399,912 B): a ring worker at N=2 sends X, at
+    N=4 1.5X; zero-3 1.5 x sync's; a 2-stage pipeline's busiest stage sends the batch's
+    activations once (256 floats a sample, the widest Linear's input), a middle stage of
+    three twice; every byte times the wire's framing."""
+    w = profile_model("mlp", wc.BATCH, repeats=1, input_shape=wc.INPUT["mlp"])
+    x = 99_978 * 4
+    assert w.grad_bytes == x
+
+    def at(label: str, n: int) -> float:
+        c = next(c for c in wc.cases(n, "mlp") if c.label == label)
+        return wc.predict_point("mlp", c, n, w) / wc.WIRE
+
+    assert at("sync ring", 2) == pytest.approx(x)
+    assert at("sync ring", 4) == pytest.approx(1.5 * x)
+    assert at("zero-3", 2) == pytest.approx(1.5 * x)
+    assert at("average k=8", 2) == pytest.approx(x / 8)
+    assert at("asp", 3) == pytest.approx(x)  # its push; the pull comes in
+    act = 256 * 4 * wc.BATCH
+    assert at("pipeline M=4", 2) == pytest.approx(act)
+    assert at("pipeline M=4", 3) == pytest.approx(2 * act)
+
+
+def test_points_take_the_busiest_worker_host_not_a_shard():
+    c = next(c for c in wc.cases(2, "mlp") if c.label == "asp")
+    w = profile_model("mlp", wc.BATCH, repeats=1, input_shape=wc.INPUT["mlp"])
+    found = {("mlp", "asp", 2): [900_000.0, 900_000.0, 402_000.0, 401_000.0]}
+    (p,) = wc.points(found)
+    assert p.measured == 402_000.0 and c.workers == (2, 3)
+    assert p.predicted == pytest.approx(wc.predict_point("mlp", c, 2, w))
+    assert "median |error|" in wc.table([p])
+
+
+@pytest.mark.parametrize("args, text", [
+    (("--steps", "5"), "--steps: '5' is not two step counts SHORT,LONG"),
+    (("--steps", "9,3"), "--steps: 9,3: the short run must be shorter"),
+    (("--steps", "3,9"), "--steps: 3,9: the difference must be a multiple of 8"),
+    (("--models", "lenet5"), "--models: 'lenet5' is not one of mlp, gpt"),
+    (("--sizes", "1"), "--sizes: 1 is not in 2..8"),
+    (("--sizes", "2,x"), "--sizes: '2,x' is not a comma-separated list of integers"),
+])
+def test_bad_input_is_one_line(capsys, tmp_path, args, text):
+    rc, (_, err) = run_main(capsys, "scale", "bytes", *args, "--out", str(tmp_path / "o"))
+    assert rc == 2 and text in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
