@@ -20,31 +20,31 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # (``--no-loadscope-reorder``), so these start first and the last files handed out are
 # short ones. xdist's own order (most tests first) handed out the Ray and Slurm files, a
 # few long tests each, last: one worker ran them alone at the end while the other idled.
-LONGEST_FIRST = (
-    "tests/cluster/test_ray_live.py",            # 203 s (a fresh clone's durations)
-    "tests/cluster/test_slurm_live.py",          # 107 s
-    "tests/unit/test_gpu_check.py",              # 51 s
-    "tests/cluster/test_live_elastic.py",        # 49 s
-    "tests/distributed/test_fork_server.py",     # 34 s (issue 52's hunt, quiet machine)
-    "tests/cluster/test_live_types.py",          # 32 s
-    "tests/distributed/test_signals.py",         # 47 s
-    "tests/distributed/test_ps_preempt.py",      # 44 s
-    "tests/e2e/test_compare_experiments.py",     # 38 s (87 s with bandwidth's quick run)
-    "tests/distributed/test_gpt_workloads.py",   # 34 s
-    "tests/multinode/test_strategies.py",        # 34 s
-    "tests/multinode/test_node_loss.py",         # 31 s
-    "tests/cluster/test_learned.py",             # 31 s
-    "tests/cluster/test_cli_e2e.py",             # 25 s
-    "tests/cluster/test_live_restart.py",        # 22 s
-    "tests/distributed/test_startup_death.py",   # 22 s
-    "tests/cluster/test_live.py",                # 21 s
-    "tests/cluster/test_live_addresses.py",      # 20 s
-    "tests/e2e/test_cli.py",                     # 18 s
-    "tests/cluster/test_resize_ps.py",           # 18 s
-    "tests/e2e/test_dashboard_browser.py",       # 18 s
-    "tests/distributed/test_sync_faults.py",     # 18 s
-    "tests/distributed/test_zero.py",            # 15 s
-    "tests/distributed/test_precision.py",       # 13 s (77 s at load 11)
+LONGEST_FIRST = (  # seconds: a loaded (load ~9) two-worker run, 2026-11-29
+    "tests/cluster/test_ray_live.py",            # 226 s
+    "tests/distributed/test_gpt_workloads.py",   # 145 s
+    "tests/cluster/test_slurm_live.py",          # 139 s
+    "tests/cluster/test_live_elastic.py",        # 127 s
+    "tests/e2e/test_compare_experiments.py",     # 88 s
+    "tests/cluster/test_live_types.py",          # 82 s
+    "tests/unit/test_gpu_check.py",              # 75 s
+    "tests/distributed/test_fork_server.py",     # 58 s
+    "tests/multinode/test_strategies.py",        # 55 s
+    "tests/conformance/test_strategy_conformance.py",  # 40 s
+    "tests/distributed/test_ps_preempt.py",      # 39 s
+    "tests/cluster/test_live.py",                # 37 s
+    "tests/distributed/test_sync_ddp.py",        # 37 s
+    "tests/cluster/test_live_restart.py",        # 36 s
+    "tests/multinode/test_node_loss.py",         # 33 s
+    "tests/distributed/test_signals.py",         # 33 s
+    "tests/e2e/test_cli.py",                     # 33 s
+    "tests/distributed/test_zero.py",            # 30 s
+    "tests/distributed/test_startup_death.py",   # 29 s
+    "tests/cluster/test_resize_ps.py",           # 28 s
+    "tests/distributed/test_precision.py",       # 27 s (59 s before its batch of 16)
+    "tests/e2e/test_dashboard_browser.py",       # 27 s
+    "tests/distributed/test_zero_resize.py",     # ~17 s alone
+    "tests/distributed/test_sync_faults.py",     # 24 s
 )
 
 
