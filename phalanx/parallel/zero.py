@@ -42,9 +42,11 @@ from phalanx.config import RunConfig
 from phalanx.errors import ConfigError
 from phalanx.metrics.noise import JobProbe
 from phalanx.parallel import zero_resize
-from phalanx.parallel.base import Job, write_result
+from phalanx.parallel.base import Job, ctr_figures, write_result
+from phalanx.parallel.base import evaluate as evaluate_model
 from phalanx.parallel.dp_checkpoint import has_checkpoint
 from phalanx.parallel.loop import Micro, Position
+from phalanx.parallel.precision import precision_of
 from phalanx.parallel.replicas import (
     DEVICE,
     ReplicaHooks,
@@ -166,9 +168,9 @@ class ZeroHooks(ReplicaHooks):
 
     def _after_forward(self, module, args, out) -> None:
         unit = self._unit_for(module)
-        if not torch.is_grad_enabled():
-            return  # an evaluation: evaluate() gathered everything and frees it after
         unit.free()
+        if not torch.is_grad_enabled():
+            return  # an evaluation: no backward comes; the next forward gathers again
 
         def regather(grad: torch.Tensor) -> None:  # just before this unit's backward
             unit.gather(self.sharded)
@@ -273,11 +275,6 @@ class ZeroHooks(ReplicaHooks):
         for u in self.units:
             u.gather(self.sharded)
 
-    def free_all(self) -> None:
-        if self.stage == 3:
-            for u in self.units:
-                u.free()
-
     def master_state(self) -> dict[str, torch.Tensor]:
         """The model's state with every parameter's fp32 master values (a collective:
         every rank gathers every unit's shards; bookkeeping, not counted as traffic).
@@ -301,9 +298,21 @@ class ZeroHooks(ReplicaHooks):
         return state
 
     def evaluate(self, report, step: int, epoch: int, samples: int) -> None:
-        self.gather_all()  # stage 3: every rank takes part; rank 0 scores the model
-        super().evaluate(report, step, epoch, samples)
-        self.free_all()
+        if self.stage < 3 or self.test is None:  # every rank holds the whole weights
+            super().evaluate(report, step, epoch, samples)
+            return
+        # stage 3: unit by unit, as training's forward (each block's unit gathered by its
+        # pre-hook, freed after its forward), so no rank holds the whole model. Each
+        # gather is a collective: every rank runs the evaluation's forwards, rank 0 scores
+        roots = [u for u in self.units if u.module is None]
+        for u in roots:  # the embeddings, the head: used first and last
+            u.gather(self.sharded)
+        if report.evaluates:
+            report.evaluate(self.model, self.test, step, epoch, samples)
+        else:
+            _evaluation_forwards(self.model, self.test, self.cfg)
+        for u in roots:
+            u.free()
 
     def checkpoint(self, pos: Position, final: bool) -> None:
         self.zckpt.save(self, pos)  # each rank its shards (zero_checkpoint.py)
@@ -315,6 +324,14 @@ class ZeroHooks(ReplicaHooks):
         for u in self.units:
             for h in u.handles:
                 h.remove()
+
+
+def _evaluation_forwards(model, test, cfg: RunConfig) -> None:
+    """The forwards ``StepReporter.evaluate`` runs (parallel/worker.py), for a rank that
+    does not score: stage 3's gathers in them are collectives every rank must join, in the
+    same order (a forward added there must be added here)."""
+    evaluate_model(model, test, precision=precision_of(cfg))
+    ctr_figures(model, test)
 
 
 def train_worker(ctx: WorkerContext) -> None:
