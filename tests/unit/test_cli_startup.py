@@ -63,3 +63,15 @@ def test_help_and_a_scheduler_error_import_no_torch(argv):
     r = subprocess.run([sys.executable, "-c", CHECK, *argv], capture_output=True, text=True,
                        timeout=120)
     assert r.stderr.splitlines()[-1] in ("0 False", "2 False"), r.stderr[-2000:]
+
+
+def test_python_dash_m_phalanx_is_the_command():
+    """``python -m phalanx`` runs the same command as ``phalanx`` (there was no
+    ``phalanx/__main__.py``: "No module named phalanx.__main__"), exit codes included."""
+    ok = subprocess.run([sys.executable, "-m", "phalanx", "--version"], capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.startswith("phalanx "), ok.stdout + ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "phalanx", "simulate", "--seed", "-1"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith("phalanx: error: --seed"), bad.stderr
