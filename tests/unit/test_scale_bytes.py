@@ -1,7 +1,7 @@
 """``phalanx scale bytes`` (phalanx/scale/wire_check.py) without test hosts: every case's
 flags are ones ``phalanx train`` accepts, the steady state's bytes are the difference of
 two runs' counters, the prediction of a hand-computed case, and bad input in one line.
-(The measurement itself, on test hosts: tests/multinode/test_scale_bytes.py, slow.)"""
+(The measurement itself, on test hosts: tests/multinode/test_bytes_on_hosts.py, slow.)"""
 
 from __future__ import annotations
 
