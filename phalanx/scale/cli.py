@@ -324,7 +324,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = inner.add_parser("published", help="the four published results, reproduced")
     p.set_defaults(func=_cmd_published)
+    _measuring_actions(inner)
 
+
+def _measuring_actions(inner: argparse._SubParsersAction) -> None:
+    """The actions that run real processes on test hosts (calibrate, bytes) or read their
+    runs (validate)."""
     p = inner.add_parser("calibrate", help="fit alpha / beta of shaped links on test hosts "
                                            "(root: network namespaces + tc tbf)")
     p.add_argument("--rates", default="1000,100,20", help="Mbit/s, comma-separated")
