@@ -79,6 +79,15 @@ def shared_inputs(plan: dict[str, str]) -> list[str]:
     return sorted(p for p, k in parents.items() if k >= 2)
 
 
+def backward_reductions(plan: dict[str, str]) -> int:
+    """All-reduces of an input's gradient per block backward: one per column-split layer
+    that reads its own input, one per shared input (:func:`shared_inputs`)."""
+    shared = shared_inputs(plan)
+    alone = sum(1 for name, style in plan.items()
+                if style == "colwise" and name.rpartition(".")[0] not in shared)
+    return alone + len(shared)
+
+
 def _parallelize(model: nn.Module, world: int, device: torch.device) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate
@@ -136,10 +145,7 @@ class _TensorHooks(SameBatchHooks):
         # gradients: q, k and v share one), each of context x width values, ring-style
         # (2 (N-1)/N of the tensor per rank)
         tokens = job.train.x[0].numel()
-        inputs = sum(sum(v == "colwise" for v in p.values()) - sum(
-            k - 1 for k in (sum(1 for n, v in p.items() if v == "colwise"
-                                and n.rpartition(".")[0] == par)
-                            for par in shared_inputs(p))) for p in plan.values())
+        inputs = sum(backward_reductions(p) for p in plan.values())
         self.per_sample = (len(rows) + inputs) * 4 * tokens * width * 2 * (world - 1) / world
         self.sent = 0.0
 
