@@ -577,3 +577,17 @@ def test_a_goodput_section_the_policy_does_not_read_is_refused(policy, cluster, 
         "trace", "cluster", "ordering", "limit", "data_dir")},
         "goodput": {"horizon_s": 900.0}, **own})
     assert make_elastic(ok, inputs).name == "goodput"
+
+
+def test_the_study_runs_every_table_cell_once():
+    """The study's runs: the four policies on all 18 workloads at load 1.0, our sia and
+    goodput again at 1.5x on the 14 test workloads, the ablations on the 4 tuning ones; no
+    run twice (the parallel runner keys rows by workload, label and load)."""
+    from phalanx.cluster.studies.sia import ABLATIONS, RUNS, TEST, TUNE, WORKLOADS, _tasks
+
+    keys = [(w, label, load) for w, label, _, load in _tasks()]
+    assert len(keys) == len(set(keys))
+    assert len(keys) == len(WORKLOADS) * len(RUNS) + 2 * len(TEST) + len(TUNE) * len(ABLATIONS)
+    assert ("sia:saturn:10", "goodput", 1.5) in keys
+    assert ("sia:philly:1", "goodput", 1.5) not in keys      # tuning workloads: load 1 only
+    assert not [k for k in keys if k[1] == ABLATIONS[0][0] and k[0] not in TUNE]

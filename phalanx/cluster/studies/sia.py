@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,17 +116,9 @@ def run_one(workload: str, label: str, kw: dict[str, object], load: float,
                s.finished, s.wall_s, commit(), resolved(opts))
 
 
-def sia_study(base: SimulateOptions, out: Path) -> list[Row]:
-    """Every run into ``out/sia/`` (beside the reference runs it reads); rows already in
-    ``sia.csv`` are reused (runs are deterministic), so delete it to recompute after a model
-    or policy change."""
-    folder = out / "sia"
-    folder.mkdir(parents=True, exist_ok=True)
-    reference = read_reference(folder / REFERENCE_FILE)
-    path = folder / "sia.csv"
-    done = {(r.workload, r.policy, r.load): r for r in read_rows(path)} \
-        if path.exists() else {}
-    rows = []
+def _tasks() -> list[tuple[str, str, dict[str, object], float]]:
+    """Every run of the study, in table order: (workload, label, options, load)."""
+    out = []
     for w in WORKLOADS:
         runs = RUNS + (tuple((label, {"ordering": "goodput", **kw}) for label, kw in ABLATIONS)
                        if w in TUNE else ())
@@ -132,15 +126,44 @@ def sia_study(base: SimulateOptions, out: Path) -> list[Row]:
             for load in LOADS:
                 if load != 1.0 and (w not in TEST or label not in ("sia", "goodput")):
                     continue
-                hit = done.get((w, label, load))
-                if hit is None:
-                    hit = run_one(w, label, kw, load, base)
-                    done[(w, label, load)] = hit
-                    write_outputs(list(done.values()), folder, reference)
-                rows.append(hit)
-        print(f"sia study, {w}: done", flush=True)
-    write_outputs(rows, folder, reference)
-    return rows
+                out.append((w, label, kw, load))
+    return out
+
+
+def sia_study(base: SimulateOptions, out: Path, workers: int = 0) -> list[Row]:
+    """Every run into ``out/sia/`` (beside the reference runs it reads); rows already in
+    ``sia.csv`` are reused (runs are deterministic), so delete it to recompute after a model
+    or policy change. Runs go to ``workers`` processes (0: up to 4, one per core); the
+    files are rewritten after each run, so an interrupted study resumes where it stopped."""
+    folder = out / "sia"
+    folder.mkdir(parents=True, exist_ok=True)
+    reference = read_reference(folder / REFERENCE_FILE)
+    path = folder / "sia.csv"
+    done = {(r.workload, r.policy, r.load): r for r in read_rows(path)} \
+        if path.exists() else {}
+    tasks = _tasks()
+    order = {(w, label, load): i for i, (w, label, _, load) in enumerate(tasks)}
+
+    def save() -> None:
+        write_outputs(sorted(done.values(), key=lambda r: order.get(
+            (r.workload, r.policy, r.load), len(order))), folder, reference)
+
+    # the long runs first (pollux's search, sia's MILP), so the pool ends together
+    todo = sorted((t for t in tasks if (t[0], t[1], t[3]) not in done),
+                  key=lambda t: {"pollux": 0, "sia": 1}.get(t[1], 2))
+    print(f"sia study: {len(tasks) - len(todo)} of {len(tasks)} runs in {path}, "
+          f"{len(todo)} to run", flush=True)
+    workers = workers or min(4, os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers) as pool:
+        futures = [pool.submit(run_one, w, label, kw, load, base) for w, label, kw, load in todo]
+        for n, fut in enumerate(as_completed(futures), start=1):
+            r = fut.result()
+            done[(r.workload, r.policy, r.load)] = r
+            save()
+            print(f"sia study: {n}/{len(todo)} {r.workload} {r.policy} x{r.load}: mean JCT "
+                  f"{r.mean_jct_s:,.0f} s ({r.wall_s:.0f} s)", flush=True)
+    save()
+    return [done[(w, label, load)] for w, label, _, load in tasks]
 
 
 def read_rows(path: Path) -> list[Row]:
