@@ -1,5 +1,5 @@
 """``core_share``: the slowdown of CPU jobs whose ranks outnumber their machine's cores, and
-its use by the learned goodput policy (fitted on per-core times, predicting with the
+its use by the goodput policy (fitted on per-core times, predicting with the
 slowdown of the set-up asked about)."""
 
 import numpy as np
@@ -9,7 +9,7 @@ from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.core.view import JobView
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.model.learned import AppFacts
-from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy
+from phalanx.cluster.policies.catalog import ELASTIC, ElasticInputs
 
 
 @pytest.fixture
@@ -41,12 +41,15 @@ def test_per_server_machines_fill_the_least_crowded_first(three):
 
 
 def _policy(slowdown):
+    """The goodput policy as the catalog builds it on one 4-slot machine of one type."""
     facts = {"j": AppFacts("j", init_batch=64, max_batch=512, min_local_bsz=32,
                            max_local_bsz=128, epochs=1)}
-    pol = LearnedGoodputPolicy(facts, node_gpus=4, restart_s=1.0, slowdown=slowdown)
+    pol = ELASTIC.get("goodput")(ElasticInputs(
+        cluster="one", server_sizes=(4,), server_types=("cpu",), apps=facts,
+        measured=False, restart_s=1.0, slowdown=slowdown))
     # a job seen at 1 and 2 GPUs: compute-bound, cheap sync, so the model scales it well
     for gpus, step, sync in ((1, 0.010, 0.0), (2, 0.011, 0.001)):
-        pol.learner.observe(0, "j", gpus, 1, 64, step, sync, (1.0, 1.0))
+        pol.learner_for("cpu").observe(0, "j", gpus, 1, 64, step, sync, (1.0, 1.0))
     return pol
 
 
@@ -56,8 +59,9 @@ def test_the_policy_sees_what_crowded_cores_cost():
     # 2 cores for 4 slots: 4 ranks run at half speed, so 4 GPUs buy nothing over 2
     crowded = _policy(lambda jid, n: max(1.0, n / 2)).allocate(view, 4, 0.0)[0].gpus
     assert free == 4 and crowded == 2
-    speed, _ = _policy(lambda jid, n: max(1.0, n / 2))._speedups(view[0], [2, 4])
-    unshared, _ = _policy(None)._speedups(view[0], [2, 4])
-    assert speed[2] == pytest.approx(unshared[2])
-    assert speed[4] == pytest.approx(unshared[4] / 2)
-    assert np.isfinite(list(speed.values())).all()
+    one, gpus = np.ones(2), np.array([2.0, 4.0])
+    speed = _policy(lambda jid, n: max(1.0, n / 2))._raw(view[0], "cpu", one, gpus)
+    unshared = _policy(None)._raw(view[0], "cpu", one, gpus)
+    assert speed[0] == pytest.approx(unshared[0])
+    assert speed[1] == pytest.approx(unshared[1] / 2)
+    assert np.isfinite(speed).all() and unshared[1] > unshared[0] > 0

@@ -147,7 +147,7 @@ def test_preset_study_outputs(tmp_path):
     assert "best non-elastic (fifo/count)" in table      # the lowest mean, first on ties
     assert "| 1 | 2,474 | 1,050 | 1,000 | 2,089 | 900 | 700 |" in table
     assert f"{ARTIFACT_POLLUX[7]:,}" in table and "(oracle ablation)" in table
-    assert "uses declared epochs" in table
+    assert "uses declared epochs" in table and "learned/srpt" not in table
     # our pollux / artifact, goodput / our pollux, goodput / artifact on workload 1
     assert "| 0.431 | 0.778 | 0.335 |" in table
     assert "| **mean** | **4,038** | **4,550** |" in table

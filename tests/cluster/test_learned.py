@@ -155,8 +155,11 @@ def _run_guarded(opts, inputs):
     trapped = PerfModel(inputs.perf.profiles,
                         {k: Trap(v) for k, v in inputs.perf.pollux.items()})
     pol = make_elastic(opts, replace(inputs, perf=trapped))
-    old = pol.learner
-    pol.learner = WatchedLearner(dict(old.facts), old.share, old.growth, old.gammas)
+    # goodput: one learner per GPU type (one type here); pollux: one learner
+    owner, key = (pol.tl.by_type, "v100") if hasattr(pol, "tl") else (vars(pol), "learner")
+    old = owner[key]
+    pol.learner = owner[key] = WatchedLearner(dict(old.facts), old.share, old.growth,
+                                              old.gammas)
     sim = IntervalSimulator(inputs.topology, inputs.trace.jobs, make_ordering("fifo"),
                             make_placement("pack"), inputs.perf,
                             config=IntervalConfig(check_invariants=True), elastic=pol)
@@ -164,21 +167,24 @@ def _run_guarded(opts, inputs):
 
 
 @pytest.mark.parametrize("policy, priority", [("goodput", "none"), ("goodput", "las"),
-                                              ("goodput", "srpt"), ("pollux", "none")])
+                                              ("pollux", "none")])
 def test_learned_policies_read_only_what_pollux_knows(short_inputs, policy, priority):
-    """The policy gets trapped applications (facts only), remaining work only under srpt,
-    and observations only of set-ups its jobs ran; every job finishes, each first ran on
-    one GPU (nothing known yet) and ncf never on more than one."""
+    """The policy gets trapped applications (facts only), no remaining work, and
+    observations only of set-ups its jobs ran; every job finishes, each first ran on one
+    node (goodput: up to ``typed.start`` GPUs, nothing known yet; pollux: one GPU) and
+    ncf never on more than one."""
     opts, inputs = short_inputs
     opts = opts.merged({"ordering": policy, "goodput": {"priority": priority},
                         "pollux": {"generations": 3}})
     pol, res = _run_guarded(opts, inputs)
-    assert pol.uses_remaining == (policy == "goodput" and priority == "srpt")
+    assert not pol.uses_remaining
     assert len(res.jobs) == 12 and all(j.end > j.submit for j in res.jobs)
     ran = {(j.spec.id, len(d)) for j in res.jobs for _, d in j.placements}
     assert pol.learner.seen and {(jid, g) for jid, g, _ in pol.learner.seen} <= ran
+    first = {len(j.placements[0][1]) for j in res.jobs}
+    assert first <= ({1, 2, 4} if policy == "goodput" else {1})
+    assert policy == "pollux" or first - {1}       # the start prior is used
     for j in res.jobs:
-        assert len(j.placements[0][1]) == 1
         if j.spec.model == "ncf":
             assert all(len(d) == 1 for _, d in j.placements)
 
@@ -198,7 +204,8 @@ def test_the_guard_catches_a_leak(short_inputs):
             sum(j.remaining for j in jobs)
             return super().allocate(jobs, capacity, now, **kw)
 
-    pol = Leaky(inputs.perf.pollux, priority="none")
+    pol = make_elastic(opts, inputs)
+    pol.__class__ = Leaky
     sim = IntervalSimulator(inputs.topology, inputs.trace.jobs, make_ordering("fifo"),
                             make_placement("pack"), inputs.perf, elastic=pol)
     with pytest.raises(UndeclaredRead):

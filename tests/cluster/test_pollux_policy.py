@@ -112,16 +112,23 @@ def test_bad_elastic_options_are_one_line(args, text, capsys):
 
 
 def test_ablation_table(tmp_path):
+    """The goodput options run on the tuning workloads only and are compared there with
+    the default and our pollux; the default's held-out ratio uses the other six."""
     from phalanx.cluster.studies.pollux_ablation import (
         SEED_WORKLOADS,
+        TUNE,
         VARIANTS,
+        workloads_of,
         write_ablation_table,
     )
     from phalanx.cluster.studies.pollux_preset import Row
 
+    assert TUNE == (1, 7)
+    assert workloads_of("goodput", "min gain 0.3") == TUNE
+    assert workloads_of("goodput", "learned/none") == tuple(range(1, 9))
+    assert workloads_of("pollux", "seed 1") == SEED_WORKLOADS
     rows = [Row(w, p, v, 2000.0 + 100 * i, 160, 0, 1.0)
-            for i, (p, v, _) in enumerate(VARIANTS) for w in range(1, 9)
-            if not v.startswith("seed ") or w in SEED_WORKLOADS]
+            for i, (p, v, _) in enumerate(VARIANTS) for w in workloads_of(p, v)]
     write_ablation_table(rows, tmp_path / "a.md")
     text = (tmp_path / "a.md").read_text()
     # learned/none is 2,000; our pollux (seed 0) 2,000 + 100 x its index
@@ -129,5 +136,9 @@ def test_ablation_table(tmp_path):
     ours = 2000 + 100 * k
     assert "| goodput | learned/none | 2,000 |" in text
     assert f"| **2,000** | {2000 / ours:.3f} | 0.727 |" in text
+    assert f"(2, 3, 4, 5, 6, 8) the default is {2000 / ours:.3f}x our pollux" in text
+    # an option's row: its two tuning workloads, against the default and our pollux
+    assert f"| p -0.5 (Sia's) | 2,100 | 2,100 | 2,100 | 1.050 | {2100 / ours:.3f} |" in text
+    assert "| p -0.5 (Sia's) | 2,100 | 2,100 | 2,100 | 2,100 |" not in text   # not all 8
     spread = 200 / (ours + 100)
     assert f"| 1 | {ours:,} | {ours + 100:,} | {ours + 200:,} | {spread:.3f} |" in text

@@ -284,7 +284,7 @@ def test_a_job_with_nothing_fitted_starts_on_up_to_start_gpus_of_one_node(inputs
            if x > ZERO_ALLOC_GAIN}
     assert ("aws", 4) in got and ("aws", 8) not in got and ("rtx", 8) in got
     for bad in (0, 65, 2.0, True):
-        with pytest.raises(ConfigError, match="start must be a whole number"):
+        with pytest.raises(ConfigError, match=r"start \(--goodput-start\) must be a whole number"):
             TypedOptions(start=bad)
 
 
@@ -301,15 +301,17 @@ def test_a_change_is_worth_its_goodput_over_the_horizon_less_the_minimum_gain(in
     fixed = make_typed_goodput(typed, types, TypedOptions())
     grows = make_typed_goodput(typed, types, TypedOptions(restart="attained"))
     r = fixed.restart_s["cifar10"]
+    g = 1.0 + TypedOptions().min_gain
+    assert g == 1.5                     # the default minimum gain, 0.5
     assert r > 0
     young = JobView(1, "cifar10", 0.0, 0, None, 4, 4 * 600.0)     # ran 600 s on 4 GPUs
     old = JobView(2, "cifar10", 0.0, 0, None, 4, 4 * 7200.0)      # 2 h on 4 GPUs
     for v in (young, old):
-        assert fixed.change_factor(v, 0.0) == pytest.approx(1800 / (1800 + r) / 1.2)
-    assert grows.change_factor(young, 0.0) == pytest.approx(1800 / (1800 + r) / 1.2)
-    assert grows.change_factor(old, 0.0) == pytest.approx(7200 / (7200 + r) / 1.2)
+        assert fixed.change_factor(v, 0.0) == pytest.approx(1800 / (1800 + r) / g)
+    assert grows.change_factor(young, 0.0) == pytest.approx(1800 / (1800 + r) / g)
+    assert grows.change_factor(old, 0.0) == pytest.approx(7200 / (7200 + r) / g)
     waiting = JobView(3, "cifar10", 0.0, 0, None, 0, 4 * 7200.0)   # holds none: per GPU
-    assert grows.change_factor(waiting, 0.0) == pytest.approx(28800 / (28800 + r) / 1.2)
+    assert grows.change_factor(waiting, 0.0) == pytest.approx(28800 / (28800 + r) / g)
     with pytest.raises(ConfigError, match="restart 'age' unknown"):
         TypedOptions(restart="age")
 
@@ -353,7 +355,11 @@ def test_the_typed_guard_catches_a_leak():
     (["--trace", "pollux:1", "--cluster", "pollux-64", "--policy", "gavel"],
      "--policy gavel: needs a cluster whose GPU types have per-type profiles"),
     (["--preset", "sia-artifact", "--trace", "sia:philly:1", "--policy", "goodput",
-      "--goodput-priority", "srpt"], "learned profiles and --goodput-priority none only"),
+      "--goodput-priority", "srpt"], "srpt reads remaining work: an oracle ablation"),
+    (["--trace", "pollux:1", "--cluster", "pollux-64", "--policy", "goodput",
+      "--goodput-priority", "srpt"], "srpt reads remaining work: an oracle ablation"),
+    (["--preset", "sia-artifact", "--trace", "sia:philly:1", "--policy", "goodput",
+      "--profiles", "oracle"], "--profiles oracle: one GPU type only"),
 ])
 def test_bad_sia_input_is_one_line(argv, message, capsys):
     from phalanx.cli import main
@@ -552,42 +558,52 @@ def test_knowledge_ablations_offline_fit_and_oracle(inputs):
                                                                   np.array([8.0]))[0]))
 
 
-@pytest.mark.parametrize(("policy", "cluster", "kw", "named"), [
-    # the drift of issue 48: a "share" variant on sia-64 set the learned policy's switch,
-    # which the typed policy that runs there never read
-    ("goodput", "sia-64", {"learned": {"share": True}}, "learned.share"),
-    ("goodput", "sia-64", {"learned": {"min_gain": 0.3, "explore": 0.1}},
-     "learned.explore, learned.min_gain"),
-    ("goodput", "pollux-64", {"typed": {"share": True}}, "typed.share"),
+@pytest.mark.parametrize(("cluster", "kw", "named"), [
+    # the drift of issue 48 (a "share" variant on sia-64 set the learned policy's switch,
+    # which the typed policy that ran there never read) cannot recur: there is one learned
+    # goodput policy and one section; the oracle ablation reads only the goodput section
+    ("pollux-64", {"typed": {"share": True}}, "typed.share"),
+    ("pollux-64", {"typed": {"min_gain": 0.3, "growth": 4.0}}, "typed.min_gain, typed.growth"),
 ])
-def test_a_goodput_section_the_policy_does_not_read_is_refused(policy, cluster, kw, named):
+def test_a_goodput_section_the_policy_does_not_read_is_refused(cluster, kw, named):
     from phalanx.cluster.sim.run import make_elastic
 
-    opts = SimulateOptions.from_dict(apply_preset("sia-artifact" if cluster == "sia-64" else
-                                          "pollux-artifact",
-                                          {"trace": "sia:philly:1" if cluster == "sia-64"
-                                           else "pollux:1", "ordering": policy, "limit": 4,
-                                           "data_dir": DATA, **kw}))
+    opts = SimulateOptions.from_dict(apply_preset("pollux-artifact", {
+        "trace": "pollux:1", "ordering": "goodput", "limit": 4, "data_dir": DATA,
+        "goodput": {"profiles": "oracle"}, **kw}))
     inputs = load_inputs(opts)
-    with pytest.raises(ConfigError, match=f"{named} not read: the "):
+    with pytest.raises(ConfigError, match=f"{named} not read"):
         make_elastic(opts, inputs)
-    # the policy's own section, and the goodput section's horizon both read, are accepted
-    own = ({"typed": {"share": True}} if cluster == "sia-64" else {"learned": {"share": True}})
-    ok = SimulateOptions.from_dict({**{k: getattr(opts, k) for k in (
-        "trace", "cluster", "ordering", "limit", "data_dir")},
-        "goodput": {"horizon_s": 900.0}, **own})
-    assert make_elastic(ok, inputs).name == "goodput"
+    # the learned policy reads its section on either cluster, with the goodput section
+    for given in ({"trace": "pollux:1", "cluster": "pollux-64"},
+                  {"trace": "sia:philly:1", "cluster": "sia-64"}):
+        ok = SimulateOptions.from_dict({**given, "ordering": "goodput", "limit": 4,
+                                        "data_dir": DATA, "goodput": {"horizon_s": 900.0},
+                                        **kw})
+        pol = make_elastic(ok, load_inputs(ok))
+        assert pol.name == "goodput" and pol.options == ok.typed and pol.horizon_s == 900.0
 
 
 def test_the_study_runs_every_table_cell_once():
-    """The study's runs: the four policies on all 18 workloads at load 1.0, our sia and
-    goodput again at 1.5x on the 14 test workloads, the ablations on the 4 tuning ones; no
-    run twice (the parallel runner keys rows by workload, label and load)."""
-    from phalanx.cluster.studies.sia import ABLATIONS, RUNS, TEST, TUNE, WORKLOADS, _tasks
+    """The study's runs: sia, gavel and goodput on all 18 workloads at load 1.0 (pollux
+    where the artifact's can be compared), our sia and goodput again at 1.5x on the 14
+    test workloads, the ablations on the 4 tuning ones; no run twice (the parallel runner
+    keys rows by workload, label and load)."""
+    from phalanx.cluster.studies.sia import (
+        ABLATIONS,
+        POLLUX_WORKLOADS,
+        RUNS,
+        TEST,
+        TUNE,
+        WORKLOADS,
+        _tasks,
+    )
 
     keys = [(w, label, load) for w, label, _, load in _tasks()]
     assert len(keys) == len(set(keys))
-    assert len(keys) == len(WORKLOADS) * len(RUNS) + 2 * len(TEST) + len(TUNE) * len(ABLATIONS)
+    assert len(keys) == (len(WORKLOADS) * (len(RUNS) - 1) + len(POLLUX_WORKLOADS)
+                         + 2 * len(TEST) + len(TUNE) * len(ABLATIONS))
+    assert [k for k in keys if k[1] == "pollux"] == [("sia:philly:1", "pollux", 1.0)]
     assert ("sia:saturn:10", "goodput", 1.5) in keys
     assert ("sia:philly:1", "goodput", 1.5) not in keys      # tuning workloads: load 1 only
     assert not [k for k in keys if k[1] == ABLATIONS[0][0] and k[0] not in TUNE]

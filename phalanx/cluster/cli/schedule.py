@@ -61,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--goodput-horizon", type=float, default=1800.0,
                    help="goodput: a resize must pay its restart back within this many "
                         "seconds (default 1800)")
+    p.add_argument("--goodput-start", type=int, default=None,
+                   help="goodput: GPUs (of one node) a job nothing is known of yet may "
+                        "start on (default 4; 1 as Pollux and Sia)")
     p.add_argument("--placement", default="pack", help=f"placement: {', '.join(PLACEMENTS)}")
     p.add_argument("--slot", type=float, default=60.0,
                    help="seconds between rounds of a time-sliced policy (las, tiresias, rr; "
@@ -108,6 +111,9 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--ray-address: only with --engine ray")
     if args.slurm_partition and args.engine != "slurm":
         raise ConfigError("--slurm-partition: only with --engine slurm")
+    if args.goodput_start is not None and not 1 <= args.goodput_start <= 64:
+        raise ConfigError(f"--goodput-start must be a whole number of GPUs in 1..64, got "
+                          f"{args.goodput_start}")
     policy, placement = {args.policy}, {args.placement}
     elastic = (read_by(policy, ELASTIC.names())[0],
                f"--policy {args.policy} does not use it (only {', '.join(ELASTIC)}: their "
@@ -116,6 +122,7 @@ def check_flags(args: argparse.Namespace) -> None:
                f"--policy {args.policy} does not use it (only goodput)")
     refuse_unread(args, [
         ("interval", *elastic), ("restart_cost", *elastic), ("goodput_horizon", *goodput),
+        ("goodput_start", *goodput),
         ("slot", *read_by(policy, ROUND_ORDERINGS)),
         ("tiresias_thresholds", *read_by(policy, ("tiresias",))),
         ("starvation", *read_by(policy, ("tiresias",))),

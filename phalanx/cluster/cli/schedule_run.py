@@ -31,6 +31,7 @@ from phalanx.cluster.live.state import load as load_state
 from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.policies import make_ordering, make_placement
 from phalanx.cluster.policies.catalog import ELASTIC
+from phalanx.cluster.policies.goodput_typed import TypedOptions
 from phalanx.cluster.policies.ordering import parse_thresholds
 from phalanx.dashboard.beside import serve_beside
 from phalanx.dashboard.serve import check_port
@@ -96,7 +97,9 @@ def run_schedule(args: argparse.Namespace) -> int:
                      else CoreShare.this_machine(topology))
             live = ElasticLiveCluster(topology, jobs, placement, config, cadence,
                                       args.goodput_horizon, executor, cores, resume=saved,
-                                      policy=args.policy)
+                                      policy=args.policy, typed=TypedOptions(
+                                          **({} if args.goodput_start is None
+                                             else {"start": args.goodput_start})))
             for job in live.jobs:
                 why = live.why_fixed[job.spec.id]
                 if why:

@@ -130,11 +130,14 @@ def _interval_flags(g: argparse._ArgumentGroup) -> None:
                    help="Tiresias starvation factor, 0 = no promotion (default 4)")
     g.add_argument("--goodput-priority", default=None, choices=PRIORITIES,
                    help="goodput policy: weight of a job's goodput (default none; las: "
-                        "1 / (attained GPU-s + 3600); srpt: 1 / remaining progress, from "
-                        "the epochs users declare)")
+                        "1 / (attained GPU-hours + 1); srpt, --profiles oracle only: 1 / "
+                        "remaining progress, from the epochs users declare)")
     g.add_argument("--goodput-horizon", type=float, default=None,
                    help="goodput policy: seconds over which a reallocation must pay back "
                         "its restart (default 1800)")
+    g.add_argument("--goodput-start", type=int, default=None,
+                   help="goodput policy: GPUs (of one node) a job nothing is known of yet "
+                        "may start on (default 4; 1 as Pollux and Sia); typed.start")
     g.add_argument("--profiles", default=None, choices=PROFILES,
                    help="what an elastic policy knows of throughput: learned (default: a "
                         "model fitted to the set-ups each job has run, as Pollux) or oracle "
@@ -172,6 +175,7 @@ def _options(args: argparse.Namespace) -> SimulateOptions:
     sections = {
         "goodput": dict(priority=args.goodput_priority, horizon_s=args.goodput_horizon,
                         batch=args.goodput_batch, profiles=args.profiles),
+        "typed": dict(start=args.goodput_start),
         "pollux": dict(generations=args.pollux_generations, search=args.pollux_search),
         "perf": dict(interference=False if args.no_interference else None)}
     if args.interference_scale != 1.0:
@@ -196,6 +200,7 @@ def _check_read(args: argparse.Namespace, pairs: list[tuple[str, str]]) -> None:
         ("starvation", *read_by(orderings, ("tiresias",))),
         ("goodput_priority", *read_by(orderings, ("goodput",))),
         ("goodput_horizon", *read_by(orderings, ("goodput",))),
+        ("goodput_start", *read_by(orderings, ("goodput",))),
         ("goodput_batch", *read_by(orderings, ("goodput",))),
         ("profiles", *read_by(orderings, ELASTIC.names())),
         ("pollux_generations", *read_by(orderings, ("pollux",))),

@@ -59,6 +59,7 @@ from phalanx.cluster.model.core_share import CoreShare
 from phalanx.cluster.model.learned import Learner
 from phalanx.cluster.policies import FIFO, PlacementPolicy
 from phalanx.cluster.policies.catalog import ELASTIC
+from phalanx.cluster.policies.goodput_typed import TypedOptions
 from phalanx.cluster.policies.placement import place_typed
 from phalanx.cluster.policies.typed_base import cluster_types
 from phalanx.config import RunConfig
@@ -77,7 +78,7 @@ class ElasticLiveCluster(LiveCluster):
                  placement: PlacementPolicy, config: LiveConfig, cadence: Cadence,
                  horizon_s: float = 1800.0, executor: Executor | None = None,
                  cores: CoreShare | None = None, resume: SavedState | None = None,
-                 policy: str = "goodput") -> None:
+                 policy: str = "goodput", typed: TypedOptions | None = None) -> None:
         # ``resume``: what the policy learned is not saved; it observes the jobs anew
         super().__init__(topology, jobs, FIFO(), placement, config, executor=executor,
                          resume=resume)
@@ -99,7 +100,8 @@ class ElasticLiveCluster(LiveCluster):
         # the catalog's policy, built from what this cluster knows (live_policies)
         self.policy: ElasticPolicy = ELASTIC.get(policy)(live_inputs(
             topology, elastic, cadence, horizon_s,
-            slowdown=self._slowdown_at if cores is not None else None))
+            slowdown=self._slowdown_at if cores is not None else None,
+            typed_options=typed))
         self.core.elastic = self.policy
         self.target_type: dict[int, str] = {}   # the type the round chose ('' any)
         self.observers = {j.spec.id: JobObserver(EventTail(

@@ -14,6 +14,7 @@ from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.model.learned import AppFacts, JobKnowledge
 from phalanx.cluster.policies.catalog import ELASTIC, ElasticInputs
 from phalanx.cluster.policies.goodput import GoodputOptions
+from phalanx.cluster.policies.goodput_typed import TypedOptions
 from phalanx.cluster.policies.typed_base import cluster_types
 from phalanx.config import RunConfig
 
@@ -34,7 +35,8 @@ def describe(k: JobKnowledge, name: str) -> str:
 
 def live_inputs(topology: Topology, elastic: Sequence[LiveJob], cadence: Cadence,
                 horizon_s: float,
-                slowdown: Callable[[int, int], float] | None = None) -> ElasticInputs:
+                slowdown: Callable[[int, int], float] | None = None,
+                typed_options: TypedOptions | None = None) -> ElasticInputs:
     """What the catalog's policies are built from on a live cluster: each job is its own
     application (its entry's facts, capped per type by the type's devices). On a cluster
     with device types, a 1-GPU throughput to bootstrap from per type: the type's declared
@@ -63,10 +65,11 @@ def live_inputs(topology: Topology, elastic: Sequence[LiveJob], cadence: Cadence
         server_sizes=tuple(s.num_devices for s in servers),
         server_types=tuple(s.device_type for s in servers),
         server_ids=tuple(s.index for s in servers), apps=apps, typed=typed,
-        measured=False, by_type=topology.typed, bootstrap=boot,
+        measured=False, bootstrap=boot,
         restart_s=cadence.restart_cost_s,
         restart_by_app=dict.fromkeys(apps, cadence.restart_cost_s),
-        goodput=GoodputOptions(horizon_s=horizon_s), slowdown=slowdown)
+        goodput=GoodputOptions(horizon_s=horizon_s), slowdown=slowdown,
+        typed_options=typed_options or TypedOptions())
 
 
 def typed_policy(topology: Topology, elastic: Sequence[LiveJob], cadence: Cadence,

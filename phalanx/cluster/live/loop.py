@@ -10,9 +10,8 @@ Time-sliced orderings (``las``, ``tiresias``, ``rr``) run a *round* every ``roun
 seconds, as in the simulator: order every active job, keep the first that fit (a running
 job that cannot be preempted is always kept), stop the other running ones. A stop is
 SIGTERM to every rank: ranks checkpoint at one step and exit (:mod:`phalanx.runtime.preempt`);
-the job's devices are free once its ranks are gone, it re-enters the queue and a later
-start resumes it from its checkpoint on whatever placement the policy then gives. Until the
-next round, jobs the round did not keep wait (no job stopped by a round restarts at once).
+the job then waits in the queue until a later round starts it (from its checkpoint), or
+until the cluster is idle with jobs waiting, when a round is made at once.
 
 Outputs are the simulator's ``summary.json`` and ``jobs.csv`` (real times, seconds after
 start; every placement; preemptible or why not) plus each job's run folder
@@ -60,12 +59,10 @@ from phalanx.runtime import first_failure
 
 
 def type_order(topology: Topology) -> tuple[str, ...]:
-    """The cluster's device types, fastest first (declared speed, then emulated
-    slowdown)."""
-    types = sorted({s.device_type for s in topology.servers},
-                   key=lambda t: (-topology.device_types[t].speed,
-                                  topology.device_types[t].slowdown, t))
-    return tuple(types)
+    """The cluster's device types, fastest first (declared speed, then emulated slowdown)."""
+    return tuple(sorted({s.device_type for s in topology.servers},
+                        key=lambda t: (-topology.device_types[t].speed,
+                                       topology.device_types[t].slowdown, t)))
 
 
 LOST_GRACE_S = 2.0   # a job that lost a server: its other ranks' time to go before SIGKILL
@@ -78,8 +75,7 @@ class _Run:
     state: JobState
     gang: Gang
     since: float
-    stop: str = ""                  # why we stopped it: '' running, 'preempt', 'timeout',
-                                    # 'lost' (a server of its placement was lost)
+    stop: str = ""                  # why stopped: '' running, 'preempt', 'timeout', 'lost'
     asked: float = 0.0              # when
     log_from: int = 0               # the gang's log up to here is earlier starts'
 
@@ -173,16 +169,14 @@ class LiveCluster:
         self.runs[st.spec.id] = _Run(st, gang, self.now, log_from=log_from)
 
     def _account(self) -> None:
-        """Executed time and attained GPU-seconds of running jobs, up to now (LAS and
-        Tiresias order by them)."""
+        """Executed time and attained GPU-seconds of running jobs, up to now (LAS...)."""
         for run in self.runs.values():
             self.core.catch_up(run.state, self.now)
 
     def _stop(self, run: _Run, why: str, grace_s: float | None = None) -> None:
         if run.stop:
             return
-        run.stop = why
-        run.asked = self.now
+        run.stop, run.asked = why, self.now
         self.executor.stop(run.gang.job, self.config.grace_s if grace_s is None else grace_s)
 
     # ------------------------------------------------------------------ lost servers
@@ -364,6 +358,7 @@ class LiveCluster:
         next_round = clock + round_s if round_s else float("inf")
         t0 = time.monotonic() - clock   # a resumed schedule's clock goes on where it stopped
         wall0 = time.perf_counter()
+        idle_round = False   # a round was made with the cluster idle and jobs waiting
         try:
             while True:
                 self.now = time.monotonic() - t0
@@ -386,8 +381,13 @@ class LiveCluster:
                         saver.save(self._progress(), pending)
                         time.sleep(self.config.poll_s)
                         continue
+                    if round_s and self.core.waiting and not idle_round:
+                        # jobs wait on an idle cluster (held back for jobs since ended)
+                        next_round, idle_round = self.now, True
+                        continue
                     saver.save(self._progress(), pending, finished=True)
                     break   # done (anything still waiting could not start on an idle cluster)
+                idle_round = False
                 self._lost_wait_from = None
                 saver.save(self._progress(), pending)
                 wait = self.config.poll_s

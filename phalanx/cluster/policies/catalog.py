@@ -9,7 +9,7 @@ says so in one line.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from phalanx.catalog import Catalog
 from phalanx.cluster.core.view import ElasticPolicy
@@ -17,7 +17,6 @@ from phalanx.cluster.model.learned import Facts
 from phalanx.cluster.model.profiles import PolluxApplication
 from phalanx.cluster.policies.gavel import GavelPolicy
 from phalanx.cluster.policies.goodput import GoodputOptions, GoodputPolicy
-from phalanx.cluster.policies.goodput_learned import LearnedGoodputPolicy, LearnedOptions
 from phalanx.cluster.policies.goodput_typed import TypedGoodputPolicy, TypedOptions
 from phalanx.cluster.policies.pollux import PolluxOptions, PolluxPolicy
 from phalanx.cluster.policies.pollux_unaware import UnawarePolluxPolicy, unaware_layout
@@ -42,16 +41,12 @@ class ElasticInputs:
     apps: Mapping[str, Facts]
     typed: Mapping[str, Mapping[str, Facts]] = field(default_factory=dict)
     measured: bool = True
-    # the per-type goodput policy: None, where the cluster has several types with per-type
-    # facts (simulation); a live cluster that declares device types: always
-    by_type: bool | None = None
     bootstrap: Mapping[str, Mapping[str, float]] | None = None
     restart_s: float = 30.0
     restart_by_app: Mapping[str, float] = field(default_factory=dict)
     seed: int = 0
     interval_s: float | None = None              # None: the policy's own cadence
     goodput: GoodputOptions = field(default_factory=GoodputOptions)
-    learned: LearnedOptions = field(default_factory=LearnedOptions)
     typed_options: TypedOptions = field(default_factory=TypedOptions)
     pollux: PolluxOptions = field(default_factory=PolluxOptions)
     # (job id, GPUs) -> how much slower a step runs for want of CPU cores (live CPU jobs)
@@ -71,9 +66,9 @@ class ElasticInputs:
         return cluster_types(list(zip(self.server_types, self.server_sizes, strict=True)))
 
 
-# the sections' defaults, against which a section given to the policy that will not read it
-# is found
-_LEARNED, _TYPED = LearnedOptions(), TypedOptions()
+# the typed section's default, against which a section given to the oracle policy (which
+# will not read it) is found
+_TYPED = TypedOptions()
 
 
 def unread(section: object, default: object) -> list[str]:
@@ -84,39 +79,42 @@ def unread(section: object, default: object) -> list[str]:
 
 
 def _goodput(x: ElasticInputs) -> ElasticPolicy:
-    """``--profiles learned``: what Pollux knows; ``oracle``: every measured profile; on
-    several GPU types, the heterogeneity-aware policy on the information Sia has. Both
-    read the goodput section (its horizon); beside it each reads its own (``learned`` or
-    ``typed``), and one given to the other is refused: which of the two runs depends on
-    the cluster, so no shape of the options can rule it out (``learned.share`` on
-    ``sia-64`` once ran plain goodput under a "share" label)."""
+    """``--profiles learned`` (the default): one policy on every cluster, the goodput
+    policy on the information Pollux and Sia have (``goodput_typed.py``). A cluster of one
+    GPU type is a cluster of one type: the job's first size is valued by the GPUs alone
+    (the 1-GPU bootstrap cancels when nothing is compared across types), so it reads no
+    profile. ``--profiles oracle``: every measured profile (``goodput.py``, an ablation),
+    which reads only the goodput section; a typed section given to it is refused."""
     g = x.goodput
-    node_gpus = max(x.server_sizes)
-    by_type = x.by_type if x.by_type is not None else bool(x.typed) and x.several_types
-    own, other = ("typed", "learned") if by_type else ("learned", "typed")
-    stray = unread(x.learned, _LEARNED) if by_type else unread(x.typed_options, _TYPED)
-    if stray:
-        names = ", ".join(f"{other}.{n}" for n in stray)
-        raise ConfigError(f"--policy goodput on {x.cluster}: {names} not read: the {own} "
-                          f"goodput policy runs here and reads its own section ({own}.*)")
-    if by_type:
-        if g.profiles != "learned" or g.priority != "none":
-            raise ConfigError("--policy goodput on several GPU types: learned profiles and "
-                              "--goodput-priority none only")
-        return TypedGoodputPolicy(x.typed, x.types("goodput"), options=x.typed_options,
-                                  restart_s=x.restart_by_app, horizon_s=g.horizon_s,
-                                  bootstrap=x.bootstrap)
-    if g.profiles == "learned":
-        if g.batch == "fixed":
-            raise ConfigError("--goodput-batch fixed: an ablation of the oracle policy; "
-                              "add --profiles oracle")
-        return LearnedGoodputPolicy(x.apps, node_gpus, x.restart_s, g.horizon_s, g.priority,
-                                    x.learned, slowdown=x.slowdown)
-    if not x.measured:
-        raise ConfigError("--profiles oracle: reads every measured profile, which this "
-                          "cluster's jobs do not have")
-    return GoodputPolicy(x.apps, node_gpus, x.restart_s, g.horizon_s, g.priority,
-                         fixed_batch=g.batch == "fixed")
+    if g.profiles == "oracle":
+        stray = unread(x.typed_options, _TYPED)
+        if stray:
+            names = ", ".join(f"typed.{n}" for n in stray)
+            raise ConfigError(f"--policy goodput --profiles oracle: {names} not read (the "
+                              f"typed section is the learned goodput policy's)")
+        if x.several_types:
+            raise ConfigError("--profiles oracle: one GPU type only; on several types "
+                              "the goodput policy learns (--profiles learned)")
+        if not x.measured:
+            raise ConfigError("--profiles oracle: reads every measured profile, which this "
+                              "cluster's jobs do not have")
+        return GoodputPolicy(x.apps, max(x.server_sizes), x.restart_s, g.horizon_s,
+                             g.priority, fixed_batch=g.batch == "fixed")
+    if g.batch == "fixed":
+        raise ConfigError("--goodput-batch fixed: an ablation of the oracle policy; "
+                          "add --profiles oracle")
+    typed, bootstrap = x.typed, x.bootstrap
+    restart = dict(x.restart_by_app) or dict.fromkeys(x.apps, x.restart_s)
+    if not typed and not x.several_types:
+        # one type without per-type facts (a homogeneous simulated cluster): its facts are
+        # the applications', and the 1-GPU bootstrap is 1 (it only compares types)
+        (t,) = set(x.server_types)
+        typed, bootstrap = {t: x.apps}, {t: dict.fromkeys(x.apps, 1.0)}
+        restart = {a: restart.get(a, x.restart_s) for a in x.apps}
+    types = replace(x, typed=typed).types("goodput")
+    return TypedGoodputPolicy(typed, types, options=x.typed_options, restart_s=restart,
+                              horizon_s=g.horizon_s, bootstrap=bootstrap,
+                              priority=g.priority, slowdown=x.slowdown)
 
 
 def _pollux(x: ElasticInputs) -> ElasticPolicy:

@@ -1,7 +1,7 @@
 """Elastic, goodput-driven allocation on the *measured* profiles (``--profiles oracle``:
-an ablation, since no scheduler knows them; the default is ``goodput_learned.py``). The
-scheduler chooses each job's GPU count AND its total batch size (per-GPU batch x
-accumulation steps), every interval.
+an ablation, since no scheduler knows them; the default, on learned profiles, is
+``goodput_typed.py``). The scheduler chooses each job's GPU count AND its total batch
+size (per-GPU batch x accumulation steps), every interval.
 
 * goodput(job, n GPUs, batch) = throughput x statistical efficiency, in progress units
   (iterations at the application's initial batch) per second:

@@ -81,7 +81,10 @@ class SiaPolicy:
 
     def learner_for(self, device_type: str) -> Learner | None:
         """The job's model on ``device_type``; none before it runs on a type (what a job
-        measures is a type's)."""
+        measures is a type's), but on a cluster of one type, that type's (an engine that
+        does not name types: a homogeneous simulated cluster)."""
+        if not device_type and len(self.types) == 1:
+            device_type = self.types[0].name
         return self.tl.learner_for(device_type) if device_type else None
 
     # ------------------------------------------------------------------ goodputs

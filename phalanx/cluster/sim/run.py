@@ -31,7 +31,6 @@ from phalanx.cluster.policies import (
 )
 from phalanx.cluster.policies.catalog import ELASTIC, ElasticInputs
 from phalanx.cluster.policies.goodput import GoodputOptions
-from phalanx.cluster.policies.goodput_learned import LearnedOptions
 from phalanx.cluster.policies.goodput_typed import TypedOptions
 from phalanx.cluster.policies.ordering import DEFAULT_SLOT_S, check_thresholds
 from phalanx.cluster.policies.placement_catalog import PlacementOptions
@@ -44,11 +43,11 @@ from phalanx.errors import ConfigError
 # each section's default, checked once when this module loads (a frozen default shared by
 # every SimulateOptions that leaves the section alone)
 _PLACING, _PERF, _GOODPUT = PlacementOptions(), PerfOptions(), GoodputOptions()
-_LEARNED, _TYPED, _POLLUX = LearnedOptions(), TypedOptions(), PolluxOptions()
+_TYPED, _POLLUX = TypedOptions(), PolluxOptions()
 
 # the sections of SimulateOptions: key -> the class that owns (and checks) it
 SECTIONS: dict[str, type] = {"placing": PlacementOptions, "perf": PerfOptions,
-                             "goodput": GoodputOptions, "learned": LearnedOptions,
+                             "goodput": GoodputOptions,
                              "typed": TypedOptions, "pollux": PolluxOptions}
 
 
@@ -84,8 +83,7 @@ class SimulateOptions:
     placing: PlacementOptions = _PLACING       # --threshold, --hysteresis
     perf: PerfOptions = _PERF                  # --no-interference, --interference-scale
     goodput: GoodputOptions = _GOODPUT         # --goodput-*, --profiles (every goodput)
-    learned: LearnedOptions = _LEARNED         # learned goodput's ablation switches
-    typed: TypedOptions = _TYPED               # goodput on several GPU types
+    typed: TypedOptions = _TYPED               # the learned goodput policy's switches
     pollux: PolluxOptions = _POLLUX            # --pollux-*
 
     def __post_init__(self) -> None:
@@ -251,7 +249,7 @@ def elastic_inputs(opts: SimulateOptions, inputs: Inputs) -> ElasticInputs:
         restart_by_app={a: float(x.restart_s) for apps in typed.values()
                         for a, x in apps.items() if x.restart_s is not None},
         seed=opts.seed, interval_s=opts.interval_s, goodput=opts.goodput,
-        learned=opts.learned, typed_options=opts.typed, pollux=opts.pollux)
+        typed_options=opts.typed, pollux=opts.pollux)
 
 
 def make_elastic(opts: SimulateOptions, inputs: Inputs) -> ElasticPolicy:

@@ -1,12 +1,10 @@
-"""Ablations of the learned goodput policy and of our ``pollux`` (issue 23), on the 8
-Pollux workloads under ``--preset pollux-artifact``:
+"""The goodput policy's options and our ``pollux``'s search on the 8 Pollux workloads
+under ``--preset pollux-artifact`` (issues 23 and 48):
 
-* goodput, learned profiles, priority ``none``, one change at a time from the default
-  (a minimum gain of 0.1 for a change: a restart-aware hysteresis): no hysteresis (the
-  policy on exactly Pollux's information and nothing added), 0.2, a bonus for GPU counts
-  not run yet (``explore``), one model per application over all its jobs (``share``: a
-  prior from similar jobs), growth to 4x the most GPUs run instead of 2x, speedup
-  instead of progress units;
+* goodput, learned profiles (one policy on every cluster: ``goodput_typed.py``; a Pollux
+  cluster is one of one GPU type), one option of the ``typed`` section changed at a time
+  from the default, on the *tuning* workloads 1 and 7 only (``TUNE``); the default runs
+  on all 8 (the preset study's row), so workloads 2-6 and 8 are held out;
 * ``pollux`` with 3 seeds of its genetic search and with a greedy search of the same
   objective (``--pollux-search greedy``: the power mean with p = -1 is a sum over jobs,
   so a marginal greedy applies).
@@ -14,8 +12,8 @@ Pollux workloads under ``--preset pollux-artifact``:
     phalanx simulate --study pollux-ablation --out reports/cluster
     -> pollux_ablation.csv, pollux_ablation.md
 
-Rows already in ``pollux_ablation.csv`` are reused (runs are deterministic for a seed);
-delete it to recompute.
+Rows already in ``pollux_ablation.csv`` (or, for the defaults, ``pollux_preset.csv``) are
+reused (runs are deterministic for a seed); delete them to recompute.
 """
 
 from __future__ import annotations
@@ -28,16 +26,24 @@ import numpy as np
 from phalanx.cluster.sim.run import SimulateOptions, apply_preset, load_inputs, simulate
 from phalanx.cluster.studies.pollux_preset import ARTIFACT_POLLUX, Row, read_rows
 
+# the goodput policy was tuned on these Pollux workloads only (issue 48)
+TUNE = (1, 7)
+DEFAULT = ("goodput", "learned/none")
 VARIANTS: tuple[tuple[str, str, dict[str, object]], ...] = (
-    ("goodput", "learned/none", {}),
-    ("goodput", "min gain 0 (Pollux's information, no hysteresis)", {"learned": {"min_gain": 0.0}}),
-    ("goodput", "min gain 0.2", {"learned": {"min_gain": 0.2}}),
-    ("goodput", "explore 0.2", {"learned": {"explore": 0.2}}),
-    ("goodput", "share (prior from same-application jobs)", {"learned": {"share": True}}),
-    ("goodput", "growth 4x", {"learned": {"growth": 4.0}}),
-    ("goodput", "speedup units", {"learned": {"speedup_units": True}}),
-    ("goodput", "share + min gain 0.2 (the two that helped)",
-     {"learned": {"share": True, "min_gain": 0.2}}),
+    (*DEFAULT, {}),
+    ("goodput", "p -0.5 (Sia's)", {"typed": {"p": -0.5}}),
+    ("goodput", "p -0.1", {"typed": {"p": -0.1}}),
+    ("goodput", "start 1 GPU (Sia's, Pollux's)", {"typed": {"start": 1}}),
+    ("goodput", "min gain 0.1", {"typed": {"min_gain": 0.1}}),
+    ("goodput", "min gain 0.3", {"typed": {"min_gain": 0.3}}),
+    ("goodput", "min gain 0.5", {"typed": {"min_gain": 0.5}}),
+    ("goodput", "min gain 1.0", {"typed": {"min_gain": 1.0}}),
+    ("goodput", "growth 2x (Pollux's)", {"typed": {"growth": 2.0}}),
+    ("goodput", "growth 4x", {"typed": {"growth": 4.0}}),
+    ("goodput", "lambda_n 1.5", {"typed": {"lambda_n": 1.5}}),
+    ("goodput", "restart horizon from attained service", {"typed": {"restart": "attained"}}),
+    ("goodput", "share (prior from same-application jobs)", {"typed": {"share": True}}),
+    ("goodput", "priority las", {"goodput": {"priority": "las"}}),
     ("pollux", "learned", {"seed": 0}),
     ("pollux", "seed 1", {"seed": 1}),
     ("pollux", "seed 2", {"seed": 2}),
@@ -45,6 +51,13 @@ VARIANTS: tuple[tuple[str, str, dict[str, object]], ...] = (
 )
 # other seeds of the GA (2-3 min a run here) on the first workloads only
 SEED_WORKLOADS = (1, 2, 3)
+
+
+def workloads_of(policy: str, variant: str) -> tuple[int, ...]:
+    """The workloads a variant runs on: a goodput option only on the tuning ones."""
+    if policy == "goodput" and (policy, variant) != DEFAULT:
+        return TUNE
+    return SEED_WORKLOADS if variant.startswith("seed ") else tuple(range(1, 9))
 
 
 def ablation_study(base: SimulateOptions, out: Path,
@@ -64,7 +77,7 @@ def ablation_study(base: SimulateOptions, out: Path,
         opts = SimulateOptions.from_dict(apply_preset("pollux-artifact", given))
         inputs = None
         for policy, variant, kw in variants:
-            if variant.startswith("seed ") and w not in SEED_WORKLOADS:
+            if w not in workloads_of(policy, variant):
                 continue
             hit = done.get((w, policy, variant))
             if hit is None:
@@ -96,10 +109,11 @@ def write_ablation_table(rows: list[Row], path: Path) -> None:
     for r in rows:
         by.setdefault((r.policy, r.variant), {})[r.workload] = r
     ref = by.get(("pollux", "learned"))
+    art = float(np.mean(ARTIFACT_POLLUX))
     lines = ["| policy | variant | " + " | ".join(f"w{w}" for w in range(1, 9))
              + " | mean | vs our pollux (seed 0) | vs artifact Pollux | median wall s |",
              "|---|---|" + "---|" * 12]
-    art = float(np.mean(ARTIFACT_POLLUX))
+    held = [w for w in range(1, 9) if w not in TUNE]
     for (policy, variant), per in by.items():
         if len(per) < 8:
             continue
@@ -110,6 +124,24 @@ def write_ablation_table(rows: list[Row], path: Path) -> None:
         wall = float(np.median([per[w].wall_s for w in range(1, 9)]))
         lines.append(f"| {policy} | {variant} | " + " | ".join(f"{v:,.0f}" for v in jct)
                      + f" | **{mean:,.0f}** | {vs} | {mean / art:.3f} | {wall:.1f} |")
+    tune = ["| goodput variant | " + " | ".join(f"w{w}" for w in TUNE)
+            + " | mean | vs default | vs our pollux |", "|---|" + "---|" * (len(TUNE) + 3)]
+    base = by.get(DEFAULT)
+    for (policy, variant), per in by.items():
+        if policy != "goodput" or not all(w in per for w in TUNE) or not base \
+                or not ref or not all(w in base and w in ref for w in TUNE):
+            continue
+        m = float(np.mean([per[w].mean_jct_s for w in TUNE]))
+        m0 = float(np.mean([base[w].mean_jct_s for w in TUNE]))
+        mp = float(np.mean([ref[w].mean_jct_s for w in TUNE]))
+        tune.append(f"| {variant} | " + " | ".join(f"{per[w].mean_jct_s:,.0f}" for w in TUNE)
+                    + f" | {m:,.0f} | {m / m0:.3f} | {m / mp:.3f} |")
+    held_line = ""
+    if base and ref and all(w in base and w in ref for w in range(1, 9)):
+        r = float(np.mean([base[w].mean_jct_s for w in held])) / float(
+            np.mean([ref[w].mean_jct_s for w in held]))
+        held_line = (f"\nOn the held-out workloads ({', '.join(map(str, held))}) the "
+                     f"default is {r:.3f}x our pollux (mean JCT).\n")
     seeds = [by.get(("pollux", "learned" if k == 0 else f"seed {k}")) for k in range(3)]
     extra = ""
     if all(s and all(w in s for w in SEED_WORKLOADS) for s in seeds):
@@ -123,7 +155,9 @@ def write_ablation_table(rows: list[Row], path: Path) -> None:
                  f"{', '.join(map(str, SEED_WORKLOADS))}; 2-3 min a run here):\n\n"
                  + "\n".join(lines2) + "\n")
     path.write_text("Mean JCT (s), 8 Pollux workloads, `--preset pollux-artifact`, learned "
-                    "profiles (what Pollux knows), priority none; each goodput row changes "
-                    "one option of the default (`learned/none`: min gain 0.1); pollux "
-                    "`learned` is seed 0 of its search:\n\n"
-                    + "\n".join(lines) + extra + "\n")
+                    "profiles (what Pollux knows); goodput `learned/none` is the default "
+                    "goodput policy, pollux `learned` seed 0 of its search:\n\n"
+                    + "\n".join(lines) + "\n" + held_line
+                    + "\nThe goodput policy's options, one at a time, on the tuning workloads "
+                    f"({', '.join(map(str, TUNE))}) only:\n\n" + "\n".join(tune) + extra
+                    + "\n")

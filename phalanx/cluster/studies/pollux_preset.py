@@ -25,13 +25,13 @@ ARTIFACT_POLLUX = (2089, 3323, 2188, 2721, 2674, 2446, 3616, 2952)
 
 NON_ELASTIC = tuple((o, p) for o in ("fifo", "sjf", "las", "tiresias", "rr")
                     for p in ("count", "pack", "topology"))
-# elastic runs: (policy, variant, options). Learned profiles know what Pollux knows;
-# srpt reads the epochs users declare; oracle runs read every measured profile (ablations)
+# elastic runs: (policy, variant, options). Learned profiles know what Pollux knows (the
+# goodput policy of every cluster, goodput_typed.py); oracle runs read every measured
+# profile (ablations), srpt also the epochs users declare
 ELASTIC_RUNS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("pollux", "learned", {}),
     ("goodput", "learned/none", {"goodput": {"priority": "none"}}),
     ("goodput", "learned/las", {"goodput": {"priority": "las"}}),
-    ("goodput", "learned/srpt", {"goodput": {"priority": "srpt"}}),
     ("goodput", "oracle/none", {"goodput": {"priority": "none", "profiles": "oracle"}}),
     ("goodput", "oracle/srpt", {"goodput": {"priority": "srpt", "profiles": "oracle"}}),
 )
@@ -113,9 +113,9 @@ def write_preset_outputs(rows: list[Row], out: Path) -> None:
             (f"best non-elastic ({best})", by[best]),
             ("artifact Pollux (published)", ARTIFACT_POLLUX), ("our pollux", pollux),
             ("goodput, learned, none", good), ("goodput, learned, las", by["goodput/learned/las"]),
-            ("goodput, learned, srpt (uses declared epochs)", by["goodput/learned/srpt"]),
             ("goodput, oracle, none (oracle ablation)", by["goodput/oracle/none"]),
-            ("goodput, oracle, srpt (oracle ablation)", by["goodput/oracle/srpt"])]
+            ("goodput, oracle, srpt (oracle ablation, uses declared epochs)",
+             by["goodput/oracle/srpt"])]
     lines = ["| workload | " + " | ".join(c for c, _ in cols)
              + " | our pollux / artifact | goodput none / our pollux"
              + " | goodput none / artifact Pollux |",
@@ -133,7 +133,7 @@ def write_preset_outputs(rows: list[Row], out: Path) -> None:
     walls = ["| policy | " + " | ".join(f"w{w}" for w in range(1, 9)) + " | median |",
              "|---|" + "---|" * 9]
     for label in ("tiresias/count", "pollux/learned", "goodput/learned/none",
-                  "goodput/learned/srpt", "goodput/oracle/none"):
+                  "goodput/oracle/none"):
         ws = [r.wall_s for r in sorted(rows, key=lambda r: r.workload)
               if _label(r.policy, r.variant) == label]
         walls.append(f"| {label} | " + " | ".join(f"{w:.1f}" for w in ws)
