@@ -20,7 +20,8 @@ from phalanx.scale.sweep import Row, Shape, crossovers
 from phalanx.scale.workload import Workload, describe
 
 
-def _commit() -> str:
+def commit() -> str:
+    """The checkout's commit (short), ``unknown`` outside one: what a report was made by."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, check=False, cwd=Path(__file__).parent)
@@ -111,7 +112,7 @@ def write_report(out: Path, w: Workload, rows: Sequence[Row], shape: Shape,
     table += [("cluster", "1 GPU per server")] + crossovers(w, one)
     checks = all_checks()
     lines = [f"# phalanx scale: {w.name}", "", f"Reproduce: `{command}`", "",
-             f"Commit {_commit()}. Model: {describe(w)}. {w.notes}", "",
+             f"Commit {commit()}. Model: {describe(w)}. {w.notes}", "",
              f"Cluster: uniform, {shape.gpus_per_server} GPUs per server, "
              f"{shape.servers_per_rack} servers per rack, NIC {shape.nic_gbit:g} Gbit/s, "
              f"intra {shape.intra_gbit:g} Gbit/s, {shape.latency_us:g} us per message, "

@@ -35,6 +35,7 @@ from phalanx.runtime.hosts import TestNetwork, unavailable
 from phalanx.scale.network import Link, Links, uniform_network
 from phalanx.scale.predict import predict
 from phalanx.scale.profile import profile_model
+from phalanx.scale.report import commit
 from phalanx.scale.setting import Compression, Setting
 
 # the wire's framing and the receiver's ACKs, per payload byte (calibration.json, 2026-11-28:
@@ -117,6 +118,11 @@ class Point:
     measured: float     # bytes per step the busiest worker host sent (kernel)
     predicted: float
     per_host: tuple[float, ...]
+    # how it was made: the commit, ``phalanx train``'s flags (those of every run), and
+    # the (short, long) steps whose difference is counted
+    commit: str = ""
+    flags: tuple[str, ...] = ()
+    steps: tuple[int, int] = (0, 0)
 
     @property
     def error(self) -> float:
@@ -170,15 +176,17 @@ def predict_point(model: str, c: Case, n: int, workload) -> float:
     return predict(workload, s, net).bytes_per_worker * WIRE
 
 
-def points(found: dict[tuple[str, str, int], list[float]]) -> list[Point]:
+def points(found: dict[tuple[str, str, int], list[float]],
+           steps: tuple[int, int] = (0, 0)) -> list[Point]:
     loads = {m: profile_model(m, BATCH, repeats=1, input_shape=INPUT[m])
              for m in {k[0] for k in found}}
+    made_by = commit()
     out = []
     for (model, label, n), per_host in sorted(found.items()):
         c = next(c for c in cases(n, model) if c.label == label)
         measured = max(per_host[r] for r in c.workers)
         out.append(Point(model, label, n, measured, predict_point(model, c, n, loads[model]),
-                         tuple(per_host)))
+                         tuple(per_host), made_by, (*MODELS[model], *c.flags), steps))
     return out
 
 
@@ -214,7 +222,7 @@ def run(out: Path, models: list[str], sizes: list[int], short: int = 4, long: in
         raise ConfigError(f"scale bytes: needs test hosts (run as root): {reason}")
     out.mkdir(parents=True, exist_ok=True)
     found = measure(out, models, sizes, short, long, seed)
-    pts = points(found)
+    pts = points(found, (short, long))
     (out / "bytes.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "bytes.md"
     path.write_text("# Bytes per step: predicted against the kernel's counters\n\n"

@@ -76,8 +76,12 @@ def test_points_take_the_busiest_worker_host_not_a_shard():
     c = next(c for c in wc.cases(2, "mlp") if c.label == "asp")
     w = profile_model("mlp", wc.BATCH, repeats=1, input_shape=wc.INPUT["mlp"])
     found = {("mlp", "asp", 2): [900_000.0, 900_000.0, 402_000.0, 401_000.0]}
-    (p,) = wc.points(found)
+    (p,) = wc.points(found, (4, 12))
     assert p.measured == 402_000.0 and c.workers == (2, 3)
+    # each point says how it was made: the commit, the flags every run had, the steps
+    assert p.steps == (4, 12) and p.commit and p.commit != ""
+    assert p.flags[:2] == ("--model", "mlp") and "--strategy" in p.flags
+    assert p.flags[p.flags.index("--strategy") + 1] == "asp"
     assert p.predicted == pytest.approx(wc.predict_point("mlp", c, 2, w))
     assert "median |error|" in wc.table([p])
 
