@@ -607,3 +607,17 @@ def test_the_study_runs_every_table_cell_once():
     assert ("sia:saturn:10", "goodput", 1.5) in keys
     assert ("sia:philly:1", "goodput", 1.5) not in keys      # tuning workloads: load 1 only
     assert not [k for k in keys if k[1] == ABLATIONS[0][0] and k[0] not in TUNE]
+
+
+def test_the_solver_s_stray_line_on_stdout_is_dropped(capfd):
+    """HiGHS prints a debugging line to C's stdout whatever its options say; the MILP runs
+    with file descriptor 1 on /dev/null, and what was printed around it still shows."""
+    import os
+
+    from phalanx.cluster.policies.sia import _quiet_stdout
+
+    print("before", flush=True)
+    with _quiet_stdout():
+        os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution\n")
+    os.write(1, b"after\n")
+    assert capfd.readouterr().out == "before\nafter\n"

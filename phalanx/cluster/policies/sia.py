@@ -24,8 +24,11 @@ per type) in :mod:`typed_base`.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -199,6 +202,30 @@ class SiaPolicy:
         self.tl.forget(jid)
 
 
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """HiGHS 1.12 prints ``HighsMipSolverData::transformNewIntegerFeasibleSolution
+    tmpSolver.run();`` to the process's stdout from C++, whatever its options say
+    (ERGO-Code/HiGHS#2783): a run's output got a line of it every few rounds on Pollux's
+    workloads. File descriptor 1, C's stdout, points at /dev/null while the solver runs."""
+    fd = 1
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stdout.flush()          # what Python wrote before goes out first
+    try:
+        saved = os.dup(fd)
+    except OSError:                 # no fd 1 at all: nothing to keep clean
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(null)
+
+
 def solve_sia_milp(cost: np.ndarray, configs: Sequence[tuple[str, int, int]],
                    types: Sequence[TypeInfo], pinned: Mapping[int, int], gap: float,
                    times_ms: list[float] | None = None,
@@ -226,10 +253,11 @@ def solve_sia_milp(cost: np.ndarray, configs: Sequence[tuple[str, int, int]],
     lb = np.zeros(n * m)
     for i, j in pinned.items():
         lb[i * m + j] = 1.0
-    res = milp(cost.ravel(), integrality=np.ones(n * m),
-               bounds=Bounds(lb, np.ones(n * m)),
-               constraints=LinearConstraint(a, -np.inf, ub),
-               options={"mip_rel_gap": gap})
+    with _quiet_stdout():
+        res = milp(cost.ravel(), integrality=np.ones(n * m),
+                   bounds=Bounds(lb, np.ones(n * m)),
+                   constraints=LinearConstraint(a, -np.inf, ub),
+                   options={"mip_rel_gap": gap})
     if times_ms is not None:
         times_ms.append((time.perf_counter() - t0) * 1000)
     if res.x is None:
