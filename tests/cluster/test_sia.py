@@ -476,6 +476,9 @@ def test_the_study_table_compares_with_the_reference():
     assert "| philly:1 | 1,950 | 2,047 | 1.050 |" in md
     assert "| 0.900 |" in md          # goodput / our sia on philly 1
     assert "| test: philly 5-8 (1) | 1.5 | 3,000 | 2,700 | 0.900 |" in md
+    # per family, only workloads with both runs: one here
+    assert "| sia | philly 1-8 (1) | 1,950 | 2,047 | 1.050 | 1.050-1.050 |" in md
+    assert "| gavel |" not in md
     # an ablation's row: its mean over the tuning set against goodput's
     label = ABLATIONS[0][0]
     tuned = [Row(w, p, 1.0, 2000.0 if p == "goodput" else 2100.0, 1.0, 1.0, 1.0, 160, 1.0)
