@@ -65,3 +65,21 @@ def test_the_policy_sees_what_crowded_cores_cost():
     assert speed[0] == pytest.approx(unshared[0])
     assert speed[1] == pytest.approx(unshared[1] / 2)
     assert np.isfinite(speed).all() and unshared[1] > unshared[0] > 0
+
+
+def test_a_type_of_mixed_server_sizes_is_nodes_of_its_smallest():
+    """A live cluster file may mix server sizes within one type: the goodput policy offers
+    that type as nodes of its smallest server (no GPU promised that is not there), and
+    still allocates (it once refused such a cluster in one line)."""
+    from phalanx.cluster.policies.typed_base import cluster_types
+
+    assert [(t.name, t.node_gpus, t.nodes) for t in cluster_types(
+        [("cpu", 2), ("cpu", 4), ("cpu", 2), ("none", 0)])] == [("cpu", 2, 4)]
+    facts = {"j": AppFacts("j", init_batch=64, max_batch=512, min_local_bsz=32,
+                           max_local_bsz=128, epochs=1)}
+    pol = ELASTIC.get("goodput")(ElasticInputs(
+        cluster="mixed", server_sizes=(2, 4), server_types=("cpu", "cpu"), apps=facts,
+        measured=False, restart_s=1.0))
+    assert {g for _, _, g in pol.configs} == {1, 2, 4, 6}
+    got = pol.allocate([JobView(0, "j", 0.0, 0, None, 0, 0.0)], 6, 0.0)[0]
+    assert 1 <= got.gpus <= 2   # nothing fitted: one node's worth at most (start 4 > 2)

@@ -60,17 +60,18 @@ class TypeInfo:
 
 
 def cluster_types(servers: Sequence[tuple[str, int]]) -> tuple[TypeInfo, ...]:
-    """(type, GPUs) of every server -> the types in the artifact's order."""
+    """(type, GPUs) of every server -> the types in the artifact's order. A type whose
+    servers differ in size (a live cluster file may mix them) is offered as nodes of its
+    smallest server, as many as its GPUs fill: every configuration fits, a gang of whole
+    nodes may span servers unevenly (the placement packs it), and no GPU is promised
+    that is not there."""
     by: dict[str, list[int]] = {}
     for t, g in servers:
-        by.setdefault(t, []).append(g)
-    for t, gs in by.items():
-        if len(set(gs)) > 1:
-            raise ConfigError(f"GPU type {t}: servers of {sorted(set(gs))} GPUs; the "
-                              f"policy needs one server size per type")
+        if g > 0:                     # a server without devices offers none
+            by.setdefault(t, []).append(g)
     order = sorted(by, key=lambda t: (SIA_TYPE_ORDER.index(t) if t in SIA_TYPE_ORDER
                                       else len(SIA_TYPE_ORDER), t))
-    return tuple(TypeInfo(t, by[t][0], len(by[t])) for t in order)
+    return tuple(TypeInfo(t, min(by[t]), sum(by[t]) // min(by[t])) for t in order)
 
 
 class TypedLearner:
