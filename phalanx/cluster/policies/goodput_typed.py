@@ -6,6 +6,10 @@ was tuned apart); there the 1-GPU bootstrap cancels (it only compares types), so
 known by its own set-ups alone, as in Pollux. ``--study pollux-ablation`` measures the
 options on Pollux's workloads, ``--study sia`` on Sia's.
 
+The tuning figures below marked 2026-11-27 come from scratch runs on Sia's workloads
+(philly 1-4 the tuning set), in the git history of ``reports/cluster/sia/`` before issue 48
+removed them; ``--study sia`` remakes the ablations it names.
+
 What it knows of a job: each type's 1-GPU throughput of its application at arrival (the
 bootstrap profile Sia gets: the largest per-GPU batch over its step time), then per type
 only the set-ups the job has run there and the throughput model fitted to them
@@ -21,8 +25,9 @@ an ablation in ``--study sia``):
   against running one more job. philly 1-4 (the tuning set), mean JCT / our sia: 0.910 at
   -0.5, **0.897 at -0.25** (better on each), 0.903 at -0.1, p -1 worse; at -0.25 a
   minimum gain of 0.1 or 0.3, lambda_n 1.05 or 1.2 and a 900 s horizon were no better.
-  It was better on all four test means too (``reports/cluster/sia`` "The power mean's
-  p"; the default since 2026-11-27);
+  It was better on all four test means too (the default since 2026-11-27; at the 50%
+  minimum gain of 2026-11-29 Sia's -0.5 is a tie on philly 1-4, 0.991x, ``--study
+  sia``);
 * ``batch="job"``: the goodput of a configuration is predicted at the batch the job will
   really pick there (up to its application's largest batch, as the job does), not capped
   at the trace's batch as Sia's speedup functions are;
@@ -39,8 +44,8 @@ an ablation in ``--study sia``):
   job has run, counted at its current size (attained GPU-seconds over the GPUs it holds):
   a job that has run long is likely to run as long again (attained service, as LAS and
   Tiresias use it; no remaining work), so a restart is amortised over longer. On philly
-  1-4 at p -0.25 a tie (2,052 s against 2,053 s), so not the default
-  (``reports/cluster/sia`` "The power mean's p");
+  1-4 at p -0.25 a tie (2,052 s against 2,053 s; 0.999x at the 50% gain, ``--study
+  sia``), so not the default;
 * ``--goodput-priority las`` (the goodput section's; ``none`` by default): job values are
   weighted by 1 / (attained GPU-hours + 1) (least attained service, which needs no
   remaining work) on top of the power-mean fairness; ``srpt`` reads remaining work and is
@@ -55,14 +60,15 @@ an ablation in ``--study sia``):
   for every job (no other job's data, no profile beyond the bootstrap). Short jobs then
   skip the round on 1 GPU and a restart; philly 1-4 (the tuning set), mean JCT / our sia:
   0.931 at 1, 0.929 at 2, 0.913 at 4, 0.932 at 8; the test workloads gained at both loads
-  (``reports/cluster/sia`` "A job's first size");
+  (at the 50% gain, starting on 1 GPU is 1.043x the default on philly 1-4, ``--study
+  sia``);
 * ``share`` (an ablation, off by default: a Sia job sees only its own set-ups): a job of
   an application with no model on a type borrows the model fitted to every job of that
   application on that type (a prior from similar jobs: their observations of set-ups they
   ran, no measured profile), once it has run itself (its own gradient statistics).
 
 Two ABLATIONS read information Sia does not have (``knowledge``; never a headline, only
-to tell a model-form error from an exploration error, ``reports/cluster/sia``):
+to tell a model-form error from an exploration error; ``--study sia``):
 
 * ``knowledge="offline-fit"``: per (application, type) the throughput model is fitted once,
   before the run, to *every* measured point of that type's profile (``placements-<type>``
