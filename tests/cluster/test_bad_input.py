@@ -192,6 +192,12 @@ def test_a_job_list_is_checked_as_phalanx_train_checks_a_run(tmp_path, capsys, g
      "--goodput-batch: --policy fifo does not use it (only goodput); drop it"),
     (["simulate", "--compare", "fifo,sjf", "--pollux-search", "greedy"],
      "--pollux-search: --policy fifo, sjf does not use it (only pollux); drop it"),
+    (["schedule", "--jobs", "never-read.yaml", "--goodput-start", "2"],
+     "--goodput-start: --policy fifo does not use it (only goodput); drop it"),
+    (["schedule", "--jobs", "never-read.yaml", "--policy", "goodput", "--goodput-start", "0"],
+     "typed.start (--goodput-start) must be a whole number of GPUs in 1..64, got 0"),
+    (["simulate", "--policy", "goodput", "--goodput-start", "65"],
+     "typed.start (--goodput-start) must be a whole number of GPUs in 1..64, got 65"),
 ])
 def test_a_flag_the_chosen_policy_does_not_read_is_refused(tmp_path, capsys, args, line):
     assert main([*args, "--out", str(tmp_path / "out")]) == 2

@@ -25,6 +25,7 @@ from phalanx.cluster.cli import (
 from phalanx.cluster.live.engines import ENGINES
 from phalanx.cluster.policies import ORDERINGS, PLACEMENTS
 from phalanx.cluster.policies.catalog import ELASTIC
+from phalanx.cluster.policies.goodput_typed import TypedOptions
 from phalanx.errors import ConfigError
 
 
@@ -111,9 +112,8 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--ray-address: only with --engine ray")
     if args.slurm_partition and args.engine != "slurm":
         raise ConfigError("--slurm-partition: only with --engine slurm")
-    if args.goodput_start is not None and not 1 <= args.goodput_start <= 64:
-        raise ConfigError(f"--goodput-start must be a whole number of GPUs in 1..64, got "
-                          f"{args.goodput_start}")
+    if args.goodput_start is not None:
+        TypedOptions(start=args.goodput_start)   # the section checks the flag itself
     policy, placement = {args.policy}, {args.placement}
     elastic = (read_by(policy, ELASTIC.names())[0],
                f"--policy {args.policy} does not use it (only {', '.join(ELASTIC)}: their "

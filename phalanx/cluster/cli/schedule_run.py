@@ -95,11 +95,11 @@ def run_schedule(args: argparse.Namespace) -> int:
             cores = (CoreShare.per_server(topology)
                      if args.ray_address or args.slurm_partition
                      else CoreShare.this_machine(topology))
+            typed = (TypedOptions() if args.goodput_start is None
+                     else TypedOptions(start=args.goodput_start))
             live = ElasticLiveCluster(topology, jobs, placement, config, cadence,
                                       args.goodput_horizon, executor, cores, resume=saved,
-                                      policy=args.policy, typed=TypedOptions(
-                                          **({} if args.goodput_start is None
-                                             else {"start": args.goodput_start})))
+                                      policy=args.policy, typed=typed)
             for job in live.jobs:
                 why = live.why_fixed[job.spec.id]
                 if why:

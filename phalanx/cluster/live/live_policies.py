@@ -69,7 +69,7 @@ def live_inputs(topology: Topology, elastic: Sequence[LiveJob], cadence: Cadence
         restart_s=cadence.restart_cost_s,
         restart_by_app=dict.fromkeys(apps, cadence.restart_cost_s),
         goodput=GoodputOptions(horizon_s=horizon_s), slowdown=slowdown,
-        typed_options=typed_options or TypedOptions())
+        typed_options=typed_options or TypedOptions())   # ElasticLiveCluster may pass None
 
 
 def typed_policy(topology: Topology, elastic: Sequence[LiveJob], cadence: Cadence,

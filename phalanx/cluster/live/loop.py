@@ -169,7 +169,7 @@ class LiveCluster:
         self.runs[st.spec.id] = _Run(st, gang, self.now, log_from=log_from)
 
     def _account(self) -> None:
-        """Executed time and attained GPU-seconds of running jobs, up to now (LAS...)."""
+        """Executed time and attained GPU-seconds of running jobs, up to now (for LAS)."""
         for run in self.runs.values():
             self.core.catch_up(run.state, self.now)
 

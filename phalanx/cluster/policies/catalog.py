@@ -110,7 +110,6 @@ def _goodput(x: ElasticInputs) -> ElasticPolicy:
         # the applications', and the 1-GPU bootstrap is 1 (it only compares types)
         (t,) = set(x.server_types)
         typed, bootstrap = {t: x.apps}, {t: dict.fromkeys(x.apps, 1.0)}
-        restart = {a: restart.get(a, x.restart_s) for a in x.apps}
     types = replace(x, typed=typed).types("goodput")
     return TypedGoodputPolicy(typed, types, options=x.typed_options, restart_s=restart,
                               horizon_s=g.horizon_s, bootstrap=bootstrap,
