@@ -37,6 +37,8 @@ VARIANTS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("goodput", "min gain 0.1", {"typed": {"min_gain": 0.1}}),
     ("goodput", "min gain 0.3", {"typed": {"min_gain": 0.3}}),
     ("goodput", "min gain 0.5", {"typed": {"min_gain": 0.5}}),
+    ("goodput", "min gain 0.4", {"typed": {"min_gain": 0.4}}),
+    ("goodput", "min gain 0.7", {"typed": {"min_gain": 0.7}}),
     ("goodput", "min gain 1.0", {"typed": {"min_gain": 1.0}}),
     ("goodput", "growth 2x (Pollux's)", {"typed": {"growth": 2.0}}),
     ("goodput", "growth 4x", {"typed": {"growth": 4.0}}),

@@ -62,6 +62,7 @@ ABLATIONS: tuple[tuple[str, dict[str, object]], ...] = (
     ("goodput start 1 GPU (Sia's)", {"typed": {"start": 1}}),
     ("goodput growth 2x (Sia's)", {"typed": {"growth": 2.0}}),
     ("goodput min gain 0.1", {"typed": {"min_gain": 0.1}}),
+    ("goodput min gain 0.2 (before 2026-11-29)", {"typed": {"min_gain": 0.2}}),
     ("goodput restart horizon from attained service", {"typed": {"restart": "attained"}}),
     ("goodput per-application priors (more than Sia sees)", {"typed": {"share": True}}),
     ("goodput offline-fit ablation (every measured profile)",
