@@ -35,11 +35,10 @@ an ablation in ``--study sia``):
   its goodput (T the horizon, restart the application's checkpoint-restore time as the
   engine charges it) and must beat the kept configuration by ``min_gain`` (0.5 since
   the policy became one for every cluster, 2026-11-29, tuned on Pollux workloads 1 and 7
-  only, ``--study pollux-ablation``: mean JCT there 2,794 / 2,782 / **2,725** / 2,913 s
-  at 0.1 / 0.3 / 0.5 / 1.0, and 2,785 / 2,883 s at 0.4 / 0.7 in scratch runs of the same
-  code; on Sia's tuning set, philly 1-4, 0.5 gave a mean of 2,051 s against 2,073 at 0.2,
-  better on 3 of 4. It was 0.2 from 2026-11-27, 0.1 before), instead of Sia's age-based
-  factor;
+  only, ``--study pollux-ablation``: mean JCT there 2,794 / 2,782 / 2,784 / **2,725** /
+  2,883 / 2,913 s at 0.1 / 0.3 / 0.4 / 0.5 / 0.7 / 1.0; on Sia's tuning set, philly 1-4,
+  ``--study sia``: 2,051 s against 2,073 at 0.2 and 2,090 at 0.1, better than 0.2 on 3 of
+  4. It was 0.2 from 2026-11-27, 0.1 before), instead of Sia's age-based factor;
 * ``restart="attained"`` (an option, not the default): the horizon is at least the time the
   job has run, counted at its current size (attained GPU-seconds over the GPUs it holds):
   a job that has run long is likely to run as long again (attained service, as LAS and
