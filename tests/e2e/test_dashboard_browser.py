@@ -116,24 +116,34 @@ def until(fn, timeout: float = 30.0, what: str = ""):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def read_row(driver, selector: str) -> dict[str, str] | None:
+    """A table row's status, text and cells in one read: the page redraws its tables as
+    the folder changes, so an element held across two reads can go stale (CI saw it)."""
+    return driver.execute_script(
+        "const r = document.querySelector(arguments[0]); if (!r) return null;"
+        "const o = {status: r.dataset.status || '', text: r.innerText};"
+        "r.querySelectorAll('td[data-col]').forEach(td => o[td.dataset.col] = td.innerText);"
+        "return o", selector)
+
+
 def test_runs_table_lists_a_finished_run_with_its_figures(page, folder: Path) -> None:
     driver, url = page
     show(driver, url, "runs")
     summary = json.loads((folder / "runs" / "done" / "summary.json").read_text())
-    row = driver.find_element("css selector", 'tr[data-run="runs/done"]')
-    assert row.get_attribute("data-status") == "finished"
-    cell = lambda k: row.find_element("css selector", f'td[data-col="{k}"]').text  # noqa: E731
-    assert cell("strategy") == "single" and cell("model") == "mlp"
-    assert float(cell("test_accuracy")) == pytest.approx(summary["test_accuracy"], abs=1e-4)
-    assert float(cell("test_loss")) == pytest.approx(summary["test_loss"], rel=1e-2)
-    assert float(cell("samples_per_s").replace(",", "")) == pytest.approx(
+    row = until(lambda: read_row(driver, 'tr[data-run="runs/done"]'), what="the run's row")
+    assert row["status"] == "finished"
+    assert row["strategy"] == "single" and row["model"] == "mlp"
+    assert float(row["test_accuracy"]) == pytest.approx(summary["test_accuracy"], abs=1e-4)
+    assert float(row["test_loss"]) == pytest.approx(summary["test_loss"], rel=1e-2)
+    assert float(row["samples_per_s"].replace(",", "")) == pytest.approx(
         summary["samples_per_s"], rel=1e-3)
     # the cut run is listed with what is wrong with it, not a 500
-    cut = driver.find_element("css selector", 'tr[data-run="runs/cut"]').text
+    cut = until(lambda: read_row(driver, 'tr[data-run="runs/cut"]'), what="the cut run")["text"]
     assert "summary.json is half-written or corrupt" in cut and "not JSON" in cut
     assert "ends mid-line" in cut
     show(driver, url, "schedules")
-    broken = driver.find_element("css selector", 'tr[data-schedule="sims/broken"]').text
+    broken = until(lambda: read_row(driver, 'tr[data-schedule="sims/broken"]'),
+                   what="the broken schedule")["text"]
     assert "scheduler-state.json is half-written or corrupt" in broken
     assert console_errors(driver) == []
 
@@ -167,13 +177,12 @@ def test_a_training_run_gains_curve_points_without_a_reload(page, folder: Path) 
 def test_two_simulated_schedules_jct_distributions_are_drawn(page) -> None:
     driver, url = page
     show(driver, url, "jct=sims/cmp%23fifo-topology|sims/cmp%23las-topology")
-    chart = driver.find_element("css selector", "#jct-cdf")
-    assert chart.get_attribute("data-series") == "2"
-    assert int(chart.get_attribute("data-points")) == 160  # 80 jobs' JCTs, twice
-    assert chart.find_elements("css selector", "canvas")
-    rows = driver.find_elements("css selector", "tr[data-schedule]")
-    assert [r.get_attribute("data-schedule") for r in rows] == [
-        "sims/cmp#fifo-topology", "sims/cmp#las-topology"]
+    seen = driver.execute_script(  # one read: a held element can go stale on a redraw
+        "const c = document.querySelector('#jct-cdf');"
+        "return [c.dataset.series, c.dataset.points, !!c.querySelector('canvas'),"
+        " [...document.querySelectorAll('tr[data-schedule]')].map(r => r.dataset.schedule)]")
+    assert seen[:3] == ["2", "160", True]  # 80 jobs' JCTs, twice
+    assert seen[3] == ["sims/cmp#fifo-topology", "sims/cmp#las-topology"]
     assert console_errors(driver) == []
 
 
