@@ -1,6 +1,23 @@
 """The checks every simulation must pass (used by the property and conformance suites)."""
 
+import functools
+from pathlib import Path
+
 from phalanx.cluster.core.result import SimResult
+from phalanx.cluster.model.interference import CoLocation, gavel_table
+from phalanx.cluster.policies import make_placement
+
+DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
+
+
+@functools.lru_cache(maxsize=1)
+def gavel_pairs() -> CoLocation:
+    return CoLocation(gavel_table(DATA))
+
+
+def placement(name: str):
+    """``make_placement(name)``, the ``interference`` placement with Gavel's pairs."""
+    return make_placement(name, co=gavel_pairs())
 
 
 def check_result(res: SimResult, n_jobs: int, capacity: int) -> None:

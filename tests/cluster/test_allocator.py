@@ -2,13 +2,13 @@
 is ever held twice (hypothesis drives random alloc/free sequences)."""
 
 import pytest
+from cluster_simcheck import placement as placement_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phalanx.cluster.core.allocator import AllocationError, ClusterState, Placement
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.topology import uniform
-from phalanx.cluster.policies import make_placement
 from phalanx.cluster.policies.placement_catalog import PLACEMENTS
 
 
@@ -59,7 +59,7 @@ def test_random_alloc_free_keeps_invariants(ops):
         else:
             job = JobSpec(i, "j", 0.0, gpus, 1.0, 1.0, "ResNet-50", cpu_per_gpu=2)
             before = snapshot(c)
-            p = make_placement(policy).place(job, c)
+            p = placement_of(policy).place(job, c)
             assert snapshot(c) == before          # placement only reads the state
             if p is None:
                 continue

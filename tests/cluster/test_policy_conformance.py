@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from cluster_simcheck import check_result, rows
+from cluster_simcheck import placement as placement_of
 
 from phalanx.cluster.core.allocator import ClusterState, Placement
 from phalanx.cluster.core.jobs import JobSpec, JobState
@@ -82,7 +83,7 @@ def _cluster_with_load():
 def test_placement_contract(name, gpus):
     c = _cluster_with_load()
     before = (c.free_mask, list(c.server_free), list(c.cores_free), dict(c.allocations))
-    p = make_placement(name).place(JobSpec(0, "j", 0, gpus, 1, 1, "bert", cpu_per_gpu=2), c)
+    p = placement_of(name).place(JobSpec(0, "j", 0, gpus, 1, 1, "bert", cpu_per_gpu=2), c)
     assert (c.free_mask, list(c.server_free), list(c.cores_free), dict(c.allocations)) == before
     if gpus > c.total_free:
         assert p is None
@@ -126,7 +127,7 @@ def test_every_pair_simulates(ordering, placement, small_trace, perf):
 
     def go():
         return Simulator(topo, small_trace, make_ordering(ordering, 1200.0),
-                         make_placement(placement), perf,
+                         placement_of(placement), perf,
                          config=SimConfig(check_invariants=True)).run()
 
     res = go()

@@ -3,12 +3,13 @@ bitmaps are verified after every event), gangs all-or-nothing, GPU-time conserva
 determinism, every job finishes."""
 
 from cluster_simcheck import check_result, rows
+from cluster_simcheck import placement as placement_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.topology import uniform
-from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering, make_placement
+from phalanx.cluster.policies import ORDERINGS, PLACEMENTS, make_ordering
 from phalanx.cluster.sim.event import SimConfig, Simulator
 
 MODELS = ["ResNet-50", "bert", "LM", "A3C"]
@@ -26,7 +27,7 @@ def specs(raw):
 
 def run(jobs, ordering, placement, perf, slot=1800.0):
     topo = uniform(zones=1, racks=2, servers=2, devices=4, switches=2, cpu_cores=8)
-    sim = Simulator(topo, jobs, make_ordering(ordering, slot), make_placement(placement), perf,
+    sim = Simulator(topo, jobs, make_ordering(ordering, slot), placement_of(placement), perf,
                     config=SimConfig(checkpoint_cost_s=30.0, check_invariants=True))
     return sim.run(), topo.num_devices
 

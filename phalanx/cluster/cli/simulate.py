@@ -105,6 +105,10 @@ def _policy_flags(p: argparse.ArgumentParser) -> None:
                                                "e.g. vc1=64,*=128 (default: accept all)")
     p.add_argument("--no-interference", action="store_true",
                    help="turn off PCIe co-location interference in the perf model")
+    p.add_argument("--interference-pairs", default=None, metavar="gavel|FILE",
+                   help="price each neighbour by its measured pair: 'gavel' (Gavel's "
+                        "co-located pairs) or an interference.json from 'phalanx "
+                        "interference profile' (default: each model's one sensitivity)")
 
 
 def _interval_flags(g: argparse._ArgumentGroup) -> None:
@@ -177,7 +181,8 @@ def _options(args: argparse.Namespace) -> SimulateOptions:
                         batch=args.goodput_batch, profiles=args.profiles),
         "typed": dict(start=args.goodput_start),
         "pollux": dict(generations=args.pollux_generations, search=args.pollux_search),
-        "perf": dict(interference=False if args.no_interference else None)}
+        "perf": dict(interference=False if args.no_interference else None,
+                     pairs=args.interference_pairs)}
     if args.interference_scale != 1.0:
         # the neighbour weights scaled (a preset's "no interference" kept)
         scaled = scaled_interference(args.interference_scale)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.topology import Topology
 
 
@@ -72,6 +73,9 @@ class ClusterState:
         self.core_free_mask = [(1 << s.cpu_cores) - 1 for s in t.servers]
         self.cores_free = [s.cpu_cores for s in t.servers]
         self.allocations: dict[int, Allocation] = {}
+        # who holds each allocation (SchedulerCore.allocate records it): a placement that
+        # weighs its neighbours (interference) reads their specs
+        self.holders: dict[int, JobSpec] = {}
         # GPUs asked for by jobs waiting in the queue: the event loop (simulated or live)
         # keeps it current; demand-aware placement reads it as queue pressure
         self.queued_gpus = 0
@@ -163,6 +167,7 @@ class ClusterState:
         alloc = self.allocations.pop(job_id, None)
         if alloc is None:
             raise AllocationError(f"job {job_id} holds no allocation")
+        self.holders.pop(job_id, None)
         t = self.topology
         self.free_mask |= alloc.device_mask
         for d in alloc.devices:

@@ -34,6 +34,9 @@ class JobSpec:
     # the gang the trace asked for, kept when an elastic engine resets ``gpus`` (a policy
     # that runs jobs at their own size, as Gavel, reads it); 0 = ``gpus``
     requested: int = 0
+    # its interference class (model-family-workers, a live job's); '' = its model's Gavel
+    # family (model/interference.py)
+    kind: str = ""
 
     @property
     def application(self) -> str:

@@ -197,6 +197,7 @@ class SchedulerCore:
     # ------------------------------------------------------------------ devices
     def allocate(self, st: JobState, placement: Placement) -> None:
         self.cluster.allocate(st.spec.id, placement)
+        self.cluster.holders[st.spec.id] = st.spec
         self._dequeue(st)
 
     def release(self, st: JobState) -> None:

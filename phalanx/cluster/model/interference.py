@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from phalanx.cluster.model.families import POLLUX_FAMILY
 from phalanx.errors import ConfigError, DataError
 
 FORMAT = "phalanx-interference"
@@ -288,3 +289,84 @@ def held_out_errors(table: PairTable) -> list[dict]:
         out.append({"level": level, "a": a, "b": b, "measured": y, "predicted": pred,
                     "error": abs(pred - y) / y})
     return out
+
+
+def kind_of(model: str, kind: str = "") -> str:
+    """A simulated or live job's class: its own (``JobSpec.kind``, a live job's
+    model-family-workers) or, for a trace's job, its Gavel family's single-worker class
+    (a Pollux application borrows its family's, as its figures do)."""
+    if kind:
+        return kind
+    return f"{POLLUX_FAMILY.get(model, model).replace(' ', '_')}-single-1"
+
+
+class CoLocation:
+    """What a neighbour costs a job, from a pair table: the perf model's interference and
+    the ``interference`` placement read it alike.
+
+    Two ways to read a table:
+
+    * measured levels (``core``, ``server``): each neighbour job that shares one of the
+      job's PCIe switches (a core, on a live cluster whose switches are pinned to cores)
+      adds ``1/kept(a, b, core) - 1`` to the job's load, each other neighbour on its
+      server ``1/kept(a, b, server) - 1``, as two jobs time-sharing a core add their
+      demands; rate = solo / (1 + load);
+    * Gavel's ``device`` level (two jobs on one GPU): the per-pair ``1/kept - 1`` replaces
+      the family sensitivity of the fixed-weight model, neighbours weighted as before by
+      their share of the switch (``k_switch``) and of the rest of the server
+      (``k_server``): the weights stay assumptions, the pairs are measured.
+
+    A pair the table lacks is predicted by :class:`PairModel` fitted on the table."""
+
+    def __init__(self, table: PairTable, k_switch: float = 0.3, k_server: float = 0.1) -> None:
+        self.table = table
+        self.measured = table.kept()
+        self.model = fit_pairs(self.measured)
+        levels = set(table.levels())
+        self.per_device = not (levels & {"core", "server"})
+        self.switch_level = "device" if self.per_device else "core"
+        self.server_level = "device" if self.per_device else "server"
+        self.k_switch, self.k_server = k_switch, k_server
+        self._x: dict[tuple[str, str, str], float] = {}
+
+    def kept(self, a: str, b: str, level: str) -> float:
+        v = self.measured.get((level, a, b))
+        return v if v is not None else self.model.predict(a, b, level)
+
+    def x(self, a: str, b: str, level: str) -> float:
+        """``1/kept - 1``: the load ``b`` adds to ``a`` at ``level`` (>= 0)."""
+        key = (level, a, b)
+        v = self._x.get(key)
+        if v is None:
+            if level in ("core", "server") and not self.per_device and \
+                    level not in self.table.levels():
+                v = 0.0    # a level the table never measured: no cost claimed
+            else:
+                v = max(0.0, 1.0 / self.kept(a, b, level) - 1.0)
+            self._x[key] = v
+        return v
+
+    def load(self, a: str, neighbours: Iterable[tuple[str, int, int]], switch_cap: int,
+             server_size: int) -> float:
+        """Job ``a``'s load on one server from its ``neighbours``: (class, devices on the
+        job's switches, devices elsewhere on the server) each."""
+        total = 0.0
+        for b, on_switch, rest in neighbours:
+            if self.per_device:
+                w = self.k_switch * on_switch / switch_cap + self.k_server * rest / server_size
+                total += self.x(a, b, "device") * w
+            elif on_switch:
+                total += self.x(a, b, "core")
+            elif rest:
+                total += self.x(a, b, "server")
+        return total
+
+
+def co_location(source: str, data_dir: str | Path, k_switch: float = 0.3,
+                k_server: float = 0.1) -> CoLocation | None:
+    """``--interference-pairs``: '' (none: the family-sensitivity model), ``gavel``
+    (Gavel's pairs) or an ``interference.json`` path."""
+    if not source:
+        return None
+    table = gavel_table(data_dir) if source == "gavel" else load_table(source)
+    return CoLocation(table, k_switch, k_server)

@@ -18,6 +18,10 @@
   Gavel-fitted sensitivity (measured for two jobs on ONE GPU); ``k_switch`` = 0.3 and
   ``k_server`` = 0.1 scale that down to neighbours sharing a PCIe switch / a server: an
   assumption, as no data set here measures neighbour interference. Worst server wins.
+  With ``pairs`` set (``--interference-pairs gavel|FILE``) each neighbour is priced by
+  its own pair instead of the job's one sensitivity (model/interference.py,
+  ``CoLocation``): Gavel's pairs keep the two weights; a table measured here
+  (``phalanx interference profile``: levels ``core`` and ``server``) needs none.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.model.families import ModelProfile
+from phalanx.cluster.model.interference import CoLocation
 from phalanx.cluster.model.profiles import PolluxApplication
 from phalanx.errors import ConfigError
 
@@ -56,6 +61,9 @@ class PerfOptions:
     # every device's job shares this many CPU cores machine-wide (a one-machine test
     # cluster whose devices are slots): n busy devices run at min(1, cores / n); 0 = off
     shared_cores: int = 0
+    # pairwise interference (--interference-pairs): '' = the family sensitivities above,
+    # 'gavel' = Gavel's measured pairs, else an interference.json (model/interference.py)
+    pairs: str = ""
 
     def __post_init__(self) -> None:
         if not (0 <= self.k_switch < math.inf and 0 <= self.k_server < math.inf):
@@ -85,8 +93,11 @@ class PerfModel:
     def __init__(self, profiles: Mapping[str, ModelProfile],
                  pollux: Mapping[str, PolluxApplication] | None = None,
                  options: PerfOptions = PerfOptions(),
-                 typed: Mapping[str, Mapping[str, PolluxApplication]] | None = None) -> None:
+                 typed: Mapping[str, Mapping[str, PolluxApplication]] | None = None,
+                 co: CoLocation | None = None) -> None:
         self.profiles = dict(profiles)
+        # pairwise interference (options.pairs loaded): replaces the family sensitivity
+        self.co = co
         self.pollux = dict(pollux or {})
         self.options = options
         # per GPU type, each application's own profile (Sia's data): a step-based job
@@ -140,4 +151,6 @@ class PerfModel:
         """``crowding`` = the worst server's weighted neighbour load (see module doc)."""
         if not self.options.interference or crowding <= 0.0:
             return 1.0
+        if self.co is not None:   # pairwise: the crowding is already the job's own load
+            return 1.0 / (1.0 + crowding)
         return 1.0 / (1.0 + self.profile(spec.model).interference * crowding)

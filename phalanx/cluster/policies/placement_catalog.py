@@ -5,9 +5,10 @@ factory, one line each in ``PLACEMENTS``; the policies themselves are in
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from phalanx.catalog import Catalog
+from phalanx.cluster.model.interference import CoLocation
 from phalanx.cluster.policies.placement import (
     FirstFit,
     LoadAdaptive,
@@ -18,6 +19,7 @@ from phalanx.cluster.policies.placement import (
     SpreadKeepEmpty,
     TopologyAware,
 )
+from phalanx.cluster.policies.placement_interference import InterferenceAware
 from phalanx.errors import ConfigError
 
 
@@ -35,6 +37,8 @@ class PlacementOptions:
 
     threshold: float = 0.5
     hysteresis: float | None = None
+    # the pair table the run loaded (--interference-pairs): what ``interference`` weighs
+    co: CoLocation | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -63,9 +67,22 @@ PLACEMENTS.add("topology", lambda o: TopologyAware(), "smallest span: switch, se
 PLACEMENTS.add("count", lambda o: MostFreeFirst(), "by GPU count, most free server first")
 
 
+def _interference(o: PlacementOptions) -> InterferenceAware:
+    if o.co is None:
+        raise ConfigError("--placement interference weighs measured pairs: give "
+                          "--interference-pairs gavel or an interference.json")
+    return InterferenceAware(o.co)
+
+
+PLACEMENTS.add("interference", _interference,
+               "least throughput lost to co-location by the pair table; ties packed")
+
+
 def make_placement(name: str, threshold: float = 0.5,
-                   hysteresis: float | None = None) -> PlacementPolicy:
+                   hysteresis: float | None = None, co: CoLocation | None = None
+                   ) -> PlacementPolicy:
     """A fresh policy object (load-adaptive keeps its mode: one object per run)."""
     if name not in PLACEMENTS:
         raise ConfigError(f"--placement {name}: unknown (choose from {', '.join(PLACEMENTS)})")
-    return PLACEMENTS.get(name)(PlacementOptions(threshold=threshold, hysteresis=hysteresis))
+    return PLACEMENTS.get(name)(PlacementOptions(threshold=threshold, hysteresis=hysteresis,
+                                                 co=co))

@@ -26,6 +26,7 @@ from phalanx.cluster.core.jobs import JobSpec, JobState
 from phalanx.cluster.core.result import SimResult
 from phalanx.cluster.core.scheduler import SchedulerCore
 from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.model.interference import kind_of
 from phalanx.cluster.model.perf import PerfModel, Shape
 from phalanx.cluster.policies import AdmissionPolicy, OrderingPolicy, PlacementPolicy
 from phalanx.errors import ConfigError
@@ -78,12 +79,13 @@ def allocation_shape(topology: Topology, perf: PerfModel, spec: JobSpec, p: Plac
 class _Running:
     """Per running job: its allocation split by server, for the interference update."""
 
-    __slots__ = ("iso_rate", "servers")
+    __slots__ = ("iso_rate", "servers", "kind")
 
     def __init__(self, servers: list[tuple[int, int, tuple[int, ...], int]],
-                 iso_rate: float) -> None:
+                 iso_rate: float, kind: str = "") -> None:
         self.servers = servers      # (server, own devices, switches used, their capacity)
         self.iso_rate = iso_rate
+        self.kind = kind            # its interference class (pairwise interference)
 
 
 class Simulator:
@@ -127,6 +129,8 @@ class Simulator:
                 st.remaining -= st.rate * (now - start)
 
     def _crowding(self, info: _Running) -> float:
+        if self.perf.co is not None:
+            return self._pair_load(info)
         c = self.cluster
         t = self.topology
         worst = 0.0
@@ -135,6 +139,27 @@ class Simulator:
             busy_rest = (t.server_size[s] - c.server_free[s]) - own - busy_sw
             x = self._k_sw * busy_sw / sw_cap + self._k_srv * busy_rest / t.server_size[s]
             worst = max(worst, x)
+        return worst
+
+    def _pair_load(self, info: _Running) -> float:
+        """The worst server's load from each neighbour's measured pair (CoLocation)."""
+        t, co = self.topology, self.perf.co
+        worst = 0.0
+        for s, _, switches, sw_cap in info.servers:
+            mine = set(switches)
+            neighbours = []
+            for jid in self._server_jobs[s]:
+                other = self._run_info.get(jid)
+                if other is None or other is info:
+                    continue
+                for s2, n, sws, _ in other.servers:
+                    if s2 == s:
+                        on = sum(1 for w in sws if w in mine)
+                        # devices on shared switches (a share of its n; exact when it
+                        # uses one switch, as most gangs on one server do)
+                        k = round(n * on / len(sws))
+                        neighbours.append((other.kind, k, n - k))
+            worst = max(worst, co.load(info.kind, neighbours, sw_cap, t.server_size[s]))
         return worst
 
     def _reschedule(self, st: JobState) -> None:
@@ -174,7 +199,8 @@ class Simulator:
         self.core.allocate(st, p)
         shape, servers = self._shape(st.spec, p)
         self._run_info[jid] = _Running(servers, self.perf.isolated_rate(st.spec, shape,
-                                                                        self.topology))
+                                                                        self.topology),
+                                       kind_of(st.spec.model, st.spec.kind))
         self.running[jid] = st
         self.core.started(st, p.devices, self.now)
         resumed = st.preemptions > 0

@@ -17,6 +17,7 @@ from phalanx.cluster.core.scheduler import usable_gpus
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.core.view import ElasticPolicy
 from phalanx.cluster.model.families import load_profiles
+from phalanx.cluster.model.interference import co_location
 from phalanx.cluster.model.perf import PerfModel, PerfOptions
 from phalanx.cluster.model.profiles import load_pollux_apps
 from phalanx.cluster.model.sia_apps import SIA_PROFILED_TYPES, SIA_REFERENCE_TYPE, load_sia_apps
@@ -162,16 +163,18 @@ def load_inputs(opts: SimulateOptions) -> Inputs:
     trace = load_trace(opts.trace, TraceOptions(
         opts.data_dir, seed=opts.seed, skip_bad_rows=opts.skip_bad_rows, limit=opts.limit,
         load_scale=opts.load_scale), topology)
+    co = co_location(opts.perf.pairs, opts.data_dir, opts.perf.k_switch,
+                     opts.perf.k_server) if opts.perf.interference else None
     types = sorted({s.device_type for s in topology.servers})
     if all(t in SIA_PROFILED_TYPES for t in types):
         # every GPU type has Sia's per-type profiles: each job runs at its type's speed
         typed = load_sia_apps(opts.data_dir, types)
         perf = PerfModel(load_profiles(opts.data_dir), typed[SIA_REFERENCE_TYPE]
                          if SIA_REFERENCE_TYPE in typed else typed[types[0]],
-                         opts.perf, typed)
+                         opts.perf, typed, co)
     else:
         perf = PerfModel(load_profiles(opts.data_dir), load_pollux_apps(opts.data_dir),
-                         opts.perf)
+                         opts.perf, co=co)
     return Inputs(topology, trace, perf)
 
 
@@ -233,7 +236,7 @@ def scaled_interference(scale: float, interference: bool = True) -> PerfOptions:
         raise ConfigError(f"--interference-scale must be a finite number >= 0, got {scale}")
     base = _PERF
     return PerfOptions(interference=interference, k_switch=base.k_switch * scale,
-                       k_server=base.k_server * scale)
+                       k_server=base.k_server * scale, pairs=base.pairs)
 
 
 def elastic_inputs(opts: SimulateOptions, inputs: Inputs) -> ElasticInputs:
@@ -270,7 +273,7 @@ def simulate(opts: SimulateOptions, inputs: Inputs | None = None,
     inputs = inputs or load_inputs(opts)
     admission: AdmissionPolicy = parse_quota(opts.quota) if opts.quota else AcceptAll()
     if placement is None:
-        placement = PLACEMENTS.get(opts.placement)(opts.placing)
+        placement = PLACEMENTS.get(opts.placement)(replace(opts.placing, co=inputs.perf.co))
     specs = jobs if jobs is not None else inputs.trace.jobs
     is_elastic = opts.ordering in ELASTIC
     if opts.interval_s is not None or is_elastic:
