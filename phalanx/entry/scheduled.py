@@ -39,6 +39,9 @@ def _die_with_parent() -> None:
 
 
 def prepare(env: Mapping[str, str]) -> None:
+    cpus = env.get("PHALANX_CPUS", "")
+    if cpus:   # the local engine's --pin-cores: this rank's cores, before any thread
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     _die_with_parent()
     signals.enable_stack_dumps()  # kill -USR2: every thread's stack on the job's log
     path = env.get("PHALANX_RANK_RECORD", "")

@@ -66,6 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="goodput: GPUs (of one node) a job nothing is known of yet may "
                         "start on (default 4; 1 as Pollux and Sia)")
     p.add_argument("--placement", default="pack", help=f"placement: {', '.join(PLACEMENTS)}")
+    p.add_argument("--interference-pairs", default="", metavar="FILE",
+                   help="--placement interference: the pair table it weighs (an "
+                        "interference.json from 'phalanx interference profile', or gavel)")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="local engine: pin each PCIe switch's slots to one core of this "
+                        "machine (jobs on one switch share a core; see docs/cluster.md)")
     p.add_argument("--slot", type=float, default=60.0,
                    help="seconds between rounds of a time-sliced policy (las, tiresias, rr; "
                         "default 60)")
@@ -112,6 +118,11 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--ray-address: only with --engine ray")
     if args.slurm_partition and args.engine != "slurm":
         raise ConfigError("--slurm-partition: only with --engine slurm")
+    if args.pin_cores and args.engine != "local":
+        raise ConfigError("--pin-cores: only with --engine local (this machine's cores)")
+    if args.placement == "interference" and not args.interference_pairs:
+        raise ConfigError("--placement interference weighs measured pairs: give "
+                          "--interference-pairs FILE (phalanx interference profile) or gavel")
     if args.goodput_start is not None:
         TypedOptions(start=args.goodput_start)   # the section checks the flag itself
     policy, placement = {args.policy}, {args.placement}
@@ -127,7 +138,8 @@ def check_flags(args: argparse.Namespace) -> None:
         ("tiresias_thresholds", *read_by(policy, ("tiresias",))),
         ("starvation", *read_by(policy, ("tiresias",))),
         *((flag, *read_by(placement, LOAD_ADAPTIVE, "--placement"))
-          for flag in ("threshold", "hysteresis"))])
+          for flag in ("threshold", "hysteresis")),
+        ("interference_pairs", *read_by(placement, ("interference",), "--placement"))])
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:

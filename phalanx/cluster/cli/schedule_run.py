@@ -29,6 +29,7 @@ from phalanx.cluster.live.loop import LiveCluster
 from phalanx.cluster.live.state import STATE_FILE, unfinished
 from phalanx.cluster.live.state import load as load_state
 from phalanx.cluster.model.core_share import CoreShare
+from phalanx.cluster.model.interference import co_location
 from phalanx.cluster.policies import make_ordering, make_placement
 from phalanx.cluster.policies.catalog import ELASTIC
 from phalanx.cluster.policies.goodput_typed import TypedOptions
@@ -52,7 +53,9 @@ def run_schedule(args: argparse.Namespace) -> int:
     elastic = args.policy in ELASTIC
     ordering = make_ordering("fifo" if elastic else args.policy, args.slot,
                              thresholds, args.starvation)
-    placement = make_placement(args.placement, args.threshold, args.hysteresis)
+    co = (co_location(args.interference_pairs, default_data_dir())
+          if args.interference_pairs else None)
+    placement = make_placement(args.placement, args.threshold, args.hysteresis, co)
     if args.resume and given(args, "out") and Path(args.out).absolute() != Path(
             args.resume).absolute():
         raise ConfigError(f"--out {args.out}: --resume {args.resume} writes to its own folder; "
@@ -88,7 +91,7 @@ def run_schedule(args: argparse.Namespace) -> int:
         # the engine's executor; a cluster it starts here is stopped when ``stack`` closes
         executor = ENGINES.get(args.engine)(topology, EngineOptions(
             python=config.python, ray_address=args.ray_address,
-            slurm_partition=args.slurm_partition), stack)
+            slurm_partition=args.slurm_partition, pin_cores=args.pin_cores), stack)
         if elastic:
             # a cluster started here has this machine's cores under every server; an
             # existing one has the cores its topology declares per server

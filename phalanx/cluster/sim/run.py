@@ -163,8 +163,8 @@ def load_inputs(opts: SimulateOptions) -> Inputs:
     trace = load_trace(opts.trace, TraceOptions(
         opts.data_dir, seed=opts.seed, skip_bad_rows=opts.skip_bad_rows, limit=opts.limit,
         load_scale=opts.load_scale), topology)
-    co = co_location(opts.perf.pairs, opts.data_dir, opts.perf.k_switch,
-                     opts.perf.k_server) if opts.perf.interference else None
+    # (loaded also under --no-interference: --placement interference still weighs it)
+    co = co_location(opts.perf.pairs, opts.data_dir, opts.perf.k_switch, opts.perf.k_server)
     types = sorted({s.device_type for s in topology.servers})
     if all(t in SIA_PROFILED_TYPES for t in types):
         # every GPU type has Sia's per-type profiles: each job runs at its type's speed

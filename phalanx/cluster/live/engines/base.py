@@ -228,6 +228,8 @@ class EngineOptions:
     python: str = sys.executable
     ray_address: str = ""
     slurm_partition: str = ""
+    # local engine: pin each PCIe switch's slots to one core of this machine (--pin-cores)
+    pin_cores: bool = False
 
 
 # an engine: its executor for a topology; a cluster it starts is stopped when the stack

@@ -34,7 +34,8 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, python: str = sys.executable, master_addr: str = "127.0.0.1") -> None:
+    def __init__(self, python: str = sys.executable, master_addr: str = "127.0.0.1",
+                 pins: Mapping[int, frozenset[int]] | None = None) -> None:
         # ``master_addr``: the address rank 0 is told to serve at (an engine such as Ray
         # hands out the node's network address even when every rank is on one machine)
         self.python, self.master_addr = python, master_addr
@@ -45,6 +46,8 @@ class LocalExecutor:
         self.fork = python == sys.executable and supervise.START_METHOD == "forkserver"
         self.gangs: dict[str, list[RankProcess]] = {}
         self.failed: dict[str, tuple[tuple[int, int], ...]] = {}
+        # device -> the cores its rank is pinned to (--pin-cores); empty: not pinned
+        self.pins = dict(pins or {})
 
     def start(self, gang: Gang) -> None:
         try:
@@ -58,16 +61,29 @@ class LocalExecutor:
         try:
             for slot in slots:
                 env = rank_env(gang, slot, master, slot.node, lw, slot.devices)
+                # one driver process for the gang: the cores of all its devices
+                cpus = self._cpus(slot.devices if gang.per_rank else
+                                  tuple(d for r in gang.ranks for d in r.devices))
+                if cpus:
+                    env["PHALANX_CPUS"] = ",".join(map(str, sorted(cpus)))
                 if self.fork and gang.per_rank and gang.argv[:2] == SCHEDULED:
                     procs.append(ForkedRank(gang.argv[2:], env, gang.log))
                 else:
                     procs.append(RankProcess(self.python, gang.argv, env, gang.log,
                                              gang.per_rank))
+                if cpus:
+                    # at once, before its interpreter starts threads (a scheduled rank
+                    # also pins itself from PHALANX_CPUS first thing)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(procs[-1].pid, cpus)
         except OSError:
             for p in procs:
                 p.kill()
             raise
         self.gangs[gang.job] = procs
+
+    def _cpus(self, devices: Sequence[int]) -> frozenset[int]:
+        return frozenset().union(*(self.pins.get(d, frozenset()) for d in devices))
 
     def poll(self, job: str) -> int | None:
         procs = self.gangs[job]
@@ -164,6 +180,19 @@ def _pgid(pid: int) -> int:
         return -1
 
 
+def core_pins(topology: Topology, cores: Sequence[int] | None = None
+              ) -> dict[int, frozenset[int]]:
+    """``--pin-cores``: PCIe switch ``w`` of the topology (over all servers, in order) is
+    pinned to ``cores[w % len(cores)]`` of this machine (default: the cores this process
+    may run on), and each device to its switch's core, so two jobs on one switch share
+    that core and jobs on different switches do not (while there are as many cores as
+    switches)."""
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else list(cores)
+    return {d: frozenset({cores[topology.device_switch[d] % len(cores)]})
+            for d in range(topology.num_devices)}
+
+
 def local_engine(topology: Topology, options: EngineOptions,
                  stack: contextlib.ExitStack) -> Executor:
-    return LocalExecutor(options.python)
+    return LocalExecutor(options.python,
+                         pins=core_pins(topology) if options.pin_cores else None)
