@@ -14,6 +14,7 @@ from phalanx.cluster.core.cadence import Cadence
 from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
 from phalanx.cluster.core.report import summarise, write_jobs_csv, write_plots, write_summary
 from phalanx.cluster.core.result import SimResult
+from phalanx.cluster.live.colocation import LiveCoLocation, learn, observe
 from phalanx.cluster.live.config import LiveConfig
 from phalanx.cluster.live.elastic import ElasticLiveCluster
 from phalanx.cluster.live.engines import ENGINES
@@ -29,7 +30,7 @@ from phalanx.cluster.live.loop import LiveCluster
 from phalanx.cluster.live.state import STATE_FILE, unfinished
 from phalanx.cluster.live.state import load as load_state
 from phalanx.cluster.model.core_share import CoreShare
-from phalanx.cluster.model.interference import co_location
+from phalanx.cluster.model.interference import co_location, kind_of
 from phalanx.cluster.policies import make_ordering, make_placement
 from phalanx.cluster.policies.catalog import ELASTIC
 from phalanx.cluster.policies.goodput_typed import TypedOptions
@@ -53,19 +54,22 @@ def run_schedule(args: argparse.Namespace) -> int:
     elastic = args.policy in ELASTIC
     ordering = make_ordering("fifo" if elastic else args.policy, args.slot,
                              thresholds, args.starvation)
-    co = (co_location(args.interference_pairs, default_data_dir())
-          if args.interference_pairs else None)
-    placement = make_placement(args.placement, args.threshold, args.hysteresis, co)
     if args.resume and given(args, "out") and Path(args.out).absolute() != Path(
             args.resume).absolute():
         raise ConfigError(f"--out {args.out}: --resume {args.resume} writes to its own folder; "
                           "drop --out")
+    topology = resolve_cluster(args.cluster, default_data_dir())
+    jobs = load_job_list(args.jobs)
+    kinds = {j.spec.name: kind_of(j.spec.model, j.spec.kind) for j in jobs}
+    # the table given, refined by what this schedule measures as it runs
+    co = (LiveCoLocation(co_location(args.interference_pairs, default_data_dir()).table,
+                         Path(args.resume or args.out).absolute(), topology, kinds)
+          if args.interference_pairs else None)
+    placement = make_placement(args.placement, args.threshold, args.hysteresis, co)
     config = LiveConfig(Path(args.resume or args.out).absolute(), poll_s=args.poll,
                         job_timeout_s=args.job_timeout,
                         grace_s=args.grace, max_job_restarts=args.max_job_restarts,
                         lost_wait_s=args.lost_wait)
-    topology = resolve_cluster(args.cluster, default_data_dir())
-    jobs = load_job_list(args.jobs)
     check_fits(jobs, topology, args.jobs)  # the cheap check first
     check_profiles(jobs, topology, args.jobs, elastic and topology.typed)
     if args.engine == "local" and config.python == sys.executable:
@@ -120,6 +124,12 @@ def run_schedule(args: argparse.Namespace) -> int:
               f"device(s), engine {args.engine} ({args.policy}, {placement.name})", flush=True)
         res = live.run()
     _report(args, res, placement.name, topology.name, out)
+    learned = learn(observe(out, topology, kinds), kinds,
+                    f"learned from the live schedule {out} ({args.placement})")
+    if learned is not None:
+        learned.save(out / "interference-learned.json")
+        print(f"measured {len(learned.pairs)} co-located pair(s) of job classes: "
+              f"{out}/interference-learned.json")
     return 0
 
 

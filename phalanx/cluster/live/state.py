@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +111,9 @@ def apply_fields(st: JobState, saved: dict[str, Any]) -> None:
 def to_json(state: SavedState) -> dict[str, Any]:
     d = dataclasses.asdict(state)
     d["rejected"] = [list(r) for r in state.rejected]
-    return {"format": FORMAT, "version": VERSION, **d}
+    # the wall time the clock reads ``clock`` at (to within the write): who reads the file
+    # beside the jobs' own events (live/colocation.py) maps the clock onto theirs
+    return {"format": FORMAT, "version": VERSION, **d, "unix": time.time()}
 
 
 def save(path: Path, state: SavedState) -> None:
@@ -159,7 +162,8 @@ def _parse(path: Path, d: Any) -> SavedState:
     if d.get("version") != VERSION:
         raise _bad(path, f"has version {d.get('version')!r}, this phalanx reads {VERSION}")
     keys = {f.name for f in dataclasses.fields(SavedState)}
-    if set(d) - {"format", "version"} not in (keys, keys - {"lost"}):
+    # "unix" (optional: a state written before it existed) is for other readers
+    if set(d) - {"format", "version", "unix"} not in (keys, keys - {"lost"}):
         raise _bad(path, "is corrupt (missing or unknown fields)")
     lost = d.get("lost", [])
     jobs = d["jobs"]

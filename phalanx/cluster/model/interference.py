@@ -329,6 +329,10 @@ class CoLocation:
         self.k_switch, self.k_server = k_switch, k_server
         self._x: dict[tuple[str, str, str], float] = {}
 
+    def refresh(self) -> None:
+        """Re-read what it learns from (a live schedule's, live/colocation.py); a table
+        read once has nothing to re-read."""
+
     def kept(self, a: str, b: str, level: str) -> float:
         v = self.measured.get((level, a, b))
         return v if v is not None else self.model.predict(a, b, level)

@@ -59,6 +59,7 @@ class InterferenceAware:
                     candidates.append(p)
         if not candidates:
             return None
+        self.co.refresh()     # a live schedule's measurements so far
         owner = _owners(cluster)
         best, best_key = None, None
         for p in candidates:

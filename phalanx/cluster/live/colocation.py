@@ -1,0 +1,249 @@
+"""Interference measured while a live schedule runs: each job's throughput with the jobs
+that shared its PCIe switch (its pinned core, under ``--pin-cores``) and its server, read
+from the schedule's own files, and the pair table learned from them.
+
+Where it reads:
+
+* ``scheduler-state.json``: each job's placements (devices) and stops on the scheduler's
+  clock, with ``unix``, the wall time at ``clock`` (state.py), so the clock maps onto the
+  jobs' own;
+* each job's ``jobs/NAME/events.jsonl``: its ranks' ``train`` events (cumulative
+  ``samples`` at ``unix`` time, every few steps).
+
+A *context* is what a job shares over a span of time: the classes of the jobs on its
+switches (level ``core``) and of the other jobs on its servers (level ``server``). Each
+pair of a rank's consecutive ``train`` events whose span lies inside one context (no
+neighbour came or went) adds its samples and seconds to that context; the first
+``WARMUP`` spans of each start are start-up, not rate. A job's rate in a context is the
+sum over its ranks of samples / seconds.
+
+The learned table (:func:`learn`): a class's solo rate is its rate in the empty context
+(all its jobs' alone time pooled); each context with exactly one neighbour gives
+``kept = rate / solo`` at that neighbour's level. A pair observed over less than
+``MIN_S`` seconds is not kept. Pairs the schedule never ran are left to the prior table
+(``--interference-pairs``) and the pair model.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.model.interference import CoLocation, Pair, PairTable
+
+WARMUP = 2          # train-event spans skipped after each start (start-up, first steps)
+MIN_S = 3.0         # seconds of a context before its rate counts
+STATE = "scheduler-state.json"
+
+
+@dataclass
+class Context:
+    """One job in one context: samples and seconds per rank."""
+
+    samples: dict[int, float] = field(default_factory=dict)
+    seconds: dict[int, float] = field(default_factory=dict)
+
+    def add(self, rank: int, samples: float, seconds: float) -> None:
+        self.samples[rank] = self.samples.get(rank, 0.0) + samples
+        self.seconds[rank] = self.seconds.get(rank, 0.0) + seconds
+
+    @property
+    def span(self) -> float:
+        return max(self.seconds.values(), default=0.0)
+
+    @property
+    def rate(self) -> float:
+        return sum(self.samples[r] / s for r, s in self.seconds.items() if s > 0)
+
+
+# (core-level neighbour classes, server-level neighbour classes), each sorted
+Key = tuple[tuple[str, ...], tuple[str, ...]]
+
+
+def _intervals(fields: Mapping, clock_end: float) -> list[tuple[float, float, tuple[int, ...]]]:
+    """(from, to, devices) of each start, on the scheduler's clock."""
+    stops = list(fields.get("stops", []))
+    out = []
+    placements = fields.get("placements", [])
+    end = fields.get("end", -1)
+    for i, (t, devs) in enumerate(placements):
+        if i < len(stops):
+            to = stops[i]
+        elif i + 1 < len(placements):
+            to = placements[i + 1][0]
+        else:
+            to = end if isinstance(end, (int, float)) and end >= 0 else clock_end
+        out.append((float(t), float(to), tuple(devs)))
+    return out
+
+
+def _train_events(path: Path) -> dict[int, list[tuple[float, float]]]:
+    """Per rank: (unix, cumulative samples) of each train event; a new start of the job
+    (samples going back) starts a new series, marked by a None gap."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("kind") != "train":
+            continue
+        u, n, r = rec.get("unix"), rec.get("samples"), rec.get("rank", -1)
+        if isinstance(u, (int, float)) and isinstance(n, (int, float)) and isinstance(r, int):
+            out.setdefault(r, []).append((float(u), float(n)))
+    return out
+
+
+def observe(out: Path, topology: Topology, kinds: Mapping[str, str]
+            ) -> dict[str, dict[Key, Context]]:
+    """Per job (by name): its contexts, from the schedule folder ``out``; ``kinds`` maps
+    job names to their classes. A schedule with no state yet gives nothing."""
+    try:
+        state = json.loads((out / STATE).read_text())
+        jobs, clock, unix = state["jobs"], float(state["clock"]), float(state["unix"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    anchor = unix - clock          # wall time at the scheduler's clock 0
+    t = topology
+    spans = {name: [(anchor + a, anchor + b, devs) for a, b, devs in
+                    _intervals(j.get("fields", {}), clock)]
+             for name, j in jobs.items() if isinstance(j, dict)}
+
+    def context(name: str, u0: float, u1: float) -> Key | None:
+        """Who shared ``name``'s switches / servers over [u0, u1]; None if it changed."""
+        mine = [devs for a, b, devs in spans[name] if a <= u0 and u1 <= b]
+        if not mine:
+            return None
+        devs = mine[0]
+        my_sw = {t.device_switch[d] for d in devs}
+        my_srv = {t.device_server[d] for d in devs}
+        core, server = [], []
+        for other, iv in spans.items():
+            if other == name:
+                continue
+            for a, b, odevs in iv:
+                if b <= u0 or a >= u1:
+                    continue
+                if not (a <= u0 and u1 <= b):
+                    return None       # it came or went inside the span
+                if any(t.device_switch[d] in my_sw for d in odevs):
+                    core.append(kinds.get(other, other))
+                elif any(t.device_server[d] in my_srv for d in odevs):
+                    server.append(kinds.get(other, other))
+        return tuple(sorted(core)), tuple(sorted(server))
+
+    result: dict[str, dict[Key, Context]] = {}
+    for name in spans:
+        series = _train_events(out / "jobs" / name / "events.jsonl")
+        ctxs: dict[Key, Context] = {}
+        for rank, pts in series.items():
+            pts.sort()
+            since_start = 0
+            for (u0, n0), (u1, n1) in zip(pts, pts[1:]):
+                if n1 <= n0 or u1 <= u0:
+                    since_start = 0      # a new start (samples counted anew) or a tie
+                    continue
+                since_start += 1
+                if since_start <= WARMUP:
+                    continue
+                # a stop and restart between the two events: no single start holds both
+                key = context(name, u0, u1)
+                if key is None:
+                    continue
+                ctxs.setdefault(key, Context()).add(rank, n1 - n0, u1 - u0)
+        if ctxs:
+            result[name] = ctxs
+    return result
+
+
+def learn(observed: Mapping[str, Mapping[Key, Context]], kinds: Mapping[str, str],
+          source: str = "") -> PairTable | None:
+    """The pair table of what ``observed`` holds (see the module doc); None when no pair
+    could be measured (no class was seen both alone and beside one other job)."""
+    solo: dict[str, list[tuple[float, float]]] = {}
+    single: list[tuple[str, str, str, float, float]] = []   # (a, level, b, rate, span)
+    for name, ctxs in observed.items():
+        a = kinds.get(name, name)
+        for (core, server), c in ctxs.items():
+            if c.span < MIN_S:
+                continue
+            if not core and not server:
+                solo.setdefault(a, []).append((c.rate, c.span))
+            elif len(core) + len(server) == 1:
+                level, b = ("core", core[0]) if core else ("server", server[0])
+                single.append((a, level, b, c.rate, c.span))
+    solo_rate = {a: sum(r * s for r, s in v) / sum(s for _, s in v) for a, v in solo.items()}
+    kept: dict[tuple[str, str, str], list[float]] = {}
+    for a, level, b, rate, _ in single:
+        if a in solo_rate and solo_rate[a] > 0:
+            kept.setdefault((level, a, b), []).append(min(rate / solo_rate[a], 2.0))
+    pairs, done = [], set()
+    for (level, a, b), vals in sorted(kept.items()):
+        if (level, a, b) in done:
+            continue
+        other = kept.get((level, b, a))
+        done |= {(level, a, b), (level, b, a)}
+        va = statistics.median(vals)
+        vb = statistics.median(other) if other else None
+        if vb is None:
+            continue     # one side only: the table holds pairs with both sides
+        pairs.append(Pair(level, a, b, va, vb, min(len(vals), len(other)),
+                          (min(vals), max(vals)), (min(other), max(other))))
+    if not pairs:
+        return None
+    classes = {k: {"solo": round(v, 3)} for k, v in solo_rate.items()}
+    for p in pairs:
+        classes.setdefault(p.a, {})
+        classes.setdefault(p.b, {})
+    return PairTable(classes, pairs, source or "learned from a live schedule")
+
+
+def merged(prior: PairTable | None, learned: PairTable | None) -> PairTable | None:
+    """``learned``'s pairs over ``prior``'s (a pair measured live replaces the prior's)."""
+    if prior is None or learned is None:
+        return learned or prior
+    mine = {(p.level, frozenset((p.a, p.b))) for p in learned.pairs}
+    keep = [p for p in prior.pairs if (p.level, frozenset((p.a, p.b))) not in mine]
+    classes = {**prior.classes, **learned.classes}
+    return PairTable(classes, keep + learned.pairs,
+                     f"{learned.source}; else {prior.source}")
+
+
+class LiveCoLocation(CoLocation):
+    """A :class:`CoLocation` that learns as the schedule runs: at most every
+    ``refresh_s`` seconds it re-reads the schedule folder and refits on the prior table
+    merged with what it measured (the ``interference`` placement calls :meth:`refresh`
+    before it weighs a placement)."""
+
+    def __init__(self, prior: PairTable | None, out: Path, topology: Topology,
+                 kinds: Mapping[str, str], refresh_s: float = 10.0) -> None:
+        self.prior, self.out, self.topology = prior, out, topology
+        self.kinds = dict(kinds)
+        self.refresh_s = refresh_s
+        self._at = -float("inf")
+        self.learned: PairTable | None = None
+        base = prior or PairTable({}, [Pair("core", "-", "-", 1.0, 1.0)], "nothing yet")
+        super().__init__(base)
+
+    def refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._at < self.refresh_s:
+            return
+        self._at = now
+        learned = learn(observe(self.out, self.topology, self.kinds), self.kinds)
+        if learned is None or (self.learned is not None and
+                               learned.pairs == self.learned.pairs):
+            return
+        self.learned = learned
+        table = merged(self.prior, learned)
+        if table is not None:
+            CoLocation.__init__(self, table, self.k_switch, self.k_server)

@@ -1,0 +1,114 @@
+"""Interference measured from a live schedule's own files (live/colocation.py): contexts
+from the state's placements and stops, rates from the jobs' train events, the pair table
+learned from them, and the live table that refits as the schedule runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.live.colocation import LiveCoLocation, learn, merged, observe
+from phalanx.cluster.model.interference import Pair, PairTable
+
+TOPO = uniform(1, 1, 1, 4, switches=2)      # devices 0,1 on switch 0; 2,3 on switch 1
+KINDS = {"a": "hot-single-1", "b": "hot-single-1", "c": "cold-single-1"}
+UNIX0 = 1_000_000.0
+
+
+def write(out: Path, jobs: dict, clock: float) -> None:
+    """A state (placements/stops on the clock; unix at ``clock``) and per job train events
+    from ``jobs[name]["rate"]``: a list of (from, to, samples/s) on the clock."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {"clock": clock, "unix": UNIX0 + clock, "jobs": {
+        n: {"fields": {"placements": j["placements"], "stops": j.get("stops", []),
+                       "end": j.get("end", -1)}} for n, j in jobs.items()}}
+    (out / "scheduler-state.json").write_text(json.dumps(state))
+    for n, j in jobs.items():
+        lines, samples = [], 0.0
+        for a, b, rate in j["rate"]:
+            t = a
+            while t < b - 1e-9:
+                t1 = min(b, t + 0.5)
+                samples += rate * (t1 - t)
+                t = t1
+                lines.append(json.dumps({"kind": "train", "rank": -1, "unix": UNIX0 + t,
+                                         "samples": samples}))
+        d = out / "jobs" / n
+        d.mkdir(parents=True)
+        (d / "events.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_two_jobs_on_one_core_then_alone_give_the_pair_each_side(tmp_path) -> None:
+    """a alone 0-20 s at 100/s; b joins a's switch 20-40 s: both at 50/s; a alone again
+    40-60 s: the learned table holds hot beside hot kept 0.5."""
+    jobs = {"a": {"placements": [[0, [0]]], "end": 60, "rate": [(0, 20, 100), (20, 40, 50),
+                                                                 (40, 60, 100)]},
+            "b": {"placements": [[20, [1]]], "end": 40, "rate": [(20, 40, 50)]}}
+    write(tmp_path, jobs, 60.0)
+    seen = observe(tmp_path, TOPO, KINDS)
+    ctx = seen["a"]
+    assert set(ctx) == {((), ()), (("hot-single-1",), ())}
+    assert ctx[((), ())].rate == pytest.approx(100)
+    assert ctx[(("hot-single-1",), ())].rate == pytest.approx(50)
+    # b has no alone time: its solo rate comes from a's (the same class)
+    table = learn(seen, KINDS)
+    assert len(table.pairs) == 1
+    p = table.pairs[0]
+    assert (p.level, p.a, p.b) == ("core", "hot-single-1", "hot-single-1")
+    assert p.kept_a == pytest.approx(0.5) and p.kept_b == pytest.approx(0.5)
+
+
+def test_a_neighbour_on_the_other_switch_is_the_server_level(tmp_path) -> None:
+    jobs = {"a": {"placements": [[0, [0]]], "end": 40, "rate": [(0, 20, 100), (20, 40, 90)]},
+            "c": {"placements": [[0, [2]]], "stops": [10], "rate": [(0, 10, 80)]},
+            "b": {"placements": [[20, [3]]], "end": 40, "rate": [(20, 40, 90)]}}
+    # c: never alone (a runs 0-10 beside it, server level); b beside a 20-40 (server)
+    write(tmp_path, jobs, 40.0)
+    seen = observe(tmp_path, TOPO, KINDS)
+    assert seen["a"][((), ("hot-single-1",))].rate == pytest.approx(90)
+    assert seen["a"][((), ("cold-single-1",))].rate == pytest.approx(100)
+    assert seen["a"][((), ())].rate == pytest.approx(100)
+    table = learn(seen, KINDS)
+    kept = table.kept()
+    assert kept[("server", "hot-single-1", "hot-single-1")] == pytest.approx(0.9)
+    # cold was never seen alone: no solo, no pair of its own side
+    assert ("server", "cold-single-1", "hot-single-1") not in kept
+
+
+def test_a_span_across_a_neighbours_arrival_and_the_warm_up_are_not_counted(tmp_path) -> None:
+    """a logs every 0.5 s from 0.5 s; b arrives at 10.25, inside a's 10.0-10.5 span: that
+    span is dropped, not split; a's first two spans (0.5-1.5 s) are its start-up."""
+    jobs = {"a": {"placements": [[0, [0]]], "end": 20, "rate": [(0, 20, 100)]},
+            "b": {"placements": [[10.25, [1]]], "end": 20, "rate": [(10.25, 20, 50)]}}
+    write(tmp_path, jobs, 20.0)
+    seen = observe(tmp_path, TOPO, KINDS)
+    assert seen["a"][((), ())].seconds[-1] == pytest.approx(10.0 - 1.5)
+    assert seen["a"][(("hot-single-1",), ())].seconds[-1] == pytest.approx(20 - 10.5)
+
+
+def test_the_live_table_learns_over_its_prior(tmp_path) -> None:
+    prior = PairTable({"hot-single-1": {}, "cold-single-1": {}},
+                      [Pair("core", "hot-single-1", "hot-single-1", 0.9, 0.9),
+                       Pair("core", "cold-single-1", "hot-single-1", 0.8, 0.7)], "prior")
+    co = LiveCoLocation(prior, tmp_path, TOPO, KINDS, refresh_s=0.0)
+    co.refresh()     # nothing written yet: the prior's
+    assert co.kept("hot-single-1", "hot-single-1", "core") == pytest.approx(0.9)
+    jobs = {"a": {"placements": [[0, [0]]], "end": 60, "rate": [(0, 20, 100), (20, 40, 50),
+                                                                 (40, 60, 100)]},
+            "b": {"placements": [[20, [1]]], "end": 40, "rate": [(20, 40, 50)]}}
+    write(tmp_path, jobs, 60.0)
+    co.refresh()
+    assert co.kept("hot-single-1", "hot-single-1", "core") == pytest.approx(0.5)
+    assert co.kept("cold-single-1", "hot-single-1", "core") == pytest.approx(0.8)
+    both = merged(prior, co.learned)
+    assert len(both.pairs) == 2 and "prior" in both.source
+
+
+def test_no_state_or_no_pair_gives_nothing(tmp_path) -> None:
+    assert observe(tmp_path, TOPO, KINDS) == {}
+    write(tmp_path, {"a": {"placements": [[0, [0]]], "end": 10, "rate": [(0, 10, 100)]}},
+          10.0)
+    assert learn(observe(tmp_path, TOPO, KINDS), KINDS) is None
