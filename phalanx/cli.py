@@ -83,6 +83,12 @@ def _cluster(sub: argparse._SubParsersAction) -> None:
     simulate.register(sub)
 
 
+def _interference(sub: argparse._SubParsersAction) -> None:
+    from phalanx.cluster.cli import interference
+
+    interference.register(sub)
+
+
 def _experiments(sub: argparse._SubParsersAction) -> None:
     from phalanx.experiments import cli
 
@@ -105,6 +111,8 @@ DASHBOARD_HELP = ("a read-only web page over a folder of runs and schedules (liv
                   "them as they grow)")
 SCALE_HELP = ("predict step time, bytes and efficiency of every strategy at 8..4096 workers "
               "(a simulator)")
+INTERFERENCE_HELP = ("measure how much of its solo rate each job class keeps beside another "
+                     "on this machine (real jobs pinned to cores)")
 HOSTS_HELP = ("test hosts on this machine (network namespaces on a bridge, as root) to try "
               "multi-node runs")
 # every sub-command in the order ``phalanx --help`` lists them: the function that adds a
@@ -119,6 +127,7 @@ COMMANDS: tuple[tuple[Register, tuple[tuple[str, str], ...]], ...] = (
     (_cluster, (("simulate", "trace-driven simulation of the cluster scheduler"),
                 ("schedule", "live mode: run a job list of phalanx training runs on local "
                              "slots, a Ray or a Slurm cluster with a scheduling policy"))),
+    (_interference, (("interference", INTERFERENCE_HELP),)),
     (_experiments, (("compare", "run several strategies on the same job; write a report"),
                     ("experiments", "the literature's claims as reproducible studies"))),
     (_dashboard, (("dashboard", DASHBOARD_HELP),)),

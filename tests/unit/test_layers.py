@@ -53,9 +53,11 @@ LAZY = {
     ("phalanx.cli", "phalanx.cli_train"),
     ("phalanx.cli", "phalanx.experiments.cli"),
     ("phalanx.cli", "phalanx.scale.cli"),
-    # ...and these two from light ones, still imported only when chosen (numpy, the web page)
+    # ...and these three from light ones, still imported only when chosen (numpy, the web
+    # page, the interference profile's runner)
     ("phalanx.cli", "phalanx.cluster.cli.simulate"),
     ("phalanx.cli", "phalanx.dashboard.cli"),
+    ("phalanx.cli", "phalanx.cluster.cli.interference"),
     # `phalanx schedule`'s flags need no engine; its run imports the live engines, the job
     # list's checks and the training side (torch)
     ("phalanx.cluster.cli.schedule", "phalanx.cluster.cli.schedule_run"),

@@ -1,0 +1,71 @@
+"""``phalanx interference profile``: measure how much of its solo rate each job class keeps
+beside another on this machine, per sharing level (docs/cluster.md, "Interference profile").
+
+    phalanx interference profile                               # every class, both levels
+    phalanx interference profile --classes mlp-single-1,gpt-single-1 --levels core \\
+        --seconds 3 --repeats 1 --out /tmp/interference
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from phalanx.cluster.studies.interference import (
+    CLASSES,
+    PROFILE_LEVELS,
+    ProfileOptions,
+    profile,
+)
+
+HELP = ("measure how much of its solo rate each job class keeps beside another on this "
+        "machine (real jobs pinned to cores)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("interference", help=HELP,
+                       description="Pairwise interference of phalanx job classes on this "
+                                   "machine: real `phalanx train` jobs pinned to cores.")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = actions.add_parser(
+        "profile", help="run the jobs and write interference.json and interference.md",
+        description="For each pair of job classes (a class with itself too) at each level: "
+                    "each job's solo rate (alone on the first usable core), then both side "
+                    "by side; kept = rate beside / solo. Writes OUT/interference.json and "
+                    "OUT/interference.md.")
+    q.add_argument("--classes", default="",
+                   help="comma list of job classes (default all): " + "; ".join(
+                       f"{n}: {CLASSES.help(n)}" for n in CLASSES))
+    q.add_argument("--pairs", default="",
+                   help="comma list of CLASS:CLASS: only these pairs (of --classes), e.g. "
+                        "to measure one cell again (default: every pair of --classes, a "
+                        "class with itself included)")
+    q.add_argument("--levels", default=",".join(PROFILE_LEVELS),
+                   help="comma list: core (both jobs pinned to one core), server (one core "
+                        "each; needs 2 usable cores) (default core,server)")
+    q.add_argument("--seconds", type=float, default=10.0,
+                   help="the measured window of each measurement, after warm-up (default 10)")
+    q.add_argument("--repeats", type=int, default=3,
+                   help="measurements of each pair (and of the solo rates before it); the "
+                        "table holds the median and the min..max (default 3)")
+    q.add_argument("--warmup-steps", type=int, default=20,
+                   help="steps every rank of a job logs before the window opens (default 20)")
+    q.add_argument("--startup-timeout", type=float, default=180.0,
+                   help="seconds a measurement's jobs may take to warm up (default 180)")
+    q.add_argument("--grace", type=float, default=10.0,
+                   help="seconds between SIGTERM and SIGKILL when a job is stopped "
+                        "(default 10)")
+    q.add_argument("--out", default="reports/cluster/interference",
+                   help="output folder (default reports/cluster/interference)")
+    q.set_defaults(func=_cmd_profile,
+                   interrupt_hint="; the profile wrote nothing")
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    opts = ProfileOptions.parse(classes=args.classes, pairs=args.pairs, levels=args.levels,
+                                seconds=args.seconds, repeats=args.repeats,
+                                warmup_steps=args.warmup_steps,
+                                startup_timeout_s=args.startup_timeout, grace_s=args.grace)
+    profile(opts, Path(args.out), say=lambda line: print(line, file=sys.stderr, flush=True))
+    return 0
