@@ -90,6 +90,9 @@ class PairTable:
     def kept(self) -> dict[tuple[str, str, str], float]:
         out: dict[tuple[str, str, str], float] = {}
         for p in self.pairs:
+            if p.a == p.b:       # two copies of one class: either side is the pair's
+                out[(p.level, p.a, p.a)] = (p.kept_a + p.kept_b) / 2
+                continue
             out[(p.level, p.a, p.b)] = p.kept_a
             out[(p.level, p.b, p.a)] = p.kept_b
         return out

@@ -71,7 +71,7 @@ def _interference(o: PlacementOptions) -> InterferenceAware:
     if o.co is None:
         raise ConfigError("--placement interference weighs measured pairs: give "
                           "--interference-pairs gavel or an interference.json")
-    return InterferenceAware(o.co)
+    return InterferenceAware(o.co, threshold=o.threshold)
 
 
 PLACEMENTS.add("interference", _interference,
