@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from phalanx.cluster.cli import (
@@ -35,6 +35,7 @@ from phalanx.cluster.sim.run import (
     check_fits,
     default_data_dir,
     load_inputs,
+    make_elastic,
     scaled_interference,
     simulate,
     with_policy,
@@ -277,11 +278,19 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if too_big:
         print(f"{too_big} job(s) need more GPUs than {inputs.topology.name} can give: "
               f"rejected (status in jobs.csv)")
+    # every policy made before the run is announced: one that cannot run on this cluster
+    # or these options (sia on one GPU type, interference without a pair table) is its
+    # one-line error alone
+    runs = []
+    for o, p in pairs:
+        run = with_policy(opts, o, p)
+        runs.append((o, p, run, PLACEMENTS.get(p)(replace(run.placing, co=inputs.perf.co)),
+                     make_elastic(run, inputs) if o in ELASTIC else None))
     print(f"simulating {len(inputs.trace.jobs)} jobs of {opts.trace} on {inputs.topology!r}",
           flush=True)
     summaries, results = [], []
-    for o, p in pairs:
-        s, r = simulate(with_policy(opts, o, p), inputs)
+    for o, p, run, placement, elastic in runs:
+        s, r = simulate(run, inputs, placement=placement, elastic=elastic)
         summaries.append(s)
         results.append((f"{o}/{p}", r))
     print(format_table(summaries))
