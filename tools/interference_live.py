@@ -139,7 +139,7 @@ def main() -> None:
     load_table(a.table)       # checked as the scheduler will read it
     a.out.mkdir(parents=True, exist_ok=True)
     jobs = job_list(table, a.jobs, a.job_seconds, a.gap, a.seed)
-    jobs_file = a.out / "jobs.json"
+    jobs_file = a.out / "jobs.yaml"     # JSON is YAML: the job list reads it as such
     jobs_file.write_text(json.dumps({"jobs": jobs}, indent=1) + "\n")
     path = a.out / "live.csv"
     rows = []
