@@ -9,7 +9,7 @@ falls on every placement alike.
         --table reports/cluster/interference/interference.json \
         --out reports/cluster/interference/live
 
-The cluster is ``uniform:1,1,1,4``: one server of 4 slots on 2 PCIe switches, each switch
+The cluster is ``uniform:1,1,1,4,2``: one server of 4 slots on 2 PCIe switches, each switch
 pinned to one of the 2 cores, so two jobs on one switch time-share a core. Each job's
 steps are set from its class's solo rate in the table so that it would take
 ``--job-seconds`` alone; arrivals come every ``--gap`` seconds (a seeded shuffle of the
@@ -43,7 +43,7 @@ PLACEMENTS = ("pack", "spread", "interference")
 # ~7,000 steps overfits them and ends worse than it started, an error that restarts it
 # (seen: test loss 0.70 -> 2.18). 400,000 samples run at the same rate (44k/s) and learn.
 LONGER_DATA = {"ctr": {"train_limit": 400000}}
-CLUSTER = "uniform:1,1,1,4"
+CLUSTER = "uniform:1,1,1,4,2"
 
 
 def job_config(name: str, steps: int) -> dict:
