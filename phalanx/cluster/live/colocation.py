@@ -27,17 +27,19 @@ The learned table (:func:`learn`): a class's solo rate is its rate in the empty 
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.model.interference import CoLocation, Pair, PairTable
 
 WARMUP = 2          # train-event spans skipped after each start (start-up, first steps)
-MIN_S = 3.0         # seconds of a context before its rate counts
+MIN_S = 2.0         # seconds of a context before its rate counts
+PRIOR_S = 5.0       # the prior table's load counts as this many seconds of observation
 STATE = "scheduler-state.json"
 
 
@@ -166,45 +168,85 @@ def observe(out: Path, topology: Topology, kinds: Mapping[str, str]
 
 
 def learn(observed: Mapping[str, Mapping[Key, Context]], kinds: Mapping[str, str],
-          source: str = "") -> PairTable | None:
-    """The pair table of what ``observed`` holds (see the module doc); None when no pair
-    could be measured (no class was seen both alone and beside one other job)."""
-    solo: dict[str, list[tuple[float, float]]] = {}
-    single: list[tuple[str, str, str, float, float]] = []   # (a, level, b, rate, span)
+          source: str = "", prior: CoLocation | None = None) -> PairTable | None:
+    """The pair table of what ``observed`` holds (see the module doc); None when nothing
+    could be learned (no class with a solo rate was seen beside another)."""
+    solo_obs: dict[str, list[tuple[float, float]]] = {}
+    beside: dict[str, list[tuple[Key, float, float]]] = {}   # class -> (key, rate, span)
     for name, ctxs in observed.items():
         a = kinds.get(name, name)
-        for (core, server), c in ctxs.items():
-            if c.span < MIN_S:
+        for key, c in ctxs.items():
+            if c.span < MIN_S or c.rate <= 0:
                 continue
-            if not core and not server:
-                solo.setdefault(a, []).append((c.rate, c.span))
-            elif len(core) + len(server) == 1:
-                level, b = ("core", core[0]) if core else ("server", server[0])
-                single.append((a, level, b, c.rate, c.span))
-    solo_rate = {a: sum(r * s for r, s in v) / sum(s for _, s in v) for a, v in solo.items()}
-    kept: dict[tuple[str, str, str], list[float]] = {}
-    for a, level, b, rate, _ in single:
-        if a in solo_rate and solo_rate[a] > 0:
-            kept.setdefault((level, a, b), []).append(min(rate / solo_rate[a], 2.0))
+            if key == ((), ()):
+                solo_obs.setdefault(a, []).append((c.rate, c.span))
+            else:
+                beside.setdefault(a, []).append((key, c.rate, c.span))
+    solo = {a: sum(r * w for r, w in v) / sum(w for _, w in v) for a, v in solo_obs.items()}
+    if prior is not None:       # a class never alone here: its solo rate from the table
+        for a, info in prior.table.classes.items():
+            if a not in solo and isinstance(info.get("solo"), (int, float)) and \
+                    info["solo"] > 0:
+                solo[a] = float(info["solo"])
+    learned: dict[tuple[str, str, str], tuple[float, float, float, int]] = {}
+    for a, rows in beside.items():
+        if a in solo:
+            learned.update(_fit_class(a, solo[a], rows, prior))
+    if not learned:
+        return None
     pairs, done = [], set()
-    for (level, a, b), vals in sorted(kept.items()):
+    for (level, a, b), (x, lo, hi, n) in sorted(learned.items()):
         if (level, a, b) in done:
             continue
-        other = kept.get((level, b, a))
         done |= {(level, a, b), (level, b, a)}
-        va = statistics.median(vals)
-        vb = statistics.median(other) if other else None
-        if vb is None:
-            continue     # one side only: the table holds pairs with both sides
-        pairs.append(Pair(level, a, b, va, vb, min(len(vals), len(other)),
-                          (min(vals), max(vals)), (min(other), max(other))))
-    if not pairs:
-        return None
-    classes = {k: {"solo": round(v, 3)} for k, v in solo_rate.items()}
+        other = learned.get((level, b, a))
+        if other is None:       # b's side not seen: the prior's, else the same as a's
+            kb = prior.kept(b, a, level) if prior is not None else 1 / (1 + x)
+            cb = (kb, kb)
+        else:
+            kb, cb = 1 / (1 + other[0]), (1 / (1 + other[2]), 1 / (1 + other[1]))
+        pairs.append(Pair(level, a, b, 1 / (1 + x), kb, n, (1 / (1 + hi), 1 / (1 + lo)), cb))
+    classes = {k: {"solo": round(v, 3)} for k, v in solo.items()}
     for p in pairs:
         classes.setdefault(p.a, {})
         classes.setdefault(p.b, {})
     return PairTable(classes, pairs, source or "learned from a live schedule")
+
+
+def _fit_class(a: str, solo: float, rows: list[tuple[Key, float, float]],
+               prior: CoLocation | None) -> dict[tuple[str, str, str], tuple]:
+    """Class ``a``'s load from each neighbour (class, level): every context gives
+    ``solo / rate - 1 = sum of its neighbours' loads`` (as time-sharing adds demands);
+    least squares weighted by the context's seconds, pulled toward the prior's load by
+    ``PRIOR_S`` seconds' worth (toward 0 by ``0.1 s`` without a prior). Returns
+    ``{(level, a, b): (load, low, high, contexts)}`` with a 95% interval from the
+    residuals, for each neighbour seen."""
+    feats = sorted({(lvl, b) for (core, server), _, _ in rows
+                    for lvl, bs in (("core", core), ("server", server)) for b in bs})
+    index = {f: i for i, f in enumerate(feats)}
+    A = np.zeros((len(rows), len(feats)))
+    y = np.zeros(len(rows))
+    w = np.zeros(len(rows))
+    for i, ((core, server), rate, span) in enumerate(rows):
+        for lvl, bs in (("core", core), ("server", server)):
+            for b in bs:
+                A[i, index[(lvl, b)]] += 1.0
+        y[i] = max(0.0, solo / rate - 1.0)
+        w[i] = span
+    lam = PRIOR_S if prior is not None else 0.1
+    x0 = np.array([max(0.0, 1 / prior.kept(a, b, lvl) - 1) if prior is not None else 0.0
+                   for lvl, b in feats])
+    H = A.T @ (w[:, None] * A) + lam * np.eye(len(feats))
+    x = np.linalg.solve(H, A.T @ (w * y) + lam * x0)
+    x = np.maximum(x, 0.0)
+    resid = y - A @ x
+    var = float(np.sum(w * resid ** 2) / max(np.sum(w), 1e-9))
+    half = 1.96 * np.sqrt(np.maximum(np.diag(np.linalg.inv(H)) * max(var, 1e-6)
+                                     * np.sum(w) / max(len(rows), 1), 0.0))
+    counts = (A > 0).sum(axis=0)
+    return {(lvl, a, b): (float(x[j]), float(max(0.0, x[j] - half[j])),
+                          float(x[j] + half[j]), int(counts[j]))
+            for (lvl, b), j in index.items()}
 
 
 def merged(prior: PairTable | None, learned: PairTable | None) -> PairTable | None:
@@ -233,13 +275,15 @@ class LiveCoLocation(CoLocation):
         self.learned: PairTable | None = None
         base = prior or PairTable({}, [Pair("core", "-", "-", 1.0, 1.0)], "nothing yet")
         super().__init__(base)
+        self._prior_co = CoLocation(prior) if prior is not None else None
 
     def refresh(self) -> None:
         now = time.monotonic()
         if now - self._at < self.refresh_s:
             return
         self._at = now
-        learned = learn(observe(self.out, self.topology, self.kinds), self.kinds)
+        learned = learn(observe(self.out, self.topology, self.kinds), self.kinds,
+                        prior=self._prior_co)
         if learned is None or (self.learned is not None and
                                learned.pairs == self.learned.pairs):
             return

@@ -194,5 +194,13 @@ def core_pins(topology: Topology, cores: Sequence[int] | None = None
 
 def local_engine(topology: Topology, options: EngineOptions,
                  stack: contextlib.ExitStack) -> Executor:
-    return LocalExecutor(options.python,
-                         pins=core_pins(topology) if options.pin_cores else None)
+    pins = core_pins(topology) if options.pin_cores else None
+    if pins is not None:
+        used = sorted(set().union(*pins.values()))
+        idle = sorted(os.sched_getaffinity(0) - set(used))
+        print(f"--pin-cores: {topology.num_switches} PCIe switch(es) on core(s) "
+              f"{', '.join(map(str, used))}"
+              + (f"; core(s) {', '.join(map(str, idle))} idle (a topology with a switch "
+                 f"per core uses them all: uniform:Z,R,S,G,SWITCHES)" if idle else ""),
+              flush=True)
+    return LocalExecutor(options.python, pins=pins)
