@@ -203,3 +203,14 @@ def test_a_flag_the_chosen_policy_does_not_read_is_refused(tmp_path, capsys, arg
     assert main([*args, "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"phalanx: error: {line}"]
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_policy_that_cannot_run_is_refused_before_the_run_is_announced(tmp_path, capsys):
+    """Issue 51's appendix: sia on a cluster of one GPU type printed "simulating 20 jobs
+    ..." and then its refusal; every policy is now made before the announcement."""
+    code = main(["simulate", "--no-progress", "--policy", "sia", "--cluster",
+                 "uniform:1,1,2,4", "--trace", "synthetic:jobs=20", "--out",
+                 str(tmp_path / "o")])
+    out = capsys.readouterr()
+    assert code == 2 and "simulating" not in out.out, out.out
+    assert out.err.count("\n") == 1 and out.err.startswith("phalanx: error: "), out.err

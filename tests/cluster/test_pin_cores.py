@@ -52,3 +52,23 @@ def test_pin_cores_is_refused_off_the_local_engine(capsys) -> None:
     assert main(["schedule", "--jobs", "x.yaml", "--interference-pairs", "t.json"]) == 2
     assert "--interference-pairs: --placement pack does not use it" in \
         capsys.readouterr().err
+
+
+@needs_two
+def test_a_topology_with_fewer_switches_than_cores_is_told_which_cores_idle(capsys) -> None:
+    """uniform:1,1,1,4 is one switch: every slot on one core, the other idle (the live
+    experiment once ran so); the engine says so as it starts."""
+    import contextlib
+
+    from phalanx.cluster.live.engines.base import EngineOptions
+    from phalanx.cluster.live.engines.local import local_engine
+
+    with contextlib.ExitStack() as stack:
+        ex = local_engine(uniform(1, 1, 1, 4, switches=1), EngineOptions(pin_cores=True), stack)
+    assert set(ex.pins.values()) == {frozenset({CORES[0]})}
+    out = capsys.readouterr().out
+    assert f"--pin-cores: 1 PCIe switch(es) on core(s) {CORES[0]}; core(s)" in out
+    assert "idle" in out
+    local_engine(uniform(1, 1, 1, 4, switches=2), EngineOptions(pin_cores=True),
+                 contextlib.ExitStack())
+    assert "idle" not in capsys.readouterr().out or len(CORES) > 2

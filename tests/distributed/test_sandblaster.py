@@ -312,3 +312,16 @@ def test_the_default_run_of_the_issue_trains_logreg(tmp_path):
     assert code == 0
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["test_accuracy"] >= 0.80 and s["iterations"] >= 50, s
+
+
+def test_a_budget_too_short_for_l_bfgs_says_so(tmp_path, capsys):
+    """Issue 51's appendix: --epochs 3 is 2 L-BFGS iterations, which leave a model near
+    chance; the run says so in a note (it ran as asked: exit 0), and a longer one does
+    not."""
+    flags = ["train", "--strategy", "sandblaster", "--data", "synthetic", "--model", "logreg",
+             "--no-progress", "--no-tensorboard", "--train-limit", "256"]
+    assert main([*flags, "--epochs", "3", "--out", str(tmp_path / "short")]) == 0
+    err = capsys.readouterr().err
+    assert "note: sandblaster made 2 L-BFGS iteration(s) before the budget ended it" in err
+    assert main([*flags, "--max-steps", "12", "--out", str(tmp_path / "long")]) == 0
+    assert "note: sandblaster" not in capsys.readouterr().err
