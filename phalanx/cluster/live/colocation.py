@@ -18,10 +18,13 @@ neighbour came or went) adds its samples and seconds to that context; the first
 sum over its ranks of samples / seconds.
 
 The learned table (:func:`learn`): a class's solo rate is its rate in the empty context
-(all its jobs' alone time pooled); each context with exactly one neighbour gives
-``kept = rate / solo`` at that neighbour's level. A pair observed over less than
-``MIN_S`` seconds is not kept. Pairs the schedule never ran are left to the prior table
-(``--interference-pairs``) and the pair model.
+(all its jobs' alone time pooled; else the prior table's ``solo``). Every other context of
+at least ``MIN_S`` seconds gives one equation, ``solo / rate - 1 = the sum of its
+neighbours' loads`` (time-sharing adds demands), and each class's load from each neighbour
+(class, level) is their least-squares solution weighted by seconds and pulled toward the
+prior's load by ``PRIOR_S`` seconds' worth (:func:`_fit_class`), with a 95% interval:
+``kept = 1 / (1 + load)``. A pair whose other side was not learned takes the prior's (else
+this side's) for it.
 """
 
 from __future__ import annotations
