@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from phalanx.cluster.model.interference import load_table  # noqa: E402
 from phalanx.cluster.studies.interference import CLASSES  # noqa: E402
+from phalanx.cluster.studies.interference_sim import mean_interval  # noqa: E402
 from phalanx.cluster.studies.provenance import commit  # noqa: E402
 
 PLACEMENTS = ("pack", "spread", "interference")
@@ -96,12 +97,8 @@ def run_one(jobs_file: Path, placement: str, table: Path, out: Path) -> dict:
 
 
 def t_interval(xs: list[float]) -> str:
-    from scipy import stats
-
-    if len(xs) < 2:
-        return f"{statistics.fmean(xs):.1f}"
-    h = stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return f"{statistics.fmean(xs):.1f} ± {h:.1f}"
+    m, h = mean_interval(xs)
+    return f"{m:.1f}" if math.isnan(h) else f"{m:.1f} ± {h:.1f}"
 
 
 def report(rows: list[dict], out: Path, header: str) -> None:

@@ -30,7 +30,7 @@ from phalanx.cluster.live.loop import LiveCluster
 from phalanx.cluster.live.state import STATE_FILE, unfinished
 from phalanx.cluster.live.state import load as load_state
 from phalanx.cluster.model.core_share import CoreShare
-from phalanx.cluster.model.interference import co_location, kind_of
+from phalanx.cluster.model.interference import kind_of, load_pairs
 from phalanx.cluster.policies import make_ordering, make_placement
 from phalanx.cluster.policies.catalog import ELASTIC
 from phalanx.cluster.policies.goodput_typed import TypedOptions
@@ -62,7 +62,7 @@ def run_schedule(args: argparse.Namespace) -> int:
     jobs = load_job_list(args.jobs)
     kinds = {j.spec.name: kind_of(j.spec.model, j.spec.kind) for j in jobs}
     # the table given, refined by what this schedule measures as it runs
-    co = (LiveCoLocation(co_location(args.interference_pairs, default_data_dir()).table,
+    co = (LiveCoLocation(load_pairs(args.interference_pairs, default_data_dir()),
                          Path(args.resume or args.out).absolute(), topology, kinds)
           if args.interference_pairs else None)
     placement = make_placement(args.placement, args.threshold, args.hysteresis, co)

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from phalanx.cluster.core.topology import Topology
+from phalanx.cluster.live.observe import EventTail
 from phalanx.cluster.model.interference import CoLocation, Pair, PairTable
 
 WARMUP = 2          # train-event spans skipped after each start (start-up, first steps)
@@ -87,37 +88,43 @@ def _intervals(fields: Mapping, clock_end: float) -> list[tuple[float, float, tu
     return out
 
 
-def _train_events(path: Path) -> dict[int, list[tuple[float, float]]]:
-    """Per rank: (unix, cumulative samples) of each train event; a new start of the job
-    (samples going back) starts a new series, marked by a None gap."""
-    out: dict[int, list[tuple[float, float]]] = {}
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict) or rec.get("kind") != "train":
-            continue
-        u, n, r = rec.get("unix"), rec.get("samples"), rec.get("rank", -1)
-        if isinstance(u, (int, float)) and isinstance(n, (int, float)) and isinstance(r, int):
-            out.setdefault(r, []).append((float(u), float(n)))
-    return out
+class TrainEvents:
+    """Each job's ``train`` events per rank: (unix, cumulative samples), read as the files
+    grow (:class:`EventTail`: only the lines appended since the last read are parsed, so a
+    live schedule's refresh does not re-read its jobs' whole histories)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.tails: dict[str, EventTail] = {}
+        self.points: dict[str, dict[int, list[tuple[float, float]]]] = {}
+
+    def of(self, name: str) -> dict[int, list[tuple[float, float]]]:
+        tail = self.tails.get(name)
+        if tail is None:
+            tail = self.tails[name] = EventTail(self.out / "jobs" / name / "events.jsonl")
+        points = self.points.setdefault(name, {})
+        for rec in tail.new():
+            if rec.get("kind") != "train":
+                continue
+            u, n, r = rec.get("unix"), rec.get("samples"), rec.get("rank", -1)
+            if isinstance(u, (int, float)) and isinstance(n, (int, float)) and \
+                    isinstance(r, int):
+                points.setdefault(r, []).append((float(u), float(n)))
+        return points
 
 
-def observe(out: Path, topology: Topology, kinds: Mapping[str, str]
-            ) -> dict[str, dict[Key, Context]]:
+def observe(out: Path, topology: Topology, kinds: Mapping[str, str],
+            events: TrainEvents | None = None) -> dict[str, dict[Key, Context]]:
     """Per job (by name): its contexts, from the schedule folder ``out``; ``kinds`` maps
-    job names to their classes. A schedule with no state yet gives nothing."""
+    job names to their classes; ``events``: a reader kept between calls (a live refresh).
+    A schedule with no state yet gives nothing."""
     try:
         state = json.loads((out / STATE).read_text())
         jobs, clock, unix = state["jobs"], float(state["clock"]), float(state["unix"])
     except (OSError, ValueError, KeyError, TypeError):
         return {}
     anchor = unix - clock          # wall time at the scheduler's clock 0
+    events = events or TrainEvents(out)
     t = topology
     spans = {name: [(anchor + a, anchor + b, devs) for a, b, devs in
                     _intervals(j.get("fields", {}), clock)]
@@ -148,7 +155,7 @@ def observe(out: Path, topology: Topology, kinds: Mapping[str, str]
 
     result: dict[str, dict[Key, Context]] = {}
     for name in spans:
-        series = _train_events(out / "jobs" / name / "events.jsonl")
+        series = events.of(name)
         ctxs: dict[Key, Context] = {}
         for rank, pts in series.items():
             pts.sort()
@@ -279,18 +286,19 @@ class LiveCoLocation(CoLocation):
         base = prior or PairTable({}, [Pair("core", "-", "-", 1.0, 1.0)], "nothing yet")
         super().__init__(base)
         self._prior_co = CoLocation(prior) if prior is not None else None
+        self.events = TrainEvents(out)
 
     def refresh(self) -> None:
         now = time.monotonic()
         if now - self._at < self.refresh_s:
             return
         self._at = now
-        learned = learn(observe(self.out, self.topology, self.kinds), self.kinds,
-                        prior=self._prior_co)
+        learned = learn(observe(self.out, self.topology, self.kinds, self.events),
+                        self.kinds, prior=self._prior_co)
         if learned is None or (self.learned is not None and
                                learned.pairs == self.learned.pairs):
             return
         self.learned = learned
         table = merged(self.prior, learned)
         if table is not None:
-            CoLocation.__init__(self, table, self.k_switch, self.k_server)
+            self.use(table)

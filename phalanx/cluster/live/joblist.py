@@ -37,7 +37,7 @@ from phalanx.cluster.core.cluster_file import read_yaml
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.core.scheduler import oversize_reason, usable_gpus
 from phalanx.cluster.core.topology import Topology
-from phalanx.cluster.model.interference import FAMILY
+from phalanx.cluster.model.interference import FAMILY, job_class
 from phalanx.config import RunConfig
 from phalanx.data import DataOptions, load_data
 from phalanx.errors import ConfigError, DataError
@@ -127,10 +127,10 @@ def _job(i: int, entry: Any, where: str, seen: set[str]) -> LiveJob:
     for t, v in rates.items():
         if v <= 0:
             raise DataError(f"{where}: profile.{t} must be > 0 samples/s, got {v:g}")
-    model = str(config.get("model", ""))
-    family = FAMILY.get(str(config.get("strategy", "single")), "")
+    model, strategy = str(config.get("model", "")), str(config.get("strategy", "single"))
     spec = JobSpec(i, name, arrival, gpus, max(duration, 1.0), duration, model,
-                   cpu_per_gpu=1, kind=f"{model}-{family}-{gpus}" if family else "")
+                   cpu_per_gpu=1, kind=job_class(model, strategy, gpus)
+                   if strategy in FAMILY else "")
     return LiveJob(spec, dict(config), rates)
 
 

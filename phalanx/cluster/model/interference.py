@@ -285,10 +285,13 @@ def held_out_errors(table: PairTable) -> list[dict]:
     |predicted - measured| / measured."""
     kept = table.kept()
     out = []
+    fits: dict[tuple[str, frozenset[str]], PairModel] = {}   # both sides share one fit
     for (level, a, b), y in sorted(kept.items()):
-        train = {k: v for k, v in kept.items()
-                 if not (k[0] == level and {k[1], k[2]} == {a, b})}
-        pred = fit_pairs(train).predict(a, b, level)
+        pair = (level, frozenset((a, b)))
+        if pair not in fits:
+            fits[pair] = fit_pairs({k: v for k, v in kept.items()
+                                    if (k[0], frozenset(k[1:])) != pair})
+        pred = fits[pair].predict(a, b, level)
         out.append({"level": level, "a": a, "b": b, "measured": y, "predicted": pred,
                     "error": abs(pred - y) / y})
     return out
@@ -322,14 +325,16 @@ class CoLocation:
     A pair the table lacks is predicted by :class:`PairModel` fitted on the table."""
 
     def __init__(self, table: PairTable, k_switch: float = 0.3, k_server: float = 0.1) -> None:
+        self.k_switch, self.k_server = k_switch, k_server
+        self.use(table)
+
+    def use(self, table: PairTable) -> None:
+        """Price by ``table`` from now on (its pairs, the pair model fitted on them)."""
         self.table = table
         self.measured = table.kept()
         self.model = fit_pairs(self.measured)
-        levels = set(table.levels())
-        self.per_device = not (levels & {"core", "server"})
-        self.switch_level = "device" if self.per_device else "core"
-        self.server_level = "device" if self.per_device else "server"
-        self.k_switch, self.k_server = k_switch, k_server
+        self.levels = set(table.levels())
+        self.per_device = not (self.levels & {"core", "server"})
         self._x: dict[tuple[str, str, str], float] = {}
 
     def refresh(self) -> None:
@@ -345,8 +350,7 @@ class CoLocation:
         key = (level, a, b)
         v = self._x.get(key)
         if v is None:
-            if level in ("core", "server") and not self.per_device and \
-                    level not in self.table.levels():
+            if not self.per_device and level not in self.levels:
                 v = 0.0    # a level the table never measured: no cost claimed
             else:
                 v = max(0.0, 1.0 / self.kept(a, b, level) - 1.0)
@@ -369,11 +373,14 @@ class CoLocation:
         return total
 
 
+def load_pairs(source: str, data_dir: str | Path) -> PairTable:
+    """``--interference-pairs``' table: ``gavel`` (Gavel's pairs) or an
+    ``interference.json`` path."""
+    return gavel_table(data_dir) if source == "gavel" else load_table(source)
+
+
 def co_location(source: str, data_dir: str | Path, k_switch: float = 0.3,
                 k_server: float = 0.1) -> CoLocation | None:
-    """``--interference-pairs``: '' (none: the family-sensitivity model), ``gavel``
-    (Gavel's pairs) or an ``interference.json`` path."""
-    if not source:
-        return None
-    table = gavel_table(data_dir) if source == "gavel" else load_table(source)
-    return CoLocation(table, k_switch, k_server)
+    """``--interference-pairs``: '' (none: the family-sensitivity model) or a table's
+    source (:func:`load_pairs`)."""
+    return CoLocation(load_pairs(source, data_dir), k_switch, k_server) if source else None

@@ -49,13 +49,19 @@ def _devices_on_server(cluster: ClusterState, s: int, k: int, tight: bool) -> li
     return out
 
 
+def core_take(cluster: ClusterState, job: JobSpec, s: int, k: int) -> tuple[int, int]:
+    """(server, cores) for ``k`` of the gang's GPUs on server ``s``: what the job asks
+    (``cpu_per_gpu`` each), at most what the server has left, at least one per GPU."""
+    return s, max(k, min(job.cpu_per_gpu * k, cluster.cores_free[s]))
+
+
 def _build(cluster: ClusterState, job: JobSpec, takes: Iterable[tuple[int, int]],
            tight: bool) -> Placement:
     devices: list[int] = []
     cores = []
     for s, k in takes:
         devices.extend(_devices_on_server(cluster, s, k, tight))
-        cores.append((s, max(k, min(job.cpu_per_gpu * k, cluster.cores_free[s]))))
+        cores.append(core_take(cluster, job, s, k))
     return Placement(tuple(devices), tuple(cores))
 
 
@@ -318,8 +324,7 @@ class TopologyAware:
         if best >= 0:
             s = t.switch_server[best]
             devs = tuple(cluster.free_devices_on_switch(best)[:g])
-            return Placement(devs, ((s, max(g, min(job.cpu_per_gpu * g,
-                                                   cluster.cores_free[s]))),))
+            return Placement(devs, (core_take(cluster, job, s, g),))
         # one server
         s = _best_fit_server(cluster, g, emptiest=False)
         if s >= 0:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from phalanx.cluster.core.allocator import ClusterState, Placement
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.model.interference import CoLocation, kind_of
-from phalanx.cluster.policies.placement import _devices_on_server, _multi_server
+from phalanx.cluster.policies.placement import _build, _multi_server, core_take
 
 
 @dataclass(frozen=True)
@@ -53,14 +53,12 @@ class InterferenceAware:
                 if shape in empty_seen:
                     continue
                 empty_seen.add(shape)
-            cores = ((s, max(g, min(job.cpu_per_gpu * g, cluster.cores_free[s]))),)
+            cores = (core_take(cluster, job, s, g),)
             for w in range(srv.first_switch, srv.first_switch + len(srv.switch_sizes)):
                 if cluster.switch_free[w] >= g:
                     candidates.append(Placement(
                         tuple(cluster.free_devices_on_switch(w)[:g]), cores))
-            for tight in (True, False):
-                devs = tuple(_devices_on_server(cluster, s, g, tight))
-                candidates.append(Placement(devs, cores))
+            candidates += [_build(cluster, job, [(s, g)], tight) for tight in (True, False)]
         if not candidates:
             for tight in (True, False):
                 p = _multi_server(cluster, job, tight)
@@ -93,34 +91,31 @@ class InterferenceAware:
         t, co = cluster.topology, self.co
         owner = _owners(cluster) if owner is None else owner
         a = kind_of(job.model, job.kind)
-        mine = {d: None for d in p.devices}
+
+        def split(devs: list[int], switches: set[int]) -> tuple[int, int]:
+            """(devices on ``switches``, devices elsewhere) of ``devs``."""
+            on = sum(1 for d in devs if t.device_switch[d] in switches)
+            return on, len(devs) - on
+
         total = 0.0
         for s in {t.device_server[d] for d in p.devices}:
-            my_sw = {t.device_switch[d] for d in mine if t.device_server[d] == s}
-            cap = sum(t.switch_size[w] for w in my_sw)
+            size = t.server_size[s]
+            mine = [d for d in p.devices if t.device_server[d] == s]
+            my_sw = {t.device_switch[d] for d in mine}
             on_server = _jobs_on_server(cluster, s, owner)
-            nbrs = []
+            kinds = {j: kind_of(o.model, o.kind) if (o := cluster.holders.get(j)) else a
+                     for j in on_server}
             for jid, devs in on_server.items():
-                spec = cluster.holders.get(jid)
-                b = kind_of(spec.model, spec.kind) if spec is not None else a
-                on = sum(1 for d in devs if t.device_switch[d] in my_sw)
-                nbrs.append((b, on, len(devs) - on))
                 # what a takes from b: b's load with a added, against without
                 b_sw = {t.device_switch[d] for d in devs}
                 b_cap = sum(t.switch_size[w] for w in b_sw)
-                others = [(kind_of(o.model, o.kind) if (o := cluster.holders.get(j)) else a,
-                           sum(1 for d in ds if t.device_switch[d] in b_sw),
-                           sum(1 for d in ds if t.device_switch[d] not in b_sw))
-                          for j, ds in on_server.items() if j != jid]
-                before = co.load(b, others, b_cap, t.server_size[s])
-                a_on = sum(1 for d in mine if t.device_switch[d] in b_sw)
-                a_here = sum(1 for d in mine if t.device_server[d] == s)
-                after = before + co.load(b, [(a, a_on, a_here - a_on)], b_cap,
-                                         t.server_size[s])
+                before = co.load(kinds[jid], [(kinds[j], *split(ds, b_sw)) for j, ds
+                                              in on_server.items() if j != jid], b_cap, size)
+                after = before + co.load(kinds[jid], [(a, *split(mine, b_sw))], b_cap, size)
                 total += len(devs) * (1.0 / (1.0 + before) - 1.0 / (1.0 + after))
-            load = co.load(a, nbrs, cap, t.server_size[s])
-            here = sum(1 for d in mine if t.device_server[d] == s)
-            total += here * (1.0 - 1.0 / (1.0 + load))
+            load = co.load(a, [(kinds[j], *split(ds, my_sw)) for j, ds in on_server.items()],
+                           sum(t.switch_size[w] for w in my_sw), size)
+            total += len(mine) * (1.0 - 1.0 / (1.0 + load))
         return total
 
 

@@ -152,13 +152,10 @@ class Simulator:
                 other = self._run_info.get(jid)
                 if other is None or other is info:
                     continue
-                for s2, n, sws, _ in other.servers:
-                    if s2 == s:
-                        on = sum(1 for w in sws if w in mine)
-                        # devices on shared switches (a share of its n; exact when it
-                        # uses one switch, as most gangs on one server do)
-                        k = round(n * on / len(sws))
-                        neighbours.append((other.kind, k, n - k))
+                devs = [d for d in self.cluster.allocations[jid].devices
+                        if t.device_server[d] == s]
+                on = sum(1 for d in devs if t.device_switch[d] in mine)
+                neighbours.append((other.kind, on, len(devs) - on))
             worst = max(worst, co.load(info.kind, neighbours, sw_cap, t.server_size[s]))
         return worst
 

@@ -122,7 +122,7 @@ def interference_study(base: SimulateOptions, out: Path) -> list[Row]:
     return rows
 
 
-def _interval(xs: list[float]) -> tuple[float, float]:
+def mean_interval(xs: list[float]) -> tuple[float, float]:
     """Mean and the half-width of its 95% t-interval."""
     from scipy import stats
 
@@ -150,7 +150,7 @@ def table(rows: list[Row]) -> str:
                     for p in PLACEMENTS}
             ratios = []
             for other in ("pack", "spread"):
-                m, h = _interval([v["interference"].mean_jct_s / v[other].mean_jct_s
+                m, h = mean_interval([v["interference"].mean_jct_s / v[other].mean_jct_s
                                   for v in runs])
                 ratios.append(f"{m:.3f} ± {h:.3f}" if not math.isnan(h) else f"{m:.3f}")
             lines.append(f"| {group} | {ordering} | {len(runs)} | {mean['pack']:.2f} | "
