@@ -8,7 +8,8 @@ says they suffer, the rest packed so whole servers stay free for gangs.
 When the cluster is in demand (``threshold``: busy + queued GPUs over capacity, as
 ``load-adaptive-demand`` reads it), an empty server is a candidate only when no partly used
 one holds the gang: waiting gangs need whole servers more than a job needs quiet
-neighbours (without it, FIFO on the Philly trace ran 1.19x pack's mean JCT).
+neighbours (without it, FIFO on the Philly trace ran 1.19x pack's mean JCT:
+``--study interference`` at commit dd62092).
 
 Candidates: on each server that holds the gang, each PCIe switch with room for it (its
 free devices), and the server's tightest and loosest spread over switches; when no server
