@@ -7,9 +7,11 @@ checksum and is refused with a one-line error; nothing is unpickled before that 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -36,12 +38,18 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     the ~3 copies of the payload a ``BytesIO`` + ``getvalue`` + concatenation held (rank
     0's whole-model result then cost ~16Psi, DDP's footprint, under every ZeRO stage)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w+b") as f:
             f.write(MAGIC + bytes(_DIGEST))  # the digest is written once the body is
-            torch.save(payload, f)            # torch's zip writer streams each record
+            body = _Writes(f)
+            try:
+                torch.save(payload, body)     # torch's zip writer streams each record
+            except RuntimeError:
+                if body.error is not None:    # torch reports a failed write as a
+                    raise body.error from None  # RuntimeError ("unexpected pos ...")
+                raise
             f.flush()
             f.seek(_HEADER)
             h = hashlib.sha256()
@@ -51,10 +59,48 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
             f.write(h.digest())
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)  # never leave a half-written temp file behind
+        if isinstance(e, OSError):
+            raise CheckpointError(_write_failed(path, e)) from None
         raise
-    os.replace(tmp, path)  # atomic on POSIX: readers see the old or the new file, never half
+    try:
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old or the new file, never half
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(_write_failed(path, e)) from None
+
+
+class _Writes:
+    """The file as torch's writer sees it, keeping the disk's own error (ENOSPC, EIO, ...)
+    that torch turns into an opaque RuntimeError."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write_failed(path: Path, e: OSError) -> str:
+    """One line naming the folder: what the disk said, how much room is left, and that the
+    previous checkpoint (if any) is untouched."""
+    what = e.strerror or str(e) or type(e).__name__
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        try:
+            free = shutil.disk_usage(path.parent).free
+            what += f", {free / 2**20:.1f} MiB free"
+        except OSError:
+            pass
+    kept = "the previous one is kept whole" if path.exists() else "no earlier one exists"
+    return f"{path.parent}: cannot write checkpoint {path.name} ({what}); {kept}"
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -117,3 +117,41 @@ def test_local_kill_stops_with_one_line_and_resume_finishes(tmp_path: Path, refe
     diff = _max_diff(result.model.state_dict(), reference[strategy])
     print(f"{strategy}: kill after the checkpoint, --resume: max |diff| = {diff:.1e}")
     assert diff <= 1e-6
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path):
+    """A 1.2 MB tmpfs: room for one checkpoint of FLAGS' model (~0.83 MB), not for the
+    temp file of the next (real ENOSPC from the kernel, not a simulated one)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_mid_checkpoint_keeps_the_previous_and_resume_finishes(small_disk: Path,
+                                                                         reference) -> None:
+    """The second checkpoint's write runs out of disk: the run stops with one line naming
+    the folder, the first checkpoint stays whole (it loads, step 5) with no temp file
+    beside it; once there is room, --resume finishes on the uninterrupted run's parameters."""
+    run_dir = small_disk / "run"
+    with pytest.raises(WorkerFailed) as info:
+        phalanx.train(strategy="sync", out=str(run_dir), checkpoint_every=5, **FLAGS)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"{run_dir}: cannot write checkpoint checkpoint.pt (No space left on device" \
+        in message and "the previous one is kept whole" in message
+    assert load_checkpoint(run_dir / "checkpoint.pt")["step"] == 5
+    assert not [p.name for p in run_dir.iterdir() if ".tmp" in p.name]
+
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
+    result = phalanx.train(resume=str(run_dir))
+    assert result.summary["steps"] == STEPS
+    assert {e["step"] for e in result.events if e["kind"] == "resume"} == {5}
+    assert _max_diff(result.model.state_dict(), reference["sync"]) <= 1e-6
