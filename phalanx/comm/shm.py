@@ -5,7 +5,9 @@ fixed int64 :class:`~phalanx.comm.wire.Header`, then the payload tensors it anno
 validated on receipt, never unpickled. What changes is the road:
 
 * **A ring per (sender, receiver, channel)**: a file in the run's folder under
-  ``/dev/shm``, mapped by both. The sender copies a whole *frame* in and then publishes
+  ``/dev/shm``, mapped by both and unlinked by the second to map it, so its memory goes
+  with the two processes even when nobody is left to clean up (a ``kill -9`` of the
+  launcher takes its ranks with it). The sender copies a whole *frame* in and then publishes
   the new tail; the receiver copies it out and then publishes the new head. Head and tail
   are 8-byte aligned words on cache lines of their own, each written by one side only;
   x86 keeps stores in order, so a reader that sees a tail sees the bytes before it.
@@ -30,11 +32,14 @@ validated on receipt, never unpickled. What changes is the road:
 
 The folder is the launcher's: it makes it (named after its pid, under ``/dev/shm``),
 removes it on every exit, and a run after a ``kill -9`` of the launcher sweeps it
-(:func:`phalanx.runtime.signals.make_run_tempdir`).
+(:func:`phalanx.runtime.signals.make_run_tempdir`). What such a kill leaves there holds
+(almost) no memory: the FIFOs, the pid files, a spill in flight, and the rings of pairs
+that never talked (worker to worker: made by their receiver, sparse, never written).
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import select
@@ -80,26 +85,36 @@ def _payload_bytes(header: Header) -> list[int]:
 
 def _open_shared(path: Path, size: int) -> mmap.mmap:
     """Map ``path``, creating it at ``size`` bytes (zeros) if nobody has: made under a
-    temporary name and linked into place, so a peer never maps a half-made file."""
+    temporary name and linked into place, so a peer never maps a half-made file. A ring
+    has two sides (its sender and its receiver): the side that finds the file already
+    there maps it second and unlinks it, so the memory lives only as long as the mappings
+    and nothing is left in ``/dev/shm`` when both processes die, however they die."""
+    second = True
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(fd, size)
+        second = False
         try:
             os.link(tmp, path)
         except FileExistsError:  # the peer made it first: use theirs
             os.close(fd)
             fd = os.open(path, os.O_RDWR)
+            second = True
         finally:
             os.unlink(tmp)
     try:
         if os.fstat(fd).st_size != size:
             raise WireError(f"shared-memory ring {path.name} has the wrong size")
-        return mmap.mmap(fd, size)
+        mm = mmap.mmap(fd, size)
     finally:
         os.close(fd)
+    if second:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return mm
 
 
 class _Ring:

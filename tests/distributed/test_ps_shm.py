@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
 import subprocess
@@ -86,17 +85,17 @@ def test_frames_round_trip_bit_for_bit(shm_dir):
 def test_malformed_frames_are_rejected_and_the_next_message_arrives(shm_dir):
     server, worker = pair(shm_dir)
     good = Header(Kind.PUSH, worker=0, clock=1, seq=1)
-    ring = Path(shm_dir) / "d-1-0"
+    assert (Path(shm_dir) / "d-1-0").exists()  # made by its receiver; its sender ...
 
     def corrupt_next_frame(word: int, value: int, in_frame: bool = True) -> None:
         """Write a frame, then overwrite one of its int64 words in the ring (or, not
         ``in_frame``, the ring's own word ``word``: 8 is the tail)."""
         worker.send(0, good, [torch.ones(4)])
-        with open(ring, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
-            words = memoryview(mm).cast("q")
-            head = words[0] % (len(mm) - _META)
-            words[(_META + head) // 8 + word if in_frame else word] = value
-            del words
+        mm = worker._out[(0, False)].mm  # the ring's file is gone: write through its map
+        words = memoryview(mm).cast("q")
+        head = words[0] % (len(mm) - _META)
+        words[(_META + head) // 8 + word if in_frame else word] = value
+        del words
 
     cases = [
         (lambda: corrupt_next_frame(2, 0x1234), "bad magic"),  # a corrupted slot
@@ -121,6 +120,7 @@ def test_malformed_frames_are_rejected_and_the_next_message_arrives(shm_dir):
         assert msg.header.kind == Kind.PULL and torch.equal(msg.tensors[0], torch.arange(3))
     with pytest.raises(TimeoutError):
         server.recv(timeout_s=0.05)  # nothing else was left over
+    assert not (Path(shm_dir) / "d-1-0").exists()  # ... mapped it second and unlinked it
 
 
 def test_a_dead_peer_ends_a_receive_from_it_but_not_one_from_any_source(shm_dir):

@@ -203,7 +203,12 @@ def test_kill9_of_the_driver_takes_its_children_and_the_next_run_sweeps_its_temp
     wait_for(lambda: worker_events(out) >= 1, START_S, "the workers to train", p)
     children = ranks(p.pid)
     rings = shm_dirs(p.pid)
-    assert len(rings) == 1 and list(rings[0].glob("d-*"))  # messages go through /dev/shm
+    # messages go through /dev/shm: rings the ranks map, already unlinked (both sides
+    # mapped them), so none of their memory can outlive the ranks
+    mapped = {line.split()[-2].rsplit("/", 1)[-1] for c in children
+              for line in Path(f"/proc/{c}/maps").read_text().splitlines()
+              if str(rings[0]) in line and line.endswith("(deleted)")} if len(rings) == 1 else set()
+    assert {"d-0-1", "d-1-0"} <= mapped, mapped
     p.kill()
     _, err = communicate_or_dump(p, 30)
     wait_for(lambda: not any(alive(c) for c in children), 5, "the children to exit")
@@ -216,7 +221,15 @@ def test_kill9_of_the_driver_takes_its_children_and_the_next_run_sweeps_its_temp
     # never a pymp-* folder nothing could tell from another program's; the next run's
     # first rank start sweeps it
     (mp,) = Path(tempfile.gettempdir()).glob(f"phalanx-mp-{p.pid}-*")
-    assert rings[0].exists()  # the rings too: the next parameter-server run sweeps them
+    # the rings' folder is left, but none of the used rings: no memory held in /dev/shm
+    left_rings = sorted(f.name for f in rings[0].glob("[dc]-*"))
+    assert rings[0].exists() and not {"d-0-1", "d-0-2", "d-1-0", "d-2-0"} & set(left_rings)
+    # what is left (FIFOs, pid files, the rings of worker pairs that never talked: sparse)
+    # holds at most a page per pid file
+    held = sum(f.stat().st_blocks * 512 for f in rings[0].iterdir())
+    print(f"left in /dev/shm after kill -9: {len(list(rings[0].iterdir()))} entries, "
+          f"{held} bytes held; rings: {left_rings}")
+    assert held <= 3 * 4096, held
     nxt = subprocess.run([sys.executable, "-m", "phalanx.cli", *ASP, "--max-steps", "2",
                           "--out", str(tmp_path / "next")], capture_output=True, text=True,
                          timeout=START_S)
