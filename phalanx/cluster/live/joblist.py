@@ -41,7 +41,7 @@ from phalanx.cluster.model.interference import FAMILY, job_class
 from phalanx.config import RunConfig
 from phalanx.data import DataOptions, load_data
 from phalanx.errors import ConfigError, DataError
-from phalanx.parallel.registry import check_config, check_flags_apply, spec
+from phalanx.parallel.registry import NAMES, check_config, check_flags_apply, spec
 from phalanx.runtime.placement import check_run
 
 # set by the scheduler, never by the job: where it writes, how many workers (the gang size)
@@ -52,8 +52,18 @@ RESERVED = {"out": "the scheduler sets it to OUT/jobs/NAME",
             "overwrite": "each job's folder is new"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SETTINGS = {f.name for f in dataclasses.fields(RunConfig)}
+_DEFAULT_STRATEGY = next(f.default for f in dataclasses.fields(RunConfig) if f.name == "strategy")
 # live mode waits in real time for an arrival: a job list spans hours or days, not decades
 MAX_ARRIVAL_S = 30 * 86400.0
+
+
+def gang_settings(config: dict[str, Any], gpus: int) -> dict[str, Any]:
+    """A job's settings with its gang size as ``workers``, unless its strategy runs a
+    process per something else (pipeline: ``--stages``; ``workers`` is then refused as
+    unused, and the gang size is checked against the ranks it computes on)."""
+    name = config.get("strategy", _DEFAULT_STRATEGY)
+    unused = name in NAMES and "workers" in spec(name).unused  # an unknown name: checked later
+    return dict(config) if unused else {**config, "workers": gpus}
 
 
 @dataclass(frozen=True)
@@ -190,7 +200,7 @@ def check_settings(jobs: list[LiveJob], source: str) -> None:
     data_seen: dict[tuple, None] = {}
     for job in jobs:
         where = f"job list {source}: {job.spec.name}"
-        cfg = RunConfig.from_mapping({**job.config, "workers": job.spec.gpus},
+        cfg = RunConfig.from_mapping(gang_settings(job.config, job.spec.gpus),
                                      source=f"{where}: config")
         try:
             check_config(cfg)
@@ -279,7 +289,7 @@ def check_types(jobs: list[LiveJob], topology: Topology, source: str) -> None:
         slow = [t for t in holds if t in slowed]
         if not slow:
             continue
-        cfg = RunConfig.from_mapping({**job.config, "workers": g}, source=f"job {name}")
+        cfg = RunConfig.from_mapping(gang_settings(job.config, g), source=f"job {name}")
         if cfg.slow_workers:
             raise DataError(f"job list {source}: {name}: slow_workers: the cluster emulates "
                             f"device type {slow[0]} (slowdown {slowed[slow[0]]:g}); the "

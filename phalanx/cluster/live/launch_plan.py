@@ -33,7 +33,7 @@ from pathlib import Path
 
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.engines.base import Gang, RankSlot
-from phalanx.cluster.live.joblist import LiveJob, slow_ranks
+from phalanx.cluster.live.joblist import LiveJob, gang_settings, slow_ranks
 from phalanx.config import RunConfig
 from phalanx.parallel.registry import spec
 
@@ -50,7 +50,7 @@ class JobPlan:
 
 
 def plan_of(job: LiveJob) -> JobPlan:
-    cfg = RunConfig.from_mapping({**job.config, "workers": job.spec.gpus},
+    cfg = RunConfig.from_mapping(gang_settings(job.config, job.spec.gpus),
                                  source=f"job {job.spec.name}")
     s = spec(cfg.strategy)
     per_rank = s.process_main is not None and s.world_size(cfg) == job.spec.gpus
@@ -66,7 +66,8 @@ def resumable(job: LiveJob, run_dir: Path) -> bool:
     it was stopped before its first checkpoint)."""
     if not (run_dir / "config.json").is_file():
         return False
-    cfg = RunConfig.from_mapping({**job.config, "workers": job.spec.gpus, "out": str(run_dir)},
+    cfg = RunConfig.from_mapping({**gang_settings(job.config, job.spec.gpus),
+                                  "out": str(run_dir)},
                                  source=f"job {job.spec.name}")
     can = spec(cfg.strategy).can_restart
     return can is not None and can(cfg)
@@ -118,10 +119,12 @@ def build_gang(job: LiveJob, plan: JobPlan, topology: Topology, devices: tuple[i
     if resume:
         argv: tuple[str, ...] = (*module, "--resume", str(run_dir), "--no-progress")
     else:
+        settings = gang_settings(job.config, n)
         argv = (*module, "--config", str(out / "configs" / f"{name}.json"), "--out",
-                str(run_dir), "--workers", str(n), "--threads", "1", "--no-progress")
-        slow = slow_ranks(RunConfig.from_mapping({**job.config, "workers": n},
-                                                 source=f"job {name}"), slowdown or 1.0)
+                str(run_dir), *(("--workers", str(n)) if "workers" in settings else ()),
+                "--threads", "1", "--no-progress")
+        slow = slow_ranks(RunConfig.from_mapping(settings, source=f"job {name}"),
+                          slowdown or 1.0)
         if slow:
             argv += ("--slow-workers", ",".join(f"{r}:{f:g}" for r, f in slow.items()))
     # the ranks import the same phalanx as the scheduler, whatever their folder
