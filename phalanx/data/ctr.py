@@ -42,12 +42,22 @@ def _entropy(p: np.ndarray) -> np.ndarray:
     return -(p * np.log(p) + (1 - p) * np.log1p(-p))
 
 
+def _vocab(g: np.random.Generator, fields: int) -> np.ndarray:
+    return np.exp(g.uniform(math.log(VOCAB[0]), math.log(VOCAB[1]), fields)).astype(np.int64)
+
+
+def vocab_sizes(seed: int, fields: int = FIELDS) -> tuple[int, ...]:
+    """Each field's vocabulary size in ``click_log(seed)`` (its generator's first draw),
+    without making the log: what a model of the table's traffic needs."""
+    return tuple(int(v) for v in _vocab(np.random.default_rng(seed + 31337), fields))
+
+
 def click_log(seed: int, train: int = TRAIN_SAMPLES, test: int = TEST_SAMPLES,
               dense: int = DENSE, fields: int = FIELDS):
     """(train x, train y, test x, test y, info): see the module doc."""
     g = np.random.default_rng(seed + 31337)
     n = train + test
-    vocab = np.exp(g.uniform(math.log(VOCAB[0]), math.log(VOCAB[1]), fields)).astype(np.int64)
+    vocab = _vocab(g, fields)
     ids = np.empty((n, fields), dtype=np.int64)
     logit = np.full(n, BIAS)
     for f in range(fields):

@@ -82,7 +82,8 @@ def _setting(args: argparse.Namespace, strategy: str, n: int) -> Setting:
                    npush=args.npush, stages=args.stages, micro_batches=args.micro_batches,
                    tensor=args.tensor, zero_stage=args.zero_stage,
                    server_placement=args.server_placement,
-                   duplex=args.duplex, stragglers=Stragglers(args.stragglers))
+                   duplex=args.duplex, sparse_allreduce=args.sparse_allreduce,
+                   stragglers=Stragglers(args.stragglers))
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -275,6 +276,9 @@ def _strategy_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--duplex", action="store_true", help="PS pushes and pulls overlap")
     g.add_argument("--allreduce", default="ring", help="ring | tree | hierarchical | main")
     g.add_argument("--bucket-mb", type=float, default=25.0, help="0: no overlap")
+    g.add_argument("--sparse-allreduce", action="store_true",
+                   help="sync: the CTR table's distinct rows all-gathered after backward "
+                        "(phalanx train --sparse-allreduce), not densified in the buckets")
     g.add_argument("--compress", default="none",
                    help="none | fp16 | bf16 | int8 | topk:F | ratio:R")
     g.add_argument("--period", type=int, default=8, help="average: steps between averages")
@@ -349,7 +353,7 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
 
     p = inner.add_parser("bytes", help="every strategy's bytes per step on test hosts (the "
                                        "kernel's counters) against the prediction (root)")
-    p.add_argument("--models", default="mlp,gpt", help="mlp, gpt (comma-separated)")
+    p.add_argument("--models", default="mlp,gpt,ctr", help="mlp, gpt, ctr (comma-separated)")
     p.add_argument("--sizes", default="2,3,4", help="worker counts N, 2..8")
     p.add_argument("--steps", default="4,12",
                    help="SHORT,LONG (LONG - SHORT a multiple of 8): each configuration "

@@ -71,17 +71,28 @@ def _single(w: Workload, s: Setting, net: Network) -> Prediction:
 
 def _sync(w: Workload, s: Setting, net: Network) -> Prediction:
     devices = list(range(s.workers))
+    rows = s.sparse_allreduce and w.sparse is not None
+    bucketed = w.without_table() if rows else w
     exchange = _grad_exchange(s, net, devices, w)
     cap = int(s.bucket_mb * 1e6)
-    tl = bucket_timeline(w, cap, lambda b: exchange(b).seconds)
-    whole = exchange(float(w.grad_bytes))  # bytes and levels of one step's gradient
+    tl = bucket_timeline(bucketed, cap, lambda b: exchange(b).seconds)
+    whole = exchange(float(bucketed.grad_bytes))  # bytes and levels of one step's gradient
     strag = w.step_compute_s * (s.stragglers.expected_max(s.workers) - 1)
     comm = CommCost(tl.comm_s, whole.bytes_per_worker, whole.bytes_by_level, whole.bottleneck)
     notes = (f"{tl.buckets} buckets of <= {s.bucket_mb:g} MB; {s.allreduce} allreduce",)
-    if w.sparse is not None:
+    exposed = tl.exposed_s
+    if rows:
+        # --sparse-allreduce (sync_dp.sparse_mean): after backward, gloo all-gathers every
+        # replica's distinct rows, int64 ids + values: nothing to overlap with
+        table = C.all_gather_ring(net, devices, w.sparse.unique_rows(w.batch)
+                                  * (w.sparse.dim * w.element_size + 8))
+        comm = comm + table
+        exposed += table.seconds
+        notes += ("the table's distinct rows all-gathered after backward (--sparse-allreduce)",)
+    elif w.sparse is not None:
         notes += ("the embedding gradient travels densified (whole table), as phalanx's "
                   "buckets send it",)
-    return _result(s, w, compute=w.step_compute_s, exposed=tl.exposed_s, comm=comm,
+    return _result(s, w, compute=w.step_compute_s, exposed=exposed, comm=comm,
                    straggler=strag, samples=w.batch * s.workers, notes=notes)
 
 
@@ -111,8 +122,10 @@ def ps_layout(net: Network, s: Setting) -> tuple[Network, list[int]]:
 
 
 def ps_bytes(w: Workload, s: Setting) -> tuple[float, float]:
-    """(push, pull) bytes per worker per exchange: the CTR table's rows travel sparse
-    (distinct rows of the batch: ids + values), the rest dense (compressed on the push)."""
+    """(push, pull) bytes per worker per exchange: the CTR table's rows travel sparse, the
+    rest dense (compressed on the push). phalanx's worker (``ps/client.py``) pushes the
+    distinct rows of its batch, int64 ids + values, and asks for the next batch's rows by
+    their ids (worker to shard, counted with the push); the shards answer with the values."""
     dense = w.dense_params * w.element_size
     push = dense * s.compress.dense_scale
     if s.compress.topk:
@@ -120,8 +133,8 @@ def ps_bytes(w: Workload, s: Setting) -> tuple[float, float]:
     pull = float(dense)
     if w.sparse is not None:
         rows = w.sparse.unique_rows(w.batch)
-        sparse = rows * (w.sparse.dim * w.element_size + 8)
-        push, pull = push + sparse, pull + sparse
+        values = rows * w.sparse.dim * w.element_size
+        push, pull = push + values + rows * 8 * 2, pull + values
     return push, pull
 
 

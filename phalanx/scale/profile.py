@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from phalanx.data.ctr import ZIPF_S, vocab_sizes
 from phalanx.errors import ConfigError
 from phalanx.models import MODELS, build_model
 from phalanx.models.zoo import MODEL_TASKS
@@ -36,19 +37,22 @@ def _batch(task: str, shape: tuple[int, ...], classes: int, batch: int) -> torch
 
 
 def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
-                  input_shape: tuple[int, ...] | None = None) -> Workload:
+                  input_shape: tuple[int, ...] | None = None,
+                  options: dict | None = None, data_seed: int | None = None) -> Workload:
     """Build ``name`` and time its forward + backward at ``batch`` here (its task's input,
-    or ``input_shape``: ``--data synthetic``'s 1x16x16 makes a smaller MLP)."""
+    or ``input_shape``: ``--data synthetic``'s 1x16x16 makes a smaller MLP; ``options``:
+    the model's own, e.g. the CTR table's ``rows``). ``data_seed``: the CTR table's traffic
+    follows ``--data ctr-synthetic``'s vocabularies for that seed."""
     if name not in MODELS.names():
         raise ConfigError(f"--model: {name!r} is not a phalanx model "
                           f"({', '.join(MODELS.names())})")
     if not 1 <= batch <= 65536:
         raise ConfigError(f"--batch: {batch} is not in 1..65536")
     task = MODEL_TASKS.get(name, "classify")
-    shape, classes, options = INPUTS[task]
+    shape, classes, defaults = INPUTS[task]
     shape = input_shape or shape
     torch.manual_seed(0)
-    model = build_model(name, shape, classes, **options)
+    model = build_model(name, shape, classes, **{**defaults, **(options or {})})
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -77,8 +81,10 @@ def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
         activation = max((m.in_features for m in linears), default=0) * 4
     sparse = None
     if task == "ctr":
-        emb = dict(model.named_parameters())["embed.weight"]
-        sparse = Sparse(rows=emb.shape[0], dim=emb.shape[1], zipf_s=1.1, lookups=26)
+        emb = model.embed
+        vocab = vocab_sizes(data_seed, emb.fields) if data_seed is not None else ()
+        sparse = Sparse(rows=emb.weight.shape[0], dim=emb.weight.shape[1], zipf_s=ZIPF_S,
+                        lookups=emb.fields, vocab=vocab, field_rows=emb.field_rows)
     return Workload(name=name, layers=layers, batch=batch,
                     step_compute_s=statistics.median(times), sparse=sparse,
                     activation_bytes=float(activation), tp_layers=len(blocks),

@@ -109,6 +109,7 @@ class Setting:
     zero_stage: int = 2      # zero: 1 optimizer state, 2 + gradients, 3 + parameters
     server_placement: str = "dedicated"   # or colocated (a shard on each worker's server)
     duplex: bool = False      # pushes and pulls overlap (BytePS); phalanx's worker: no
+    sparse_allreduce: bool = False  # sync: the CTR table's rows all-gathered after backward
     server_byte_s: float = 0.25e-9        # shard apply cost per byte (assumption)
     server_msg_s: float = 20e-6           # shard cost per message (assumption)
     stragglers: Stragglers = Stragglers()

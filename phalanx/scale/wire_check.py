@@ -46,8 +46,13 @@ MODELS = {
     "mlp": ["--model", "mlp", "--data", "synthetic", "--train-limit", "4000"],
     "gpt": ["--model", "gpt", "--data", "shakespeare", "--context", "64", "--train-limit",
             "20000"],
+    # the ctr-strategies study's table (26 fields x 32,768 rows of 16) and batch
+    "ctr": ["--model", "ctr", "--data", "ctr-synthetic", "--ctr-rows", "32768",
+            "--train-limit", "20000"],
 }
-INPUT = {"mlp": (1, 16, 16), "gpt": (64,)}  # what the data above feeds the model
+INPUT = {"mlp": (1, 16, 16), "gpt": (64,), "ctr": None}  # what the data above feeds the model
+OPTIONS = {"ctr": {"rows": 32768}}  # the model's own options, as the flags above set them
+BATCHES = {"ctr": 256}  # else BATCH
 PERIOD = 8  # averaging's steps between averages
 GPT_HEADS = 4  # the GPT's default heads (4 blocks of width 128)
 
@@ -66,9 +71,22 @@ class Case:
 
 def cases(n: int, model: str) -> list[Case]:
     """Every strategy phalanx can run across hosts with ``n`` workers (PS: 2 more hosts for
-    the shards, ranks 0 and 1)."""
+    the shards, ranks 0 and 1); for the CTR model, those that differ in how its table
+    travels: densified in the buckets, its rows all-gathered, its rows pushed and pulled."""
     w = tuple(range(n))
     ps = tuple(range(2, n + 2))
+    if model == "ctr":
+        return [
+            Case("sync ring", ("--strategy", "sync", "--allreduce", "ring"), n, w,
+                 {"strategy": "sync", "allreduce": "ring"}),
+            Case("sync sparse", ("--strategy", "sync", "--allreduce", "ring",
+                                 "--sparse-allreduce"), n, w,
+                 {"strategy": "sync", "allreduce": "ring", "sparse_allreduce": True}),
+            Case(f"average k={PERIOD}", ("--strategy", "average", "--period", str(PERIOD)),
+                 n, w, {"strategy": "average", "period": PERIOD}),
+            *[Case(s, ("--strategy", s, "--servers", "2", "--rule", "sgd"), n + 2, ps,
+                   {"strategy": s, "servers": 2}) for s in ("bsp", "asp", "ssp")],
+        ]
     out = [
         Case("sync ring", ("--strategy", "sync", "--allreduce", "ring"), n, w,
              {"strategy": "sync", "allreduce": "ring"}),
@@ -104,7 +122,8 @@ def _flags(case: Case, model: str, steps: int, out: Path, seed: int) -> list[str
     has_workers = "--workers" in case.flags or case.setting["strategy"] in (
         "pipeline", "hybrid")
     workers = [] if has_workers else ["--workers", str(len(case.workers))]
-    return [*MODELS[model], "--batch-size", str(BATCH), "--max-steps", str(steps),
+    return [*MODELS[model], "--batch-size", str(BATCHES.get(model, BATCH)),
+            "--max-steps", str(steps),
             "--eval-every", str(10 * steps), "--seed", str(seed), "--threads", "1",
             "--test-limit", "64", "--no-progress", "--no-tensorboard", *case.flags, *workers,
             "--out", str(out)]
@@ -177,8 +196,9 @@ def predict_point(model: str, c: Case, n: int, workload) -> float:
 
 
 def points(found: dict[tuple[str, str, int], list[float]],
-           steps: tuple[int, int] = (0, 0)) -> list[Point]:
-    loads = {m: profile_model(m, BATCH, repeats=1, input_shape=INPUT[m])
+           steps: tuple[int, int] = (0, 0), seed: int = 0) -> list[Point]:
+    loads = {m: profile_model(m, BATCHES.get(m, BATCH), repeats=1, input_shape=INPUT[m],
+                              options=OPTIONS.get(m), data_seed=seed)
              for m in {k[0] for k in found}}
     made_by = commit()
     out = []
@@ -222,7 +242,7 @@ def run(out: Path, models: list[str], sizes: list[int], short: int = 4, long: in
         raise ConfigError(f"scale bytes: needs test hosts (run as root): {reason}")
     out.mkdir(parents=True, exist_ok=True)
     found = measure(out, models, sizes, short, long, seed)
-    pts = points(found, (short, long))
+    pts = points(found, (short, long), seed)
     (out / "bytes.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "bytes.md"
     path.write_text("# Bytes per step: predicted against the kernel's counters\n\n"

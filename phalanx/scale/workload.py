@@ -37,24 +37,60 @@ class Layer:
 @dataclass(frozen=True, kw_only=True)
 class Sparse:
     """An embedding table updated by rows: ``rows`` ids of ``dim`` floats, ids drawn Zipf(s)
-    with ``lookups`` per sample (the CTR model's fields)."""
+    with ``lookups`` per sample (the CTR model's fields).
+
+    With ``vocab`` (one vocabulary size per field, ``--data ctr-synthetic``'s for its seed:
+    :func:`phalanx.data.ctr.vocab_sizes`) the table is the CTR model's: field f has
+    ``field_rows`` rows of its own, its values are ranked Zipf(s) over ``vocab[f]``, dealt
+    to ids by a permutation and hashed to row ``id % field_rows`` (colliding ids share a
+    row). Without it, one Zipf(s) over all ``rows``, ``lookups`` draws a sample."""
 
     rows: int
     dim: int
     zipf_s: float
     lookups: int
+    vocab: tuple[int, ...] = ()
+    field_rows: int = 0
+
+    def __post_init__(self) -> None:
+        if self.vocab and (len(self.vocab) != self.lookups or self.field_rows < 1
+                           or self.rows != self.field_rows * len(self.vocab)
+                           or min(self.vocab) < 1):
+            raise ConfigError(f"sparse table: {len(self.vocab)} vocabularies for "
+                              f"{self.lookups} fields of {self.field_rows} rows "
+                              f"({self.rows} in all)")
 
     def unique_rows(self, samples: int) -> float:
         """Expected distinct rows touched by ``samples`` samples: sum_i 1 - (1 - p_i)^draws
-        (ids i.i.d. Zipf(s) over the table)."""
+        over the rows' probabilities (ids i.i.d. within a field)."""
+        if self.vocab:
+            return sum(_field_unique_rows(v, self.field_rows, self.zipf_s, samples)
+                       for v in self.vocab)
         return _unique_rows(self.rows, self.zipf_s, samples * self.lookups)
+
+
+def _zipf(n: int, s: float) -> np.ndarray:
+    p = 1.0 / np.arange(1, n + 1, dtype=float) ** s
+    return p / p.sum()
 
 
 @functools.lru_cache(maxsize=256)
 def _unique_rows(rows: int, s: float, draws: int) -> float:
-    p = 1.0 / np.arange(1, rows + 1, dtype=float) ** s
-    p /= p.sum()
-    return float(np.sum(-np.expm1(draws * np.log1p(-p))))
+    return float(np.sum(-np.expm1(draws * np.log1p(-_zipf(rows, s)))))
+
+
+@functools.lru_cache(maxsize=1024)
+def _field_unique_rows(vocab: int, rows: int, s: float, draws: int) -> float:
+    """One field: ``vocab`` values ranked Zipf(s), dealt to ids by a permutation, hashed
+    to ``id % rows``. A row's probability is the sum over the ranks that land on it; the
+    permutation is a fixed draw (the data's own is not reproducible without making the
+    log), which moves the count by well under 1% (the hot ranks seldom share a row)."""
+    p = _zipf(vocab, s)
+    if vocab > rows:
+        ids = np.random.default_rng(vocab).permutation(vocab)
+        p = np.bincount(ids % rows, weights=p, minlength=rows)
+        p = p[p > 0]
+    return float(np.sum(-np.expm1(draws * np.log1p(-np.minimum(p, 1 - 1e-16)))))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +131,17 @@ class Workload:
         if self.sparse is None:
             return self.params
         return self.params - self.sparse.rows * self.sparse.dim
+
+    def without_table(self) -> Workload:
+        """The workload whose gradient buckets carry everything but the sparse table (its
+        layer: the first whose parameters are the table's rows x dim)."""
+        if self.sparse is None:
+            return self
+        size = self.sparse.rows * self.sparse.dim
+        at = next((i for i, layer in enumerate(self.layers) if layer.params == size), None)
+        if at is None or len(self.layers) == 1:
+            return self
+        return replace(self, layers=self.layers[:at] + self.layers[at + 1:], sparse=None)
 
     def with_batch(self, batch: int) -> Workload:
         """Same model at another per-worker batch: compute scales linearly (the per-sample

@@ -24,14 +24,17 @@ def test_every_case_is_a_run_phalanx_accepts(tmp_path, model, n):
         parser = _Parser(prog="t")
         add_run_config_flags(parser)
         cfg = config_from_args(parser.parse_args(wc._flags(c, model, 4, tmp_path / "o", 0)))
-        assert cfg.max_steps == 4 and cfg.eval_every == 40 and cfg.batch_size == wc.BATCH
+        assert cfg.max_steps == 4 and cfg.eval_every == 40
+        assert cfg.batch_size == wc.BATCHES.get(model, wc.BATCH)
         assert len(c.workers) == n and max(c.workers) < c.world
         if c.setting["strategy"] in ("bsp", "asp", "ssp"):
             assert c.world == n + 2 and cfg.servers == 2 and min(c.workers) == 2
         labels.append(c.label)
     assert len(set(labels)) == len(labels)
     assert ("tensor" in labels) == (model == "gpt" and n != 3)  # 4 heads over 3 ranks: no
-    assert ("hybrid 2 stages" in labels) == (n == 4)
+    assert ("hybrid 2 stages" in labels) == (n == 4 and model != "ctr")
+    if model == "ctr":
+        assert cfg.ctr_rows == 32768 == wc.OPTIONS["ctr"]["rows"]
 
 
 def _netstats(d: Path, tx: list[int]) -> None:
@@ -72,6 +75,28 @@ def test_predictions_by_hand():
     assert at("pipeline M=4", 3) == pytest.approx(2 * act)
 
 
+def test_ctr_predictions_by_hand():
+    """The CTR model (26 fields x 32,768 rows of 16, a 30,063-parameter rest) at batch
+    256, seed 0's vocabularies: R distinct rows a batch (the Sparse model). A PS worker
+    sends its dense gradient, its rows' ids and values, and the next batch's ids; sync
+    --sparse-allreduce all-gathers its rows (ids + values) beside the dense ring; plain
+    sync sends the whole densified table."""
+    w = profile_model("ctr", 256, repeats=1, input_shape=None, options=wc.OPTIONS["ctr"],
+                      data_seed=0)
+    rows = w.sparse.unique_rows(256)
+    assert 2500 < rows < 2600 and w.dense_params == 30_063
+    dense, table = 30_063 * 4, 26 * 32_768 * 16 * 4
+
+    def at(label: str, n: int) -> float:
+        c = next(c for c in wc.cases(n, "ctr") if c.label == label)
+        return wc.predict_point("ctr", c, n, w) / wc.WIRE
+
+    assert at("asp", 2) == pytest.approx(dense + rows * (16 * 4 + 8 + 8))
+    assert at("sync sparse", 2) == pytest.approx(dense + rows * (16 * 4 + 8))
+    assert at("sync sparse", 4) == pytest.approx(1.5 * dense + 3 * rows * (16 * 4 + 8))
+    assert at("sync ring", 2) == pytest.approx(dense + table)
+
+
 def test_points_take_the_busiest_worker_host_not_a_shard():
     c = next(c for c in wc.cases(2, "mlp") if c.label == "asp")
     w = profile_model("mlp", wc.BATCH, repeats=1, input_shape=wc.INPUT["mlp"])
@@ -90,7 +115,7 @@ def test_points_take_the_busiest_worker_host_not_a_shard():
     (("--steps", "5"), "--steps: '5' is not two step counts SHORT,LONG"),
     (("--steps", "9,3"), "--steps: 9,3: the short run must be shorter"),
     (("--steps", "3,9"), "--steps: 3,9: the difference must be a multiple of 8"),
-    (("--models", "lenet5"), "--models: 'lenet5' is not one of mlp, gpt"),
+    (("--models", "lenet5"), "--models: 'lenet5' is not one of mlp, gpt, ctr"),
     (("--sizes", "1"), "--sizes: 1 is not in 2..8"),
     (("--sizes", "2,x"), "--sizes: '2,x' is not a comma-separated list of integers"),
 ])
