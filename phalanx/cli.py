@@ -89,6 +89,12 @@ def _interference(sub: argparse._SubParsersAction) -> None:
     interference.register(sub)
 
 
+def _chaos(sub: argparse._SubParsersAction) -> None:
+    from phalanx.cluster.cli import chaos
+
+    chaos.register(sub)
+
+
 def _experiments(sub: argparse._SubParsersAction) -> None:
     from phalanx.experiments import cli
 
@@ -113,6 +119,8 @@ SCALE_HELP = ("predict step time, bytes and efficiency of every strategy at 8..4
               "(a simulator)")
 INTERFERENCE_HELP = ("measure how much of its solo rate each job class keeps beside another "
                      "on this machine (real jobs pinned to cores)")
+CHAOS_HELP = ("run a live schedule of short real jobs under random, seeded faults and check "
+              "its invariants")
 HOSTS_HELP = ("test hosts on this machine (network namespaces on a bridge, as root) to try "
               "multi-node runs")
 # every sub-command in the order ``phalanx --help`` lists them: the function that adds a
@@ -128,6 +136,7 @@ COMMANDS: tuple[tuple[Register, tuple[tuple[str, str], ...]], ...] = (
                 ("schedule", "live mode: run a job list of phalanx training runs on local "
                              "slots, a Ray or a Slurm cluster with a scheduling policy"))),
     (_interference, (("interference", INTERFERENCE_HELP),)),
+    (_chaos, (("chaos", CHAOS_HELP),)),
     (_experiments, (("compare", "run several strategies on the same job; write a report"),
                     ("experiments", "the literature's claims as reproducible studies"))),
     (_dashboard, (("dashboard", DASHBOARD_HELP),)),

@@ -58,6 +58,7 @@ LAZY = {
     ("phalanx.cli", "phalanx.cluster.cli.simulate"),
     ("phalanx.cli", "phalanx.dashboard.cli"),
     ("phalanx.cli", "phalanx.cluster.cli.interference"),
+    ("phalanx.cli", "phalanx.cluster.cli.chaos"),  # the chaos harness (torch: checkpoints)
     # `phalanx schedule`'s flags need no engine; its run imports the live engines, the job
     # list's checks and the training side (torch)
     ("phalanx.cluster.cli.schedule", "phalanx.cluster.cli.schedule_run"),
@@ -233,8 +234,10 @@ def _package_reexport(component: list[str]) -> bool:
 
 # the scheduler's house (docs/architecture.md): its packages bottom up; a package may import
 # its own or a lower one. ``sim`` and ``live`` share a floor and never import each other.
-CLUSTER = [("core",), ("model",), ("policies",), ("sim", "live"), ("studies",), ("cli",)]
-# the training side: only ``phalanx.cluster.live`` (and the CLI above it) may import it
+CLUSTER = [("core",), ("model",), ("policies",), ("sim", "live"), ("studies", "chaos"),
+           ("cli",)]
+# the training side: only ``phalanx.cluster.live`` (and the CLI above it) may import it, and
+# ``chaos``, which stands on live and reads the checkpoints its runs leave
 TRAINING = ("torch", "phalanx.data", "phalanx.models", "phalanx.rules", "phalanx.runtime",
             "phalanx.comm", "phalanx.ps", "phalanx.parallel", "phalanx.entry")
 
@@ -280,7 +283,7 @@ def test_cluster_packages_point_one_way() -> None:
 def test_only_live_touches_the_training_side() -> None:
     bad = [f"{src}:{line} imports {dst}" for src, dst, line in _every_import()
            if src.startswith("phalanx.cluster")
-           and cluster_package(src + ".x") not in ("live", "cli")
+           and cluster_package(src + ".x") not in ("live", "cli", "chaos")
            and any(dst == t or dst.startswith(t + ".") for t in TRAINING)]
     assert not bad, "only phalanx.cluster.live imports training code:\n" + "\n".join(bad)
 

@@ -1,0 +1,116 @@
+"""Does an injected fault show, at its time, where an operator would look? One check per
+kind (the ``faults show`` invariant):
+
+* a kill of a rank, a shard, a single job's process or the fork server: the scheduler
+  recorded a start of the job spanning the fault's time, that start ended within
+  :data:`KILL_SHOWS_S`, and the scheduler named the failure (its ``failed (...)`` line or
+  the job's failure); a PS worker's kill is named by its driver instead (``worker W was
+  killed by SIGKILL; the run goes on without it``) and the run goes on;
+* a hang: the process was seen stopped (``T``) and its rank logged no event while it was;
+* ``kill -9`` of the scheduler: the resumed scheduler names every job the state had
+  running (``J was running when the scheduler stopped``), and its clock goes on from
+  the saved one;
+* a full disk: the job's log names its folder in a one-line checkpoint error, unless the
+  start had ended before the disk was freed (another fault, or the job's end)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.cluster.chaos.faults import Fault
+from phalanx.cluster.chaos.view import RunView
+
+KILL_SHOWS_S = 20.0     # a killed rank's start ends within this (poll, grace, a busy host)
+SLACK_S = 0.5           # the fault's clock is read from the state file: within this
+
+
+def _start_at(sj: dict[str, Any], clock: float) -> int | None:
+    """Which start of a saved job spans ``clock`` (None: none)."""
+    f = sj["fields"]
+    starts = [t for t, _ in f["placements"]]
+    stops = f["stops"] + [float("inf")] * (len(starts) - len(f["stops"]))
+    for k, (a, b) in enumerate(zip(starts, stops)):
+        if a - SLACK_S <= clock <= b + SLACK_S:
+            return k
+    return None
+
+
+def _killed(v: RunView, f: Fault, job: str, start: int, jobs: dict[str, Any]) -> list[str]:
+    sj = jobs.get(job)
+    if sj is None:
+        return [f"{f.kind} of {job}: the scheduler has no record of it"]
+    starts = sj["fields"]["placements"]
+    k = start if 0 <= start < len(starts) else None
+    if k is None and f.clock is not None:
+        k = _start_at(sj, f.clock)
+    if k is None:
+        return [f"{f.kind} of {job} at {f.at:.2f} s (start {start}, clock {f.clock}): no "
+                "start of it spans that time"]
+    if f.target.startswith("worker "):
+        line = f"{f.target} was killed by SIGKILL"
+        return [] if line in v.log(job) else [f"{f.kind} of {job} ({f.target}): its log "
+                                               f"lacks '{line}'"]
+    stops = sj["fields"]["stops"]
+    bad = []
+    if k >= len(stops):
+        bad.append(f"{f.kind} of {job}: start {k} never ended")
+    elif f.clock is not None and not (f.clock - SLACK_S <= stops[k]
+                                      <= f.clock + KILL_SHOWS_S):
+        bad.append(f"{f.kind} of {job} at clock {f.clock:.2f} s: start {k} ended at "
+                   f"{stops[k]:.2f} s, not within {KILL_SHOWS_S:g} s after")
+    if f"{job} failed (" not in v.stdout and not sj["fields"]["failure"]:
+        bad.append(f"{f.kind} of {job}: the scheduler never named a failure of it")
+    return bad
+
+
+def _hung(v: RunView, f: Fault) -> list[str]:
+    if not f.detail.get("seen_stopped"):
+        return [f"stop-rank of {f.job} ({f.target}): never seen stopped"]
+    rank = f.detail.get("event_rank")
+    during = [e for e in v.events(f.job) if e.get("rank") == rank
+              and f.unix + 0.1 < e.get("unix", 0) < f.unix + f.hold - 0.1]
+    return [f"stop-rank of {f.job} ({f.target}): {len(during)} event(s) logged while it was "
+            "stopped"] if during else []
+
+
+def _scheduler(v: RunView, f: Fault) -> list[str]:
+    bad = []
+    for job in v.seen.running_at(f.unix):
+        said = f"{job} was running when the scheduler stopped" in v.stdout
+        if not said and not (v.out / "jobs" / job / "summary.json").is_file():
+            bad.append(f"kill-scheduler at {f.at:.2f} s: the resumed scheduler never named "
+                       f"{job}, which was running")
+    before = [c for u, c, _ in v.seen.clocks if u <= f.unix]
+    after = [c for u, c, _ in v.seen.clocks if u > f.unix]
+    if before and after and after[0] < before[-1]:
+        bad.append(f"kill-scheduler at {f.at:.2f} s: the clock went back from "
+                   f"{before[-1]:.2f} to {after[0]:.2f} s")
+    return bad
+
+
+def _disk(v: RunView, f: Fault, jobs: dict[str, Any]) -> list[str]:
+    if f"jobs/{f.job}: cannot write checkpoint" in v.log(f.job):
+        return []
+    sj = jobs.get(f.job)
+    k = f.start if sj is not None and 0 <= f.start < len(sj["fields"]["placements"]) else None
+    stops = sj["fields"]["stops"] if sj is not None else []
+    if k is not None and k < len(stops) and f.clock is not None and stops[k] < f.clock + f.hold:
+        return []    # the start ended before the disk was freed: no write was due
+    return [f"disk-full of {f.job} at {f.at:.2f} s (held {f.hold:g} s): no checkpoint error "
+            "naming its folder in its log"]
+
+
+def shows(v: RunView, f: Fault) -> list[str]:
+    """The reasons ``f`` does not show (empty: it does)."""
+    jobs = v.state()["jobs"]
+    if f.kind == "kill-scheduler":
+        return _scheduler(v, f)
+    if f.kind == "disk-full":
+        return _disk(v, f, jobs)
+    if f.kind == "stop-rank":
+        return _hung(v, f)
+    if f.kind == "kill-fork-server":    # every job whose ranks it had forked: job@start
+        hit = [(j, int(s)) for j, _, s in (x.rpartition("@") for x in f.job.split(","))]
+    else:
+        hit = [(f.job, f.start)]
+    return [m for job, start in hit for m in _killed(v, f, job, start, jobs)]
