@@ -144,6 +144,15 @@ class TestHost:
                 pass
         return pids
 
+    def link_down(self) -> None:
+        """Cut this host off (a network partition, not a crash): its ``eth0`` goes down,
+        its processes run on and the others see silence, not refused connections."""
+        _ip("-n", self.name, "link", "set", self.iface, "down")
+
+    def link_up(self) -> None:
+        """Join the bridge again (the kernel restores the address's route)."""
+        _ip("-n", self.name, "link", "set", self.iface, "up")
+
     def tx_bytes(self) -> int:
         """Bytes this host has sent on ``eth0``, as the kernel counts them."""
         return self._stat("tx_bytes")

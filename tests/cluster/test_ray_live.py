@@ -50,6 +50,7 @@ from live_procs import (  # noqa: E402
 from live_procs import pids_with as _pids_with  # noqa: E402
 
 from phalanx.cluster.core.clusters import resolve_cluster  # noqa: E402
+from phalanx.cluster.live.engines.ray_cluster import HealthCheck, verdict_s  # noqa: E402
 from phalanx.runtime import hosts, rank_record  # noqa: E402
 from phalanx.runtime.checkpoint import load_checkpoint  # noqa: E402
 
@@ -86,11 +87,12 @@ def _env():
     """Every ``ray start`` and the scheduler: no auth token (a ~/.ray/auth_token of this
     machine makes a joining node fail with InvalidAuthToken), no usage stats, and this
     tree's phalanx for the actors and the ranks they start. The GCS checks its nodes every
-    0.5 s and calls one dead after 4 failed checks (default: 3 s x 5): a crashed node is
-    noticed in about 2 s."""
+    0.5 s, gives each check 1.5 s and calls a node dead after 4 failed checks (default:
+    3 s, 10 s, 5): a crashed node (refused at once) is noticed in about 2 s, a cut-off
+    one (every check runs out) in 7.5-8 s (41.5-42 s with the default 10 s timeout)."""
     return {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
             "RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "500",
-            "RAY_health_check_failure_threshold": "4"}
+            "RAY_health_check_timeout_ms": "1500", "RAY_health_check_failure_threshold": "4"}
 
 
 def _kill_and_wait(marker: str, timeout_s: float = 20.0) -> bool:
@@ -364,6 +366,126 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
     ranks_listen_on_their_host_only(net, seen)
     assert not _pids_with(str(out)), "rank processes left behind"
     print(f"S resumed {resumed_after:.1f} s after the kill; test {time.monotonic() - t_test:.1f} s")
+
+
+def test_a_cut_off_node_is_fenced_and_its_job_resumes_elsewhere(cluster, tmp_path):
+    """The lost-node scenario with a network partition instead of a crash: host b's link
+    goes down while S runs on a, b (``ip link set eth0 down`` in b: its processes run on,
+    nobody hears them). The GCS calls b dead within ``verdict_s()``; S's rank on b has
+    already killed itself (its actor's lease on b's life ran out: ``ray_fence``), before S
+    resumes from its checkpoint on a, c; no rank waits out gloo's 120 s. When the link is
+    back, Ray's processes on b leave (the GCS called the node dead), ``ray start`` makes b a
+    node again and G runs on a, b, c. S ends with the parameters of an uninterrupted run and
+    its run folder has nothing written after S finished."""
+    t_test = time.monotonic()
+    c, net = cluster, cluster.net
+    host_b = net.hosts[1]
+    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 240, "
+              "checkpoint_every: 30}}")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n{s_line}\n  - {{name: G, arrival: 0, gpus: 3, config: {SYNC}, "
+                    "max_steps: 10}}\n")
+    ref = Reference(tmp_path, s_line, "S", _env())
+    out = tmp_path / "out"
+    p = net.hosts[0].popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
+                            str(jobs), "--cluster", TOPOLOGY, "--engine", "ray",
+                            "--placement", "first-fit", "--ray-address", c.address, "--out",
+                            str(out)], env=_env(), cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    said: list[tuple[float, str]] = []   # (when, line) of the scheduler's output
+    reader = threading.Thread(target=lambda: said.extend(
+        (time.monotonic(), ln) for ln in p.stdout), daemon=True)
+    reader.start()
+    cut = back = False
+
+    def restore_b() -> None:   # on the way out, whatever happened: b a node again
+        if cut and not back:
+            host_b.link_up()
+            _kill_and_wait(c.node_temp[1])
+            c.start_node(1)
+
+    with contextlib.ExitStack() as stack:
+        stack.callback(restore_b)
+        stack.callback(lambda: p.kill() if p.poll() is None else None)
+        wait_for_checkpoint(out, "S", p)
+        zombie = next(x.pid for x in rank_record.read(out / "ranks" / "S.jsonl")
+                      if x.start == 0 and x.node == "b")
+        b_temp = Path(c.node_temp[1])   # b's Ray logs (its actor's stderr among them)
+        t_cut, cut_unix = time.monotonic(), time.time()
+        host_b.link_down()
+        cut = True
+        zombie_gone = None
+        deadline = t_cut + 60
+        while time.monotonic() < deadline and p.poll() is None and not any(
+                x.start == 1 for x in rank_record.read(out / "ranks" / "S.jsonl")):
+            if zombie_gone is None and zombie not in host_b.pids():
+                zombie_gone = time.monotonic() - t_cut
+            time.sleep(0.05)
+        if zombie_gone is None and zombie not in host_b.pids():
+            zombie_gone = time.monotonic() - t_cut
+        left_on_b = [x for x in host_b.processes() if str(out) in x]
+        host_b.link_up()
+        t_up = time.monotonic()
+        # the GCS called b dead: its raylet leaves once it hears so, its workers with it;
+        # Ray's log monitor stays (as after any raylet's death): ours to end
+        raylet_gone = _raylet_gone(host_b, 60)
+        raylet_s = time.monotonic() - t_up
+        print("still on b:", host_b.processes())
+        _kill_and_wait(c.node_temp[1])
+        c.start_node(1)
+        back = True
+        p.wait(timeout=240)
+        reader.join(timeout=10)
+    stdout = "".join(ln for _, ln in said)
+    assert p.returncode == 0, stdout
+    check_lost_node_run(out, stdout)
+    ref.assert_same_parameters(out)   # bit for bit
+
+    check = HealthCheck.from_env(_env())
+    lost_s = next(t for t, ln in said if "server b lost" in ln) - t_cut
+    start1 = min(x.unix for x in rank_record.read(out / "ranks" / "S.jsonl") if x.start == 1)
+    figures = (f"b called lost {lost_s:.1f} s after the cut (verdict_s {verdict_s(_env()):g} "
+               f"s); its rank killed itself after {zombie_gone:.1f} s (lease "
+               f"{check.fence_s():g} s); S resumed {start1 - cut_unix:.1f} s after the cut; "
+               f"Ray's processes on b gone {raylet_s:.1f} s after the link came back; "
+               f"load {os.getloadavg()[0]:.1f}")
+    print(figures)
+    # detected within the cluster's own health-check time, and not before it could be
+    assert check.silent_s()[0] - 0.5 <= lost_s <= verdict_s(_env()) + 2, figures
+    # the cut-off rank fenced itself before S started elsewhere, and nothing of S ran on b
+    # when the link came back
+    assert zombie_gone is not None and zombie_gone <= check.fence_s() + 2, figures
+    assert start1 > cut_unix + zombie_gone, figures
+    # (Ray may write a worker's stderr to two files: the line once, in either or both)
+    fenced = {ln for f in b_temp.glob("session_*/logs/worker-*.err")
+              for ln in f.read_text(errors="replace").splitlines() if "(fenced)" in ln}
+    assert [ln.startswith("phalanx: ray: no word from the cluster for ") and
+            ln.endswith(f"rank pid {zombie} killed (fenced)") for ln in fenced] == [True], fenced
+    assert left_on_b == [], left_on_b
+    assert raylet_gone, "Ray's processes on b still ran 60 s after the link came back"
+    # no rank waited out gloo's timeout, on either side of the cut
+    log = (out / "logs" / "S.log").read_text()
+    assert "Timed out" not in log and start1 - cut_unix < 30, figures
+    # nothing in S's run folder was written after S finished (the zombie's error line and
+    # memory event were, before the fence)
+    events = [json.loads(ln) for ln in (out / "jobs" / "S" / "events.jsonl").open()]
+    assert events[-1]["kind"] == "summary", events[-3:]
+    assert not (out / "ranks" / "S.0.failed").exists()
+    assert not _pids_with(str(out)), "rank processes left behind"
+    print(f"test {time.monotonic() - t_test:.1f} s")
+
+
+def _raylet_gone(host, timeout_s: float) -> bool:
+    """Whether the raylet of ``host`` and its workers (``ray::...``) end by themselves
+    within ``timeout_s``."""
+    def ray_node() -> list[str]:
+        return [x for x in host.processes()
+                if x.split(" ")[0].endswith("/raylet") or x.startswith("ray::")]
+
+    deadline = time.monotonic() + timeout_s
+    while ray_node() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not ray_node()
 
 
 def test_kill_9_of_the_scheduler_then_resume_on_ray(cluster, tmp_path):

@@ -28,6 +28,14 @@ device the scheduler gave it, that starts the rank's process itself.
   are found dead (and its ranks' peers fail) seconds before the cluster calls the node
   dead, so a dead actor's rank counts as ended only once its node is down or after
   :func:`verdict_s`: the loop then sees a lost server, not a failed job.
+* **Cut-off nodes.** A node cut off by a network partition is silent, not dead: the GCS
+  calls it dead only when its health check has run out on every try (its timeout each
+  time; :class:`~phalanx.cluster.live.engines.ray_cluster.HealthCheck`), and its ranks run
+  on. Each device's actor therefore holds a lease on its node's life
+  (:mod:`~phalanx.cluster.live.engines.ray_fence`): it kills its rank when the GCS has
+  not said "alive" for half the soonest verdict, or says "dead". The cut-off ranks are gone
+  before the job starts elsewhere (fenced), and no rank across the cut waits out gloo's
+  timeout: the loop stops them when the node is lost.
 
 ``ray`` is an optional extra (``pip install -e '.[ray]'``); it is imported only when
 ``--engine ray`` is used.
@@ -39,8 +47,9 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,20 +73,46 @@ from phalanx.cluster.live.engines.ray_cluster import (
     NODE_LABEL,
     NODES_EVERY_S,
     START_TIMEOUT_S,
+    HealthCheck,
     import_ray,
     ray_cluster,
     type_mismatch,
     verdict_s,
 )
+from phalanx.cluster.live.engines.ray_fence import Fence
 from phalanx.errors import ConfigError
 
 
-class RankActor:
-    """One rank (made a Ray actor by :class:`RayExecutor`)."""
+def node_alive_asker() -> Callable[[float], bool]:
+    """``ask(timeout_s)``: does the GCS hold this worker's node alive? (Ray's
+    ``check_alive`` of one node id: a small call to the GCS; raises when it does not answer
+    within ``timeout_s``.) In a Ray worker only."""
+    ray = import_ray()
+    worker = ray._private.worker.global_worker   # Ray has no public call for this
+    gcs, node = worker.gcs_client, worker.current_node_id
 
-    def __init__(self, python: str) -> None:
+    def ask(timeout_s: float) -> bool:
+        return bool(gcs.check_alive([node], timeout=timeout_s)[0])
+
+    return ask
+
+
+class RankActor:
+    """One rank (made a Ray actor by :class:`RayExecutor`), fenced: killed when its node is
+    cut off from the cluster for ``fence_s`` (:mod:`ray_fence`)."""
+
+    def __init__(self, python: str, fence_s: float) -> None:
         self.python = python
         self.proc: RankProcess | None = None
+        self.fence = Fence(fence_s, node_alive_asker(), self._cut)
+
+    def _cut(self, why: str) -> None:
+        """The lease ran out: the rank of the moment dies (on the node's own log)."""
+        proc = self.proc
+        if proc is not None and proc.popen.poll() is None:
+            proc.kill()
+            print(f"phalanx: ray: {why}: rank pid {proc.pid} killed (fenced)", file=sys.stderr,
+                  flush=True)
 
     def node(self) -> tuple[str, str]:
         """(the node's ``phalanx.server`` label, or its Ray id; its IP address)."""
@@ -178,6 +213,7 @@ class RayExecutor:
         self._down: frozenset[str] = frozenset()
         self._nodes_at = -float("inf")
         self.verdict_s = verdict_s()
+        self.health = HealthCheck.from_env(os.environ)
         self._warm_up(address)
 
     def _warm_up(self, address: str) -> None:
@@ -195,6 +231,10 @@ class RayExecutor:
                               f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
         print(f"phalanx: ray: {n} device actor{'s' if n != 1 else ''} ready in "
               f"{time.perf_counter() - t:.1f} s", flush=True)
+        soonest, latest = self.health.silent_s()
+        print(f"phalanx: ray: a node cut off is lost after {soonest:g}-{latest:g} s of "
+              f"silence (Ray's health check); its ranks stop themselves after "
+              f"{self.health.fence_s():g} s", flush=True)
 
     def down(self) -> frozenset[str]:
         """The servers none of whose live nodes declares all their devices (lost); the
@@ -230,7 +270,8 @@ class RayExecutor:
             actor = self.actor.options(
                 num_cpus=0, num_gpus=0, max_concurrency=4,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    group, placement_group_bundle_index=0)).remote(self.python)
+                    group, placement_group_bundle_index=0)).remote(self.python,
+                                                                   self.health.fence_s())
             self.devices[d] = _Device(actor, group)
         try:
             where = ray.get([self.devices[d].actor.node.remote() for d in new],

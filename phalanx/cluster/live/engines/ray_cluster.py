@@ -15,7 +15,8 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -191,13 +192,48 @@ def wait_gone(marker: bytes, timeout_s: float = 15.0) -> None:
         time.sleep(0.1)
 
 
-def verdict_s() -> float:
-    """How long the cluster may take to call a dead node dead: its health checks' period
-    times the failures it waits for (Ray's settings, read from this process's environment
-    as a local cluster's nodes get them; Ray's defaults 3 s x 5), plus our polling."""
-    try:
-        period = float(os.environ.get("RAY_health_check_period_ms", "3000")) / 1000
-        times = float(os.environ.get("RAY_health_check_failure_threshold", "5"))
-    except ValueError:
-        period, times = 3.0, 5.0
-    return max(0.0, period) * max(1.0, times) + 2 * NODES_EVERY_S + 2.0
+@dataclass(frozen=True, kw_only=True)
+class HealthCheck:
+    """How Ray's GCS calls a node dead (``RAY_health_check_period_ms``,
+    ``_timeout_ms``, ``_failure_threshold``; Ray's defaults 3 s, 10 s, 5): it asks each node
+    every period and calls it dead after ``threshold`` failed checks in a row. A crashed
+    node refuses at once; a silent one (cut off by a partition) fails each check only when
+    its timeout runs out, so silence takes longest."""
+
+    period_s: float = 3.0
+    timeout_s: float = 10.0
+    threshold: int = 5
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> HealthCheck:
+        """Ray's settings as a node started with ``env`` reads them (a bad value: Ray's
+        default)."""
+        def read(name: str, default: float) -> float:
+            try:
+                return max(0.0, float(env.get(f"RAY_health_check_{name}", default)))
+            except ValueError:
+                return default
+        return cls(period_s=read("period_ms", 3000) / 1000,
+                   timeout_s=read("timeout_ms", 10000) / 1000,
+                   threshold=max(1, int(read("failure_threshold", 5))))
+
+    def silent_s(self) -> tuple[float, float]:
+        """The soonest and the latest the GCS calls a node dead after it fell silent: each
+        of ``threshold`` checks runs out its timeout, a period apart (the last one
+        scheduled up to a period late)."""
+        soonest = self.threshold * self.timeout_s + (self.threshold - 1) * self.period_s
+        return soonest, soonest + self.period_s
+
+    def fence_s(self) -> float:
+        """How long a node that cannot hear the GCS lets its ranks run (``ray_fence``):
+        half the soonest verdict, so that they are gone before the scheduler hears the
+        node is dead and starts their job elsewhere."""
+        return self.silent_s()[0] / 2
+
+
+def verdict_s(env: Mapping[str, str] | None = None) -> float:
+    """How long the cluster may take to call a dead or cut-off node dead: the latest
+    verdict on a silent node (:class:`HealthCheck`, read from this process's environment as
+    a local cluster's nodes get it), plus our polling of the nodes and 2 s."""
+    check = HealthCheck.from_env(os.environ if env is None else env)
+    return check.silent_s()[1] + 2 * NODES_EVERY_S + 2.0
