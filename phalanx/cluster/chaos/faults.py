@@ -102,8 +102,10 @@ def _starts(out: Path, job: str) -> int:
 
 
 def rank_targets(table: dict[int, procs.Proc], out: Path, jobs: list[ChaosJob],
-                 shards: bool) -> list[Target]:
-    """The live ranks of every job (``shards``: the parameter servers' shards instead)."""
+                 shards: bool, index: dict[int, dict[int, int]] | None = None) -> list[Target]:
+    """The live ranks of every job (``shards``: the parameter servers' shards instead).
+    ``index``: a driver's ranks by pid -> rank, as the watch saw them all alive (their
+    order alone misnames them once one has died); a PS driver not in it is left out."""
     found = []
     for j in jobs:
         folder = out / "jobs" / j.name
@@ -114,15 +116,14 @@ def rank_targets(table: dict[int, procs.Proc], out: Path, jobs: list[ChaosJob],
                       if s == last and procs.live(table, pid)]
             continue
         for d in procs.drivers(table, folder):
-            ranks = procs.driver_ranks(table, d.pid)
             n = j.kind.servers
-            if shards:
-                found += [Target(j.name, f"shard {i}", p.pid, -1, d.pid)
-                          for i, p in enumerate(ranks[:n])] if j.kind.ps else []
-            elif j.kind.ps:
-                found += [Target(j.name, f"worker {i}", p.pid, -1, d.pid)
-                          for i, p in enumerate(ranks[n:])]
-            else:   # a single-process job trains in its driver
+            if j.kind.ps:
+                ranks = {pid: i for pid, i in (index or {}).get(d.pid, {}).items()
+                         if procs.live(table, pid)}
+                found += [Target(j.name, f"shard {i}" if i < n else f"worker {i - n}", pid,
+                                 -1, d.pid) for pid, i in sorted(ranks.items())
+                          if (i < n) == shards]
+            elif not shards:   # a single-process job trains in its driver
                 found.append(Target(j.name, "driver", d.pid, -1, d.pid))
     return found
 
@@ -131,7 +132,7 @@ def fork_server_targets(table: dict[int, procs.Proc], scheduler: int, out: Path,
                         jobs: list[ChaosJob]) -> list[Target]:
     """The scheduler's fork server, while ranks it forked run (else its death shows only
     at the next start)."""
-    running = [t for t in rank_targets(table, out, jobs, False) if t.what.startswith("rank")]
+    running = [t for t in rank_targets(table, out, jobs, False) if t.what.startswith("rank ")]
     if not running:
         return []
     names = ",".join(f"{t.job}@{t.start}" for t in sorted(

@@ -69,10 +69,16 @@ def _event_rank(job: ChaosJob, t: Target) -> int:
 
 
 def _candidates(p: Planned, scene: Scene, table: dict[int, procs.Proc]) -> list[Target]:
+    if p.kind != "kill-scheduler" and clock_now(
+            scene.out, time.time(), scene.scheduler_since_unix()) is None:
+        return []   # no scheduler, or one that has not saved yet: what runs is a dead
+        # scheduler's, which the resumed one stops (a fault there would show nowhere)
     if p.kind in ("kill-rank", "stop-rank"):
-        return rank_targets(table, scene.out, scene.jobs, shards=False)
+        found = rank_targets(table, scene.out, scene.jobs, False, scene.seen.rank_index)
+        # a hang is not stacked on a hang: the first SIGCONT would end both
+        return [t for t in found if p.kind == "kill-rank" or table[t.pid].state != "T"]
     if p.kind == "kill-shard":
-        return rank_targets(table, scene.out, scene.jobs, shards=True)
+        return rank_targets(table, scene.out, scene.jobs, True, scene.seen.rank_index)
     if p.kind == "kill-fork-server":
         pid = scene.scheduler_pid()
         return fork_server_targets(table, pid, scene.out, scene.jobs) if pid else []

@@ -37,7 +37,7 @@ class JobKind:
 
 KINDS: tuple[JobKind, ...] = (
     JobKind(name="sync", gpus=2, reference=True, disk=True, config={
-        **_MLP, "strategy": "sync", "epochs": 100, "max_steps": 300, "checkpoint_every": 25,
+        **_MLP, "strategy": "sync", "epochs": 100, "max_steps": 200, "checkpoint_every": 20,
         "seed": 3}),
     JobKind(name="asp", gpus=2, ps=True, config={**_PS, "strategy": "asp"}),
     JobKind(name="gpt", gpus=1, config={
@@ -45,7 +45,7 @@ KINDS: tuple[JobKind, ...] = (
         "gpt_heads": 2, "context": 16, "train_limit": 2000, "test_limit": 50,
         "max_steps": 40, "strategy": "single", "tensorboard": False}),
     JobKind(name="sync-powersgd", gpus=2, reference=True, disk=True, config={
-        **_MLP, "strategy": "sync", "epochs": 100, "max_steps": 300, "checkpoint_every": 25,
+        **_MLP, "strategy": "sync", "epochs": 100, "max_steps": 200, "checkpoint_every": 20,
         "seed": 4, "compress": "powersgd:1,warm"}),
     JobKind(name="ssp", gpus=2, ps=True, config={**_PS, "strategy": "ssp", "servers": 2}),
     JobKind(name="pipeline", gpus=2, config={

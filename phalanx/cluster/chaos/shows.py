@@ -66,6 +66,10 @@ def _killed(v: RunView, f: Fault, job: str, start: int, jobs: dict[str, Any]) ->
 def _hung(v: RunView, f: Fault) -> list[str]:
     if not f.detail.get("seen_stopped"):
         return [f"stop-rank of {f.job} ({f.target}): never seen stopped"]
+    sj = v.state()["jobs"].get(f.job)
+    stops = sj["fields"]["stops"] if sj is not None else []
+    if f.clock is not None and 0 <= f.start < len(stops) and stops[f.start] < f.clock + f.hold:
+        return []   # the start ended while it hung: later events are the next start's
     rank = f.detail.get("event_rank")
     during = [e for e in v.events(f.job) if e.get("rank") == rank
               and f.unix + 0.1 < e.get("unix", 0) < f.unix + f.hold - 0.1]

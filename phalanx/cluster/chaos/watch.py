@@ -34,6 +34,8 @@ class Seen:
     clocks: list[tuple[float, float, tuple[str, ...]]] = field(default_factory=list)
     # each job's drivers in the order they appeared: driver k is the job's start k
     driver_order: dict[str, list[int]] = field(default_factory=dict)
+    # a PS driver's ranks, pid -> rank (shards first), from a look that saw them all
+    rank_index: dict[int, dict[int, int]] = field(default_factory=dict)
 
     def driver_start(self, job: str, pid: int) -> int:
         order = self.driver_order.setdefault(job, [])
@@ -116,7 +118,11 @@ class Watch(threading.Thread):
             for d in drivers:
                 self.seen.drivers.add(d.pid)
                 self.seen.driver_start(j.name, d.pid)
-                self.seen.pids.update(p.pid for p in procs.driver_ranks(table, d.pid))
+                ranks = procs.driver_ranks(table, d.pid)
+                self.seen.pids.update(p.pid for p in ranks)
+                world = j.kind.servers + j.kind.gpus
+                if j.kind.ps and d.pid not in self.seen.rank_index and len(ranks) == world:
+                    self.seen.rank_index[d.pid] = {p.pid: i for i, p in enumerate(ranks)}
                 self.seen.pids.add(d.pid)
             if len(starts) > 1:
                 self.seen.twice.append(f"{now:.3f}: {j.name}: ranks of starts "
