@@ -1,0 +1,108 @@
+"""Our ring against gloo's allreduce on shaped links: test hosts (network namespaces, one
+process each) at 20 Mbit/s (and 100 with the full run), the MLP's gradient (943 KB),
+allreduced back to back as training does (no pause for tbf's bucket to refill). Ratio:
+ring time / gloo time per (N, rate); target <= 1.05.
+
+Why it exists: posting a step's sends before its receives made our ring at N = 2 take
+1.47x gloo's time here (581 ms against 395: gloo sends a message posted before its peer's
+receive at 2/3 of a busy duplex link's rate); the ring now posts its receives first
+(docs/scale.md, "Calibration and validation").
+
+    python bench/ring_shaped.py [--quick]      # needs root (test hosts)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BYTES = 943_000  # the bandwidth study's MLP gradient
+PORT = 29561
+
+
+def _rank(rank: int, world: int, addr: str, reps: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from phalanx.comm.allreduce import make_allreduce
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{PORT}", rank=rank,
+                            world_size=world)
+    x = torch.randn(BYTES // 4)
+    out = {}
+    for name in ("ring", "native"):
+        fn = make_allreduce(name)
+        dist.barrier()
+        times = []
+        for _ in range(reps + 2):  # back to back; the first two fill queues and windows
+            t0 = time.perf_counter()
+            fn(x)
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times[2:])
+    if rank == 0:
+        print(json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+def _measure(world: int, rate: float, reps: int) -> dict[str, float]:
+    from phalanx.runtime.hosts import TestNetwork
+
+    with TestNetwork(world) as net:
+        net.shape(rate)
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": str(ROOT)}
+        argv = [sys.executable, __file__, "--rank"]
+        procs = [net.hosts[r].popen([*argv, str(r), str(world), net.hosts[0].addr, str(reps)],
+                                    stdout=subprocess.PIPE, text=True, env=env)
+                 for r in range(world)]
+        try:
+            out = procs[0].communicate(timeout=300)[0]
+            for p in procs[1:]:
+                p.wait(timeout=60)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+    if procs[0].returncode != 0:
+        raise SystemExit(f"ring_shaped: rank 0 exited with {procs[0].returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank":
+        _rank(*(int(a) if i != 2 else a for i, a in enumerate(sys.argv[2:6])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N = 2 at 20 Mbit/s only")
+    args = parser.parse_args()
+    from phalanx.runtime.hosts import unavailable
+
+    reason = unavailable()
+    points = [(2, 20.0)] if args.quick else [(2, 20.0), (3, 20.0), (2, 100.0), (3, 100.0)]
+    results, ratios, targets = {}, {}, {}
+    if reason is not None:
+        results["skipped"] = f"no test hosts: {reason}"
+    for world, rate in ([] if reason else points):
+        key = f"n{world}-{rate:g}mbit"
+        got = _measure(world, rate, 4 if args.quick else 8)
+        results[key] = {k: round(v * 1e3, 1) for k, v in got.items()}  # ms per allreduce
+        ratios[f"{key} ring/gloo time"] = round(got["ring"] / got["native"], 3)
+        targets[f"{key} ring/gloo time"] = "<= 1.05"
+        print(f"N={world} {rate:g} Mbit/s: ring {got['ring'] * 1e3:.0f} ms, gloo "
+              f"{got['native'] * 1e3:.0f} ms", file=sys.stderr)
+    print(json.dumps({"bench": "ring_shaped", "results": results, "ratios": ratios,
+                      "targets": targets}))
+
+
+if __name__ == "__main__":
+    main()
