@@ -34,6 +34,10 @@ class CommCost:
     bytes_by_level: dict[str, float] = field(default_factory=dict)
     bottleneck: str = "none"
     messages: int = 0
+    # what the token buckets saved, already taken off ``seconds``: they are full only
+    # after an idle gap at least as long (a strategy whose links are busy back to back
+    # gives some of it back: predict._sync)
+    credit_s: float = 0.0
 
     def __add__(self, other: CommCost) -> CommCost:
         levels = defaultdict(float, self.bytes_by_level)
@@ -42,13 +46,13 @@ class CommCost:
         worst = self.bottleneck if self.seconds >= other.seconds else other.bottleneck
         return CommCost(self.seconds + other.seconds,
                         self.bytes_per_worker + other.bytes_per_worker, dict(levels), worst,
-                        self.messages + other.messages)
+                        self.messages + other.messages, self.credit_s + other.credit_s)
 
     def scaled(self, k: float) -> CommCost:
         """This exchange every 1/k steps (model averaging every k steps: scaled(1/k))."""
         return CommCost(self.seconds * k, self.bytes_per_worker * k,
                         {a: b * k for a, b in self.bytes_by_level.items()}, self.bottleneck,
-                        self.messages)
+                        self.messages, self.credit_s * k)
 
 
 NONE = CommCost(0.0, 0.0)
@@ -56,9 +60,10 @@ NONE = CommCost(0.0, 0.0)
 
 def _repeat(p: PhaseCost, times: int, per_worker: float, messages: int) -> CommCost:
     """``times`` phases back to back: only the first finds the token buckets full."""
-    return CommCost(p.seconds * times - (p.credit_s if times else 0.0), per_worker,
+    credit = p.credit_s if times else 0.0
+    return CommCost(p.seconds * times - credit, per_worker,
                     {k: v * times for k, v in p.bytes_by_level.items()},
-                    p.bottleneck if times else "none", messages)
+                    p.bottleneck if times else "none", messages, credit)
 
 
 # ------------------------------------------------------------------ exact byte formulas
@@ -187,7 +192,7 @@ def main_node(net: Network, devices: Sequence[int], nbytes: float) -> CommCost:
     # up and down use opposite directions (other token buckets): both start full
     seconds = up.seconds - up.credit_s + down.seconds - down.credit_s
     return CommCost(seconds, nbytes * (n - 1), dict(levels),
-                    worst.bottleneck, n - 1)
+                    worst.bottleneck, n - 1, up.credit_s + down.credit_s)
 
 
 ALLREDUCE = {"ring": ring, "tree": tree, "hierarchical": hierarchical, "main": main_node}
@@ -250,12 +255,13 @@ def ps_exchange(net: Network, workers: Sequence[int], shards: Sequence[int],
     if duplex:
         both = net.phase(push_flows + pull_flows)
         return (CommCost(both.seconds - both.credit_s, per_worker_push, both.bytes_by_level,
-                         both.bottleneck, len(shards)),
+                         both.bottleneck, len(shards), both.credit_s),
                 CommCost(0.0, 0.0, {}, "none", len(shards)))
     a, b = net.phase(push_flows), net.phase(pull_flows)
     return (CommCost(a.seconds - a.credit_s, per_worker_push, a.bytes_by_level, a.bottleneck,
-                     len(shards)),
-            CommCost(b.seconds - b.credit_s, 0.0, b.bytes_by_level, b.bottleneck, len(shards)))
+                     len(shards), a.credit_s),
+            CommCost(b.seconds - b.credit_s, 0.0, b.bytes_by_level, b.bottleneck, len(shards),
+                     b.credit_s))
 
 
 def point_to_point(net: Network, pairs: Sequence[tuple[int, int]], nbytes: float) -> CommCost:

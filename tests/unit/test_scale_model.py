@@ -250,3 +250,21 @@ def test_sharded_data_parallel_by_hand() -> None:
     assert synced.step_s <= fsdp.step_s < three.step_s
     with pytest.raises(ConfigError, match="--zero-stage: 4"):
         Setting(strategy="zero", zero_stage=4, workers=3)
+
+
+def test_token_bucket_credit_is_at_most_the_links_idle_time() -> None:
+    """A ring at N = 2 on 20 Mbit/s links with tbf's 153 KB burst, one 943 KB bucket after
+    backward: the links are idle only during compute, so a step's credit is
+    min(burst / rate, compute), not the whole burst. 8 ms of compute: the step is the
+    exchange's time with no credit (943 KB at the rate: 377 ms); 200 ms of compute: the
+    full credit (61 ms) comes off."""
+    from phalanx.scale.network import Link, Links, uniform_network
+    rate, burst, grad = 20e6 / 8, 153e3, 943_000
+    net = uniform_network(2, gpus_per_server=1, links=Links(
+        nic=Link(bandwidth=rate, burst=burst), rack=Link(bandwidth=1e12)))
+    s = Setting(strategy="sync", workers=2, allreduce="ring")
+    for compute, credit in ((0.008, 0.008), (0.2, burst / rate)):
+        layer = Layer(name="l", params=grad // 4, compute_share=1.0)
+        w = Workload(name="w", layers=(layer,), batch=32, step_compute_s=compute)
+        p = predict(w, s, net)
+        assert p.step_s == pytest.approx(compute + grad / rate - credit, rel=1e-6)
