@@ -32,6 +32,7 @@ LONGEST_FIRST = (  # seconds: a loaded (load ~9) two-worker run, 2026-11-29
     "tests/multinode/test_strategies.py",        # 55 s
     "tests/conformance/test_strategy_conformance.py",  # 40 s
     "tests/distributed/test_ps_preempt.py",      # 39 s
+    "tests/chaos/test_chaos_run.py",             # ~40-50 s (one seeded chaos run)
     "tests/cluster/test_live.py",                # 37 s
     "tests/distributed/test_sync_ddp.py",        # 37 s
     "tests/cluster/test_live_restart.py",        # 36 s

@@ -117,6 +117,9 @@ def inject(p: Planned, f: Fault, scene: Scene, now: float) -> bool:
             f.outcome = "planned"     # it ended between the look and the signal: later
             return False
         f.detail["seen_stopped"] = stopped_now(t.pid)
+        if not f.detail["seen_stopped"] and procs.scan_one(t.pid) in (None, "Z", "X"):
+            f.outcome, f.detail = "planned", {}   # it was ending as it was stopped: later
+            return False
         f.detail["event_rank"] = _event_rank(by_name[t.job.split(",")[0]], t)
         scene.undo.append((time.monotonic() + p.hold,
                            lambda: signal_pid(t.pid, signal.SIGCONT)))

@@ -73,6 +73,20 @@ def resumable(job: LiveJob, run_dir: Path) -> bool:
     return can is not None and can(cfg)
 
 
+def sweep_dead_writers(run_dir: Path) -> list[str]:
+    """Remove the temp files (``.NAME.tmpPID``, :func:`phalanx.runtime.checkpoint.
+    save_checkpoint`'s) that a writer killed mid-write left in a run folder, before the
+    job starts again: a SIGKILL gives the writer no chance to (found by the chaos harness:
+    a shard killed while it wrote ``ps_shard0.ckpt``). A live writer's are left alone."""
+    removed = []
+    for path in run_dir.glob(".*.tmp*"):
+        pid = path.name.rsplit(".tmp", 1)[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
 def emulate_type(run_dir: Path, slowdown: float) -> None:
     """Rewrite a stopped run's ``config.json`` so that its resume computes ``slowdown``
     times slower on every compute rank (1: at full speed)."""
@@ -114,6 +128,7 @@ def build_gang(job: LiveJob, plan: JobPlan, topology: Topology, devices: tuple[i
     module = ("-m", "phalanx.entry.scheduled") if plan.per_rank else ("-m", "phalanx.cli",
                                                                      "train")
     n = workers or job.spec.gpus
+    sweep_dead_writers(run_dir)
     if resume and slowdown is not None:
         emulate_type(run_dir, slowdown)
     if resume:

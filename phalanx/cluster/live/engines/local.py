@@ -130,6 +130,7 @@ class ForkedRank(RankProcess):
     flags after ``-m phalanx.entry.scheduled``."""
 
     SESSION_WAIT_S = 10.0
+    START_TRIES = 10        # a dead fork server: tries, 0.2 s apart, to start on a new one
 
     def __init__(self, argv: tuple[str, ...], env: Mapping[str, str], log: Path) -> None:
         # not RankProcess's __init__: no Popen here
@@ -139,10 +140,21 @@ class ForkedRank(RankProcess):
             pass
         full = dict(os.environ)
         full.update(env)
-        self.proc = supervise.process_context().Process(
-            target=forked_rank.main, args=(argv, full, os.getcwd(), str(log)),
-            name=f"phalanx-scheduled-rank{env.get('RANK', '0')}")
-        self.proc.start()
+        for attempt in range(self.START_TRIES):
+            self.proc = supervise.process_context().Process(
+                target=forked_rank.main, args=(argv, full, os.getcwd(), str(log)),
+                name=f"phalanx-scheduled-rank{env.get('RANK', '0')}")
+            try:
+                self.proc.start()
+                break
+            except (EOFError, ConnectionError) as e:
+                # the fork server died (killed) before or while it forked this rank: once
+                # it is reaped, multiprocessing starts a fresh one (found by the chaos
+                # harness: the scheduler died of this EOFError with a traceback)
+                if attempt == self.START_TRIES - 1:
+                    raise OSError(f"the fork server died and no new one started ({e!r})"
+                                  ) from None
+                time.sleep(0.2)
         self.pid = self.proc.pid
         self.kill_at = float("inf")
         # until it leads its own session: a stop sent before would find no process group
