@@ -242,6 +242,30 @@ def _cmd_bytes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_steps(args: argparse.Namespace) -> int:
+    from phalanx.scale import step_check  # torch and test hosts: only for this action
+
+    models = [m for m in args.models.split(",") if m]
+    rates = _floats(args.rates, "--rates")
+    path = step_check.run(Path(args.out), models, _ints(args.sizes, "--sizes"), rates,
+                          args.calibration, steps=args.steps, seed=args.seed,
+                          cores=args.cores)
+    print(path.read_text())
+    print(f"-> {path}")
+    return 0
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v]
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} is not a comma-separated list of numbers") \
+            from None
+    if not values:
+        raise ConfigError(f"{flag}: {text!r} names nothing")
+    return values
+
+
 def _model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="resnet50",
@@ -361,3 +385,19 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/scale/bytes")
     p.set_defaults(func=_cmd_bytes)
+
+    p = inner.add_parser("steps", help="every strategy's step time on shaped test-host links "
+                                       "against the prediction, compute fitted at N=2, "
+                                       "1000 Mbit/s (root)")
+    p.add_argument("--models", default="mlp,gpt,ctr", help="mlp, gpt, ctr (comma-separated)")
+    p.add_argument("--sizes", default="2,3", help="worker counts N, 2..8 (must hold 2)")
+    p.add_argument("--rates", default="100,20", help="held-out link rates, Mbit/s")
+    p.add_argument("--steps", type=int, default=20, help="steps per run (8..10000)")
+    p.add_argument("--calibration",
+                   default="reports/experiments/scale/calibration-quiet.json")
+    p.add_argument("--cores", type=int, default=0,
+                   help="cores the runs share (0: this machine's); compute is scaled by "
+                        "processes / cores above it")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/scale/steps")
+    p.set_defaults(func=_cmd_steps)

@@ -1,0 +1,205 @@
+"""``phalanx scale steps``: every strategy's step time on shaped links, predicted and
+measured, for the MLP, the GPT and the CTR model.
+
+The bandwidth study (``phalanx scale validate``) holds four strategies of the MLP out; this
+check runs every case of ``phalanx scale bytes`` (:func:`phalanx.scale.wire_check.cases`)
+on test hosts, one process per host, each torchrun group re-shaping its links between runs
+(``phalanx.experiments.hostgroup``):
+
+* **fit** (one number per model and strategy): the run at N = 2 on 1000 Mbit/s gives the
+  step's compute and per-step overhead c, the value that makes the prediction equal the
+  measurement there (bisection: the step grows with c);
+* **held out**: every other (N, rate): the prediction with that c (times processes / cores
+  when the run has more processes than the machine has cores), the links as calibrated
+  (``--calibration``: alpha, efficiency, token bucket and duplex at the nearest calibrated
+  rate), nothing fitted to the point.
+
+A run's step time is its steady-state samples/s (``summary.json``) over the samples a step
+takes (``train_samples / steps``: a batch per replica). Step times depend on how busy the
+machine is; the bandwidth-bound points (100 and 20 Mbit/s) much less than 1000 Mbit/s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from phalanx.errors import ConfigError
+from phalanx.experiments.hostgroup import Plan, PlannedRun, run_plan
+from phalanx.runtime.hosts import TestNetwork, unavailable
+from phalanx.scale import calibrate as cal
+from phalanx.scale import wire_check as wc
+from phalanx.scale.network import Link, Links, uniform_network
+from phalanx.scale.predict import predict
+from phalanx.scale.profile import profile_model
+from phalanx.scale.report import commit
+from phalanx.scale.setting import Compression, Setting
+
+FIT = (2, 1000.0)  # (N, Mbit/s) each strategy's compute is fitted on
+# the CTR table for step times: 26 x 4,096 rows (6.8 MB), so that sync's densified table
+# takes seconds, not a minute, a step at 20 Mbit/s
+STEP_MODELS = {**wc.MODELS, "ctr": ["--model", "ctr", "--data", "ctr-synthetic",
+                                    "--ctr-rows", "4096", "--train-limit", "20000"]}
+STEP_OPTIONS = {"ctr": {"rows": 4096}}
+
+
+@dataclass(frozen=True)
+class Point:
+    model: str
+    label: str
+    n: int
+    rate: float
+    measured_s: float
+    predicted_s: float
+    held_out: bool
+    commit: str = ""
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1
+
+
+def _flags(case: wc.Case, model: str, steps: int, out: Path, seed: int) -> list[str]:
+    flags = wc._flags(case, model, steps, out, seed)
+    n = len(wc.MODELS[model])
+    return [*STEP_MODELS[model], *flags[n:]]
+
+
+def _step_s(run_dir: Path) -> float:
+    s = json.loads((run_dir / "summary.json").read_text())
+    if not s.get("samples_per_s") or not s.get("steps"):
+        raise ConfigError(f"{run_dir}: the run measured no steady state")
+    return s["train_samples"] / s["steps"] / s["samples_per_s"]
+
+
+def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], steps: int,
+            seed: int = 0, say=print) -> dict[tuple[str, str, int, float], float]:
+    """(model, case, N, rate) -> measured step seconds."""
+    found = {}
+    for model in models:
+        for n in sizes:
+            at = ([FIT[1]] if n == FIT[0] else []) + [r for r in rates if r != FIT[1]]
+            by_world: dict[int, list[wc.Case]] = {}
+            for c in wc.cases(n, model):
+                by_world.setdefault(c.world, []).append(c)
+            for world, group in sorted(by_world.items()):
+                runs, index = [], []
+                for rate in at:
+                    for c in group:
+                        tag = (f"{model}-n{n}-{int(rate)}-"
+                               f"{c.label.replace(' ', '_').replace('%', 'pc')}")
+                        d = out / "runs" / tag
+                        runs.append(PlannedRun(_flags(c, model, steps, d, seed),
+                                               rate_mbit=rate))
+                        index.append((c, rate, d))
+                say(f"phalanx scale steps: {model}, N={n}, {world} hosts, "
+                    f"{', '.join(f'{r:g}' for r in at)} Mbit/s: "
+                    f"{', '.join(c.label for c in group)}")
+                with TestNetwork(world) as net:
+                    run_plan(net, 1, Plan(runs, net.bridge_ns, net.ports()),
+                             out / "groups" / f"{model}-n{n}-w{world}", timeout_s=3600)
+                for c, rate, d in index:
+                    found[(model, c.label, n, rate)] = _step_s(d)
+    return found
+
+
+def _predict(model: str, c: wc.Case, n: int, link: Link, workload, compute: float,
+             cores: int) -> float:
+    kw = dict(c.setting)
+    if "compress" in kw:
+        kw["compress"] = Compression.parse(kw["compress"])
+    procs = c.world
+    w = workload.with_compute(compute * max(1.0, procs / cores) if cores else compute,
+                              "fitted")
+    net = uniform_network(n, gpus_per_server=1,
+                          links=Links(nic=link, rack=Link(bandwidth=link.bandwidth * 64)))
+    return predict(w, Setting(workers=n, **kw), net).step_s
+
+
+def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: int) -> float:
+    lo, hi = 1e-5, 30.0
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        over = _predict(model, c, FIT[0], link, workload, mid, cores) > measured
+        lo, hi = (lo, mid) if over else (mid, hi)
+    return (lo * hi) ** 0.5
+
+
+def points(found: dict[tuple[str, str, int, float], float], fitted: dict[str, Any],
+           cores: int, seed: int = 0) -> list[Point]:
+    loads = {m: profile_model(m, wc.BATCHES.get(m, wc.BATCH), repeats=1,
+                              input_shape=wc.INPUT[m], options=STEP_OPTIONS.get(m,
+                              wc.OPTIONS.get(m)), data_seed=seed)
+             for m in {k[0] for k in found}}
+    made_by = commit()
+    compute: dict[tuple[str, str], float] = {}
+    for (model, label, n, rate), step in found.items():
+        if (n, rate) == FIT:
+            c = next(c for c in wc.cases(n, model) if c.label == label)
+            compute[model, label] = _fit(model, c, cal.link_for(fitted, rate), loads[model],
+                                         step, cores)
+    out = []
+    for (model, label, n, rate), step in sorted(found.items()):
+        if (model, label) not in compute:
+            continue  # no fit point for this case (its N=2 run is missing)
+        c = next(c for c in wc.cases(n, model) if c.label == label)
+        pred = _predict(model, c, n, cal.link_for(fitted, rate), loads[model],
+                        compute[model, label], cores)
+        out.append(Point(model, label, n, rate, step, pred, (n, rate) != FIT, made_by))
+    return out
+
+
+def table(pts: list[Point]) -> str:
+    rows = ["| model | strategy | N | Mbit/s | measured step (ms) | predicted | error | set |",
+            "|---|---|---|---|---|---|---|---|"]
+    rows += [f"| {p.model} | {p.label} | {p.n} | {p.rate:g} | {p.measured_s * 1e3:.0f} | "
+             f"{p.predicted_s * 1e3:.0f} | {p.error:+.1%} | "
+             f"{'held out' if p.held_out else 'fit'} |"
+             for p in sorted(pts, key=lambda p: (p.model, p.label, -p.rate, p.n))]
+    rows += ["", "| held-out points | n | median abs error | worst |", "|---|---|---|---|"]
+    held = [p for p in pts if p.held_out]
+    groups = {"20 + 100 Mbit/s (bandwidth-bound)": [p for p in held if p.rate <= 100],
+              "1000 Mbit/s": [p for p in held if p.rate > 100]}
+    for m in sorted({p.model for p in pts}):
+        groups[f"{m}, 20 + 100 Mbit/s"] = [p for p in held if p.model == m and p.rate <= 100]
+    for name, ps in groups.items():
+        if ps:
+            e = [abs(p.error) for p in ps]
+            rows.append(f"| {name} | {len(ps)} | {statistics.median(e):.1%} | "
+                        f"{max(e):.1%} |")
+    return "\n".join(rows)
+
+
+def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
+        calibration: str, steps: int = 20, seed: int = 0, cores: int = 0) -> Path:
+    for m in models:
+        if m not in STEP_MODELS:
+            raise ConfigError(f"--models: {m!r} is not one of {', '.join(STEP_MODELS)}")
+    for n in sizes:
+        if not 2 <= n <= 8:
+            raise ConfigError(f"--sizes: {n} is not in 2..8")
+    if FIT[0] not in sizes:
+        raise ConfigError(f"--sizes: must hold {FIT[0]} (each strategy's compute is fitted "
+                          f"at N = {FIT[0]}, {FIT[1]:g} Mbit/s)")
+    for r in rates:
+        if not 1 <= r <= 10_000:
+            raise ConfigError(f"--rates: {r:g} is not in 1..10000 Mbit/s")
+    if not 8 <= steps <= 10_000:
+        raise ConfigError(f"--steps: {steps} is not in 8..10000")
+    fitted = cal.load(calibration)["fitted"]
+    reason = unavailable()
+    if reason is not None:
+        raise ConfigError(f"scale steps: needs test hosts (run as root): {reason}")
+    out.mkdir(parents=True, exist_ok=True)
+    found = measure(out, models, sizes, rates, steps, seed)
+    pts = points(found, fitted, cores or os.cpu_count() or 1, seed)
+    (out / "steps.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
+    path = out / "steps.md"
+    path.write_text("# Step times: predicted against runs on shaped links\n\n"
+                    f"Calibration: {calibration}; compute fitted per strategy at N = "
+                    f"{FIT[0]}, {FIT[1]:g} Mbit/s.\n\n" + table(pts) + "\n")
+    return path

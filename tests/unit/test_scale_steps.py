@@ -1,0 +1,72 @@
+"""``phalanx scale steps`` without test hosts: a run's step time from its summary, the
+compute fitted at N = 2 and 1000 Mbit/s reproduces that point, the held-out points are
+predicted from it and the calibration alone, and bad input is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_run import run_main
+
+from phalanx.scale import calibrate as cal
+from phalanx.scale import step_check as sc
+from phalanx.scale import wire_check as wc
+from phalanx.scale.profile import profile_model
+
+CAL = str(Path(__file__).resolve().parents[2] / "reports/experiments/scale/calibration-quiet.json")
+
+
+def test_a_run_s_step_time_is_its_steady_rate_over_a_step_s_samples(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"train_samples": 2560, "steps": 40, "samples_per_s": 160.0}))
+    assert sc._step_s(tmp_path) == pytest.approx(64 / 160)
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"train_samples": 0, "steps": 0, "samples_per_s": 0.0}))
+    with pytest.raises(Exception, match="measured no steady state"):
+        sc._step_s(tmp_path)
+
+
+def test_the_fit_point_is_exact_and_held_out_points_follow_the_links():
+    """Ring at N=2: 60 ms measured at 1000 Mbit/s fixes the compute; at 20 Mbit/s the
+    same compute plus the calibrated link's exchange of the MLP's 400 KB predicts the step
+    (between the compute and compute + 2 x 400 KB at the rate)."""
+    fitted = cal.load(CAL)["fitted"]
+    found = {("mlp", "sync ring", 2, 1000.0): 0.060, ("mlp", "sync ring", 2, 20.0): 0.300,
+             ("mlp", "sync ring", 3, 20.0): 0.400}
+    pts = {(p.n, p.rate): p for p in sc.points(found, fitted, cores=8)}
+    fit = pts[2, 1000.0]
+    assert not fit.held_out and fit.predicted_s == pytest.approx(0.060, rel=1e-6)
+    w = profile_model("mlp", wc.BATCH, repeats=1, input_shape=wc.INPUT["mlp"])
+    slow = pts[2, 20.0]
+    assert slow.held_out and fit.commit
+    link = cal.link_for(fitted, 20.0)
+    assert 0.06 < slow.predicted_s < 0.06 + 2 * w.grad_bytes / link.bandwidth
+    # N = 3 sends more per worker (2 x 2/3 X against X) over the same link: slower
+    assert pts[3, 20.0].predicted_s > slow.predicted_s
+    assert "bandwidth-bound" in sc.table(list(pts.values()))
+
+
+def test_more_processes_than_cores_share_the_compute():
+    fitted = cal.load(CAL)["fitted"]
+    c = next(c for c in wc.cases(3, "mlp") if c.label == "sync ring")
+    w = profile_model("mlp", wc.BATCH, repeats=1, input_shape=wc.INPUT["mlp"])
+    link = cal.link_for(fitted, 1000.0)
+    alone = sc._predict("mlp", c, 3, link, w, 0.05, cores=8)
+    shared = sc._predict("mlp", c, 3, link, w, 0.05, cores=2)
+    assert shared - alone == pytest.approx(0.05 * 0.5, rel=1e-3)  # 3 processes, 2 cores
+
+
+@pytest.mark.parametrize("args, text", [
+    (("--models", "lenet5"), "--models: 'lenet5' is not one of mlp, gpt, ctr"),
+    (("--sizes", "3"), "--sizes: must hold 2"),
+    (("--rates", "0.5"), "--rates: 0.5 is not in 1..10000 Mbit/s"),
+    (("--rates", "x"), "--rates: 'x' is not a comma-separated list of numbers"),
+    (("--steps", "3"), "--steps: 3 is not in 8..10000"),
+    (("--calibration", "nope.json"), "--calibration nope.json: cannot read"),
+])
+def test_bad_input_is_one_line(capsys, tmp_path, args, text):
+    rc, (_, err) = run_main(capsys, "scale", "steps", *args, "--out", str(tmp_path / "o"))
+    assert rc == 2 and text in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
