@@ -432,7 +432,7 @@ def test_a_cut_off_node_is_fenced_and_its_job_resumes_elsewhere(cluster, tmp_pat
         # Ray's log monitor stays (as after any raylet's death): ours to end
         raylet_gone = _raylet_gone(host_b, 60)
         raylet_s = time.monotonic() - t_up
-        print("still on b:", host_b.processes())
+        still_on_b = host_b.processes()
         _kill_and_wait(c.node_temp[1])
         c.start_node(1)
         back = True
@@ -465,6 +465,7 @@ def test_a_cut_off_node_is_fenced_and_its_job_resumes_elsewhere(cluster, tmp_pat
             ln.endswith(f"rank pid {zombie} killed (fenced)") for ln in fenced] == [True], fenced
     assert left_on_b == [], left_on_b
     assert raylet_gone, "Ray's processes on b still ran 60 s after the link came back"
+    assert all("ray/_private/log_monitor.py" in x for x in still_on_b), still_on_b
     # no rank waited out gloo's timeout, on either side of the cut
     log = (out / "logs" / "S.log").read_text()
     assert "Timed out" not in log and start1 - cut_unix < 30, figures
