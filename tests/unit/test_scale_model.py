@@ -268,3 +268,17 @@ def test_token_bucket_credit_is_at_most_the_links_idle_time() -> None:
         w = Workload(name="w", layers=(layer,), batch=32, step_compute_s=compute)
         p = predict(w, s, net)
         assert p.step_s == pytest.approx(compute + grad / rate - credit, rel=1e-6)
+
+
+def test_main_node_directions_rest_in_turn_and_keep_their_credit() -> None:
+    """The main node gathers, then broadcasts: each direction of a link is idle while the
+    other works, so each keeps its whole token bucket even with little compute (N = 2: up
+    943 KB, then down 943 KB, each less the 153 KB burst)."""
+    from phalanx.scale.network import Link, Links, uniform_network
+    rate, burst, grad, compute = 20e6 / 8, 153e3, 943_000, 0.008
+    net = uniform_network(2, gpus_per_server=1, links=Links(
+        nic=Link(bandwidth=rate, burst=burst), rack=Link(bandwidth=1e12)))
+    layer = Layer(name="l", params=grad // 4, compute_share=1.0)
+    w = Workload(name="w", layers=(layer,), batch=32, step_compute_s=compute)
+    p = predict(w, Setting(strategy="sync", workers=2, allreduce="main"), net)
+    assert p.step_s == pytest.approx(compute + 2 * (grad - burst) / rate, rel=1e-6)
