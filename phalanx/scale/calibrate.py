@@ -56,7 +56,7 @@ def _probe(net: TestNetwork, sizes: list[int], repeats: int, gap: float, duplex:
            ) -> tuple[list[dict], int, int]:
     """One probe run between the first two hosts: its points and the bytes each sent."""
     a, b = net.hosts[:2]
-    server = b.popen([sys.executable, "-m", "phalanx.scale.probe", "server", str(PORT)],
+    server = b.popen([sys.executable, "-m", "phalanx.scale.probe", "server", b.addr, str(PORT)],
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         tx0, back0 = a.tx_bytes(), b.tx_bytes()

@@ -4,7 +4,7 @@ message + answer for each size (one connection, a pause between messages as a tr
 compute leaves one). ``duplex``: the server sends as many bytes back while it receives (a
 ring step's two directions at once). Plain sockets: no torch, so a probe starts in ~0.1 s.
 
-    python -m phalanx.scale.probe server PORT
+    python -m phalanx.scale.probe server ADDR PORT   (listens on ADDR only)
     python -m phalanx.scale.probe client ADDR PORT SIZES REPEATS GAP_S [duplex]  (JSON)
 """
 
@@ -28,8 +28,8 @@ def _recv_exact(conn: socket.socket, n: int) -> bool:
     return True
 
 
-def serve(port: int) -> None:
-    with socket.create_server(("0.0.0.0", port)) as srv:
+def serve(addr: str, port: int) -> None:
+    with socket.create_server((addr, port)) as srv:  # the host's own address, never all
         conn, _ = srv.accept()
         with conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -89,7 +89,7 @@ def client(addr: str, port: int, sizes: list[int], repeats: int, gap: float,
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["server"]:
-        serve(int(argv[1]))
+        serve(argv[1], int(argv[2]))
     elif argv[:1] == ["client"]:
         sizes = [int(v) for v in argv[3].split(",")]
         duplex = argv[6:7] == ["duplex"]
