@@ -67,6 +67,7 @@ LAZY = {
     ("phalanx.scale.cli", "phalanx.scale.profile"),
     ("phalanx.scale.cli", "phalanx.scale.server_cost"),  # calibrate times a real shard
     ("phalanx.scale.cli", "phalanx.scale.wire_check"),  # bytes runs real ranks on test hosts
+    ("phalanx.scale.cli", "phalanx.scale.step_check"),  # steps runs real ranks on test hosts
 }
 
 
