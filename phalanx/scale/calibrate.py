@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -74,6 +75,28 @@ def _probe(net: TestNetwork, sizes: list[int], repeats: int, gap: float, duplex:
     return json.loads(done.stdout), tx, back
 
 
+def _gloo_probe(net: TestNetwork, sizes: list[int], repeats: int, gap: float
+                ) -> dict[str, list[dict]]:
+    """The duplex probe as the protocols move bytes (:mod:`phalanx.scale.gloo_probe`)."""
+    a = net.hosts[0]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": a.iface, "OMP_NUM_THREADS": "1"}
+    argv = [a.addr, str(PORT + 1), ",".join(map(str, sizes)), str(repeats), str(gap)]
+    procs = [h.popen([sys.executable, "-m", "phalanx.scale.gloo_probe", str(r), *argv],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for r, h in enumerate(net.hosts[:2])]
+    try:
+        out, err = procs[0].communicate(timeout=900)
+        procs[1].wait(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if procs[0].returncode != 0:
+        raise ConfigError(f"calibrate: the gloo probe failed: {err.strip()[-200:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def measure(rates: list[float], repeats: int = 3, gap: float = 0.05) -> dict[str, Any]:
     """Time messages at each rate between two fresh test hosts, one way and both ways at
     once; needs root."""
@@ -87,9 +110,12 @@ def measure(rates: list[float], repeats: int = 3, gap: float = 0.05) -> dict[str
             sizes = _sizes(rate)
             rows, tx, back = _probe(net, sizes, repeats, gap, duplex=False)
             both, _, _ = _probe(net, sizes, repeats, gap, duplex=True)
+            gloo = _gloo_probe(net, sizes, repeats, gap)
             payload = sum((s + 8) * (repeats + 1) for s in sizes) + 8
             # the receiver's bytes: its ACKs (and the 1-byte answers, counted as ACKs)
             out[f"{rate:g}"] = {"rate_mbit": rate, "points": rows, "duplex_points": both,
+                                "gloo_points": gloo["points"],
+                                "gloo_duplex_points": gloo["duplex_points"],
                                 "wire_bytes_per_payload_byte": tx / payload,
                                 "ack_bytes_per_payload_byte": back / payload}
     return out
@@ -123,14 +149,19 @@ def fit(measured: dict[str, Any], fit_on: list[str] | None = None) -> dict[str, 
         if fit_on is not None and key not in fit_on:
             continue
         alpha, beta, burst, r2 = fit_bucket([(p["bytes"], p["seconds"]) for p in m["points"]])
-        duplex = 1.0
-        if m.get("duplex_points"):
-            _, beta_d, _, _ = fit_bucket([(p["bytes"], p["seconds"])
-                                          for p in m["duplex_points"]], burst)
-            duplex = min(1.0, beta / beta_d) if beta_d > 0 else 1.0
+        duplex, source = 1.0, "none"
+        # one way's per-byte time over both ways', from gloo where measured (what the
+        # protocols do), else from the raw-socket probe (calibrations before 2026-11-29)
+        for one, two, name in (("gloo_points", "gloo_duplex_points", "gloo"),
+                               ("points", "duplex_points", "sockets")):
+            if m.get(one) and m.get(two):
+                _, b1, _, _ = fit_bucket([(p["bytes"], p["seconds"]) for p in m[one]], burst)
+                _, b2, _, _ = fit_bucket([(p["bytes"], p["seconds"]) for p in m[two]], burst)
+                duplex, source = (min(1.0, b1 / b2) if b2 > 0 and b1 > 0 else 1.0), name
+                break
         nominal = m["rate_mbit"] * 1e6 / 8
         fitted[key] = {"rate_mbit": m["rate_mbit"], "alpha_s": alpha, "beta_s_per_byte": beta,
-                       "burst_bytes": burst, "duplex": duplex,
+                       "burst_bytes": burst, "duplex": duplex, "duplex_from": source,
                        "efficiency": (1 / beta) / nominal if beta > 0 else 0.0, "r2": r2,
                        "wire_overhead": m["wire_bytes_per_payload_byte"] - 1,
                        "ack_overhead": m.get("ack_bytes_per_payload_byte", 0.0)}

@@ -103,6 +103,24 @@ def test_calibration_fit_recovers_a_token_bucket() -> None:
     assert fit_line([(0, 1), (1, 3)])[:2] == (1.0, 2.0)
 
 
+def test_duplex_factor_comes_from_gloo_where_measured() -> None:
+    """Both probes' points at 100 Mbit/s: the raw sockets' two directions at 0.8 of the
+    one-way rate, gloo's at the full rate. The duplex factor is gloo's (what the protocols
+    get); a calibration made before gloo's probe keeps the sockets' figure."""
+    from phalanx.scale.calibrate import fit
+
+    def line(rate: float) -> list[dict]:
+        return [{"bytes": x, "seconds": 1e-3 + max(0, x - 250_000) / rate}
+                for x in (65536, 262144, 1 << 20, 4 << 20)]
+    m = {"rate_mbit": 100.0, "points": line(12.5e6), "duplex_points": line(10e6),
+         "wire_bytes_per_payload_byte": 1.001}
+    old = fit({"100": m})["100"]
+    assert old["duplex"] == pytest.approx(0.8, rel=1e-6) and old["duplex_from"] == "sockets"
+    new = fit({"100": {**m, "gloo_points": line(12.5e6),
+                       "gloo_duplex_points": line(12.5e6)}})["100"]
+    assert new["duplex"] == pytest.approx(1.0) and new["duplex_from"] == "gloo"
+
+
 def test_cli_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
     from phalanx.cli import main
     for argv, flag in ((["scale", "predict", "--strategy", "nope"], "--strategy"),
