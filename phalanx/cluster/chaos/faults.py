@@ -157,7 +157,7 @@ def signal_pid(pid: int, sig: int) -> bool:
         return False
 
 
-def stopped_now(pid: int, timeout_s: float = 0.5) -> bool:
+def stopped_now(pid: int, timeout_s: float = 2.0) -> bool:
     """Whether ``pid`` shows as stopped (``T``) within ``timeout_s`` of a SIGSTOP."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
