@@ -249,7 +249,7 @@ def _cmd_steps(args: argparse.Namespace) -> int:
     rates = _floats(args.rates, "--rates")
     path = step_check.run(Path(args.out), models, _ints(args.sizes, "--sizes"), rates,
                           args.calibration, steps=args.steps, seed=args.seed,
-                          cores=args.cores)
+                          cores=args.cores, reuse=args.reuse)
     print(path.read_text())
     print(f"-> {path}")
     return 0
@@ -399,5 +399,8 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
                    help="cores the runs share (0: this machine's); compute is scaled by "
                         "processes / cores above it")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reuse", default=None, metavar="STEPS_JSON",
+                   help="predict an earlier run's measured steps again (another "
+                        "--calibration), without running")
     p.add_argument("--out", default="runs/scale/steps")
     p.set_defaults(func=_cmd_steps)

@@ -174,8 +174,23 @@ def table(pts: list[Point]) -> str:
     return "\n".join(rows)
 
 
+def load_found(path: Path) -> dict[tuple[str, str, int, float], float]:
+    """The measured step times of an earlier run's ``steps.json`` (to predict them again,
+    e.g. from another calibration, without running)."""
+    try:
+        rows = json.loads(path.read_text())
+        return {(str(r["model"]), str(r["label"]), int(r["n"]), float(r["rate"])):
+                float(r["measured_s"]) for r in rows}
+    except OSError as e:
+        raise ConfigError(f"--reuse {path}: cannot read ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"--reuse {path}: not a steps.json of 'phalanx scale steps'") \
+            from None
+
+
 def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
-        calibration: str, steps: int = 20, seed: int = 0, cores: int = 0) -> Path:
+        calibration: str, steps: int = 20, seed: int = 0, cores: int = 0,
+        reuse: str | None = None) -> Path:
     for m in models:
         if m not in STEP_MODELS:
             raise ConfigError(f"--models: {m!r} is not one of {', '.join(STEP_MODELS)}")
@@ -191,11 +206,15 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
     if not 8 <= steps <= 10_000:
         raise ConfigError(f"--steps: {steps} is not in 8..10000")
     fitted = cal.load(calibration)["fitted"]
-    reason = unavailable()
-    if reason is not None:
-        raise ConfigError(f"scale steps: needs test hosts (run as root): {reason}")
+    if reuse:
+        found = load_found(Path(reuse))
+    else:
+        reason = unavailable()
+        if reason is not None:
+            raise ConfigError(f"scale steps: needs test hosts (run as root): {reason}")
+        out.mkdir(parents=True, exist_ok=True)
+        found = measure(out, models, sizes, rates, steps, seed)
     out.mkdir(parents=True, exist_ok=True)
-    found = measure(out, models, sizes, rates, steps, seed)
     pts = points(found, fitted, cores or os.cpu_count() or 1, seed)
     (out / "steps.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "steps.md"

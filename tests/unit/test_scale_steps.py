@@ -70,3 +70,18 @@ def test_bad_input_is_one_line(capsys, tmp_path, args, text):
     rc, (_, err) = run_main(capsys, "scale", "steps", *args, "--out", str(tmp_path / "o"))
     assert rc == 2 and text in err and err.count("\n") == 1, err
     assert not (tmp_path / "o").exists()
+
+
+def test_reuse_predicts_measured_steps_again(capsys, tmp_path):
+    fitted = cal.load(CAL)["fitted"]
+    found = {("mlp", "sync ring", 2, 1000.0): 0.060, ("mlp", "sync ring", 2, 20.0): 0.300}
+    pts = sc.points(found, fitted, cores=8)
+    (tmp_path / "steps.json").write_text(json.dumps([p.__dict__ for p in pts]))
+    assert sc.load_found(tmp_path / "steps.json") == found
+    rc, (out, _) = run_main(capsys, "scale", "steps", "--reuse", str(tmp_path / "steps.json"),
+                            "--calibration", CAL, "--out", str(tmp_path / "again"))
+    assert rc == 0 and "held out" in (tmp_path / "again" / "steps.md").read_text()
+    (tmp_path / "bad.json").write_text("[1]")
+    rc, (_, err) = run_main(capsys, "scale", "steps", "--reuse", str(tmp_path / "bad.json"),
+                            "--calibration", CAL, "--out", str(tmp_path / "x"))
+    assert rc == 2 and "not a steps.json" in err and err.count("\n") == 1
