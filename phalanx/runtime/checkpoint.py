@@ -20,6 +20,7 @@ import torch
 
 from phalanx.errors import PhalanxError
 from phalanx.limits import memory_bytes
+from phalanx.runtime.signals import pid_alive
 
 MAGIC = b"PHXCKPT1"
 _DIGEST = 32  # SHA-256
@@ -41,6 +42,7 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _sweep_dead_temps(path)
         with open(tmp, "w+b") as f:
             f.write(MAGIC + bytes(_DIGEST))  # the digest is written once the body is
             body = _Writes(f)
@@ -69,6 +71,16 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise CheckpointError(_write_failed(path, e)) from None
+
+
+def _sweep_dead_temps(path: Path) -> None:
+    """Remove the temp files of ``path`` that a writer killed mid-write left (a SIGKILL
+    gives it no chance to; found by the chaos harness): ``.NAME.tmpPID`` whose PID is gone.
+    A live writer's are left alone."""
+    for old in path.parent.glob(f".{path.name}.tmp*"):
+        pid = old.name.rsplit(".tmp", 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            old.unlink(missing_ok=True)
 
 
 class _Writes:

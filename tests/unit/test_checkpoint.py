@@ -138,3 +138,22 @@ def test_save_holds_no_copy_of_the_payload(tmp_path):
     rise = int(out.stdout.split()[-1])
     assert rise < 50 * 2**20, f"save raised peak RSS by {rise / 2**20:.0f} MiB"
     assert load_checkpoint(tmp_path / "big.pt")["w9"].sum().item() == 5_000_000
+
+
+def test_a_killed_writer_s_temp_file_is_swept_by_the_next_save(tmp_path):
+    """A writer SIGKILLed mid-write leaves ``.c.pt.tmpPID``; the next save of c.pt removes
+    it (its PID is gone) and leaves a live writer's alone."""
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = tmp_path / "c.pt"
+    (tmp_path / f".c.pt.tmp{dead.pid}").write_bytes(b"PHXCKPT1 half")
+    (tmp_path / f".c.pt.tmp{os.getppid()}").write_bytes(b"a live writer's")
+    (tmp_path / ".other.pt.tmp1").write_bytes(b"not this file's")
+    save_checkpoint(path, {"step": 3})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f".c.pt.tmp{os.getppid()}", ".other.pt.tmp1", "c.pt"])
+    assert load_checkpoint(path)["step"] == 3
