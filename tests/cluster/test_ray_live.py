@@ -24,9 +24,7 @@ import contextlib
 import csv
 import json
 import os
-import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -49,15 +47,14 @@ from live_procs import (  # noqa: E402
 )
 from live_procs import pids_with as _pids_with  # noqa: E402
 
-from phalanx.cluster.core.clusters import resolve_cluster  # noqa: E402
+from phalanx.cluster.chaos import raycluster  # noqa: E402
+from phalanx.cluster.chaos.raycluster import TOPOLOGY, ray_env  # noqa: E402
+from phalanx.cluster.chaos.raycluster import kill_and_wait as _kill_and_wait  # noqa: E402
 from phalanx.cluster.live.engines.ray_cluster import HealthCheck, verdict_s  # noqa: E402
-from phalanx.runtime import hosts, rank_record  # noqa: E402
+from phalanx.runtime import rank_record  # noqa: E402
 from phalanx.runtime.checkpoint import load_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-RAY = str(Path(sys.executable).with_name("ray"))
-PORT = 6399
-TOPOLOGY = "three-nodes"       # clusters.three_nodes: a | b, c in 2 racks, one device each
 # one intra-op thread per rank wherever it runs: a lone rank on a host would otherwise take
 # 2, and its matmuls would sum in another order than on one host (5e-5 apart after 60 steps)
 SYNC = ("{model: mlp, data: synthetic, epochs: 100, strategy: sync, tensorboard: false, "
@@ -84,102 +81,18 @@ SCHEDULE = ["--policy", "tiresias", "--slot", "2", "--tiresias-thresholds", "3,6
 
 
 def _env():
-    """Every ``ray start`` and the scheduler: no auth token (a ~/.ray/auth_token of this
-    machine makes a joining node fail with InvalidAuthToken), no usage stats, and this
-    tree's phalanx for the actors and the ranks they start. The GCS checks its nodes every
-    0.5 s, gives each check 1.5 s and calls a node dead after 4 failed checks (default:
-    3 s, 10 s, 5): a crashed node (refused at once) is noticed in about 2 s, a cut-off
-    one (every check runs out) in 7.5-8 s (41.5-42 s with the default 10 s timeout)."""
-    return {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled",
-            "RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "500",
-            "RAY_health_check_timeout_ms": "1500", "RAY_health_check_failure_threshold": "4"}
-
-
-def _kill_and_wait(marker: str, timeout_s: float = 20.0) -> bool:
-    """SIGKILL our Ray processes (their command lines name our temp folders); wait until
-    they are gone."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        pids = _pids_with(marker)
-        if not pids:
-            return True
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.2)
-    return not _pids_with(marker)
-
-
-class RayTestCluster:
-    """The module's Ray cluster: a node per server of ``three-nodes``, node i in test host
-    i; a node can crash (every process of its host killed) and start again. Unpacks as
-    (net, address, topology)."""
-
-    def __init__(self, net, topology, marker: str) -> None:
-        self.net, self.topology, self.marker = net, topology, marker
-        self.address = f"{net.hosts[0].addr}:{PORT}"
-        self.temps: list[str] = []          # every node's temp folder (removed at the end)
-        self.node_temp: dict[int, str] = {}
-
-    def __iter__(self):
-        return iter((self.net, self.address, self.topology))
-
-    def start_node(self, i: int) -> None:
-        """``ray start`` in host i, as a user starts node i (short --temp-dir: Ray's
-        AF_UNIX socket paths under it must fit in 107 bytes)."""
-        temp = f"{self.marker}-{len(self.temps)}"
-        self.temps.append(temp)
-        self.node_temp[i] = temp
-        host, server = self.net.hosts[i], self.topology.servers[i]
-        where = (["--head", "--port", str(PORT), "--include-dashboard", "false"] if i == 0
-                 else ["--address", self.address])
-        r = host.run([RAY, "start", *where, "--node-ip-address", host.addr,
-                      "--num-cpus", "2", "--num-gpus", "0",
-                      "--resources", f'{{"phx_dev_{server.first_device}": 1}}',
-                      "--labels", f"phalanx.server={server.name}", "--temp-dir", temp,
-                      "--disable-usage-stats"], env=_env(), timeout=120, check=False)
-        assert r.returncode == 0, f"ray start on host {i}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
-
-    def crash_node(self, i: int) -> None:
-        """SIGKILL every process of node i's host at once: its raylet, its Ray workers (the
-        rank actors) and the ranks they started, as when the machine dies. (Killing the
-        raylet alone left the ranks running for seconds: on a quick machine S finished
-        before Ray declared the node dead, and there was nothing to resume.)"""
-        pids = [int(p) for p in subprocess.run(
-            ["ip", "netns", "pids", self.net.hosts[i].name], capture_output=True, text=True,
-            check=True).stdout.split()]
-        assert any(Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/raylet")
-                   for p in pids if Path(f"/proc/{p}").exists()), f"no raylet in host {i}"
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    """Every ``ray start`` and the scheduler (:func:`raycluster.ray_env`: Ray's health
+    check in seconds, not a minute)."""
+    return ray_env(REPO)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    why = hosts.unavailable()
+    why = raycluster.unavailable()
     if why is not None:
-        pytest.skip(f"no test hosts: {why}")
-    if not Path(RAY).exists():
-        pytest.skip("no ray command next to this Python")
-    topology = resolve_cluster(TOPOLOGY, REPO)
-    marker = f"/tmp/phxr{os.getpid() % 10**5}{random.randrange(10**4)}"
-    net = hosts.TestNetwork(len(topology.servers)).__enter__()
-    c = RayTestCluster(net, topology, marker)
-    gone = False
-    try:
-        for i in range(len(topology.servers)):
-            c.start_node(i)
+        pytest.skip(why)
+    with raycluster.ray_test_cluster(REPO, TOPOLOGY) as c:
         yield c
-    finally:
-        gone = _kill_and_wait(marker)
-        for t in c.temps:
-            shutil.rmtree(t, ignore_errors=True)
-        net.teardown()
-    assert gone, "Ray processes of the test cluster were left behind"
-    assert not any(Path(t).exists() for t in c.temps), "Ray's temp folders were left behind"
 
 
 @contextlib.contextmanager
@@ -346,6 +259,7 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
         wait_for_checkpoint(out, "S", p)
         t_kill = time.monotonic()
         crashed = True
+        assert c.raylet(1) is not None, "no raylet in host 1"
         c.crash_node(1)
         # S's second start: on a and c
         deadline = time.monotonic() + 120
