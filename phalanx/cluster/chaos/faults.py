@@ -15,6 +15,9 @@ kill-scheduler     ``kill -9`` of ``phalanx schedule``; the harness then starts
 disk-full          a job's run folder is a small tmpfs: a filler leaves it a few
                    hundred KiB, removed ``hold`` seconds later (a checkpoint write
                    hits ENOSPC meanwhile)
+crash-host         (Ray) a test host's every process SIGKILLed, its node started
+                   again ``hold`` seconds later (:mod:`hostfaults`)
+cut-link           (Ray) a test host's link down for ``hold`` seconds (:mod:`hostfaults`)
 =================  =============================================================
 
 The plan (times, kinds, which target, holds) is a pure function of the seed; which
@@ -35,8 +38,18 @@ from phalanx.cluster.chaos import procs
 from phalanx.cluster.chaos.jobs import ChaosJob
 
 FAULT_KINDS = ("kill-rank", "kill-shard", "kill-fork-server", "stop-rank", "kill-scheduler",
-               "disk-full")
+               "disk-full", "crash-host", "cut-link")
+# what each engine can be dealt: Ray's ranks are started by its actors (no fork server of
+# the scheduler's) on test hosts (whose run folders are not ours to mount over)
+ENGINE_KINDS = {
+    "local": FAULT_KINDS[:6],
+    "ray": ("kill-rank", "kill-shard", "stop-rank", "kill-scheduler", "crash-host",
+            "cut-link"),
+}
 HOLD_S = (0.5, 3.0)             # a hang's and a full disk's length, drawn in this range
+# a crashed host's node starts again after this; a link is down this long: below the
+# fence (3.75 s with the test cluster's health check), past it, past the verdict (8 s)
+HOLDS = {"crash-host": (2.0, 8.0), "cut-link": (1.0, 14.0)}
 FREE_LEFT = 256 << 10           # what a filled tmpfs keeps free: events fit, a checkpoint not
 TMPFS_SIZE = "24m"              # a disk-full job's run folder
 FILLER = ".chaos-filler"
@@ -61,7 +74,7 @@ def plan(seed: int, count: int, kinds: tuple[str, ...], window_s: float) -> list
     chosen += [rng.choice(kinds) for _ in range(count - len(chosen))]
     rng.shuffle(chosen)
     times = sorted(round(rng.uniform(1.0, max(window_s, 1.0)), 3) for _ in chosen)
-    return [Planned(t, k, rng.random(), round(rng.uniform(*HOLD_S), 3))
+    return [Planned(t, k, rng.random(), round(rng.uniform(*HOLDS.get(k, HOLD_S)), 3))
             for t, k in zip(times, chosen)]
 
 

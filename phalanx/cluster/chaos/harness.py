@@ -1,12 +1,14 @@
 """One chaos run (:func:`run_one`) and a series of seeds (:func:`run`): a job mix
-scheduled live on this machine's slots with ``phalanx schedule --engine local``, faults
-injected at the seeded times, the invariants checked once the schedule ended.
+scheduled live on this machine's slots with ``phalanx schedule --engine local``, or on a
+Ray cluster of test hosts with ``--engine ray`` (:mod:`site`), faults injected at the
+seeded times, the invariants checked once the schedule ended.
 
 Each run writes ``OUT/seed-S/``: ``jobs.yaml``, ``schedule/`` (the schedule's folder),
 ``scheduler.log`` (every scheduler's output, the resumed ones' too), ``faults.jsonl``
 (every planned fault: when, the scheduler's clock then, the target, the outcome) and
 ``result.json`` (the violations by invariant). References (uninterrupted runs of the
-kinds whose parameters are compared) are made once in ``OUT/references``."""
+kinds whose parameters are compared) are made once in ``OUT/references`` (on this
+machine's slots, for either engine)."""
 
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ from phalanx.cluster.chaos.disk import Tmpfs
 from phalanx.cluster.chaos.faults import Fault, plan
 from phalanx.cluster.chaos.inject import Scene, inject
 from phalanx.cluster.chaos.invariants import check
-from phalanx.cluster.chaos.jobs import CLUSTER, KINDS, ChaosJob, job_mix, write_job_list
+from phalanx.cluster.chaos.jobs import CLUSTER, ChaosJob, JobKind, job_mix, write_job_list
 from phalanx.cluster.chaos.options import ChaosOptions
+from phalanx.cluster.chaos.site import Site, site_for
 from phalanx.cluster.chaos.view import RunView
 from phalanx.cluster.chaos.watch import Watch
 from phalanx.cluster.core.clusters import default_data_dir, resolve_cluster
@@ -56,8 +59,9 @@ class Scheduler:
     """``phalanx schedule`` as a child of the harness: started, killed with SIGKILL,
     resumed; its output appended to one log."""
 
-    def __init__(self, jobs: Path, out: Path, env: dict[str, str], log: Path) -> None:
-        self.jobs, self.out, self.env, self.log = jobs, out, env, log
+    def __init__(self, jobs: Path, out: Path, env: dict[str, str], log: Path,
+                 site: Site) -> None:
+        self.jobs, self.out, self.env, self.log, self.site = jobs, out, env, log, site
         self.proc: subprocess.Popen | None = None
         self.since = self.since_unix = 0.0
         self.killed = False   # by the harness: resume it
@@ -65,10 +69,12 @@ class Scheduler:
 
     def start(self) -> None:
         where = ["--resume", str(self.out)] if self.starts else ["--out", str(self.out)]
-        cmd = [sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(self.jobs),
-               "--cluster", CLUSTER, *where, "--max-job-restarts", "20", "--grace", "10"]
+        cmd = self.site.argv([
+            sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(self.jobs),
+            "--cluster", self.site.cluster, *self.site.flags(), *where, "--max-job-restarts",
+            "20", "--grace", "10"])
         with open(self.log, "a") as f:
-            f.write(f"# chaos: {' '.join(cmd[2:])}\n")
+            f.write(f"# chaos: {' '.join(cmd[cmd.index('-m') + 1:])}\n")
             f.flush()
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.env, cwd=ROOT,
@@ -92,11 +98,12 @@ class Scheduler:
             return ""
 
 
-def references(opts: ChaosOptions, env: dict[str, str]) -> dict[str, Path]:
-    """Each reference kind's uninterrupted run (one schedule of one job per kind, made once
-    per ``--out``): kind -> the job's run folder."""
-    folder = opts.out / "references"
-    kinds = [k for k in KINDS if k.reference]
+def references(opts: ChaosOptions, env: dict[str, str],
+               catalog: tuple[JobKind, ...]) -> dict[str, Path]:
+    """Each reference kind's uninterrupted run (one schedule of one job per kind of
+    ``catalog``, made once per ``--out`` and engine): kind -> the job's run folder."""
+    folder = opts.out / ("references" if opts.engine == "local" else f"references-{opts.engine}")
+    kinds = [k for k in catalog if k.reference]
     made = {k.name: folder / "schedule" / "jobs" / f"ref-{k.name}" for k in kinds}
     if all((p / "checkpoint.pt").is_file() for p in made.values()):
         return made
@@ -131,26 +138,30 @@ def _shm() -> frozenset[str]:
 
 
 def run_one(opts: ChaosOptions, seed: int, refs: dict[str, Path],
-            say: Callable[[str], None] = print) -> RunResult:
-    """One seeded run (see the module's docstring)."""
+            say: Callable[[str], None] = print, site: Site | None = None) -> RunResult:
+    """One seeded run (see the module's docstring) on ``site`` (default: local slots)."""
+    if site is None:
+        with site_for("local", ROOT) as local:
+            return run_one(opts, seed, refs, say, local)
     wall = time.monotonic()
     folder = opts.out / f"seed-{seed}"
     shutil.rmtree(folder, ignore_errors=True)
     out, tmp = folder / "schedule", folder / "tmp"
     tmp.mkdir(parents=True)
-    jobs = job_mix(opts.jobs, seed)
+    jobs = job_mix(opts.jobs, seed, site.catalog)
     write_job_list(jobs, folder / "jobs.yaml")
     live_jobs = load_job_list(folder / "jobs.yaml")
-    topology = resolve_cluster(CLUSTER, default_data_dir())
+    topology = resolve_cluster(site.cluster, default_data_dir())
     planned = plan(seed, opts.faults, opts.kinds, opts.window(len(jobs)))
     victims = _victims(jobs, sum(p.kind == "disk-full" for p in planned), seed)
     faults = [Fault(p.kind, p.at, hold=p.hold) for p in planned]
-    env, shm_before = _env(tmp), _shm()
-    sched = Scheduler(folder / "jobs.yaml", out, env, folder / "scheduler.log")
-    watch = Watch(out, jobs, live_jobs, topology, str(folder / "jobs.yaml"))
+    env, shm_before = site.env(tmp), _shm()
+    sched = Scheduler(folder / "jobs.yaml", out, env, folder / "scheduler.log", site)
+    watch = Watch(out, jobs, live_jobs, topology, str(folder / "jobs.yaml"), site.hosts())
     scene = Scene(out, jobs, victims, sched.pid, lambda: sched.since,
-                  lambda: sched.since_unix, sched.kill, watch.seen)
-    harness_bad: list[str] = []
+                  lambda: sched.since_unix, sched.kill, watch.seen, keeper=site.keeper)
+    harness_bad: list[str] = site.ready()
+    problems_before = len(site.keeper.problems) if site.keeper else 0
     with Tmpfs([out / "jobs" / j.name for j in victims]) as disks:
         sched.start()
         watch.start()
@@ -195,7 +206,11 @@ def run_one(opts: ChaosOptions, seed: int, refs: dict[str, Path],
                 f.outcome = "missed: no target before the schedule ended"
             _wait_gone(seen.pids | set(procs.mentioning(procs.scan(), str(out))))
             harness_bad += disks.release()
-    view = RunView(out, jobs, faults, seen, refs, sched.output(), tmp, shm_before)
+            harness_bad += site.ready()   # the last host fault's node back
+            if site.keeper:
+                harness_bad += site.keeper.problems[problems_before:]
+    view = RunView(out, jobs, faults, seen, refs, sched.output(), tmp, shm_before,
+                   site.actors_left())
     violations = check(view)
     violations["the harness"] = harness_bad
     _sweep(seen.pids, out)
@@ -231,15 +246,22 @@ def _sweep(pids: set[int], out: Path) -> None:
 
 
 def run(opts: ChaosOptions, say: Callable[[str], None] = print) -> list[RunResult]:
-    """``opts.runs`` seeded runs, one after another."""
+    """``opts.runs`` seeded runs, one after another, on one site (on Ray: one cluster of
+    test hosts for every seed, torn down at the end)."""
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "references-tmp").mkdir(parents=True, exist_ok=True)
-    refs = references(opts, _env(opts.out / "references-tmp"))
+    with site_for(opts.engine, ROOT) as site:
+        refs = references(opts, _env(opts.out / "references-tmp"), site.catalog)
+        return _series(opts, refs, site, say)
+
+
+def _series(opts: ChaosOptions, refs: dict[str, Path], site: Site,
+            say: Callable[[str], None]) -> list[RunResult]:
     results = []
     for seed in range(opts.seed, opts.seed + opts.runs):
         say(f"chaos seed {seed}: {opts.jobs} jobs, {opts.faults} faults "
             f"({', '.join(opts.kinds)})")
-        r = run_one(opts, seed, refs, say)
+        r = run_one(opts, seed, refs, say, site)
         say(f"chaos seed {seed}: {sum(f.outcome == 'injected' for f in r.faults)} faults "
             f"injected, {r.violated} violation(s), {r.wall_s:.0f} s")
         for name, bad in r.violations.items():

@@ -1,6 +1,7 @@
 """One planned fault carried out on a running schedule (:func:`inject`): a target found
-among what runs now, the signal sent or the disk filled, and what undoes it later (a
-SIGCONT, the filler removed)."""
+among what runs now, the signal sent, the disk filled or the host crashed or cut off, and
+what undoes it later (a SIGCONT, the filler removed; a host's node is the keeper's,
+:mod:`hostfaults`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from phalanx.cluster.chaos.faults import (
     stopped_now,
     unfill,
 )
+from phalanx.cluster.chaos.hostfaults import HOST_KINDS, HostKeeper, host_of, host_targets
 from phalanx.cluster.chaos.jobs import ChaosJob
 from phalanx.cluster.chaos.watch import Seen
 from phalanx.cluster.live.state import STATE_FILE
@@ -45,6 +47,7 @@ class Scene:
     kill_scheduler: Callable[[], None]
     seen: Seen
     undo: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
+    keeper: HostKeeper | None = None        # on Ray: the test hosts' nodes
 
 
 def clock_now(out: Path, unix: float, since_unix: float) -> float | None:
@@ -84,10 +87,14 @@ def _candidates(p: Planned, scene: Scene, table: dict[int, procs.Proc]) -> list[
         return fork_server_targets(table, pid, scene.out, scene.jobs) if pid else []
     if p.kind == "disk-full":
         return disk_targets(table, scene.out, scene.victims)
+    if p.kind in HOST_KINDS:
+        return host_targets(table, scene.out, scene.jobs, scene.seen, scene.keeper)
     pid = scene.scheduler_pid()   # kill-scheduler
     up = time.monotonic() - scene.scheduler_since() >= SCHEDULER_UP_S
     if pid is None or not up or not (scene.out / STATE_FILE).is_file():
         return []
+    if scene.keeper is not None and scene.keeper.busy():
+        return []   # a host's loss would be the killed scheduler's, unseen by its resume
     return [Target("", "scheduler", pid, -1)]
 
 
@@ -108,6 +115,10 @@ def inject(p: Planned, f: Fault, scene: Scene, now: float) -> bool:
     f.outcome = "injected"
     if p.kind == "kill-scheduler":
         scene.kill_scheduler()
+    elif p.kind == "crash-host":
+        scene.keeper.crash(host_of(t), f, p.hold)
+    elif p.kind == "cut-link":
+        scene.keeper.cut(host_of(t), f, p.hold)
     elif p.kind == "disk-full":
         folder = scene.out / "jobs" / t.job
         f.detail["filled_bytes"] = fill(folder)
@@ -126,6 +137,6 @@ def inject(p: Planned, f: Fault, scene: Scene, now: float) -> bool:
     elif not signal_pid(t.pid, signal.SIGKILL):
         f.outcome = "planned"
         return False
-    if p.kind not in ("stop-rank", "disk-full"):
+    if p.kind not in ("stop-rank", "disk-full", *HOST_KINDS):
         f.hold = 0.0
     return True

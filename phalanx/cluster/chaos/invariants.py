@@ -182,8 +182,9 @@ def state_always_loads(v: RunView) -> list[str]:
 
 
 def nothing_left(v: RunView) -> list[str]:
-    """No process of the run is left, no ``/dev/shm/phalanx-*`` entry its drivers made,
-    nothing in its private temp folder."""
+    """No process of the run is left (on any test host: the machine's ``/proc`` shows
+    them all), no device actor of it on a test host, no ``/dev/shm/phalanx-*`` entry its
+    drivers made, nothing in its private temp folder."""
     table = procs.scan()
     bad = [f"process {p} ({' '.join(table[p].argv)[:80]}) left running"
            for p in sorted(v.seen.pids) if procs.live(table, p)]
@@ -193,11 +194,35 @@ def nothing_left(v: RunView) -> list[str]:
         m = re.search(r"-(\d+)", entry.name[len("phalanx-"):])
         if entry.name not in v.shm_before and m and int(m.group(1)) in v.seen.drivers:
             bad.append(f"/dev/shm/{entry.name} left behind")
+    bad += v.left_on_hosts    # Ray: a device actor of the run still on a test host
     if v.tmpdir is not None and v.tmpdir.is_dir():
         # torch's compile cache (an empty torchinductor_USER, made as torch loads) is
         # meant to outlive a run; anything else there is the run's
         bad += [f"{p} left in the run's TMPDIR" for p in sorted(v.tmpdir.iterdir())
                 if not p.name.startswith("torchinductor_")]
+    return bad
+
+
+FENCE_SLACK_S = 2.0   # a cut-off rank is gone this long after its lease ran out (the
+# lease is checked every quarter lease; the watch looks every 0.25 s; a busy machine)
+
+
+def no_rank_on_a_fenced_host(v: RunView) -> list[str]:
+    """(Ray) While a test host is cut off, no process of the run is seen in it once its
+    lease has run out (``ray_fence``: the host's actors kill their ranks ``fence_s`` after
+    the GCS last said "alive"), until the link is back."""
+    bad = []
+    for f in v.faults:
+        if f.kind != "cut-link" or f.outcome != "injected":
+            continue
+        host, fence = f.detail["host"], f.detail["fence_s"]
+        lo, hi = f.unix + fence + FENCE_SLACK_S, f.detail.get("up_unix", f.unix + f.hold)
+        seen = sorted({p for t, where in v.seen.on_host if lo <= t <= hi
+                       for p in where.get(host, [])})
+        if seen:
+            bad.append(f"cut-link of host {host} at {f.at:.2f} s (down {hi - f.unix:.1f} s, "
+                       f"lease {fence:g} s): processes {seen[:6]} of the run still ran there "
+                       f"{lo - f.unix:.1f} s after the cut")
     return bad
 
 
@@ -217,6 +242,7 @@ INVARIANTS: dict[str, Invariant] = {
     "checkpoints whole": checkpoints_whole,
     "state always loads": state_always_loads,
     "nothing left": nothing_left,
+    "no rank on a fenced host": no_rank_on_a_fenced_host,
     "faults show": faults_show,
 }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,16 @@ CLUSTER = "uniform:1,1,1,4"     # four slots of this machine
 ARRIVAL_GAP_S = 1.0             # job i arrives about i seconds in
 
 
+def kinds_for(engine: str) -> tuple[JobKind, ...]:
+    """The mix's kinds on ``engine``. On Ray a reference kind's ranks take one intra-op
+    thread each wherever they run (a lone rank on a host would take 2, and its matmuls
+    sum in another order than its uninterrupted run's on this machine's slots)."""
+    if engine == "local":
+        return KINDS
+    return tuple(replace(k, config={**k.config, "worker_threads": 1}) if k.reference else k
+                 for k in KINDS)
+
+
 @dataclass(frozen=True)
 class ChaosJob:
     """One entry of a run's job list."""
@@ -69,13 +79,13 @@ class ChaosJob:
     arrival: float
 
 
-def job_mix(count: int, seed: int) -> list[ChaosJob]:
-    """``count`` jobs: every kind in turn (so a short list holds each kind once), shuffled
-    in blocks by ``seed``, arriving about a second apart."""
+def job_mix(count: int, seed: int, catalog: tuple[JobKind, ...] = KINDS) -> list[ChaosJob]:
+    """``count`` jobs: every kind of ``catalog`` in turn (so a short list holds each kind
+    once), shuffled in blocks by ``seed``, arriving about a second apart."""
     rng = random.Random(seed)
     kinds: list[JobKind] = []
     while len(kinds) < count:
-        block = list(KINDS)
+        block = list(catalog)
         if kinds:   # the first block in catalog order: a short list covers every kind
             rng.shuffle(block)
         kinds += block

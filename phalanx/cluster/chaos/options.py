@@ -7,26 +7,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.cluster.chaos.disk import can_mount
-from phalanx.cluster.chaos.faults import FAULT_KINDS
+from phalanx.cluster.chaos.faults import ENGINE_KINDS, FAULT_KINDS
 from phalanx.errors import ConfigError
 
 MAX_SEED = 2**32 - 1
 
 
-def default_kinds() -> tuple[str, ...]:
-    """Every kind this machine can inject (the full disk needs root to mount a tmpfs)."""
-    return FAULT_KINDS if can_mount() else tuple(k for k in FAULT_KINDS if k != "disk-full")
+ENGINES = tuple(ENGINE_KINDS)
 
 
-def parse_kinds(text: str) -> tuple[str, ...]:
-    """``all`` or a comma list of :data:`FAULT_KINDS`."""
+def default_kinds(engine: str = "local") -> tuple[str, ...]:
+    """Every kind this machine can inject on ``engine`` (the full disk needs root to mount
+    a tmpfs)."""
+    return tuple(k for k in ENGINE_KINDS[engine] if k != "disk-full" or can_mount())
+
+
+def parse_kinds(text: str, engine: str = "local") -> tuple[str, ...]:
+    """``all`` or a comma list of ``engine``'s kinds (:data:`ENGINE_KINDS`)."""
+    if engine not in ENGINE_KINDS:
+        raise ConfigError(f"--engine {engine}: not an engine (one of {', '.join(ENGINES)})")
     if text.strip() == "all":
-        return default_kinds()
+        return default_kinds(engine)
     kinds = tuple(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
     unknown = [k for k in kinds if k not in FAULT_KINDS]
     if not kinds or unknown:
         raise ConfigError(f"--kinds: {', '.join(unknown) or 'empty'}: not a fault kind (all, "
                           f"or a comma list of {', '.join(FAULT_KINDS)})")
+    other = [k for k in kinds if k not in ENGINE_KINDS[engine]]
+    if other:
+        raise ConfigError(f"--kinds {', '.join(other)}: not a fault of --engine {engine} "
+                          f"(its kinds: {', '.join(ENGINE_KINDS[engine])})")
     if "disk-full" in kinds and not can_mount():
         raise ConfigError("--kinds disk-full: mounting its tmpfs needs root and mount(8); "
                           "drop it from --kinds")
@@ -40,7 +50,8 @@ class ChaosOptions:
     runs: int = 1
     faults: int = 12
     jobs: int = 24
-    kinds: tuple[str, ...] = FAULT_KINDS
+    kinds: tuple[str, ...] = FAULT_KINDS[:6]
+    engine: str = "local"           # 'local' (this machine's slots) or 'ray' (test hosts)
     window_s: float = 0.0           # faults fall in [1, window] s; 0: from the job count
     timeout_s: float = 600.0        # a run whose schedule has not ended by then fails
 
@@ -56,9 +67,13 @@ class ChaosOptions:
             raise ConfigError(f"--window must be in [0, 3600] seconds, got {self.window_s}")
         if not (math.isfinite(self.timeout_s) and 10 <= self.timeout_s <= 86400):
             raise ConfigError(f"--timeout must be in [10, 86400] seconds, got {self.timeout_s}")
-        bad = [k for k in self.kinds if k not in FAULT_KINDS]
+        if self.engine not in ENGINE_KINDS:
+            raise ConfigError(f"--engine {self.engine}: not an engine (one of "
+                              f"{', '.join(ENGINES)})")
+        bad = [k for k in self.kinds if k not in ENGINE_KINDS[self.engine]]
         if not self.kinds or bad:
-            raise ConfigError(f"--kinds: {', '.join(bad) or 'empty'}: not a fault kind")
+            raise ConfigError(f"--kinds: {', '.join(bad) or 'empty'}: not a fault kind of "
+                              f"--engine {self.engine}")
         out = Path(self.out)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {out}: a file, not a folder")
@@ -67,4 +82,6 @@ class ChaosOptions:
 
     def window(self, jobs: int) -> float:
         """Where the faults fall: [1, window] s after the schedule starts."""
-        return self.window_s or 4.0 + 1.6 * jobs
+        # on Ray a host fault holds the next one (and a kill of the scheduler) until its
+        # node is back: seconds each, so the faults are spread wider
+        return self.window_s or 4.0 + (1.6 if self.engine == "local" else 5.0) * jobs

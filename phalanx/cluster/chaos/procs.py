@@ -106,3 +106,11 @@ def scan_one(pid: int) -> str | None:
     except OSError:
         return None
     return stat[stat.rindex(")") + 2:].split()[0]
+
+
+def netns(pid: int) -> str:
+    """A process's network namespace ('net:[inode]'; '' when it is gone)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""

@@ -12,7 +12,11 @@ kind (the ``faults show`` invariant):
   running (``J was running when the scheduler stopped``), and its clock goes on from
   the saved one;
 * a full disk: the job's log names its folder in a one-line checkpoint error, unless the
-  start had ended before the disk was freed (another fault, or the job's end)."""
+  start had ended before the disk was freed (another fault, or the job's end);
+* (Ray) a crashed host, or one cut off past the cluster's verdict on a silent node: the
+  scheduler called its server lost (``server S lost``, once per such fault); every job
+  with a rank there then (crashed, or cut off past the ranks' lease) ended that start
+  within :data:`KILL_SHOWS_S` after the verdict, its failure or its loss named."""
 
 from __future__ import annotations
 
@@ -37,7 +41,8 @@ def _start_at(sj: dict[str, Any], clock: float) -> int | None:
     return None
 
 
-def _killed(v: RunView, f: Fault, job: str, start: int, jobs: dict[str, Any]) -> list[str]:
+def _killed(v: RunView, f: Fault, job: str, start: int, jobs: dict[str, Any],
+            late_s: float = 0.0) -> list[str]:
     sj = jobs.get(job)
     if sj is None:
         return [f"{f.kind} of {job}: the scheduler has no record of it"]
@@ -49,7 +54,9 @@ def _killed(v: RunView, f: Fault, job: str, start: int, jobs: dict[str, Any]) ->
         return [f"{f.kind} of {job} at {f.at:.2f} s (start {start}, clock {f.clock}): no "
                 "start of it spans that time"]
     stops = sj["fields"]["stops"]
-    named = f"{job} failed (" in v.stdout or bool(sj["fields"]["failure"])
+    named = f"{job} failed (" in v.stdout or bool(sj["fields"]["failure"]) or any(
+        " lost: " in ln and job in ln.partition("; ")[2].replace(",", " ").split()
+        for ln in v.stdout.splitlines())
     if f.target.startswith("worker "):
         line = f"{f.target} was killed by SIGKILL"
         # the run was ending anyway (a shard killed just before): the start ended soon
@@ -63,9 +70,9 @@ def _killed(v: RunView, f: Fault, job: str, start: int, jobs: dict[str, Any]) ->
     if k >= len(stops):
         bad.append(f"{f.kind} of {job}: start {k} never ended")
     elif f.clock is not None and not (f.clock - SLACK_S <= stops[k]
-                                      <= f.clock + KILL_SHOWS_S):
+                                      <= f.clock + KILL_SHOWS_S + late_s):
         bad.append(f"{f.kind} of {job} at clock {f.clock:.2f} s: start {k} ended at "
-                   f"{stops[k]:.2f} s, not within {KILL_SHOWS_S:g} s after")
+                   f"{stops[k]:.2f} s, not within {KILL_SHOWS_S + late_s:g} s after")
     if not named:
         bad.append(f"{f.kind} of {job}: the scheduler never named a failure of it")
     return bad
@@ -112,6 +119,32 @@ def _disk(v: RunView, f: Fault, jobs: dict[str, Any]) -> list[str]:
             "naming its folder in its log"]
 
 
+def _host(v: RunView, f: Fault, jobs: dict[str, Any]) -> list[str]:
+    d = f.detail
+    latest = d["silent_s"][1]
+    down = d.get("up_unix", f.unix + f.hold) - f.unix
+    bad = []
+
+    def lost_due(g: Fault) -> bool:
+        return g.kind == "crash-host" or g.detail.get("up_unix", g.unix + g.hold) - g.unix \
+            > latest + SLACK_S
+
+    if lost_due(f):
+        # every fault on this server that cost its node, up to this one: as many verdicts
+        due = sum(1 for g in v.faults if g.outcome == "injected" and g.unix <= f.unix
+                  and g.kind in ("crash-host", "cut-link")
+                  and g.detail.get("server") == d["server"] and lost_due(g))
+        said = v.stdout.count(f"phalanx: scheduler: server {d['server']} lost")
+        if said < due:
+            bad.append(f"{f.kind} of host {d['host']} at {f.at:.2f} s: server {d['server']} "
+                       f"called lost {said} time(s), {due} expected by then")
+    if f.kind == "crash-host" or down > d["fence_s"] + SLACK_S + 1.5:
+        hit = [(j, int(s)) for j, _, s in (x.rpartition("@") for x in f.job.split(","))]
+        bad += [m for job, start in hit
+                for m in _killed(v, f, job, start, jobs, late_s=d["verdict_s"])]
+    return bad
+
+
 def shows(v: RunView, f: Fault) -> list[str]:
     """The reasons ``f`` does not show (empty: it does)."""
     jobs = v.state()["jobs"]
@@ -121,6 +154,8 @@ def shows(v: RunView, f: Fault) -> list[str]:
         return _disk(v, f, jobs)
     if f.kind == "stop-rank":
         return _hung(v, f)
+    if f.kind in ("crash-host", "cut-link"):
+        return _host(v, f, jobs)
     if f.kind == "kill-fork-server":    # every job whose ranks it had forked: job@start
         hit = [(j, int(s)) for j, _, s in (x.rpartition("@") for x in f.job.split(","))]
     else:

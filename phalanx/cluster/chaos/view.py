@@ -17,7 +17,8 @@ from phalanx.cluster.live.state import STATE_FILE
 class RunView:
     """What a finished chaos run left: its schedule folder, the jobs, the faults' log,
     what the watch saw, the references' folders, the scheduler's output, the run's
-    private temp folder and the ``/dev/shm`` entries there before it."""
+    private temp folder, the ``/dev/shm`` entries there before it and (Ray) what was left on
+the test hosts."""
 
     out: Path
     jobs: list[ChaosJob]
@@ -27,6 +28,7 @@ class RunView:
     stdout: str = ""
     tmpdir: Path | None = None
     shm_before: frozenset[str] = frozenset()
+    left_on_hosts: list[str] = field(default_factory=list)     # Ray: actors left
 
     def state(self) -> dict[str, Any]:
         return json.loads((self.out / STATE_FILE).read_text())

@@ -1,7 +1,8 @@
 """What is checked while a chaos schedule runs, every few tenths of a second, in a thread
 of the harness: ``scheduler-state.json`` loads (the same checks as ``--resume``), no job
-runs twice at once (two starts' ranks alive together, or two drivers), and which
-processes and drivers the run had (for the leftovers check at the end)."""
+runs twice at once (two starts' ranks alive together, or two drivers), which processes
+and drivers the run had (for the leftovers check at the end) and, across test hosts,
+which host each of them ran in (for the fence check)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class Seen:
     driver_order: dict[str, list[int]] = field(default_factory=dict)
     # a PS driver's ranks, pid -> rank (shards first), from a look that saw them all
     rank_index: dict[int, dict[int, int]] = field(default_factory=dict)
+    # test hosts only: (unix, {host: the pids of the run's processes in it}) per look
+    on_host: list[tuple[float, dict[int, list[int]]]] = field(default_factory=list)
 
     def driver_start(self, job: str, pid: int) -> int:
         order = self.driver_order.setdefault(job, [])
@@ -60,10 +63,12 @@ class Watch(threading.Thread):
     """The checks above, until :meth:`stop`."""
 
     def __init__(self, out: Path, jobs: list[ChaosJob], live_jobs: list[LiveJob],
-                 topology: Topology, source: str) -> None:
+                 topology: Topology, source: str, hosts: dict[str, int] | None = None
+                 ) -> None:
         super().__init__(name="chaos-watch", daemon=True)
         self.out, self.jobs, self.live_jobs = out, jobs, live_jobs
         self.topology, self.source = topology, source
+        self.hosts = hosts or {}     # a test host's network namespace -> its index
         self.seen = Seen()
         self._halt = threading.Event()
         self._last = None
@@ -108,25 +113,34 @@ class Watch(threading.Thread):
     def _processes(self) -> None:
         table = procs.scan()
         now = time.time()
+        mine: set[int] = set()
         for j in self.jobs:
             starts = {}
             for s, r, pid in procs.rank_pids(self.out / "ranks" / f"{j.name}.jsonl"):
                 if procs.live(table, pid):
                     starts.setdefault(s, []).append(r)
-                    self.seen.pids.add(pid)
+                    mine.add(pid)
             drivers = procs.drivers(table, self.out / "jobs" / j.name)
             for d in drivers:
                 self.seen.drivers.add(d.pid)
                 self.seen.driver_start(j.name, d.pid)
                 ranks = procs.driver_ranks(table, d.pid)
-                self.seen.pids.update(p.pid for p in ranks)
+                mine.update(p.pid for p in ranks)
                 world = j.kind.servers + j.kind.gpus
                 if j.kind.ps and d.pid not in self.seen.rank_index and len(ranks) == world:
                     self.seen.rank_index[d.pid] = {p.pid: i for i, p in enumerate(ranks)}
-                self.seen.pids.add(d.pid)
+                mine.add(d.pid)
             if len(starts) > 1:
                 self.seen.twice.append(f"{now:.3f}: {j.name}: ranks of starts "
                                        f"{sorted(starts)} alive at once ({starts})")
             if len(drivers) > 1:
                 self.seen.twice.append(f"{now:.3f}: {j.name}: {len(drivers)} drivers alive "
                                        f"at once (pids {[d.pid for d in drivers]})")
+        self.seen.pids |= mine
+        if self.hosts:
+            where: dict[int, list[int]] = {}
+            for pid in sorted(mine):
+                host = self.hosts.get(procs.netns(pid))
+                if host is not None:
+                    where.setdefault(host, []).append(pid)
+            self.seen.on_host.append((now, where))
