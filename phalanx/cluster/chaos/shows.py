@@ -139,7 +139,7 @@ def _host(v: RunView, f: Fault, jobs: dict[str, Any]) -> list[str]:
             bad.append(f"{f.kind} of host {d['host']} at {f.at:.2f} s: server {d['server']} "
                        f"called lost {said} time(s), {due} expected by then")
     if f.kind == "crash-host" or down > d["fence_s"] + SLACK_S + 1.5:
-        hit = [(j, int(s)) for j, _, s in (x.rpartition("@") for x in f.job.split(","))]
+        hit = [(j, int(s)) for j, _, s in (x.rpartition("@") for x in f.job.split(",") if x)]
         bad += [m for job, start in hit
                 for m in _killed(v, f, job, start, jobs, late_s=d["verdict_s"])]
     return bad
