@@ -90,3 +90,72 @@ def test_a_writer_killed_mid_write_leaves_no_temp_file_at_the_next_start(tmp_pat
     assert sorted(p.name for p in run.iterdir()) == [f".checkpoint.pt.tmp{os.getpid()}",
                                                       "checkpoint.pt"]
     assert sweep_dead_writers(run) == []
+
+
+class _NodeLostAtExit:
+    """An executor (no processes: the loop's logic only) whose job ``J`` runs on servers
+    s0 and s1 and ends with a rank killed (-9) at the very poll where s1 is first reported
+    lost, as Ray's does: a dead actor's rank counts as ended once its node is down, which
+    its poll reads itself. Every later start runs 3 polls and finishes."""
+
+    name = "node-lost-at-exit"
+
+    def __init__(self, lost: str) -> None:
+        self.lost_name = lost
+        self.failed: dict = {}
+        self.left: dict[str, int] = {}
+        self.starts: list[int] = []
+        self.lost: frozenset[str] = frozenset()
+
+    def start(self, gang) -> None:
+        self.starts.append(gang.start)
+        self.left[gang.job] = 3
+
+    def poll(self, job: str) -> int | None:
+        self.left[job] -= 1
+        if self.left[job] > 0:
+            return None
+        del self.left[job]
+        if len(self.starts) == 1:
+            self.lost = frozenset({self.lost_name})
+            return -9
+        return 0
+
+    def stop(self, job: str, grace_s: float) -> None:
+        self.left[job] = 1
+
+    def close(self) -> None:
+        self.left.clear()
+
+    def down(self) -> frozenset[str]:
+        return self.lost
+
+    def stop_leftovers(self, logs, grace_s) -> dict:
+        return {}
+
+
+def test_a_job_ended_by_a_lost_server_is_named(tmp_path: Path, capsys) -> None:
+    """A cut-off Ray host (chaos seed 202): S's rank there was gone and its gang's exit was
+    read in the same poll that first saw the server lost, before the loop followed the
+    loss; the loss's line (``server b lost``) named only the jobs it stopped, and S went
+    back to the queue with no line naming it. It is named now, and resumes."""
+    from phalanx.cluster.live.config import LiveConfig
+    from phalanx.cluster.live.loop import LiveCluster
+    from phalanx.cluster.policies import Pack, make_ordering
+
+    jobs = tmp_path / "j.yaml"
+    jobs.write_text("jobs: [{name: J, arrival: 0, gpus: 2, config: {model: mlp, data: "
+                    "synthetic, strategy: sync}}]\n")
+    topo = uniform(servers=3, devices=1, switches=1)
+    s1 = topo.servers[1].name
+    ex = _NodeLostAtExit(s1)
+    res = LiveCluster(topo, load_job_list(jobs), make_ordering("fifo", 0.0, (), 0.0), Pack(),
+                      LiveConfig(tmp_path / "out", poll_s=0.005), executor=ex).run()
+    out = capsys.readouterr().out
+    (st,) = res.jobs
+    assert f"phalanx: scheduler: server {s1} lost: its devices are out of service\n" in out
+    assert (f"phalanx: scheduler: J stopped: server(s) {s1} lost; it will resume from a "
+            "checkpoint") in out, out
+    # not a failure: it resumed on what was left and finished, no restart charged
+    assert not st.failure and st.restarts == 0 and len(st.placements) == 2, st
+    assert 1 not in st.placements[1][1]

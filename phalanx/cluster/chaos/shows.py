@@ -54,7 +54,8 @@ def _killed(v: RunView, f: Fault, job: str, start: int, jobs: dict[str, Any],
         return [f"{f.kind} of {job} at {f.at:.2f} s (start {start}, clock {f.clock}): no "
                 "start of it spans that time"]
     stops = sj["fields"]["stops"]
-    named = f"{job} failed (" in v.stdout or bool(sj["fields"]["failure"]) or any(
+    named = f"{job} failed (" in v.stdout or bool(sj["fields"]["failure"]) or (
+        f"{job} stopped: server(s) " in v.stdout) or any(
         " lost: " in ln and job in ln.partition("; ")[2].replace(",", " ").split()
         for ln in v.stdout.splitlines())
     if f.target.startswith("worker "):

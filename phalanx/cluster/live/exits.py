@@ -49,6 +49,14 @@ def classify(e: Exit, restarts: int, max_restarts: int) -> Outcome:
     return Outcome.DONE
 
 
+def lost_line(job: str, servers: list[str]) -> str:
+    """The line for a job whose start ended (a rank killed, a peer gone) as its server was
+    lost, before the loop followed the loss: the loss's own line (``server S lost``) names
+    only the jobs it stops, so this one would otherwise go back to the queue unnamed."""
+    return (f"phalanx: scheduler: {job} stopped: server(s) {', '.join(servers) or '?'} lost; "
+            "it will resume from a checkpoint")
+
+
 def failure_line(path: Path, offset: int, rank: int, code: int) -> str:
     """One line for a failed start: the rank that failed first, its exit, and why. A gang's
     ranks share one log (read from ``offset``: earlier starts wrote what is before it), and

@@ -48,7 +48,7 @@ from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.live.config import LiveConfig
 from phalanx.cluster.live.engines.base import Executor, Gang
 from phalanx.cluster.live.engines.local import LocalExecutor
-from phalanx.cluster.live.exits import Exit, Outcome, classify, failure_line
+from phalanx.cluster.live.exits import Exit, Outcome, classify, failure_line, lost_line
 from phalanx.cluster.live.joblist import LiveJob
 from phalanx.cluster.live.launch_plan import JobPlan, build_gang, plan_of, resumable
 from phalanx.cluster.live.restart import Progress, Saver, restore
@@ -273,13 +273,17 @@ class LiveCluster:
             st.restarts, self.config.max_job_restarts)
         if outcome is Outcome.LOST:
             # not its failure: it waits to resume from its checkpoint on what is left
+            if run.stop != "lost":   # it ended before _watch stopped (and named) it
+                print(lost_line(st.spec.name, sorted(self.topology.servers[s].name for s in
+                      self._servers(st.placements[-1][1]) & self.lost)), flush=True)
             self.core.requeue(st, self.now)
         elif outcome is Outcome.PREEMPTED:
             # stopped on request (a checkpoint written, or killed before one was due):
             # back to the queue; the next start resumes from what is on disk
             st.preemptions += 1
             st.waiting_since = self.now
-            self._requeue(st, rc)
+            self.core.enqueue(st)           # it waits for a round
+            self.benched.add(st.spec.id)
         elif outcome is Outcome.TIMEOUT:
             self.core.ended(st, self.now, f"timed out after {self.config.job_timeout_s:g} s")
         elif outcome is Outcome.DONE:
@@ -299,11 +303,6 @@ class LiveCluster:
                 self.core.ended(st, self.now, line + (
                     f" (after {st.restarts} restart{'s' if st.restarts > 1 else ''})"
                     if st.restarts else ""))
-
-    def _requeue(self, st: JobState, rc: int) -> None:
-        """A job stopped on request goes back to the queue (and waits for a round)."""
-        self.core.enqueue(st)
-        self.benched.add(st.spec.id)
 
     # ------------------------------------------------------------------ decisions
     def _round(self) -> None:
