@@ -132,7 +132,11 @@ def choose(master: str, *, multi_host: bool, iface: str = "", env_iface: str = "
                            f"which is not an address of this host (have {have})")
     if not multi_host:  # torchrun's agent store elsewhere; the group's own is on lo
         return Binding("lo", "127.0.0.1", "single host")
-    source = route_source(master_ip)
+    try:
+        source = route_source(master_ip)
+    except OSError as e:    # e.g. this host's link is down (a partition): no route at all
+        raise PhalanxError(f"no route from this host to the master {master} ({master_ip}): "
+                           f"{(e.strerror or str(e)).lower()}") from None
     name = iface_with_addr(source)
     if name is None:
         raise PhalanxError(f"no interface holds {source}, the address that routes to the "

@@ -14,6 +14,8 @@ from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.live.joblist import check_settings, load_job_list
 from phalanx.cluster.live.launch_plan import build_gang, plan_of
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_a_pipeline_job_can_be_scheduled(tmp_path: Path) -> None:
     """A pipeline runs one process per stage and refuses ``--workers``: the job list set
@@ -159,3 +161,26 @@ def test_a_job_ended_by_a_lost_server_is_named(tmp_path: Path, capsys) -> None:
     # not a failure: it resumed on what was left and finished, no restart charged
     assert not st.failure and st.restarts == 0 and len(st.placements) == 2, st
     assert 1 not in st.placements[1][1]
+
+
+def test_a_rank_started_on_a_cut_off_host_fails_in_one_line(tmp_path: Path) -> None:
+    """A rank started on a Ray host just as its link went down (chaos seed 202) died of an
+    ``OSError: Network is unreachable`` traceback (finding the route to its master). It is
+    one ``phalanx: error`` line now, which the scheduler's failure line quotes."""
+    import pytest
+
+    from phalanx.runtime import hosts
+
+    why = hosts.unavailable()
+    if why is not None:
+        pytest.skip(f"no test hosts: {why}")
+    code = ("import sys; from phalanx.runtime import netif; from phalanx.errors import "
+            "PhalanxError\ntry:\n    netif.choose(sys.argv[1], multi_host=True)\n"
+            "except PhalanxError as e:\n    print(e)")
+    with hosts.TestNetwork(2) as net:
+        net.hosts[1].link_down()
+        r = net.hosts[1].run([sys.executable, "-c", code, net.hosts[0].addr], check=False,
+                             timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout == (f"no route from this host to the master {net.hosts[0].addr} "
+                        f"({net.hosts[0].addr}): network is unreachable\n"), r.stdout
