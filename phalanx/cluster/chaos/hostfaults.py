@@ -19,6 +19,7 @@ scheduler, whose resume would not see the loss) waits until the host's node is b
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from pathlib import Path
 from phalanx.cluster.chaos import procs
 from phalanx.cluster.chaos.faults import Fault, Target, rank_targets
 from phalanx.cluster.chaos.jobs import ChaosJob
-from phalanx.cluster.chaos.raycluster import RayTestCluster
+from phalanx.cluster.chaos.raycluster import RayClusterError, RayTestCluster
 from phalanx.cluster.chaos.watch import Seen
 from phalanx.cluster.live.engines.ray_cluster import HealthCheck, verdict_s
 
@@ -147,7 +148,7 @@ class HostKeeper(threading.Thread):
     def _restart(self, host: int, f: Fault | None) -> bool:
         try:
             self.cluster.restart_node(host)
-        except (RuntimeError, OSError) as e:
+        except (RayClusterError, OSError, subprocess.SubprocessError) as e:
             self.problems.append(f"host {host}: its node did not start again: "
                                  f"{str(e).splitlines()[-1][:200]}")
             time.sleep(1.0)

@@ -23,12 +23,18 @@ from pathlib import Path
 
 from phalanx.cluster.core.clusters import resolve_cluster
 from phalanx.cluster.core.topology import Topology
+from phalanx.errors import PhalanxError
 from phalanx.runtime import hosts
 
 PORT = 6399
 TOPOLOGY = "three-nodes"       # clusters.three_nodes: a | b, c in 2 racks, one device each
 START_TIMEOUT_S = 120.0
 ACTOR = "ray::RankActor"       # a device's actor (phalanx/cluster/live/engines/ray.py)
+
+
+class RayClusterError(PhalanxError):
+    """A node of the test cluster did not start, or the cluster left something behind
+    (one line)."""
 
 
 def ray_command() -> str:
@@ -127,7 +133,9 @@ class RayTestCluster:
                       "--disable-usage-stats"], env=self.env(), timeout=START_TIMEOUT_S,
                      check=False)
         if r.returncode != 0:
-            raise RuntimeError(f"ray start on host {i}: {r.stdout[-1500:]}{r.stderr[-1500:]}")
+            last = (r.stderr.strip() or r.stdout.strip() or "no output").splitlines()[-1]
+            raise RayClusterError(f"ray start on test host {i} exited {r.returncode}: "
+                                  f"{last[:300]}")
 
     def raylet(self, i: int) -> int | None:
         """The pid of host i's raylet (None: none runs there)."""
@@ -155,7 +163,8 @@ class RayTestCluster:
 @contextlib.contextmanager
 def ray_test_cluster(root: Path, topology: str = TOPOLOGY) -> Iterator[RayTestCluster]:
     """A running :class:`RayTestCluster` of ``topology`` (a node per server), torn down on
-    every exit path; raises RuntimeError when something of it is left behind."""
+    every exit path; :class:`RayClusterError` when a node does not start or something of
+    it is left behind."""
     topo = resolve_cluster(topology, root)
     marker = f"/tmp/phxr{os.getpid() % 10**5}{random.randrange(10**4)}"
     net = hosts.TestNetwork(len(topo.servers)).__enter__()
@@ -170,9 +179,9 @@ def ray_test_cluster(root: Path, topology: str = TOPOLOGY) -> Iterator[RayTestCl
             shutil.rmtree(t, ignore_errors=True)
         net.teardown()
     if not gone:
-        raise RuntimeError("Ray processes of the test cluster were left behind")
+        raise RayClusterError("Ray processes of the test cluster were left behind")
     if any(Path(t).exists() for t in c.temps):
-        raise RuntimeError("Ray's temp folders were left behind")
+        raise RayClusterError("Ray's temp folders were left behind")
 
 
 def wait_until(ready: Callable[[], bool], timeout_s: float, every_s: float = 0.2) -> bool:
