@@ -159,3 +159,58 @@ def test_ten_ray_seeds_of_twenty_faults_keep_every_invariant(tmp_path) -> None:
     assert all(injected.count(k) >= 5 for k in ENGINE_KINDS["ray"]), injected
     bad = {r.seed: {k: v for k, v in r.violations.items() if v} for r in results}
     assert not any(bad.values()), bad
+
+
+def _state(path: Path, jobs: dict) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "scheduler-state.json").write_text(json.dumps({"jobs": {
+        name: {"status": "done", "fields": {"placements": p, "stops": s, "failure": "",
+                                            "end": s[-1]}}
+        for name, (p, s) in jobs.items()}}))
+
+
+def test_a_job_that_finished_under_the_lease_or_before_the_crash_shows(tmp_path: Path) -> None:
+    """A cut-off rank runs on until its lease is out: a short job may finish meanwhile
+    (chaos seed 200: its summary 2.5 s after the cut, the lease 3.75 s), and a crash may
+    hit a job whose summary was just written. Neither is a kill the scheduler must name;
+    one that finished after its lease was out still is."""
+    out = tmp_path / "schedule"
+    _state(out, {"g": ([[10.0, [2]]], [28.0])})
+    (out / "jobs" / "g").mkdir(parents=True)
+    summary = out / "jobs" / "g" / "summary.json"
+    summary.write_text("{}")
+    now = summary.stat().st_mtime
+    cut = _cut(now - 2.5, 8.4)
+    cut.job, cut.clock = "g@0", 19.4
+    v = RunView(out, [], [cut], Seen(loads=1), stdout="")
+    assert shows(v, cut) == []
+    cut.unix = now - 6.5      # the summary came after the lease + 2 s: the fence failed
+    cut.detail["up_unix"] = cut.unix + 8.4
+    assert "never named a failure" in shows(v, cut)[0]
+    crash = Fault("crash-host", 5.0, at=5.0, unix=now + 0.2, clock=27.9, job="g@0",
+                  target="host 2 (c)", hold=3.0, outcome="injected",
+                  detail={**DETAIL, "host": 2, "server": "c"})
+    v = RunView(out, [], [crash], Seen(loads=1),
+                stdout="phalanx: scheduler: server c lost: its devices are out of service\n")
+    assert shows(v, crash) == []
+
+
+def test_a_kill_the_scheduler_died_before_naming_shows_at_its_resume(tmp_path: Path) -> None:
+    """A shard killed 0.5 s before the scheduler was (chaos seed 200): the state it last
+    saved had the job running, the resume ended that start at the saved clock and named
+    the job as running when the scheduler stopped: the kill shows there."""
+    out = tmp_path / "schedule"
+    _state(out, {"asp": ([[10.25, [0, 1]], [15.02, [0, 1]]], [15.02, 18.2])})
+    kill = Fault("kill-shard", 19.0, at=19.8, unix=1000.0, clock=15.4, job="asp",
+                 target="shard 0", start=0, outcome="injected")
+    sched = Fault("kill-scheduler", 20.0, at=20.3, unix=1000.5, clock=15.9, job="",
+                  target="scheduler", outcome="injected")
+    seen = Seen(loads=3)
+    seen.clocks = [(999.0, 14.0, ("asp",)), (1000.0, 15.0, ("asp",)), (1002.0, 15.5, ("asp",))]
+    said = "phalanx: scheduler: asp was running when the scheduler stopped; it resumes\n"
+    v = RunView(out, [], [kill, sched], seen, stdout=said)
+    assert shows(v, kill) == []
+    v.stdout = ""             # the resume never named it
+    assert "never named a failure" in shows(v, kill)[0]
+    v.stdout, seen.clocks = said, [(1000.0, 15.0, ())]    # the save had it not running
+    assert "never named a failure" in shows(v, kill)[0]

@@ -12,7 +12,7 @@ import torch
 
 from phalanx.cluster.chaos import procs
 from phalanx.cluster.chaos.faults import FILLER
-from phalanx.cluster.chaos.shows import shows
+from phalanx.cluster.chaos.shows import FENCE_SLACK_S, shows
 from phalanx.cluster.chaos.view import RunView
 from phalanx.cluster.live.state import STATE_FILE
 from phalanx.runtime.checkpoint import CheckpointError, load_checkpoint
@@ -203,8 +203,6 @@ def nothing_left(v: RunView) -> list[str]:
     return bad
 
 
-FENCE_SLACK_S = 2.0   # a cut-off rank is gone this long after its lease ran out (the
-# lease is checked every quarter lease; the watch looks every 0.25 s; a busy machine)
 
 
 def no_rank_on_a_fenced_host(v: RunView) -> list[str]:

@@ -16,7 +16,10 @@ kind (the ``faults show`` invariant):
 * (Ray) a crashed host, or one cut off past the cluster's verdict on a silent node: the
   scheduler called its server lost (``server S lost``, once per such fault); every job
   with a rank there then (crashed, or cut off past the ranks' lease) ended that start
-  within :data:`KILL_SHOWS_S` after the verdict, its failure or its loss named."""
+  within :data:`KILL_SHOWS_S` after the verdict, its failure or its loss named, unless it
+  finished first (its summary written before the crash, or under the lease);
+* a kill the scheduler could not name because it was itself killed soon after shows as
+  the resumed scheduler's ``J was running when the scheduler stopped``."""
 
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from phalanx.cluster.chaos.view import RunView
 KILL_SHOWS_S = 20.0     # a killed rank's start ends within this (poll, grace, a busy host)
 ENDING_S = 10.0         # a PS run already ending when its worker was killed ends this soon
 SLACK_S = 0.5           # the fault's clock is read from the state file: within this
+FENCE_SLACK_S = 2.0     # a cut-off rank is gone this long after its lease ran out (the
+# lease is checked every quarter lease; the watch looks every 0.25 s; a busy machine)
 
 
 def _start_at(sj: dict[str, Any], clock: float) -> int | None:
@@ -57,7 +62,8 @@ def _killed(v: RunView, f: Fault, job: str, start: int, jobs: dict[str, Any],
     named = f"{job} failed (" in v.stdout or bool(sj["fields"]["failure"]) or (
         f"{job} stopped: server(s) " in v.stdout) or any(
         " lost: " in ln and job in ln.partition("; ")[2].replace(",", " ").split()
-        for ln in v.stdout.splitlines())
+        for ln in v.stdout.splitlines()) or (
+        k < len(stops) and _scheduler_killed_first(v, f, job, stops[k]))
     if f.target.startswith("worker "):
         line = f"{f.target} was killed by SIGKILL"
         # the run was ending anyway (a shard killed just before): the start ended soon
@@ -141,9 +147,36 @@ def _host(v: RunView, f: Fault, jobs: dict[str, Any]) -> list[str]:
                        f"called lost {said} time(s), {due} expected by then")
     if f.kind == "crash-host" or down > d["fence_s"] + SLACK_S + 1.5:
         hit = [(j, int(s)) for j, _, s in (x.rpartition("@") for x in f.job.split(",") if x)]
-        bad += [m for job, start in hit
+        # what a crash may still find finished: a summary written up to the crash; under a
+        # cut the ranks run on until their lease is out, and may finish meanwhile
+        by = f.unix + (SLACK_S if f.kind == "crash-host" else d["fence_s"] + FENCE_SLACK_S)
+        bad += [m for job, start in hit if not _finished_by(v, job, start, jobs, by)
                 for m in _killed(v, f, job, start, jobs, late_s=d["verdict_s"])]
     return bad
+
+
+def _finished_by(v: RunView, job: str, start: int, jobs: dict[str, Any], unix: float) -> bool:
+    """``start`` was the job's last and the job finished, its summary written by ``unix``."""
+    sj = jobs.get(job)
+    if sj is None or sj["fields"]["failure"] or start != len(sj["fields"]["placements"]) - 1:
+        return False
+    summary = v.out / "jobs" / job / "summary.json"
+    return summary.is_file() and summary.stat().st_mtime <= unix
+
+
+def _scheduler_killed_first(v: RunView, f: Fault, job: str, stop: float) -> bool:
+    """The scheduler was killed soon after ``f``, before it named the failure: the state it
+    last saved had the job running, and the start hit ended at the resume (``stop``: at
+    that save's clock), which named the job as running when the scheduler stopped."""
+    for g in v.faults:
+        if g.kind != "kill-scheduler" or g.outcome != "injected" or not (
+                f.unix <= g.unix <= f.unix + KILL_SHOWS_S):
+            continue
+        saved = [c for u, c, _ in v.seen.clocks if u <= g.unix]
+        if (saved and job in v.seen.running_at(g.unix) and stop >= saved[-1] - SLACK_S
+                and f"{job} was running when the scheduler stopped" in v.stdout):
+            return True
+    return False
 
 
 def shows(v: RunView, f: Fault) -> list[str]:
