@@ -394,7 +394,7 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
     p.add_argument("--rates", default="100,20", help="held-out link rates, Mbit/s")
     p.add_argument("--steps", type=int, default=20, help="steps per run (8..10000)")
     p.add_argument("--calibration",
-                   default="reports/experiments/scale/calibration-quiet.json")
+                   default="reports/experiments/scale/calibration-gloo.json")
     p.add_argument("--cores", type=int, default=0,
                    help="cores the runs share (0: this machine's); compute is scaled by "
                         "processes / cores above it")
