@@ -15,7 +15,14 @@ import time
 import pytest
 
 from phalanx.cluster.live.engines.ray_cluster import NODES_EVERY_S, HealthCheck, verdict_s
-from phalanx.cluster.live.engines.ray_fence import Fence, Lease
+from phalanx.cluster.live.engines.ray_fence import (
+    ASKS_PER_LEASE,
+    KILL_S,
+    Fence,
+    Lease,
+    dead_rank_ended,
+    fenced_after_s,
+)
 
 TEST_ENV = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1500",
             "RAY_health_check_failure_threshold": "4"}
@@ -112,3 +119,34 @@ def test_the_fence_kills_the_rank_when_the_cluster_is_silent_or_calls_it_dead(ra
         # a loaded machine's scheduling)
         assert why.startswith("no word from the cluster for ")
         assert fence_s < when - t0 < fence_s + fence_s / 8 + 1.0
+
+
+def test_a_lost_node_s_rank_is_counted_ended_only_once_its_lease_surely_ran_out():
+    """The GCS may call a node dead well under the lease after the node last heard "alive"
+    (its failed health checks counted across a partition that had healed a moment: chaos
+    seed 206 called b dead 1.2 s into a second cut, and S's resumed start ran beside b's
+    still-leased rank for 1.5 s). So the scheduler counts a lost node's rank as ended only
+    ``fenced_after_s`` after the verdict: every lease whose last "alive" answered a question
+    asked before the verdict has expired by then, at whatever phase the checks run."""
+    fence = HealthCheck.from_env(TEST_ENV).fence_s()
+    wait = fenced_after_s(fence)
+    assert wait == pytest.approx(fence * 1.125 + 1.0) and wait == pytest.approx(5.21875)
+    rng = random.Random(7)
+    every = fence / ASKS_PER_LEASE / 2          # the fence's check cadence
+    for _ in range(2000):
+        verdict = rng.uniform(0, 20)
+        lease = Lease(fence, asked_at=0.0)
+        lease.answer(rng.uniform(0, verdict), True)   # the last "alive" came before it
+        t = rng.uniform(0, every)                      # the checks' phase
+        while not lease.expired(t):
+            t += every
+        assert t <= verdict + wait - KILL_S + 1e-9, (verdict, lease.asked_at, t)
+    # the rule the engine's poll applies to a dead actor's rank: its node called lost 1.2 s
+    # ago is not enough (it was, before: the resumed start ran beside the cut-off rank)
+    v = verdict_s(TEST_ENV)
+    assert not dead_rank_ended(1.2, 1.2, v, fence)
+    assert not dead_rank_ended(wait - 0.01, wait, v, fence)
+    assert dead_rank_ended(wait, wait, v, fence)
+    # no verdict (the node still up): the cluster's own time to reach one, and the lease's
+    assert not dead_rank_ended(None, v + wait - 0.01, v, fence)
+    assert dead_rank_ended(None, v + wait + 0.01, v, fence)

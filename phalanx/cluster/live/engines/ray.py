@@ -34,8 +34,9 @@ device the scheduler gave it, that starts the rank's process itself.
   on. Each device's actor therefore holds a lease on its node's life
   (:mod:`~phalanx.cluster.live.engines.ray_fence`): it kills its rank when the GCS has
   not said "alive" for half the soonest verdict, or says "dead". The cut-off ranks are gone
-  before the job starts elsewhere (fenced), and no rank across the cut waits out gloo's
-  timeout: the loop stops them when the node is lost.
+  before the job starts elsewhere (fenced: a lost node's rank counts as ended only once
+  its lease has surely run out, :func:`ray_fence.dead_rank_ended`), and no rank across the
+  cut waits out gloo's timeout: the loop stops them when the node is lost.
 
 ``ray`` is an optional extra (``pip install -e '.[ray]'``); it is imported only when
 ``--engine ray`` is used.
@@ -79,7 +80,7 @@ from phalanx.cluster.live.engines.ray_cluster import (
     type_mismatch,
     verdict_s,
 )
-from phalanx.cluster.live.engines.ray_fence import Fence
+from phalanx.cluster.live.engines.ray_fence import Fence, dead_rank_ended
 from phalanx.errors import ConfigError
 
 
@@ -211,6 +212,7 @@ class RayExecutor:
         self.gangs: dict[str, _RayGang] = {}
         self.failed: dict[str, tuple[tuple[int, int], ...]] = {}
         self._down: frozenset[str] = frozenset()
+        self._down_at: dict[str, float] = {}      # when each lost server was first seen so
         self._nodes_at = -float("inf")
         self.verdict_s = verdict_s()
         self.health = HealthCheck.from_env(os.environ)
@@ -253,6 +255,7 @@ class RayExecutor:
                          if any(DEVICE.format(d) not in have for d in s.devices))
         for d in [d for d in self.devices if t.servers[t.device_server[d]].name in down]:
             self._drop(d)
+        self._down_at.update({s: now for s in down - self._down})
         self._down = down
         return down
 
@@ -323,9 +326,13 @@ class RayExecutor:
             # dead, or after the cluster's own time to do so: the gang's exit (and so the
             # live loop's verdict, lost server or failure) waits for it, as a Slurm gang
             # waits for a lost node's batch job. Its peers fail first (they lost a rank).
-            down = self.down()
+            # (a lost node's rank counts as ended once its lease has surely run out too:
+            # ``fenced_after_s``; before that it may still run, cut off)
+            down, now = self.down(), time.monotonic()
             for i, t in list(g.died.items()):
-                if g.nodes[i] in down or time.monotonic() - t > self.verdict_s:
+                since = self._down_at[g.nodes[i]] if g.nodes[i] in down else None
+                if dead_rank_ended(None if since is None else now - since, now - t,
+                                   self.verdict_s, self.health.fence_s()):
                     g.codes[i] = KILLED
                     del g.died[i]
         note_failure(self.failed, job, g.codes)

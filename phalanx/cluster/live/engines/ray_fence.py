@@ -28,6 +28,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 ASKS_PER_LEASE = 4      # questions to the GCS per lease (each may take a quarter of it)
+KILL_S = 1.0            # a rank's process group killed and gone, on a busy machine
+
+
+def fenced_after_s(fence_s: float) -> float:
+    """How long after the cluster called a node dead its ranks may still run, at most: the
+    last "alive" answered a question asked before the verdict, the lease is checked every
+    eighth of it, and a kill takes a moment. The scheduler waits this long before it counts
+    a lost node's rank as ended (and starts its job elsewhere): the lease alone cannot
+    promise the ranks are gone by the verdict, because the GCS counts a node's failed
+    health checks across a partition that had healed a moment (its checks of the node were
+    still failing while the node's own questions got "alive"), so a second cut can be
+    called dead well under ``fence_s`` after the node last heard "alive" (``phalanx chaos
+    --engine ray``, seed 206: 1.2 s after the cut; the job ran on two hosts at once for
+    1.5 s)."""
+    return fence_s * (1 + 1 / (2 * ASKS_PER_LEASE)) + KILL_S
+
+
+def dead_rank_ended(down_for_s: float | None, died_for_s: float, verdict_s: float,
+                    fence_s: float) -> bool:
+    """Does a rank whose actor was found dead ``died_for_s`` ago count as ended? Once its
+    node has been called lost (``down_for_s`` ago; None: it is not) for
+    :func:`fenced_after_s`, or, with no verdict, once the cluster's own time to reach one
+    and that have passed."""
+    fenced = fenced_after_s(fence_s)
+    return (down_for_s is not None and down_for_s >= fenced) or died_for_s > verdict_s + fenced
 
 
 @dataclass
