@@ -436,6 +436,10 @@ def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tm
           f"{time.monotonic() - t_test:.1f} s")
 
 
+# slow (~22 s): a scheduler kill -9 then --resume is in the suite on the local engine
+# (test_live_restart.py) and on Ray; the suite's 8 minutes on 2 cores do not hold every
+# engine's copy
+@pytest.mark.slow
 @needs_slurm
 def test_kill_9_of_the_scheduler_then_resume_on_slurm(cluster, tmp_path):
     """``phalanx schedule`` on the cluster (as an existing one: ``--slurm-partition``) is
