@@ -184,3 +184,20 @@ def test_a_rank_started_on_a_cut_off_host_fails_in_one_line(tmp_path: Path) -> N
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout == (f"no route from this host to the master {net.hosts[0].addr} "
                         f"({net.hosts[0].addr}): network is unreachable\n"), r.stdout
+
+
+def test_a_state_save_cut_by_a_kill_leaves_no_temp_file_after_the_resume(tmp_path: Path
+                                                                         ) -> None:
+    """``kill -9`` of the scheduler while it saved its state left
+    ``.scheduler-state.json.PID.tmp`` in the schedule's folder for good (chaos --engine ray
+    seed 204); ``--resume`` removes a dead writer's, never a live one's."""
+    from phalanx.cluster.live.state import STATE_FILE, sweep_dead_saves
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".{STATE_FILE}.{dead.pid}.tmp").write_text('{"format": "phalanx-sch')
+    (tmp_path / f".{STATE_FILE}.{os.getpid()}.tmp").write_text("being written")
+    (tmp_path / STATE_FILE).write_text("{}")
+    assert sweep_dead_saves(tmp_path) == [f".{STATE_FILE}.{dead.pid}.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f".{STATE_FILE}.{os.getpid()}.tmp", STATE_FILE]

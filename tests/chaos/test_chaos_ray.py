@@ -214,3 +214,22 @@ def test_a_kill_the_scheduler_died_before_naming_shows_at_its_resume(tmp_path: P
     assert "never named a failure" in shows(v, kill)[0]
     v.stdout, seen.clocks = said, [(1000.0, 15.0, ())]    # the save had it not running
     assert "never named a failure" in shows(v, kill)[0]
+
+
+def test_a_start_the_watch_never_saw_does_not_misname_a_later_one(tmp_path: Path) -> None:
+    """The watch numbers a driver's starts as it sees them; one that died within a look was
+    never seen, so a later fault named start 4 where it hit start 5 (chaos seed 204: a
+    crash at clock 34.0 s, start 4 had ended at 30.25 s). The clock names the start."""
+    out = tmp_path / "schedule"
+    times = [22.65, 22.74, 23.21, 23.73, 24.2, 31.21, 44.03]
+    _state(out, {"g": ([[t, [2]] for t in times], [22.74, 23.21, 23.73, 24.2, 30.25, 43.41,
+                                                    46.89])})
+    crash = Fault("crash-host", 5.0, at=45.5, unix=100.0, clock=34.01, job="g@4",
+                  target="host 2 (c)", hold=7.9, outcome="injected",
+                  detail={**DETAIL, "host": 2, "server": "c"})
+    said = ("phalanx: scheduler: server c lost: its devices are out of service; g will "
+            "resume from a checkpoint\n")
+    assert shows(RunView(out, [], [crash], Seen(loads=1), stdout=said), crash) == []
+    crash.clock = 50.0        # no start spans it: the one named is checked, and fails
+    (msg,) = shows(RunView(out, [], [crash], Seen(loads=1), stdout=said), crash)
+    assert "start 4 ended at 30.25 s" in msg, msg

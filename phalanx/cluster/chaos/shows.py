@@ -35,15 +35,17 @@ FENCE_SLACK_S = 2.0     # a cut-off rank is gone this long after its lease ran o
 # lease is checked every quarter lease; the watch looks every 0.25 s; a busy machine)
 
 
+def _spans(sj: dict[str, Any], k: int, clock: float) -> bool:
+    """Does start ``k`` of a saved job span ``clock``?"""
+    f = sj["fields"]
+    stop = f["stops"][k] if k < len(f["stops"]) else float("inf")
+    return f["placements"][k][0] - SLACK_S <= clock <= stop + SLACK_S
+
+
 def _start_at(sj: dict[str, Any], clock: float) -> int | None:
     """Which start of a saved job spans ``clock`` (None: none)."""
-    f = sj["fields"]
-    starts = [t for t, _ in f["placements"]]
-    stops = f["stops"] + [float("inf")] * (len(starts) - len(f["stops"]))
-    for k, (a, b) in enumerate(zip(starts, stops)):
-        if a - SLACK_S <= clock <= b + SLACK_S:
-            return k
-    return None
+    return next((k for k in range(len(sj["fields"]["placements"])) if _spans(sj, k, clock)),
+                None)
 
 
 def _killed(v: RunView, f: Fault, job: str, start: int, jobs: dict[str, Any],
@@ -53,8 +55,10 @@ def _killed(v: RunView, f: Fault, job: str, start: int, jobs: dict[str, Any],
         return [f"{f.kind} of {job}: the scheduler has no record of it"]
     starts = sj["fields"]["placements"]
     k = start if 0 <= start < len(starts) else None
-    if k is None and f.clock is not None:
-        k = _start_at(sj, f.clock)
+    at = _start_at(sj, f.clock) if f.clock is not None else None
+    if at is not None and (k is None or not _spans(sj, k, f.clock)):
+        k = at   # the clock names it: the watch counts a driver's starts as it sees
+        # them, and misses one shorter than its look (a start that died at once)
     if k is None:
         return [f"{f.kind} of {job} at {f.at:.2f} s (start {start}, clock {f.clock}): no "
                 "start of it spans that time"]

@@ -42,6 +42,7 @@ from phalanx.cluster.live.state import (
     job_fields,
     jobs_digest,
     save,
+    sweep_dead_saves,
 )
 
 SAVE_EVERY_S = 1.0      # the clock is saved at least this often, even when nothing changed
@@ -121,6 +122,7 @@ def restore(core: SchedulerCore, jobs: Sequence[LiveJob], config: LiveConfig,
     of the killed scheduler's jobs (the ranks ``executor`` keeps, then any process of this
     host that names a job's folder)."""
     by_name = {j.spec.name: j for j in jobs}
+    sweep_dead_saves(config.out)      # a save the killed scheduler was writing
     res = core.result
     res.rejected.extend((by_name[n].spec, why) for n, why in saved.rejected)
     for k, v in saved.series.items():

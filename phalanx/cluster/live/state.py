@@ -127,6 +127,19 @@ def save(path: Path, state: SavedState) -> None:
     os.replace(tmp, path)
 
 
+def sweep_dead_saves(out: Path) -> list[str]:
+    """Remove the temp files (``.scheduler-state.json.PID.tmp``) of saves whose writer is
+    dead: a scheduler killed (SIGKILL) while it saved leaves one for good (``phalanx chaos
+    --engine ray``, seed 204). A live writer's are left alone. Their names."""
+    removed = []
+    for path in out.glob(f".{STATE_FILE}.*.tmp"):
+        pid = path.name[len(STATE_FILE) + 2:-len(".tmp")]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
 # ---------------------------------------------------------------------- loading
 def _bad(path: Path, why: str) -> ConfigError:
     return ConfigError(f"--resume {path.parent}: {path.name} {why}; it cannot be resumed")
