@@ -352,6 +352,13 @@ def test_a_cut_off_node_is_fenced_and_its_job_resumes_elsewhere(cluster, tmp_pat
         raylet_s = time.monotonic() - t_up
         still_on_b = host_b.processes()
         _kill_and_wait(c.node_temp[1])
+        # S resumes on a, c: b's rank counts as ended only once its lease has surely run
+        # out (ray_fence.dead_rank_ended: seconds after the verdict), so b starts again
+        # once S's second start is under way, as in the lost-node test
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and p.poll() is None and not any(
+                x.start == 1 for x in rank_record.read(out / "ranks" / "S.jsonl")):
+            time.sleep(0.1)
         c.start_node(1)
         back = True
         p.wait(timeout=240)
