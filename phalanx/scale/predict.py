@@ -92,7 +92,7 @@ def _sync(w: Workload, s: Setting, net: Network) -> Prediction:
     if s.allreduce == "main" and not s.compress.topk:
         # gather, then broadcast: each direction also rests while the other one works
         # (the two phases take alike: half the exchange each)
-        idle += (tl.comm_s - hidden) / 2 if tl.comm_s > hidden else tl.comm_s / 2
+        idle += tl.comm_s / 2
     credit = min(whole.credit_s, max(idle, 0.0))
     strag = w.step_compute_s * (s.stragglers.expected_max(s.workers) - 1)
     comm = CommCost(tl.comm_s - credit, whole.bytes_per_worker, whole.bytes_by_level,
