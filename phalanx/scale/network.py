@@ -261,3 +261,10 @@ def uniform_network(workers: int, *, gpus_per_server: int = 8, servers_per_rack:
     topo = uniform(zones=1, racks=racks, servers=per_rack, devices=gpus_per_server,
                    switches=1, name=f"uniform-{racks}x{per_rack}x{gpus_per_server}")
     return Network(topo, links or Links())
+
+
+def hosts_network(n: int, nic: Link) -> Network:
+    """``n`` test hosts, one worker each, behind ``nic`` (the bridge between them: 64x
+    faster): the validations' network."""
+    return uniform_network(n, gpus_per_server=1,
+                           links=Links(nic=nic, rack=Link(bandwidth=nic.bandwidth * 64)))

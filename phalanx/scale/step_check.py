@@ -33,11 +33,10 @@ from phalanx.experiments.hostgroup import Plan, PlannedRun, run_plan
 from phalanx.runtime.hosts import TestNetwork, unavailable
 from phalanx.scale import calibrate as cal
 from phalanx.scale import wire_check as wc
-from phalanx.scale.network import Link, Links, uniform_network
+from phalanx.scale.network import Link, hosts_network
 from phalanx.scale.predict import predict
 from phalanx.scale.profile import profile_model
 from phalanx.scale.report import commit
-from phalanx.scale.setting import Compression, Setting
 
 FIT = (2, 1000.0)  # (N, Mbit/s) each strategy's compute is fitted on
 # the CTR table for step times: 26 x 4,096 rows (6.8 MB), so that sync's densified table
@@ -109,15 +108,9 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
 
 def _predict(model: str, c: wc.Case, n: int, link: Link, workload, compute: float,
              cores: int) -> float:
-    kw = dict(c.setting)
-    if "compress" in kw:
-        kw["compress"] = Compression.parse(kw["compress"])
-    procs = c.world
-    w = workload.with_compute(compute * max(1.0, procs / cores) if cores else compute,
+    w = workload.with_compute(compute * max(1.0, c.world / cores) if cores else compute,
                               "fitted")
-    net = uniform_network(n, gpus_per_server=1,
-                          links=Links(nic=link, rack=Link(bandwidth=link.bandwidth * 64)))
-    return predict(w, Setting(workers=n, **kw), net).step_s
+    return predict(w, wc.setting_of(c, n), hosts_network(n, link)).step_s
 
 
 def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: int) -> float:

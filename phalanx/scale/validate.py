@@ -29,7 +29,7 @@ from typing import Any
 from phalanx.errors import ConfigError
 from phalanx.scale import calibrate as cal
 from phalanx.scale.eventsim import AsyncSpec, simulate
-from phalanx.scale.network import Link, Links, Network, uniform_network
+from phalanx.scale.network import hosts_network
 from phalanx.scale.predict import predict
 from phalanx.scale.setting import Setting
 from phalanx.scale.workload import Workload
@@ -72,11 +72,6 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _network(n: int, link: Link) -> Network:
-    return uniform_network(n, gpus_per_server=1,
-                           links=Links(nic=link, rack=Link(bandwidth=link.bandwidth * 64)))
-
-
 def _workers_tx(run: dict[str, Any]) -> float:
     """Bytes per step the busiest worker host sent (ASP: ranks 0-1 are the shards)."""
     tx = {int(k): float(v) for k, v in run["tx_per_step"].items()}
@@ -110,7 +105,7 @@ def predict_run(w: Workload, run: dict[str, Any], fitted: dict[str, Any], comput
         return r.step_s, w.grad_bytes * overhead
     name, algorithm = STRATEGY[strategy]
     p = predict(wl, Setting(strategy=name, workers=n, allreduce=algorithm, period=8),
-                _network(n, link))
+                hosts_network(n, link))
     return p.step_s, p.bytes_per_worker * overhead
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from phalanx.errors import ConfigError
 from phalanx.experiments.hostgroup import Plan, PlannedRun, run_plan
 from phalanx.runtime.hosts import TestNetwork, unavailable
-from phalanx.scale.network import Link, Links, uniform_network
+from phalanx.scale.network import Link, hosts_network
 from phalanx.scale.predict import predict
 from phalanx.scale.profile import profile_model
 from phalanx.scale.report import commit
@@ -185,14 +185,17 @@ def measure(out: Path, models: list[str], sizes: list[int], short: int, long: in
     return found
 
 
-def predict_point(model: str, c: Case, n: int, workload) -> float:
+def setting_of(c: Case, n: int) -> Setting:
+    """The prediction's settings for case ``c`` at ``n`` workers."""
     kw = dict(c.setting)
     if "compress" in kw:
         kw["compress"] = Compression.parse(kw["compress"])
-    s = Setting(workers=n, **kw)
-    net = uniform_network(n, gpus_per_server=1, links=Links(nic=Link(bandwidth=1e9 / 8),
-                                                            rack=Link(bandwidth=64e9 / 8)))
-    return predict(workload, s, net).bytes_per_worker * WIRE
+    return Setting(workers=n, **kw)
+
+
+def predict_point(model: str, c: Case, n: int, workload) -> float:
+    net = hosts_network(n, Link(bandwidth=1e9 / 8))
+    return predict(workload, setting_of(c, n), net).bytes_per_worker * WIRE
 
 
 def points(found: dict[tuple[str, str, int], list[float]],

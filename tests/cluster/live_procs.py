@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from phalanx.cluster.chaos.raycluster import pids_with  # noqa: F401 - the tests import it from here
 from phalanx.runtime import rank_record
 from phalanx.runtime.checkpoint import load_checkpoint
 
@@ -20,21 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 # 127.0.0.1 as /proc/net/tcp writes it, as an IPv4-mapped IPv6 address, and ::1
 LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
-
-
-def pids_with(text: str) -> list[int]:
-    """Processes whose command line mentions ``text`` (an out folder, an engine's temp)."""
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit() or int(p.name) == os.getpid():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmd:
-            out.append(int(p.name))
-    return out
 
 
 def alive(pid: int) -> bool:
