@@ -14,10 +14,14 @@ from pathlib import Path
 
 from phalanx.cluster.studies.interference import (
     CLASSES,
-    PROFILE_LEVELS,
+    DEFAULT_LEVELS,
+    LINK_RATE_MBIT,
+    Host,
     ProfileOptions,
     profile,
 )
+from phalanx.errors import ConfigError
+from phalanx.runtime.hosts import TestNetwork, unavailable
 
 HELP = ("measure how much of its solo rate each job class keeps beside another on this "
         "machine (real jobs pinned to cores)")
@@ -35,15 +39,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "by side; kept = rate beside / solo. Writes OUT/interference.json and "
                     "OUT/interference.md.")
     q.add_argument("--classes", default="",
-                   help="comma list of job classes (default all): " + "; ".join(
+                   help="comma list of job classes (default: all but gpt-sync-2; at level "
+                        "link alone: mlp-single-1,mlp-sync-2,ctr-ps-1,gpt-sync-2): "
+                        + "; ".join(
                        f"{n}: {CLASSES.help(n)}" for n in CLASSES))
     q.add_argument("--pairs", default="",
                    help="comma list of CLASS:CLASS: only these pairs (of --classes), e.g. "
                         "to measure one cell again (default: every pair of --classes, a "
                         "class with itself included)")
-    q.add_argument("--levels", default=",".join(PROFILE_LEVELS),
+    q.add_argument("--levels", default=",".join(DEFAULT_LEVELS),
                    help="comma list: core (both jobs pinned to one core), server (one core "
-                        "each; needs 2 usable cores) (default core,server)")
+                        "each; needs 2 usable cores), link (2 test hosts, one core each, "
+                        "joined by a link shaped to --link-rate; a class of several "
+                        "processes runs across them; needs root for ip/tc) (default "
+                        "core,server; classes by default at link alone: "
+                        "mlp-single-1,mlp-sync-2,ctr-ps-1,gpt-sync-2)")
+    q.add_argument("--link-rate", type=float, default=LINK_RATE_MBIT,
+                   help="level link: the test hosts' link in Mbit/s, both directions (tc "
+                        f"tbf) (default {LINK_RATE_MBIT:g})")
     q.add_argument("--seconds", type=float, default=10.0,
                    help="the measured window of each measurement, after warm-up (default 10)")
     q.add_argument("--repeats", type=int, default=3,
@@ -64,8 +77,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     opts = ProfileOptions.parse(classes=args.classes, pairs=args.pairs, levels=args.levels,
-                                seconds=args.seconds, repeats=args.repeats,
-                                warmup_steps=args.warmup_steps,
+                                link_rate=args.link_rate, seconds=args.seconds,
+                                repeats=args.repeats, warmup_steps=args.warmup_steps,
                                 startup_timeout_s=args.startup_timeout, grace_s=args.grace)
-    profile(opts, Path(args.out), say=lambda line: print(line, file=sys.stderr, flush=True))
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if "link" not in opts.levels:
+        profile(opts, Path(args.out), say)
+        return 0
+    why = unavailable()
+    if why:
+        raise ConfigError(f"--levels link: cannot make test hosts here: {why}")
+    # two test hosts whose link is shaped to --link-rate, torn down whatever happens
+    with TestNetwork(2, rate_mbit=opts.link_rate) as net:
+        profile(opts, Path(args.out), say,
+                hosts=[Host(tuple(h.argv([])), h.addr, h.iface) for h in net.hosts])
     return 0

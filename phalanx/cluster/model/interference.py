@@ -8,6 +8,9 @@ A *job class* is model x strategy family x workers, named ``"{model}-{family}-{w
 * ``core`` — a CPU core (here a live slot's PCIe switch is pinned to one core: two jobs
   on one switch time-share it);
 * ``server`` — the machine but not a core (caches, memory bandwidth, the loopback);
+* ``link`` — the network between servers: two jobs whose ranks span the same servers
+  share those servers' links (measured on test hosts joined by a ``tc``-shaped link; a
+  job on one server does not use it);
 * ``device`` — one GPU (Gavel's space-sharing pairs, V100, one worker each).
 
 ``kept(a, b, level)`` is a's rate beside b over a's rate alone (1 = no interference, 0.5 =
@@ -44,7 +47,7 @@ from phalanx.errors import ConfigError, DataError
 
 FORMAT = "phalanx-interference"
 VERSION = 1
-LEVELS = ("core", "server", "device")
+LEVELS = ("core", "server", "link", "device")
 
 # a strategy's family: what it does to the machine (how its ranks talk and wait)
 FAMILY = {"single": "single", "sync": "sync", "zero": "sync", "fsdp": "sync",

@@ -7,7 +7,11 @@ repeat, in that order (repeats outermost, so a drift of the machine spreads over
 
 1. a's solo rate, then b's (one measurement when a is b): the job alone on ``cores[0]``;
 2. both side by side: ``core`` — both on ``cores[0]``; ``server`` — a on ``cores[0]``,
-   b on ``cores[1]``;
+   b on ``cores[1]``; ``link`` — on two test hosts (``phalanx.runtime.hosts``) joined by a
+   link shaped to ``--link-rate``, host i pinned to ``cores[i]``: a class of several
+   ranks runs rank i on host i (both such jobs share the link, and each host's core), a
+   single-process class on host 0's core (two of them: one per host); solos run on the
+   same shaped link;
 3. ``kept_a`` = a's rate beside b / a's solo rate just measured; ``kept_b`` likewise.
 
 A pair's row holds the median over the repeats and, as its interval, the smallest and
@@ -22,74 +26,36 @@ import datetime
 import itertools
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx.catalog import Catalog
-from phalanx.cluster.model.interference import Pair, PairTable, job_class
+from phalanx.cluster.model.interference import Pair, PairTable
+from phalanx.cluster.studies.interference_classes import (
+    CLASSES,
+    CORE_CLASSES,
+    LINK_CLASSES,
+    Host,
+    pair_starts,
+    placement,
+    solo_start,
+)
 from phalanx.cluster.studies.interference_jobs import JobStart, WindowOptions, measure
 from phalanx.cluster.studies.interference_report import write_markdown
 from phalanx.cluster.studies.provenance import commit
 from phalanx.errors import ConfigError
 from phalanx.limits import short
 
-PROFILE_LEVELS = ("core", "server")   # what this machine can share (no GPU level here)
-# a job long enough that it never ends inside a window, with nothing but steps in it: no
-# evaluation (at an epoch's end it would be one), a small initial evaluation, no progress
-# bar or TensorBoard, one intra-op thread per process
-LONG_RUN = ("--epochs", "1000000", "--max-steps", "1000000000", "--eval-every", "1000000000",
-            "--test-limit", "200", "--threads", "1", "--no-progress", "--no-tensorboard")
-CTR_SMALL = ("--data", "ctr-synthetic", "--ctr-rows", "4096", "--ctr-dim", "8",
-             "--train-limit", "20000")
-OVERHEAD_S = 4.5   # a measurement beyond its window: start-up, warm-up, stop (measured, 2 cores)
+__all__ = ["CLASSES", "Host", "PROFILE_LEVELS", "ProfileOptions", "placement", "profile"]
 
-
-@dataclass(frozen=True, kw_only=True)
-class JobClass:
-    """A small CPU job: a step well under 100 ms on one core."""
-
-    model: str
-    strategy: str
-    workers: int
-    flags: tuple[str, ...]   # data set and size, beyond model / strategy / workers
-
-    @property
-    def name(self) -> str:
-        return job_class(self.model, self.strategy, self.workers)
-
-    def train_flags(self) -> tuple[str, ...]:
-        # single trains in the driver (--threads); the others in worker processes
-        ranks = () if self.strategy == "single" else ("--worker-threads", "1")
-        return ("--model", self.model, "--strategy", self.strategy,
-                "--workers", str(self.workers), *self.flags, *LONG_RUN, *ranks)
-
-    def start(self, core: int) -> JobStart:
-        return JobStart(name=self.name, core=core, ranks=self.workers,
-                        argv=(sys.executable, "-m", "phalanx", "train", *self.train_flags()))
-
-
-CLASSES: Catalog[JobClass] = Catalog("job class", "--classes")
-for _cls, _help in (
-        (JobClass(model="mlp", strategy="single", workers=1, flags=("--data", "synthetic")),
-         "the MLP on synthetic data (~1 ms a step)"),
-        (JobClass(model="lenet5", strategy="single", workers=1,
-                  flags=("--data", "fashion-mnist")),
-         "LeNet-5 on Fashion-MNIST (~10 ms a step)"),
-        (JobClass(model="gpt", strategy="single", workers=1,
-                  flags=("--data", "shakespeare", "--gpt-layers", "2", "--gpt-dim", "64",
-                         "--gpt-heads", "2", "--context", "32", "--batch-size", "16")),
-         "a 2-layer, 64-wide GPT on Tiny Shakespeare (~12 ms a step)"),
-        (JobClass(model="ctr", strategy="single", workers=1, flags=CTR_SMALL),
-         "the sparse click model, 4096 rows x 8 per field (~2 ms a step)"),
-        (JobClass(model="mlp", strategy="sync", workers=2, flags=("--data", "synthetic")),
-         "the MLP, 2 workers, synchronous allreduce"),
-        (JobClass(model="ctr", strategy="asp", workers=1, flags=(*CTR_SMALL, "--servers", "1")),
-         "the click model on a parameter server: 1 worker, 1 shard, ASP")):
-    CLASSES.add(_cls.name, _cls, _help)
+PROFILE_LEVELS = ("core", "server", "link")   # what this machine can share (no GPU here)
+DEFAULT_LEVELS = ("core", "server")
+LINK_RATE_MBIT = 20.0   # --link-rate: where the sync MLP's step is ~98% communication
+PORT = 29500            # rank 0's store on test host 0 (each host has a port space of its own)
+OVERHEAD_S = 4.5        # a measurement beyond its window: start-up, warm-up, stop (2 cores)
+LINK_OVERHEAD_S = 16.0  # the same across test hosts (gloo over the shaped link, slow steps)
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -100,9 +66,10 @@ def _csv(text: str) -> tuple[str, ...]:
 class ProfileOptions:
     """The profile's settings, each checked here (a one-line error naming its flag)."""
 
-    classes: tuple[str, ...] = field(default_factory=CLASSES.names)
+    classes: tuple[str, ...] = CORE_CLASSES
     only: tuple[tuple[str, str], ...] = ()   # --pairs: these pairs, not all of classes'
-    levels: tuple[str, ...] = PROFILE_LEVELS
+    levels: tuple[str, ...] = DEFAULT_LEVELS
+    link_rate: float = LINK_RATE_MBIT        # Mbit/s of the test hosts' link (level link)
     seconds: float = 10.0
     repeats: int = 3
     warmup_steps: int = 20
@@ -126,11 +93,13 @@ class ProfileOptions:
                 self.levels) <= set(PROFILE_LEVELS):
             raise ConfigError(f"--levels: {short(','.join(self.levels))} is not a list of "
                               f"distinct levels of {', '.join(PROFILE_LEVELS)}")
-        for flag, value, lo, hi in (("--seconds", self.seconds, 0, 3600),
+        for flag, value, lo, hi in (("--link-rate", self.link_rate, 0, 100000),
+                                    ("--seconds", self.seconds, 0, 3600),
                                     ("--startup-timeout", self.startup_timeout_s, 0, 3600),
                                     ("--grace", self.grace_s, 0, 600)):
             if not lo < value <= hi:   # also refuses nan
-                raise ConfigError(f"{flag} must be in ({lo}, {hi}] seconds, got {value}")
+                unit = "Mbit/s" if flag == "--link-rate" else "seconds"
+                raise ConfigError(f"{flag} must be in ({lo}, {hi}] {unit}, got {value}")
         for flag, n, lo, hi in (("--repeats", self.repeats, 1, 100),
                                 ("--warmup-steps", self.warmup_steps, 10, 10**6)):
             if isinstance(n, bool) or not isinstance(n, int) or not lo <= n <= hi:
@@ -146,8 +115,10 @@ class ProfileOptions:
             if not sep or not a or not b or ":" in b:
                 raise ConfigError(f"--pairs: {short(item)} is not CLASS:CLASS")
             only.append((a, b))
-        return cls(classes=_csv(classes) if classes else CLASSES.names(), only=tuple(only),
-                   levels=_csv(levels), **numbers)
+        lv = _csv(levels)
+        default = LINK_CLASSES if lv == ("link",) else CORE_CLASSES
+        return cls(classes=_csv(classes) if classes else default, only=tuple(only),
+                   levels=lv, **numbers)
 
     def window(self) -> WindowOptions:
         return WindowOptions(seconds=self.seconds, warmup_steps=self.warmup_steps,
@@ -171,21 +142,13 @@ class ProfileOptions:
         return self.repeats * len(self.levels) * per
 
     def expected_s(self) -> float:
-        return self.measurements() * (self.seconds + OVERHEAD_S)
+        per_level = self.measurements() / len(self.levels)
+        return sum(per_level * (self.seconds + (LINK_OVERHEAD_S if lv == "link" else
+                                                OVERHEAD_S)) for lv in self.levels)
 
 
 def usable_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
-
-
-def placement(level: str, cores: Sequence[int]) -> tuple[int, int]:
-    """The cores of a pair's two jobs at ``level``."""
-    if level == "core":
-        return cores[0], cores[0]
-    if len(cores) < 2:
-        raise ConfigError(f"--levels server: needs 2 cores, this process may use only "
-                          f"core {cores[0]}; use --levels core")
-    return cores[0], cores[1]
 
 
 def _interval(values: Sequence[float]) -> tuple[float, float]:
@@ -199,12 +162,17 @@ def _kept(rate: float, solo: float, what: str, say: Callable[[str], None]) -> fl
     return min(k, 2.0)
 
 
-def profile(opts: ProfileOptions, out: Path, say: Callable[[str], None]) -> PairTable:
+def profile(opts: ProfileOptions, out: Path, say: Callable[[str], None],
+            hosts: Sequence[Host] = ()) -> PairTable:
     """Measure every pair of ``opts.pairs()`` at every level, write
-    ``out/interference.json`` and ``out/interference.md``; returns the table."""
+    ``out/interference.json`` and ``out/interference.md``; returns the table. Level
+    ``link`` runs on ``hosts`` (two test hosts whose link is shaped to
+    ``opts.link_rate``: the command makes them)."""
     cores = usable_cores()
     for level in opts.levels:
         placement(level, cores)
+    if "link" in opts.levels and len(hosts) != 2:
+        raise ConfigError(f"--levels link: needs 2 test hosts, got {len(hosts)}")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -217,7 +185,7 @@ def profile(opts: ProfileOptions, out: Path, say: Callable[[str], None]) -> Pair
         f"levels {','.join(opts.levels)}, {opts.repeats} repeat(s): {total} measurements "
         f"of {opts.seconds:g} s, about {opts.expected_s() / 60:.0f} min; cores {cores}, "
         f"load {load0[0]:.2f}")
-    solo: dict[str, list[float]] = {c: [] for c in opts.measured()}
+    solo: dict[tuple[str, str], list[float]] = {}   # (class, "link" or "") -> solo rates
     kept: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     done = 0
     t_start = time.monotonic()
@@ -233,16 +201,20 @@ def profile(opts: ProfileOptions, out: Path, say: Callable[[str], None]) -> Pair
 
         for rep in range(1, opts.repeats + 1):
             for level in opts.levels:
-                ca, cb = placement(level, cores)
+                on = "link" if level == "link" else ""
                 for a, b in opts.pairs():
                     A, B = CLASSES.get(a), CLASSES.get(b)
-                    sa, = window([A.start(cores[0])], f"solo {a} (repeat {rep})")
-                    sb = sa if a == b else window([B.start(cores[0])],
-                                                  f"solo {b} (repeat {rep})")[0]
-                    solo[a].append(sa)
+                    # a port pair per measurement: a stopped job's store may linger a moment
+                    port = PORT + 2 * (done % 500)
+                    sa, = window([solo_start(level, A, cores, hosts, port)],
+                                 f"solo {a}{' (link)' if on else ''} (repeat {rep})")
+                    sb = sa if a == b else window([solo_start(level, B, cores, hosts, port)],
+                                                  f"solo {b}{' (link)' if on else ''} "
+                                                  f"(repeat {rep})")[0]
+                    solo.setdefault((a, on), []).append(sa)
                     if b != a:
-                        solo[b].append(sb)
-                    ra, rb = window([A.start(ca), B.start(cb)],
+                        solo.setdefault((b, on), []).append(sb)
+                    ra, rb = window(pair_starts(level, A, B, cores, hosts, port),
                                     f"{level} {a} beside {b} (repeat {rep})")
                     ka = _kept(ra, sa, f"{level} {a} beside {b}", say)
                     kb = _kept(rb, sb, f"{level} {b} beside {a}", say)
@@ -258,16 +230,25 @@ def profile(opts: ProfileOptions, out: Path, say: Callable[[str], None]) -> Pair
     return table
 
 
-def _classes(opts: ProfileOptions, solo: dict[str, list[float]],
+def _classes(opts: ProfileOptions, solo: dict[tuple[str, str], list[float]],
              cores: Sequence[int]) -> dict[str, dict]:
+    """Each class's solo rate: ``solo`` alone on ``cores[0]`` (at ``link`` only: on the
+    shaped link), and ``solo_link`` on the shaped link when level link was measured."""
     out = {}
     for name in opts.measured():
         c = CLASSES.get(name)
-        out[name] = {"model": c.model, "strategy": c.strategy, "workers": c.workers,
-                     "solo": round(statistics.median(solo[name]), 2),
-                     "solo_range": [round(min(solo[name]), 2), round(max(solo[name]), 2)],
-                     "solo_runs": len(solo[name]), "solo_core": cores[0],
-                     "flags": list(c.train_flags()), "env": {"OMP_NUM_THREADS": "1"}}
+        here, link = solo.get((name, ""), []), solo.get((name, "link"), [])
+        rates = here or link
+        info = {"model": c.model, "strategy": c.strategy, "workers": c.workers,
+                "solo": round(statistics.median(rates), 2),
+                "solo_range": [round(min(rates), 2), round(max(rates), 2)],
+                "solo_runs": len(rates), "solo_core": cores[0]}
+        if link:
+            info.update(solo_link=round(statistics.median(link), 2),
+                        solo_link_range=[round(min(link), 2), round(max(link), 2)],
+                        link_mbit=opts.link_rate, processes=c.world)
+        out[name] = {**info, "flags": list(c.train_flags()),
+                     "env": {"OMP_NUM_THREADS": "1"}}
     return out
 
 
@@ -291,5 +272,8 @@ def _source(opts: ProfileOptions, started: datetime.datetime, cores: Sequence[in
             f"{os.cpu_count()} cores ({len(cores)} usable: {','.join(map(str, cores))}); "
             f"load average (1/5/15 min) {la(load0)} at start, {la(load1)} at end; "
             f"--seconds {opts.seconds:g} --repeats {opts.repeats} --levels "
-            f"{','.join(opts.levels)} --warmup-steps {opts.warmup_steps}; interval: min..max "
-            f"of the repeats; solo: alone on core {cores[0]}, measured before each pair")
+            f"{','.join(opts.levels)} --warmup-steps {opts.warmup_steps}"
+            + (f" --link-rate {opts.link_rate:g} (2 test hosts, host i on core "
+               f"{cores[0]}/{cores[1]})" if "link" in opts.levels else "")
+            + f"; interval: min..max of the repeats; solo: alone on core {cores[0]} (at "
+            f"link: a multi-process class across the hosts), measured before each pair")

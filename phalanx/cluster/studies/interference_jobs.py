@@ -3,6 +3,10 @@ each pinned to one core, wait until every one has warmed up, count each job's sa
 one shared wall-clock window, and stop them all — nothing is left running, however the
 measurement ends (an error, a job that died, Ctrl-C of the profiler).
 
+A job is one process pinned to one core, or (level ``link``) one process per rank, each in a
+test host of its own (``ip netns exec``) and pinned to that host's core, its ranks talking
+over the hosts' shaped link (:class:`RankStart`).
+
 A job's samples come from its own ``events.jsonl`` (docs/events.md): every computing rank
 logs a ``train`` event every 10 steps with ``samples``, its own batches so far, and
 ``unix``, the wall clock. A rank's cumulative samples are interpolated linearly between its
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import functools
 import json
 import os
 import signal
@@ -45,12 +50,24 @@ class WindowOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankStart:
+    """One process of a job whose ranks are started one by one (on test hosts)."""
+
+    prefix: tuple[str, ...]               # what runs it in its host (``ip netns exec H``)
+    core: int                             # the core it may use
+    env: tuple[tuple[str, str], ...]      # its rank's environment (RANK, MASTER_ADDR, ...)
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobStart:
     name: str                 # the job class (error messages name it)
     argv: tuple[str, ...]     # the whole command; its run folder is ``--out RUN``
     core: int                 # the one core it and every process it starts may use
     ranks: int                # ranks that log ``train`` events (its workers)
     env: tuple[tuple[str, str], ...] = (("OMP_NUM_THREADS", "1"),)
+    # one process per rank, each ``prefix + argv`` on its own core (empty: one process,
+    # ``argv`` on ``core``, that starts its own ranks)
+    spread: tuple[RankStart, ...] = ()
 
 
 def _child_setup(core: int) -> None:
@@ -77,8 +94,9 @@ def session_pids(sid: int) -> list[int]:
 
 
 class Job:
-    """One running ``phalanx train`` in its own session, pinned to ``start.core``, and what
-    its events said so far (``samples`` per rank against the wall clock)."""
+    """One running job: its processes (one, or one per rank on test hosts), each in a
+    session of its own and pinned, and what its events said so far (``samples`` per rank
+    against the wall clock)."""
 
     def __init__(self, start: JobStart, folder: Path) -> None:
         self.start, self.name = start, start.name
@@ -88,13 +106,26 @@ class Job:
         self.points: dict[int, list[tuple[float, float]]] = {}
         self.last_step: dict[int, int] = {}
         self._offset, self._partial = 0, b""
-        with open(self.log, "wb") as out:
-            self.popen = subprocess.Popen(
-                [*start.argv, "--out", str(folder / "run")], stdout=out,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **dict(start.env)}, start_new_session=True,
-                preexec_fn=lambda: _child_setup(start.core))
-        self.pid = self.popen.pid
+        procs = start.spread or (RankStart(prefix=(), core=start.core, env=()),)
+        self.popens: list[subprocess.Popen] = []
+        with open(self.log, "ab") as out:
+            for p in procs:
+                self.popens.append(subprocess.Popen(
+                    [*p.prefix, *start.argv, "--out", str(folder / "run")], stdout=out,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env={**os.environ, **dict(start.env), **dict(p.env)},
+                    start_new_session=True,
+                    preexec_fn=functools.partial(_child_setup, p.core)))
+        self.pids = [p.pid for p in self.popens]
+
+    def poll(self) -> int | None:
+        """The exit status of its first process that ended (a rank gone ends the job), or
+        None while all run."""
+        return next((rc for rc in (p.poll() for p in self.popens) if rc is not None), None)
+
+    def wait(self) -> None:
+        for p in self.popens:
+            p.wait()
 
     def read(self) -> None:
         """Take in the events appended since the last read (whole lines only)."""
@@ -147,16 +178,18 @@ class Job:
         return lines[-1][:300] if lines else ""
 
     def alive(self) -> bool:
-        return self.popen.poll() is None or bool(session_pids(self.pid))
+        return any(p.poll() is None for p in self.popens) or any(
+            session_pids(pid) for pid in self.pids)
 
     def signal(self, sig: int) -> None:
-        """``sig`` to its process group and to anything else left in its session."""
-        for send, target in ((os.killpg, self.pid),
-                             *((os.kill, p) for p in session_pids(self.pid))):
-            try:
-                send(target, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """``sig`` to its processes' groups and to anything else left in their sessions."""
+        for pid in self.pids:
+            for send, target in ((os.killpg, pid),
+                                 *((os.kill, p) for p in session_pids(pid))):
+                try:
+                    send(target, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 def stop_jobs(jobs: Sequence[Job], grace_s: float) -> None:
@@ -173,7 +206,7 @@ def stop_jobs(jobs: Sequence[Job], grace_s: float) -> None:
             if j.alive():
                 j.signal(signal.SIGKILL)
         for j in jobs:
-            j.popen.wait()
+            j.wait()
 
 
 def _wait(jobs: Sequence[Job], done: Callable[[Job], bool], allowed_s: float,
@@ -187,7 +220,7 @@ def _wait(jobs: Sequence[Job], done: Callable[[Job], bool], allowed_s: float,
         if all(done(j) for j in jobs):
             return
         for j in jobs:
-            rc = j.popen.poll()
+            rc = j.poll()
             if rc is not None:
                 raise ProfileError(f"{j.name}: the job ended (exit {rc}) before its {what}: "
                                    f"{j.last_line() or 'no output'}")
@@ -213,7 +246,7 @@ def measure(starts: Sequence[JobStart], opts: WindowOptions, workdir: Path) -> l
         # the window: only a job that ends is looked at (reading events costs CPU)
         while time.time() < t1:
             for j in jobs:
-                rc = j.popen.poll()
+                rc = j.poll()
                 if rc is not None:
                     raise ProfileError(f"{j.name}: the job ended (exit {rc}) inside the "
                                        f"window: {j.last_line() or 'no output'}")

@@ -53,14 +53,22 @@ def markdown(table: PairTable, classes: Sequence[str]) -> str:
     out = ["# Interference profile", "", table.source, "",
            "kept = a job's samples/s beside the other / alone (1: no interference, 0.5: half "
            "speed); levels: `core` = both jobs pinned to one core, `server` = one core each "
-           "on this machine. Cells: the median over the repeats (the smallest-largest "
+           "on this machine, `link` = two test hosts (one core each) joined by a shaped "
+           "link, a job of several processes across them, a single-process job on one. "
+           "Cells: the median over the repeats (the smallest-largest "
            "repeat in brackets).", "", "## Solo rates", "",
-           "| class | solo samples/s (median) | range | runs |", "|---|---|---|---|"]
+           "| class | solo samples/s (median) | range | runs | on the shaped link |",
+           "|---|---|---|---|---|"]
     for c in classes:
         info = table.classes[c]
         lo, hi = info.get("solo_range", [info["solo"], info["solo"]])
+        link = ""
+        if "solo_link" in info:
+            llo, lhi = info["solo_link_range"]
+            link = (f"{info['solo_link']:.1f} ({llo:.1f}-{lhi:.1f}) at "
+                    f"{info['link_mbit']:g} Mbit/s, {info['processes']} process(es)")
         out.append(f"| `{c}` | {info['solo']:.1f} | {lo:.1f}-{hi:.1f} | "
-                   f"{info.get('solo_runs', '')} |")
+                   f"{info.get('solo_runs', '')} | {link} |")
     for level in table.levels():
         out += ["", f"## Level `{level}`: what a (row) keeps beside b (column)", "",
                 *matrix(table, level, classes), "", "Both sides of each pair:", "",
