@@ -337,7 +337,7 @@ class CoLocation:
         self.measured = table.kept()
         self.model = fit_pairs(self.measured)
         self.levels = set(table.levels())
-        self.per_device = not (self.levels & {"core", "server"})
+        self.per_device = not (self.levels & {"core", "server", "link"})
         self._x: dict[tuple[str, str, str], float] = {}
 
     def refresh(self) -> None:
@@ -374,6 +374,14 @@ class CoLocation:
             elif rest:
                 total += self.x(a, b, "server")
         return total
+
+    def link_load(self, a: str, across: Iterable[str]) -> float:
+        """Job ``a``'s load on the links between its servers (``a`` spans servers) from
+        ``across``: the classes of the other jobs that span servers and share one of
+        a's (each once). 0 without a measured ``link`` level: no cost claimed."""
+        if "link" not in self.levels:
+            return 0.0
+        return sum(self.x(a, b, "link") for b in across)
 
 
 def load_pairs(source: str, data_dir: str | Path) -> PairTable:

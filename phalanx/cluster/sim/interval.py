@@ -17,7 +17,16 @@ Time moves in fixed steps of ``interval_s`` from 0. At each boundary ``k x inter
 Pollux jobs progress in iterations at the application's initial batch, epoch by epoch, at
 ``gain(batch, epoch) / step_time`` (``PolluxApplication``); like the artifact, the time
 to the end of each epoch is rounded to whole seconds. Other jobs (Philly, synthetic)
-progress at the perf model's isolated rate (no interference in this engine).
+progress at the perf model's isolated rate.
+
+Interference: with a pair table (``--interference-pairs``, the perf model's ``co``) every
+job that holds GPUs progresses through an interval at ``1 / (1 + load)`` of its speed
+alone, its load from the jobs beside it at the interval's start
+(:func:`phalanx.cluster.model.colocated.pair_loads`, the event engine's pricing plus the
+link level). Allocations change only at boundaries, so the load holds for the interval; a
+neighbour that ends inside one weighs on the rest until the boundary, as its GPUs stay
+held. Without a table (the family sensitivities of the event engine) or with
+``--no-interference`` no job is slowed, as in the artifact.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from phalanx.cluster.core.result import SimResult
 from phalanx.cluster.core.scheduler import SchedulerCore
 from phalanx.cluster.core.topology import Topology
 from phalanx.cluster.core.view import ElasticPolicy, job_view
+from phalanx.cluster.model.colocated import pair_loads
+from phalanx.cluster.model.interference import kind_of
 from phalanx.cluster.model.learned import Learner
 from phalanx.cluster.model.perf import PerfModel
 from phalanx.cluster.model.profiles import BatchConfig, PolluxApplication
@@ -96,25 +107,27 @@ class _Run:
             return self.work - self.progress
         return float(self.app.epoch_end[-1] - self.progress)
 
-    def advance(self, t: float, dt: float) -> float | None:
-        """Run ``dt`` seconds from ``t``; the completion time if the job ends."""
+    def advance(self, t: float, dt: float, speed: float = 1.0) -> float | None:
+        """Run ``dt`` seconds from ``t`` at ``speed`` x its speed alone (interference);
+        the completion time if the job ends."""
         d = min(self.restart_left, dt)
         self.restart_left -= d
         t, dt = t + d, dt - d
         if self.app is None:
             if dt <= 0:
                 return None
-            need = (self.work - self.progress) / self.rate
+            rate = self.rate * speed
+            need = (self.work - self.progress) / rate
             if need <= dt:
-                self.progress += need * self.rate
+                self.progress += need * rate
                 return t + need
-            self.progress += dt * self.rate
+            self.progress += dt * rate
             return None
         app = self.app
         while dt > 0:
             if self.learner is not None:
                 self._report()
-            g = app.gain(self.cfg.batch, self.epoch) / self.step_t
+            g = app.gain(self.cfg.batch, self.epoch) / self.step_t * speed
             nxt = float(app.epoch_end[self.epoch + 1])
             if self.progress + g * dt < nxt:
                 self.progress += g * dt
@@ -233,6 +246,16 @@ class IntervalSimulator:
         self._stop(st)
         self.core.preempted(st, self.now)
 
+    def _speeds(self) -> dict[int, float]:
+        """Each running job's share of its speed alone over the coming interval: ``1 / (1
+        + load)`` by the pair table (see the module doc); none without one."""
+        co = self.perf.co
+        if co is None or not self.perf.options.interference or len(self.running) < 2:
+            return {}
+        kinds = {jid: kind_of(st.spec.model, st.spec.kind) for jid, st in self.running.items()}
+        return {jid: 1.0 / (1.0 + load) for jid, load in pair_loads(self.cluster, kinds,
+                                                                    co).items()}
+
     # ------------------------------------------------------------------ policies
     def _round(self) -> None:
         """Non-elastic: the core's preemptive round at every boundary (a FIFO-like
@@ -290,9 +313,10 @@ class IntervalSimulator:
         while True:
             # 1. the interval just ended
             finished = []
+            speeds = self._speeds()
             for jid, st in self.running.items():
                 run = self.runs[jid]
-                end = run.advance(self.now, step)
+                end = run.advance(self.now, step, speeds.get(jid, 1.0))
                 held = step if end is None else end - self.now
                 self.core.serve(st, held, len(st.placements[-1][1]))
                 st.service_marks.append((self.now + step, st.attained))
