@@ -13,7 +13,12 @@ neighbours (without it, FIFO on the Philly trace ran 1.19x pack's mean JCT:
 
 Candidates: on each server that holds the gang, each PCIe switch with room for it (its
 free devices), and the server's tightest and loosest spread over switches; when no server
-holds it, the fewest servers (tight and loose)."""
+holds it, the fewest servers (tight and loose) and, with a ``link`` level in the table,
+the fewest servers taken first from those where no other job spans servers (quiet links).
+
+The link level: a gang across servers shares those servers' links with every other job
+across servers on one of them (:meth:`CoLocation.link_load`); its cost counts its own
+loss and what it takes from each of them, as on a server."""
 
 from __future__ import annotations
 
@@ -22,7 +27,13 @@ from dataclasses import dataclass
 from phalanx.cluster.core.allocator import ClusterState, Placement
 from phalanx.cluster.core.jobs import JobSpec
 from phalanx.cluster.model.interference import CoLocation, kind_of
-from phalanx.cluster.policies.placement import _build, _multi_server, core_take
+from phalanx.cluster.policies.placement import (
+    _build,
+    _greedy,
+    _most_free_first,
+    _multi_server,
+    core_take,
+)
 
 
 @dataclass(frozen=True)
@@ -60,11 +71,20 @@ class InterferenceAware:
                     candidates.append(Placement(
                         tuple(cluster.free_devices_on_switch(w)[:g]), cores))
             candidates += [_build(cluster, job, [(s, g)], tight) for tight in (True, False)]
+        owner = _owners(cluster)
         if not candidates:
             for tight in (True, False):
                 p = _multi_server(cluster, job, tight)
                 if p is not None:
                     candidates.append(p)
+            if candidates and "link" in self.co.levels:
+                busy = {s for ss in _across(cluster, owner).values() for s in ss}
+                order = (_most_free_first(cluster, (s for s in range(len(t.servers))
+                                                    if s not in busy))
+                         + _most_free_first(cluster, busy))
+                takes = _greedy(cluster, order, g)
+                if takes:
+                    candidates.append(_build(cluster, job, takes, tight=True))
         if not candidates:
             return None
         if cluster.demand >= self.threshold:
@@ -72,7 +92,6 @@ class InterferenceAware:
                 cluster.server_free[s] < t.server_size[s] for s, _ in p.cores)]
             candidates = used or candidates
         self.co.refresh()     # a live schedule's measurements so far
-        owner = _owners(cluster)
         best, best_key = None, None
         for p in candidates:
             devs = set(p.devices)
@@ -117,12 +136,42 @@ class InterferenceAware:
             load = co.load(a, [(kinds[j], *split(ds, my_sw)) for j, ds in on_server.items()],
                            sum(t.switch_size[w] for w in my_sw), size)
             total += len(mine) * (1.0 - 1.0 / (1.0 + load))
+        servers = {t.device_server[d] for d in p.devices}
+        if len(servers) > 1 and "link" in co.levels:
+            total += self._link_cost(a, len(p.devices), servers, cluster, owner)
+        return total
+
+    def _link_cost(self, a: str, g: int, servers: set[int], cluster: ClusterState,
+                   owner: dict[int, int]) -> float:
+        """The link level's part of :meth:`cost`: a gang across ``servers`` shares their
+        links with each job across servers on one of them."""
+        co = self.co
+        across = _across(cluster, owner)
+        kind = {j: kind_of(o.model, o.kind) if (o := cluster.holders.get(j)) else a
+                for j in across}
+        sharing = [j for j, ss in across.items() if ss & servers]
+        total = g * (1.0 - 1.0 / (1.0 + co.link_load(a, [kind[j] for j in sharing])))
+        for j in sharing:
+            before = co.link_load(kind[j], [kind[k] for k, ss in across.items()
+                                            if k != j and ss & across[j]])
+            after = before + co.link_load(kind[j], [a])
+            devs = sum(1 for jid in owner.values() if jid == j)
+            total += devs * (1.0 / (1.0 + before) - 1.0 / (1.0 + after))
         return total
 
 
 def _owners(cluster: ClusterState) -> dict[int, int]:
     """Device -> the job holding it."""
     return {d: jid for jid, a in cluster.allocations.items() for d in a.devices}
+
+
+def _across(cluster: ClusterState, owner: dict[int, int]) -> dict[int, set[int]]:
+    """Each job that spans servers -> its servers (it sends over their links)."""
+    t = cluster.topology
+    servers: dict[int, set[int]] = {}
+    for d, jid in owner.items():
+        servers.setdefault(jid, set()).add(t.device_server[d])
+    return {j: ss for j, ss in servers.items() if len(ss) > 1}
 
 
 def _jobs_on_server(cluster: ClusterState, s: int, owner: dict[int, int]

@@ -142,7 +142,8 @@ class Simulator:
         return worst
 
     def _pair_load(self, info: _Running) -> float:
-        """The worst server's load from each neighbour's measured pair (CoLocation)."""
+        """The worst server's load from each neighbour's measured pair (CoLocation), plus
+        the link level's for a job across servers."""
         t, co = self.topology, self.perf.co
         worst = 0.0
         for s, _, switches, sw_cap in info.servers:
@@ -157,6 +158,13 @@ class Simulator:
                 on = sum(1 for d in devs if t.device_switch[d] in mine)
                 neighbours.append((other.kind, on, len(devs) - on))
             worst = max(worst, co.load(info.kind, neighbours, sw_cap, t.server_size[s]))
+        if len(info.servers) > 1 and "link" in co.levels:
+            # the link level: every other job across servers on one of mine shares their
+            # links (model/colocated.py reads the same for the interval engine)
+            across = {jid for s, _, _, _ in info.servers for jid in self._server_jobs[s]
+                      if (o := self._run_info.get(jid)) is not None and o is not info
+                      and len(o.servers) > 1}
+            worst += co.link_load(info.kind, [self._run_info[j].kind for j in sorted(across)])
         return worst
 
     def _reschedule(self, st: JobState) -> None:
