@@ -61,9 +61,13 @@ def run_schedule(args: argparse.Namespace) -> int:
     topology = resolve_cluster(args.cluster, default_data_dir())
     jobs = load_job_list(args.jobs)
     kinds = {j.spec.name: kind_of(j.spec.model, j.spec.kind) for j in jobs}
+    # an existing cluster's servers are machines of their own: a job across them sends
+    # over their links (level link); a cluster started here is this machine (loopback)
+    links = bool(args.ray_address or args.slurm_partition)
     # the table given, refined by what this schedule measures as it runs
     co = (LiveCoLocation(load_pairs(args.interference_pairs, default_data_dir()),
-                         Path(args.resume or args.out).absolute(), topology, kinds)
+                         Path(args.resume or args.out).absolute(), topology, kinds,
+                         links=links)
           if args.interference_pairs else None)
     placement = make_placement(args.placement, args.threshold, args.hysteresis, co)
     config = LiveConfig(Path(args.resume or args.out).absolute(), poll_s=args.poll,
@@ -124,7 +128,7 @@ def run_schedule(args: argparse.Namespace) -> int:
               f"device(s), engine {args.engine} ({args.policy}, {placement.name})", flush=True)
         res = live.run()
     _report(args, res, placement.name, topology.name, out)
-    learned = learn(observe(out, topology, kinds), kinds,
+    learned = learn(observe(out, topology, kinds, links=links), kinds,
                     f"learned from the live schedule {out} ({args.placement})")
     if learned is not None:
         learned.save(out / "interference-learned.json")

@@ -11,7 +11,13 @@ Where it reads:
   ``samples`` at ``unix`` time, every few steps).
 
 A *context* is what a job shares over a span of time: the classes of the jobs on its
-switches (level ``core``) and of the other jobs on its servers (level ``server``). Each
+switches (level ``core``) and of the other jobs on its servers (level ``server``), and,
+when the schedule's servers are separate machines (``links``: an existing Ray or Slurm
+cluster), for a job across servers the classes of the other jobs across servers that
+share one of its servers (level ``link``: their ranks send over the same servers' links).
+On one machine (the local engine, a Ray cluster started for the run) a job's ranks on
+different "servers" talk over the loopback: there is no link to share, and no link level
+is learned. Each
 pair of a rank's consecutive ``train`` events whose span lies inside one context (no
 neighbour came or went) adds its samples and seconds to that context; the first
 ``WARMUP`` spans of each start are start-up, not rate. A job's rate in a context is the
@@ -67,8 +73,10 @@ class Context:
         return sum(self.samples[r] / s for r, s in self.seconds.items() if s > 0)
 
 
-# (core-level neighbour classes, server-level neighbour classes), each sorted
-Key = tuple[tuple[str, ...], tuple[str, ...]]
+# the neighbour classes at each level observed, each sorted: (core, server), and link when
+# the servers are separate machines
+Key = tuple[tuple[str, ...], ...]
+LEVELS_OBSERVED = ("core", "server", "link")
 
 
 def _intervals(fields: Mapping, clock_end: float) -> list[tuple[float, float, tuple[int, ...]]]:
@@ -114,10 +122,12 @@ class TrainEvents:
 
 
 def observe(out: Path, topology: Topology, kinds: Mapping[str, str],
-            events: TrainEvents | None = None) -> dict[str, dict[Key, Context]]:
+            events: TrainEvents | None = None, links: bool = False
+            ) -> dict[str, dict[Key, Context]]:
     """Per job (by name): its contexts, from the schedule folder ``out``; ``kinds`` maps
-    job names to their classes; ``events``: a reader kept between calls (a live refresh).
-    A schedule with no state yet gives nothing."""
+    job names to their classes; ``events``: a reader kept between calls (a live refresh);
+    ``links``: the servers are separate machines (a context then has a link level). A
+    schedule with no state yet gives nothing."""
     try:
         state = json.loads((out / STATE).read_text())
         jobs, clock, unix = state["jobs"], float(state["clock"]), float(state["unix"])
@@ -138,7 +148,7 @@ def observe(out: Path, topology: Topology, kinds: Mapping[str, str],
         devs = mine[0]
         my_sw = {t.device_switch[d] for d in devs}
         my_srv = {t.device_server[d] for d in devs}
-        core, server = [], []
+        core, server, link = [], [], []
         for other, iv in spans.items():
             if other == name:
                 continue
@@ -147,11 +157,16 @@ def observe(out: Path, topology: Topology, kinds: Mapping[str, str],
                     continue
                 if not (a <= u0 and u1 <= b):
                     return None       # it came or went inside the span
+                kind = kinds.get(other, other)
                 if any(t.device_switch[d] in my_sw for d in odevs):
-                    core.append(kinds.get(other, other))
+                    core.append(kind)
                 elif any(t.device_server[d] in my_srv for d in odevs):
-                    server.append(kinds.get(other, other))
-        return tuple(sorted(core)), tuple(sorted(server))
+                    server.append(kind)
+                o_srv = {t.device_server[d] for d in odevs}
+                if links and len(my_srv) > 1 and len(o_srv) > 1 and o_srv & my_srv:
+                    link.append(kind)
+        key = (tuple(sorted(core)), tuple(sorted(server)))
+        return (*key, tuple(sorted(link))) if links else key
 
     result: dict[str, dict[Key, Context]] = {}
     for name in spans:
@@ -188,7 +203,7 @@ def learn(observed: Mapping[str, Mapping[Key, Context]], kinds: Mapping[str, str
         for key, c in ctxs.items():
             if c.span < MIN_S or c.rate <= 0:
                 continue
-            if key == ((), ()):
+            if not any(key):
                 solo_obs.setdefault(a, []).append((c.rate, c.span))
             else:
                 beside.setdefault(a, []).append((key, c.rate, c.span))
@@ -231,14 +246,14 @@ def _fit_class(a: str, solo: float, rows: list[tuple[Key, float, float]],
     ``PRIOR_S`` seconds' worth (toward 0 by ``0.1 s`` without a prior). Returns
     ``{(level, a, b): (load, low, high, contexts)}`` with a 95% interval from the
     residuals, for each neighbour seen."""
-    feats = sorted({(lvl, b) for (core, server), _, _ in rows
-                    for lvl, bs in (("core", core), ("server", server)) for b in bs})
+    feats = sorted({(lvl, b) for key, _, _ in rows
+                    for lvl, bs in zip(LEVELS_OBSERVED, key) for b in bs})
     index = {f: i for i, f in enumerate(feats)}
     A = np.zeros((len(rows), len(feats)))
     y = np.zeros(len(rows))
     w = np.zeros(len(rows))
-    for i, ((core, server), rate, span) in enumerate(rows):
-        for lvl, bs in (("core", core), ("server", server)):
+    for i, (key, rate, span) in enumerate(rows):
+        for lvl, bs in zip(LEVELS_OBSERVED, key):
             for b in bs:
                 A[i, index[(lvl, b)]] += 1.0
         y[i] = max(0.0, solo / rate - 1.0)
@@ -277,8 +292,10 @@ class LiveCoLocation(CoLocation):
     before it weighs a placement)."""
 
     def __init__(self, prior: PairTable | None, out: Path, topology: Topology,
-                 kinds: Mapping[str, str], refresh_s: float = 10.0) -> None:
+                 kinds: Mapping[str, str], refresh_s: float = 10.0,
+                 links: bool = False) -> None:
         self.prior, self.out, self.topology = prior, out, topology
+        self.links = links      # the servers are separate machines: learn level link
         self.kinds = dict(kinds)
         self.refresh_s = refresh_s
         self._at = -float("inf")
@@ -293,8 +310,8 @@ class LiveCoLocation(CoLocation):
         if now - self._at < self.refresh_s:
             return
         self._at = now
-        learned = learn(observe(self.out, self.topology, self.kinds, self.events),
-                        self.kinds, prior=self._prior_co)
+        learned = learn(observe(self.out, self.topology, self.kinds, self.events,
+                                self.links), self.kinds, prior=self._prior_co)
         if learned is None or (self.learned is not None and
                                learned.pairs == self.learned.pairs):
             return

@@ -1,0 +1,74 @@
+"""The live learner's link level (live/colocation.py, issue 49): on a cluster whose servers
+are machines of their own (an existing Ray or Slurm cluster: ``links``), a job across
+servers shares their links with every other job across servers on one of them; the
+learner tells that apart from sharing a core when the schedule shows both, and learns no
+link level on one machine (no link there to share)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from phalanx.cluster.core.topology import uniform
+from phalanx.cluster.live.colocation import learn, observe
+
+TOPO = uniform(1, 1, 2, 2, switches=1)    # servers 0 (devices 0, 1) and 1 (devices 2, 3)
+SYNC = "mlp-sync-2"
+KINDS = {"a": SYNC, "b": SYNC}
+UNIX0 = 1_000_000.0
+CORE_X, LINK_X = 1 / 9, 1.0               # a core neighbour: kept 0.9; a link one: 0.5
+
+
+def write(out: Path, jobs: dict, clock: float) -> None:
+    """The state (placements, stops) and each job's train events every 0.5 s at the rates
+    ``jobs[name]["rate"]``: (from, to, samples/s) on the scheduler's clock."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {"clock": clock, "unix": UNIX0 + clock, "jobs": {
+        n: {"fields": {"placements": j["placements"], "stops": j.get("stops", []),
+                       "end": j.get("end", -1)}} for n, j in jobs.items()}}
+    (out / "scheduler-state.json").write_text(json.dumps(state))
+    for n, j in jobs.items():
+        lines, samples = [], 0.0
+        for a, b, rate in j["rate"]:
+            t = a
+            while t < b - 1e-9:
+                samples += rate * 0.5
+                t += 0.5
+                lines.append(json.dumps({"kind": "train", "rank": 0, "unix": UNIX0 + t,
+                                         "samples": samples}))
+        (out / "jobs" / n).mkdir(parents=True)
+        (out / "jobs" / n / "events.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def schedule(tmp_path: Path) -> Path:
+    """a across both servers (devices 0, 2) for 60 s: alone 0-20 at 100/s; b across them
+    too (1, 3) 20-40: on a's switches and its links, a runs at 100 / (1 + 1/9 + 1); b on
+    server 0 alone (device 1) 40-60: a's switch only, a at 100 / (1 + 1/9)."""
+    both = 100 / (1 + CORE_X + LINK_X)
+    core = 100 / (1 + CORE_X)
+    jobs = {"a": {"placements": [[0, [0, 2]]], "end": 60,
+                  "rate": [(0, 20, 100), (20, 40, both), (40, 60, core)]},
+            "b": {"placements": [[20, [1, 3]], [40, [1]]], "stops": [40], "end": 60,
+                  "rate": [(20, 40, both), (40, 60, core)]}}
+    write(tmp_path, jobs, 60.0)
+    return tmp_path
+
+
+def test_on_separate_machines_the_link_and_the_core_are_learned_apart(tmp_path) -> None:
+    seen = observe(schedule(tmp_path), TOPO, KINDS, links=True)
+    assert set(seen["a"]) == {((), (), ()), ((SYNC,), (), (SYNC,)), ((SYNC,), (), ())}
+    kept = learn(seen, KINDS).kept()
+    # least squares pulled 0.1 s' worth toward no load: within 0.5%
+    assert kept[("core", SYNC, SYNC)] == pytest.approx(0.9, rel=5e-3)
+    assert kept[("link", SYNC, SYNC)] == pytest.approx(0.5, rel=5e-3)
+
+
+def test_on_one_machine_no_link_level_is_learned(tmp_path) -> None:
+    """The same schedule with the servers on one machine (the local engine): a key has no
+    link level, and the link's cost is read as the core's, the only thing shared."""
+    seen = observe(schedule(tmp_path), TOPO, KINDS)
+    assert set(seen["a"]) == {((), ()), ((SYNC,), ())}
+    table = learn(seen, KINDS)
+    assert table.levels() == ["core"]
