@@ -30,6 +30,16 @@ def test_link_options_default_to_the_classes_that_span_hosts_and_check_the_rate(
             ProfileOptions.parse(classes="", pairs="", levels="link", link_rate=rate)
 
 
+def test_a_link_rate_without_the_link_level_is_one_line(tmp_path, capsys) -> None:
+    from phalanx.cli import main
+
+    assert main(["interference", "profile", "--levels", "core", "--link-rate", "50",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--link-rate: only level link uses it" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(unavailable() is not None, reason=f"no test hosts: {unavailable()}")
 def test_two_sync_jobs_on_one_shaped_link_keep_about_half_each(tmp_path) -> None:

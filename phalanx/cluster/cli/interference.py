@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "processes runs across them; needs root for ip/tc) (default "
                         "core,server; classes by default at link alone: "
                         "mlp-single-1,mlp-sync-2,ctr-ps-1,gpt-sync-2)")
-    q.add_argument("--link-rate", type=float, default=LINK_RATE_MBIT,
+    q.add_argument("--link-rate", type=float, default=None,
                    help="level link: the test hosts' link in Mbit/s, both directions (tc "
                         f"tbf) (default {LINK_RATE_MBIT:g})")
     q.add_argument("--seconds", type=float, default=10.0,
@@ -76,12 +76,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
+    rate = LINK_RATE_MBIT if args.link_rate is None else args.link_rate
     opts = ProfileOptions.parse(classes=args.classes, pairs=args.pairs, levels=args.levels,
-                                link_rate=args.link_rate, seconds=args.seconds,
+                                link_rate=rate, seconds=args.seconds,
                                 repeats=args.repeats, warmup_steps=args.warmup_steps,
                                 startup_timeout_s=args.startup_timeout, grace_s=args.grace)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if "link" not in opts.levels:
+        if args.link_rate is not None:
+            raise ConfigError("--link-rate: only level link uses it (add link to --levels)")
         profile(opts, Path(args.out), say)
         return 0
     why = unavailable()
