@@ -181,7 +181,9 @@ def make_transport(cfg: RunConfig, rank: int, world: int, shm: str | None) -> Tr
     if cfg.transport == "shm":
         raise PhalanxError("--transport shm: needs the ranks started by phalanx train on one "
                            "host; use --transport gloo (or auto) under torchrun")
-    return GlooTransport(rank, world)
+    # a shard (ranks 0..servers-1) takes every worker's message at once
+    return GlooTransport(rank, world, concurrent=range(cfg.servers, world)
+                         if rank < cfg.servers else ())
 
 
 def process_main(rank: int, world: int, job: Job, shm: str | None = None) -> None:

@@ -95,8 +95,7 @@ class PSClient:
     def collect(self, asked: list, dense_out: torch.Tensor | None = None,
                 table_out: torch.Tensor | None = None) -> None:
         """Receive the answers to :meth:`request` (blocks until every shard answered)."""
-        for k, want_dense, ids in asked:
-            msg = self._recv(k)
+        for (k, want_dense, ids), msg in zip(asked, self._recv_all([k for k, _, _ in asked])):
             h, t = msg.header, msg.tensors
             if h.kind == Kind.LEFT and h.shard == k and h.worker == self.worker and not t:
                 self.left.add(k)  # this worker was dropped before the run stopped
@@ -173,15 +172,30 @@ class PSClient:
                                 [stats, *extra] if k == 0 else [stats])
         self.transport.flush()
 
-    def _recv(self, k: int):
+    def _recv_all(self, shards: list[int]) -> list:
+        """One message from each shard, every answer's payload in flight at once where the
+        transport can (:meth:`GlooTransport.recv_from`)."""
+        many = getattr(self.transport, "recv_from", None)
+        if many is None or len(shards) < 2:
+            return [self._recv(k) for k in shards]
+        ranks = {self.layout.server_rank(k): k for k in shards}
+        return self._recv(-1, lambda: many(list(ranks), timeout_s=self.timeout_s), ranks)
+
+    def _recv(self, k: int, how=None, ranks: dict[int, int] | None = None):
+        """The message from shard ``k`` (or what ``how`` receives from the shards
+        ``ranks`` maps from their ranks), failures named by shard."""
         try:
+            if how is not None:
+                return how()
             return self.transport.recv(src=self.layout.server_rank(k), timeout_s=self.timeout_s)
-        except TransportTimeout:
-            raise PhalanxError(f"worker {self.worker}: parameter server shard {k} did not answer "
-                               f"in {self.timeout_s:g} s") from None
-        except WireError as e:
-            raise PhalanxError(f"worker {self.worker}: bad message from shard {k}: {e}") from None
-        except PeerLost:
+        except (TransportTimeout, WireError, PeerLost) as e:
+            k = (ranks or {}).get(getattr(e, "rank", None), k)
+            if isinstance(e, TransportTimeout):
+                raise PhalanxError(f"worker {self.worker}: parameter server shard {k} did not "
+                                   f"answer in {self.timeout_s:g} s") from None
+            if isinstance(e, WireError):
+                raise PhalanxError(f"worker {self.worker}: bad message from shard {k}: {e}") \
+                    from None
             # the shard died; it (or the worker that made it give up) reports the cause.
             # Waiting a moment lets that error reach the launcher first, instead of ours.
             time.sleep(LOST_PEER_GRACE_S)
