@@ -190,6 +190,21 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--rates: {args.rates!r} is not a list of Mbit/s in 0.1..100000")
     if not 1 <= args.repeats <= 100:
         raise ConfigError(f"--repeats: {args.repeats} is not in 1..100")
+    if args.refit:  # the measurements of an earlier calibration, fitted again
+        old = cal.load(args.refit)
+        measured, server = old.get("measured"), old.get("server")
+        if not isinstance(measured, dict) or not measured:
+            raise ConfigError(f"--refit {args.refit}: holds no measurements to fit")
+        try:
+            fitted = cal.fit(measured)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ConfigError(f"--refit {args.refit}: its measurements are not those of "
+                              f"'phalanx scale calibrate'") from None
+        cal.save(Path(args.out), measured, fitted, server, refit_of=args.refit,
+                 measured_on=old.get("date"))
+        print(cal.summary(fitted))
+        print(f"-> {args.out}")
+        return 0
     measured = cal.measure(rates, args.repeats)
     fitted = cal.fit(measured)
     from phalanx.scale.server_cost import measure_server  # torch: a real shard
@@ -365,6 +380,8 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/scale/calibration.json")
     p.add_argument("--no-server", action="store_true",
                    help="skip timing a shard's per-push cost (phalanx.ps ShardState)")
+    p.add_argument("--refit", metavar="CALIBRATION_JSON",
+                   help="fit an earlier calibration's measurements again (no test hosts)")
     p.set_defaults(func=_cmd_calibrate)
 
     p = inner.add_parser("validate", help="predict held-out real runs (the bandwidth study's) "

@@ -196,6 +196,8 @@ class Network:
         # ties go to the lowest level (a NIC saturated as much as its uplink is the news)
         worst, _, key = max((b / cap(k), -LEVELS.index(k[0]), k) for k, b in load.items())
         burst = self.links.of(key[0]).burst
+        if key[0] == "nic" and key[1] >= len(self.topology.servers):
+            burst *= self.extra_nic_scale  # S machines merged into one: S buckets
         credit = min(burst, load[key]) / self.capacity(key[0], key[1]) if burst else 0.0
         return PhaseCost(latency + worst, key[0], dict(by_level), credit)
 

@@ -108,9 +108,14 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
 
 def _predict(model: str, c: wc.Case, n: int, link: Link, workload, compute: float,
              cores: int) -> float:
-    w = workload.with_compute(compute * max(1.0, c.world / cores) if cores else compute,
-                              "fitted")
-    return predict(w, wc.setting_of(c, n), hosts_network(n, link)).step_s
+    """The step with ``compute`` seconds of compute, and at least what the cores allow:
+    the workers' processes share ``cores`` (the shards' mostly wait on their links), so a
+    step takes no less than their compute over the cores. A worker that waits on its link
+    leaves its core to the others: at 20 Mbit/s three workers on two cores compute as
+    fast as one alone."""
+    w = workload.with_compute(compute, "fitted")
+    p = predict(w, wc.setting_of(c, n), hosts_network(n, link))
+    return max(p.step_s, p.compute_s * len(c.workers) / cores) if cores else p.step_s
 
 
 def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: int) -> float:

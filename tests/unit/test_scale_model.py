@@ -282,3 +282,48 @@ def test_main_node_directions_rest_in_turn_and_keep_their_credit() -> None:
     w = Workload(name="w", layers=(layer,), batch=32, step_compute_s=compute)
     p = predict(w, Setting(strategy="sync", workers=2, allreduce="main"), net)
     assert p.step_s == pytest.approx(compute + 2 * (grad - burst) / rate, rel=1e-6)
+
+
+def _ps_net(n: int, rate: float, burst: float, duplex: float = 1.0) -> Network:
+    from phalanx.scale.network import Link, Links, uniform_network
+    return uniform_network(n, gpus_per_server=1, links=Links(
+        nic=Link(bandwidth=rate, burst=burst, duplex=duplex), rack=Link(bandwidth=1e12),
+        zone=Link(bandwidth=1e12)))
+
+
+def test_ps_push_then_pull_each_direction_keeps_its_bucket() -> None:
+    """BSP, N = 2 workers, 2 dedicated shards, 20 Mbit/s links with a 116 KB burst, 400 KB
+    of gradient: the push (400 KB up each worker's link; each shard takes 400 KB, as fast)
+    then the pull; each direction rests while the other works, so each keeps its bucket:
+    compute + 2 x (400 KB - 116 KB) / rate (+ the shards' apply). Merged into one machine
+    of two NICs, the shards keep two buckets: the credit is the same on either side."""
+    rate, burst, grad, compute = 20e6 / 8, 116e3, 400_000, 0.01
+    layer = Layer(name="l", params=grad // 4, compute_share=1.0)
+    w = Workload(name="w", layers=(layer,), batch=32, step_compute_s=compute)
+    s = Setting(strategy="bsp", workers=2, servers=2, server_msg_s=0.0, server_byte_s=0.0)
+    p = predict(w, s, _ps_net(2, rate, burst))
+    assert p.step_s == pytest.approx(compute + 2 * (grad - burst) / rate, rel=1e-9)
+    # a direction refills only while it rests: with no compute and a push of a tenth the
+    # bytes (40 KB, inside its bucket: no time), the pull's bucket refills for the push's
+    # 16 ms only: 400 KB less 40 KB of credit
+    small = Workload(name="w", layers=(layer,), batch=32, step_compute_s=1e-12)
+    q = predict(small, Setting(strategy="bsp", workers=2, servers=2, server_msg_s=0.0,
+                               server_byte_s=0.0, compress=Compression.parse("ratio:10")),
+                _ps_net(2, rate, burst))
+    assert q.step_s == pytest.approx((grad - grad / 10) / rate, rel=1e-9)
+
+
+def test_asp_shards_serve_pushes_and_pulls_at_once() -> None:
+    """ASP, N = 4 workers onto one dedicated shard, 1 MB/s links (no bucket), duplex 0.8,
+    1 MB of gradient, no compute: the shard's link carries 4 MB in and 4 MB out a round,
+    both directions at once at 0.8 of the rate: 4 / 0.8 = 5 s a step (pushes then pulls
+    one after the other: 8 s); a worker alone needs 2 s."""
+    grad = 1_000_000
+    layer = Layer(name="l", params=grad // 4, compute_share=1.0)
+    w = Workload(name="w", layers=(layer,), batch=32, step_compute_s=1e-12)
+    s = Setting(strategy="asp", workers=4, servers=1, server_msg_s=0.0, server_byte_s=0.0)
+    p = predict(w, s, _ps_net(4, 1e6, 0.0, duplex=0.8))
+    assert p.step_s == pytest.approx(4 * grad / 1e6 / 0.8, rel=1e-9)
+    one = predict(w, Setting(strategy="asp", workers=1, servers=1, server_msg_s=0.0,
+                             server_byte_s=0.0), _ps_net(4, 1e6, 0.0, duplex=0.8))
+    assert one.step_s == pytest.approx(2 * grad / 1e6, rel=1e-9)
