@@ -264,7 +264,7 @@ def _cmd_steps(args: argparse.Namespace) -> int:
     rates = _floats(args.rates, "--rates")
     path = step_check.run(Path(args.out), models, _ints(args.sizes, "--sizes"), rates,
                           args.calibration, steps=args.steps, seed=args.seed,
-                          cores=args.cores, reuse=args.reuse)
+                          cores=args.cores, reuse=args.reuse, fit_repeats=args.fit_repeats)
     print(path.read_text())
     print(f"-> {path}")
     return 0
@@ -413,8 +413,11 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
     p.add_argument("--calibration",
                    default="reports/experiments/scale/calibration-gloo.json")
     p.add_argument("--cores", type=int, default=0,
-                   help="cores the runs share (0: this machine's); compute is scaled by "
-                        "processes / cores above it")
+                   help="cores the runs share (0: this machine's); a step takes at least "
+                        "the workers' compute over them")
+    p.add_argument("--fit-repeats", type=int, default=3,
+                   help="runs of each fit point (N=2, 1000 Mbit/s), spread over its group; "
+                        "the median is fitted (1..9)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reuse", default=None, metavar="STEPS_JSON",
                    help="predict an earlier run's measured steps again (another "

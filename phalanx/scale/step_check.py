@@ -6,13 +6,14 @@ check runs every case of ``phalanx scale bytes`` (:func:`phalanx.scale.wire_chec
 on test hosts, one process per host, each torchrun group re-shaping its links between runs
 (``phalanx.experiments.hostgroup``):
 
-* **fit** (one number per model and strategy): the run at N = 2 on 1000 Mbit/s gives the
-  step's compute and per-step overhead c, the value that makes the prediction equal the
-  measurement there (bisection: the step grows with c);
-* **held out**: every other (N, rate): the prediction with that c (times processes / cores
-  when the run has more processes than the machine has cores), the links as calibrated
-  (``--calibration``: alpha, efficiency, token bucket and duplex at the nearest calibrated
-  rate), nothing fitted to the point.
+* **fit** (one number per model and strategy): the runs at N = 2 on 1000 Mbit/s
+  (``--fit-repeats``, spread over the group: first, between the other rates, last; their
+  median) give the step's compute and per-step overhead c, the value that makes the
+  prediction equal the measurement there (bisection: the step grows with c);
+* **held out**: every other (N, rate): the prediction with that c (and at least the
+  workers' compute over the cores, when they are more than the cores), the links as
+  calibrated (``--calibration``: alpha, efficiency, token bucket and duplex at the nearest
+  calibrated rate), nothing fitted to the point.
 
 A run's step time is its steady-state samples/s (``summary.json``) over the samples a step
 takes (``train_samples / steps``: a batch per replica). Step times depend on how busy the
@@ -56,6 +57,7 @@ class Point:
     predicted_s: float
     held_out: bool
     commit: str = ""
+    runs_s: tuple[float, ...] = ()  # every run's step (a fit point's repeats)
 
     @property
     def error(self) -> float:
@@ -75,22 +77,39 @@ def _step_s(run_dir: Path) -> float:
     return s["train_samples"] / s["steps"] / s["samples_per_s"]
 
 
+def _order(rates: list[float], n: int, repeats: int) -> list[float]:
+    """The group's rates in run order: at N = 2 the fit rate ``repeats`` times, first,
+    between the held-out rates and last (a fit run early in a group had run slow)."""
+    held = [r for r in rates if r != FIT[1]]
+    if n != FIT[0]:
+        return held
+    slots = [[] for _ in range(len(held) + 1)]
+    for i in range(repeats):
+        slots[round(i * len(held) / max(repeats - 1, 1))].append(FIT[1])
+    out = []
+    for i, slot in enumerate(slots):
+        out += slot + ([held[i]] if i < len(held) else [])
+    return out
+
+
 def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], steps: int,
-            seed: int = 0, say=print) -> dict[tuple[str, str, int, float], float]:
-    """(model, case, N, rate) -> measured step seconds."""
-    found = {}
+            seed: int = 0, say=print, fit_repeats: int = 1
+            ) -> dict[tuple[str, str, int, float], list[float]]:
+    """(model, case, N, rate) -> every run's measured step seconds."""
+    found: dict[tuple[str, str, int, float], list[float]] = {}
     for model in models:
         for n in sizes:
-            at = ([FIT[1]] if n == FIT[0] else []) + [r for r in rates if r != FIT[1]]
+            at = _order(rates, n, fit_repeats)
             by_world: dict[int, list[wc.Case]] = {}
             for c in wc.cases(n, model):
                 by_world.setdefault(c.world, []).append(c)
             for world, group in sorted(by_world.items()):
                 runs, index = [], []
-                for rate in at:
+                for i, rate in enumerate(at):
                     for c in group:
                         tag = (f"{model}-n{n}-{int(rate)}-"
-                               f"{c.label.replace(' ', '_').replace('%', 'pc')}")
+                               f"{c.label.replace(' ', '_').replace('%', 'pc')}"
+                               + (f"-{at[:i].count(rate)}" if at.count(rate) > 1 else ""))
                         d = out / "runs" / tag
                         runs.append(PlannedRun(_flags(c, model, steps, d, seed),
                                                rate_mbit=rate))
@@ -102,7 +121,7 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
                     run_plan(net, 1, Plan(runs, net.bridge_ns, net.ports()),
                              out / "groups" / f"{model}-n{n}-w{world}", timeout_s=3600)
                 for c, rate, d in index:
-                    found[(model, c.label, n, rate)] = _step_s(d)
+                    found.setdefault((model, c.label, n, rate), []).append(_step_s(d))
     return found
 
 
@@ -127,8 +146,12 @@ def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: i
     return (lo * hi) ** 0.5
 
 
-def points(found: dict[tuple[str, str, int, float], float], fitted: dict[str, Any],
-           cores: int, seed: int = 0) -> list[Point]:
+def points(found: dict[tuple[str, str, int, float], float | list[float]],
+           fitted: dict[str, Any], cores: int, seed: int = 0) -> list[Point]:
+    """The fit and held-out points of ``found``'s measurements (a list: several runs of
+    one point, their median taken)."""
+    runs = {k: tuple(v) if isinstance(v, list) else (v,) for k, v in found.items()}
+    found = {k: statistics.median(v) for k, v in runs.items()}
     loads = {m: profile_model(m, wc.BATCHES.get(m, wc.BATCH), repeats=1,
                               input_shape=wc.INPUT[m], options=STEP_OPTIONS.get(m,
                               wc.OPTIONS.get(m)), data_seed=seed)
@@ -147,14 +170,17 @@ def points(found: dict[tuple[str, str, int, float], float], fitted: dict[str, An
         c = next(c for c in wc.cases(n, model) if c.label == label)
         pred = _predict(model, c, n, cal.link_for(fitted, rate), loads[model],
                         compute[model, label], cores)
-        out.append(Point(model, label, n, rate, step, pred, (n, rate) != FIT, made_by))
+        out.append(Point(model, label, n, rate, step, pred, (n, rate) != FIT, made_by,
+                         runs[model, label, n, rate]))
     return out
 
 
 def table(pts: list[Point]) -> str:
     rows = ["| model | strategy | N | Mbit/s | measured step (ms) | predicted | error | set |",
             "|---|---|---|---|---|---|---|---|"]
-    rows += [f"| {p.model} | {p.label} | {p.n} | {p.rate:g} | {p.measured_s * 1e3:.0f} | "
+    rows += [f"| {p.model} | {p.label} | {p.n} | {p.rate:g} | {p.measured_s * 1e3:.0f}"
+             + (f" ({'/'.join(f'{r * 1e3:.0f}' for r in p.runs_s)})" if len(p.runs_s) > 1
+                else "") + " | "
              f"{p.predicted_s * 1e3:.0f} | {p.error:+.1%} | "
              f"{'held out' if p.held_out else 'fit'} |"
              for p in sorted(pts, key=lambda p: (p.model, p.label, -p.rate, p.n))]
@@ -172,13 +198,14 @@ def table(pts: list[Point]) -> str:
     return "\n".join(rows)
 
 
-def load_found(path: Path) -> dict[tuple[str, str, int, float], float]:
+def load_found(path: Path) -> dict[tuple[str, str, int, float], list[float]]:
     """The measured step times of an earlier run's ``steps.json`` (to predict them again,
-    e.g. from another calibration, without running)."""
+    e.g. from another calibration, without running): every run of a point where they were
+    kept, else its one figure."""
     try:
         rows = json.loads(path.read_text())
         return {(str(r["model"]), str(r["label"]), int(r["n"]), float(r["rate"])):
-                float(r["measured_s"]) for r in rows}
+                [float(v) for v in r.get("runs_s") or [r["measured_s"]]] for r in rows}
     except OSError as e:
         raise ConfigError(f"--reuse {path}: cannot read ({e.strerror})") from None
     except (ValueError, KeyError, TypeError):
@@ -188,7 +215,7 @@ def load_found(path: Path) -> dict[tuple[str, str, int, float], float]:
 
 def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         calibration: str, steps: int = 20, seed: int = 0, cores: int = 0,
-        reuse: str | None = None) -> Path:
+        reuse: str | None = None, fit_repeats: int = 3) -> Path:
     for m in models:
         if m not in STEP_MODELS:
             raise ConfigError(f"--models: {m!r} is not one of {', '.join(STEP_MODELS)}")
@@ -203,6 +230,8 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
             raise ConfigError(f"--rates: {r:g} is not in 1..10000 Mbit/s")
     if not 8 <= steps <= 10_000:
         raise ConfigError(f"--steps: {steps} is not in 8..10000")
+    if not 1 <= fit_repeats <= 9:
+        raise ConfigError(f"--fit-repeats: {fit_repeats} is not in 1..9")
     fitted = cal.load(calibration)["fitted"]
     if reuse:
         found = load_found(Path(reuse))
@@ -211,12 +240,13 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         if reason is not None:
             raise ConfigError(f"scale steps: needs test hosts (run as root): {reason}")
         out.mkdir(parents=True, exist_ok=True)
-        found = measure(out, models, sizes, rates, steps, seed)
+        found = measure(out, models, sizes, rates, steps, seed, fit_repeats=fit_repeats)
     out.mkdir(parents=True, exist_ok=True)
     pts = points(found, fitted, cores or os.cpu_count() or 1, seed)
     (out / "steps.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "steps.md"
     path.write_text("# Step times: predicted against runs on shaped links\n\n"
                     f"Calibration: {calibration}; compute fitted per strategy at N = "
-                    f"{FIT[0]}, {FIT[1]:g} Mbit/s.\n\n" + table(pts) + "\n")
+                    f"{FIT[0]}, {FIT[1]:g} Mbit/s (the median of its runs).\n\n"
+                    + table(pts) + "\n")
     return path

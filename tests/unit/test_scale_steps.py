@@ -5,6 +5,7 @@ predicted from it and the calibration alone, and bad input is one line."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -84,10 +85,16 @@ def test_bad_input_is_one_line(capsys, tmp_path, args, text):
 
 def test_reuse_predicts_measured_steps_again(capsys, tmp_path):
     fitted = cal.load(CAL)["fitted"]
-    found = {("mlp", "sync ring", 2, 1000.0): 0.060, ("mlp", "sync ring", 2, 20.0): 0.300}
+    found = {("mlp", "sync ring", 2, 1000.0): [0.070, 0.060, 0.065],
+             ("mlp", "sync ring", 2, 20.0): [0.300]}
     pts = sc.points(found, fitted, cores=8)
     (tmp_path / "steps.json").write_text(json.dumps([p.__dict__ for p in pts]))
-    assert sc.load_found(tmp_path / "steps.json") == found
+    assert sc.load_found(tmp_path / "steps.json") == found  # every run kept
+    # a steps.json from before the runs were kept: its one figure a point
+    old = [{k: v for k, v in p.__dict__.items() if k != "runs_s"} for p in pts]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert sc.load_found(tmp_path / "old.json") == {k: [statistics.median(v)]
+                                                     for k, v in found.items()}
     rc, (out, _) = run_main(capsys, "scale", "steps", "--reuse", str(tmp_path / "steps.json"),
                             "--calibration", CAL, "--out", str(tmp_path / "again"))
     assert rc == 0 and "held out" in (tmp_path / "again" / "steps.md").read_text()
@@ -95,3 +102,19 @@ def test_reuse_predicts_measured_steps_again(capsys, tmp_path):
     rc, (_, err) = run_main(capsys, "scale", "steps", "--reuse", str(tmp_path / "bad.json"),
                             "--calibration", CAL, "--out", str(tmp_path / "x"))
     assert rc == 2 and "not a steps.json" in err and err.count("\n") == 1
+
+
+def test_fit_runs_are_spread_over_the_group_and_their_median_is_fitted():
+    assert sc._order([100.0, 20.0], 2, 3) == [1000.0, 100.0, 1000.0, 20.0, 1000.0]
+    assert sc._order([100.0, 20.0], 2, 1) == [1000.0, 100.0, 20.0]
+    assert sc._order([100.0, 20.0], 3, 3) == [100.0, 20.0]  # no fit point at N = 3
+    fitted = cal.load(CAL)["fitted"]
+    runs = {("mlp", "sync ring", 2, 1000.0): [0.090, 0.060, 0.061],
+            ("mlp", "sync ring", 2, 20.0): [0.300]}
+    pts = {p.rate: p for p in sc.points(runs, fitted, cores=8)}
+    one = {p.rate: p for p in sc.points({("mlp", "sync ring", 2, 1000.0): 0.061,
+                                         ("mlp", "sync ring", 2, 20.0): 0.300},
+                                        fitted, cores=8)}
+    assert pts[1000.0].measured_s == 0.061 and pts[1000.0].runs_s == (0.090, 0.060, 0.061)
+    assert pts[20.0].predicted_s == one[20.0].predicted_s  # the median, not the slow first
+    assert "| 61 (90/60/61) |" in sc.table(list(pts.values()))
