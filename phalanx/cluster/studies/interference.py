@@ -55,7 +55,7 @@ DEFAULT_LEVELS = ("core", "server")
 LINK_RATE_MBIT = 20.0   # --link-rate: where the sync MLP's step is ~98% communication
 PORT = 29500            # rank 0's store on test host 0 (each host has a port space of its own)
 OVERHEAD_S = 4.5        # a measurement beyond its window: start-up, warm-up, stop (2 cores)
-LINK_OVERHEAD_S = 16.0  # the same across test hosts (gloo over the shaped link, slow steps)
+LINK_OVERHEAD_S = 9.0   # the same across test hosts (ranks start, slow steps): 22 min for 78 x 8 s
 
 
 def _csv(text: str) -> tuple[str, ...]:
