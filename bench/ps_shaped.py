@@ -1,0 +1,170 @@
+"""A parameter server's BSP exchange on shaped links: 2 workers and 2 shards on four test
+hosts (one process each) at 20 Mbit/s (and 100 with the full run). A round: every worker
+pushes its gradient (3.2 MB, the GPT's: half to each shard), each shard answers every
+worker with its half once it has both workers' pushes, every worker takes both answers.
+Three ways to receive, timed back to back in one group:
+
+* ``phalanx``: phalanx's transport as the PS runs it (a shard takes every worker's
+  message at once, a worker its shards' answers at once: ``GlooTransport(concurrent=)``,
+  ``recv_from``);
+* ``serial``: one message after another (phalanx's transport before 2026-11-29);
+* ``gloo``: every receive posted up front with plain ``torch.distributed`` (the links'
+  bound for this pattern).
+
+Ratio: phalanx / gloo time per round; target <= 1.05.
+
+    python bench/ps_shaped.py [--quick]      # needs root (test hosts)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BYTES = 3_200_000  # the GPT's gradient in the steps check
+WORKERS, SHARDS = 2, 2
+PORT = 29571
+
+
+def _round_transport(t, rank: int, piece, concurrent: bool) -> None:
+    from phalanx.comm.wire import Header, Kind
+
+    if rank < SHARDS:
+        got = [t.recv(timeout_s=120).src for _ in range(WORKERS)]
+        for w in got:
+            t.send(w, Header(Kind.PARAMS, worker=w - SHARDS, shard=rank), [piece])
+        t.flush()
+        return
+    for k in range(SHARDS):
+        t.send(k, Header(Kind.PUSH, worker=rank - SHARDS, shard=k), [piece])
+    if concurrent:
+        answers = t.recv_from(list(range(SHARDS)), timeout_s=120)
+    else:
+        answers = [t.recv(k, timeout_s=120) for k in range(SHARDS)]
+    assert all(a.tensors[0].numel() == piece.numel() for a in answers)
+    t.flush()
+
+
+def _round_gloo(rank: int, piece) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if rank < SHARDS:
+        bufs = [torch.empty_like(piece) for _ in range(WORKERS)]
+        for w in [dist.irecv(b, SHARDS + i) for i, b in enumerate(bufs)]:
+            w.wait()
+        for w in [dist.isend(piece, SHARDS + i) for i in range(WORKERS)]:
+            w.wait()
+        return
+    sends = [dist.isend(piece, k) for k in range(SHARDS)]
+    bufs = [torch.empty_like(piece) for _ in range(SHARDS)]
+    for w in [dist.irecv(b, k) for k, b in enumerate(bufs)] + sends:
+        w.wait()
+
+
+def _rank(rank: int, addr: str, reps: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from phalanx.comm.transport import GlooTransport
+    from phalanx.comm.wire import Header, Kind
+
+    torch.set_num_threads(1)
+    world = WORKERS + SHARDS
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{PORT}", rank=rank,
+                            world_size=world)
+    piece = torch.zeros(BYTES // 4 // SHARDS)
+    out = {}
+    for name in ("phalanx", "serial", "gloo"):
+        concurrent = name == "phalanx"
+        times = []
+        for _ in range(reps + 1):  # the first fills queues and windows
+            # a fresh transport a round (as a run's), whose receive threads end with it
+            t = GlooTransport(rank, world, concurrent=range(SHARDS, world)
+                              if concurrent and rank < SHARDS else ())
+            dist.barrier()
+            t0 = time.perf_counter()
+            if name == "gloo":
+                _round_gloo(rank, piece)
+            else:
+                _round_transport(t, rank, piece, concurrent)
+            times.append(time.perf_counter() - t0)
+            if concurrent:  # end the shards' receive threads: a DONE from each worker
+                if rank >= SHARDS:
+                    for k in range(SHARDS):
+                        t.send(k, Header(Kind.DONE, worker=rank - SHARDS, shard=k))
+                    t.flush()
+                else:
+                    for _ in range(WORKERS):
+                        t.recv(timeout_s=120)
+        dist.barrier()
+        out[name] = statistics.median(times[1:])
+    if rank == SHARDS:  # a worker's view of the round
+        print(json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+def _measure(rate: float, reps: int) -> dict[str, float]:
+    from phalanx.runtime.hosts import TestNetwork
+
+    world = WORKERS + SHARDS
+    with TestNetwork(world) as net:
+        net.shape(rate)
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": str(ROOT)}
+        argv = [sys.executable, __file__, "--rank"]
+        procs = [net.hosts[r].popen([*argv, str(r), net.hosts[0].addr, str(reps)],
+                                    stdout=subprocess.PIPE, text=True, env=env)
+                 for r in range(world)]
+        try:
+            out = procs[SHARDS].communicate(timeout=600)[0]
+            for p in procs:
+                p.wait(timeout=60)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+    if procs[SHARDS].returncode != 0:
+        raise SystemExit(f"ps_shaped: a worker exited with {procs[SHARDS].returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank":
+        _rank(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="20 Mbit/s only, 3 rounds")
+    args = parser.parse_args()
+    from phalanx.runtime.hosts import unavailable
+
+    reason = unavailable()
+    rates = [20.0] if args.quick else [20.0, 100.0]
+    results, ratios, targets = {}, {}, {}
+    if reason is not None:
+        results["skipped"] = f"no test hosts: {reason}"
+    for rate in ([] if reason else rates):
+        key = f"{rate:g}mbit"
+        got = _measure(rate, 3 if args.quick else 6)
+        results[key] = {k: round(v * 1e3, 1) for k, v in got.items()}  # ms per round
+        ratios[f"{key} phalanx/gloo time"] = round(got["phalanx"] / got["gloo"], 3)
+        targets[f"{key} phalanx/gloo time"] = "<= 1.05"
+        ratios[f"{key} serial/gloo time"] = round(got["serial"] / got["gloo"], 3)
+        print(f"{rate:g} Mbit/s: phalanx {got['phalanx'] * 1e3:.0f} ms, one after another "
+              f"{got['serial'] * 1e3:.0f} ms, gloo {got['gloo'] * 1e3:.0f} ms a round",
+              file=sys.stderr)
+    print(json.dumps({"bench": "ps_shaped", "results": results, "ratios": ratios,
+                      "targets": targets}))
+
+
+if __name__ == "__main__":
+    main()
