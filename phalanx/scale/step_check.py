@@ -58,6 +58,7 @@ class Point:
     held_out: bool
     commit: str = ""
     runs_s: tuple[float, ...] = ()  # every run's step (a fit point's repeats)
+    link_share: float = 0.0  # of the predicted step, the exposed communication
 
     @property
     def error(self) -> float:
@@ -127,6 +128,12 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
 
 def _predict(model: str, c: wc.Case, n: int, link: Link, workload, compute: float,
              cores: int) -> float:
+    return _predicted(model, c, n, link, workload, compute, cores)[0]
+
+
+def _predicted(model: str, c: wc.Case, n: int, link: Link, workload, compute: float,
+               cores: int) -> tuple[float, float]:
+    """(step seconds, the share of it the prediction spends on exposed communication)."""
     """The step with ``compute`` seconds of compute, and at least what the cores allow:
     the workers' processes share ``cores`` (the shards' mostly wait on their links), so a
     step takes no less than their compute over the cores. A worker that waits on its link
@@ -134,7 +141,8 @@ def _predict(model: str, c: wc.Case, n: int, link: Link, workload, compute: floa
     fast as one alone."""
     w = workload.with_compute(compute, "fitted")
     p = predict(w, wc.setting_of(c, n), hosts_network(n, link))
-    return max(p.step_s, p.compute_s * len(c.workers) / cores) if cores else p.step_s
+    step = max(p.step_s, p.compute_s * len(c.workers) / cores) if cores else p.step_s
+    return step, min(1.0, p.exposed_comm_s / step)
 
 
 def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: int) -> float:
@@ -168,25 +176,30 @@ def points(found: dict[tuple[str, str, int, float], float | list[float]],
         if (model, label) not in compute:
             continue  # no fit point for this case (its N=2 run is missing)
         c = next(c for c in wc.cases(n, model) if c.label == label)
-        pred = _predict(model, c, n, cal.link_for(fitted, rate), loads[model],
-                        compute[model, label], cores)
+        pred, share = _predicted(model, c, n, cal.link_for(fitted, rate), loads[model],
+                                 compute[model, label], cores)
         out.append(Point(model, label, n, rate, step, pred, (n, rate) != FIT, made_by,
-                         runs[model, label, n, rate]))
+                         runs[model, label, n, rate], share))
     return out
 
 
 def table(pts: list[Point]) -> str:
-    rows = ["| model | strategy | N | Mbit/s | measured step (ms) | predicted | error | set |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | strategy | N | Mbit/s | measured step (ms) | predicted | error | link "
+            "share | set |", "|---|---|---|---|---|---|---|---|---|"]
     rows += [f"| {p.model} | {p.label} | {p.n} | {p.rate:g} | {p.measured_s * 1e3:.0f}"
              + (f" ({'/'.join(f'{r * 1e3:.0f}' for r in p.runs_s)})" if len(p.runs_s) > 1
                 else "") + " | "
-             f"{p.predicted_s * 1e3:.0f} | {p.error:+.1%} | "
+             f"{p.predicted_s * 1e3:.0f} | {p.error:+.1%} | {p.link_share:.0%} | "
              f"{'held out' if p.held_out else 'fit'} |"
              for p in sorted(pts, key=lambda p: (p.model, p.label, -p.rate, p.n))]
     rows += ["", "| held-out points | n | median abs error | worst |", "|---|---|---|---|"]
     held = [p for p in pts if p.held_out]
-    groups = {"20 + 100 Mbit/s (bandwidth-bound)": [p for p in held if p.rate <= 100],
+    slow = [p for p in held if p.rate <= 100]
+    groups = {"20 + 100 Mbit/s (the issue's bandwidth-bound rates)": slow,
+              "of them, link-bound (predicted: exposed communication >= half the step)":
+              [p for p in slow if p.link_share >= 0.5],
+              "of them, the rest (compute, latency, small messages)":
+              [p for p in slow if p.link_share < 0.5],
               "1000 Mbit/s": [p for p in held if p.rate > 100]}
     for m in sorted({p.model for p in pts}):
         groups[f"{m}, 20 + 100 Mbit/s"] = [p for p in held if p.model == m and p.rate <= 100]
