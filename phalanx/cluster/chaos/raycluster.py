@@ -17,8 +17,10 @@ import random
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from phalanx.cluster.core.clusters import resolve_cluster
@@ -110,6 +112,7 @@ class RayTestCluster:
         self.address = f"{net.hosts[0].addr}:{PORT}"
         self.temps: list[str] = []          # every node's temp folder (removed at the end)
         self.node_temp: dict[int, str] = {}
+        self._naming = threading.Lock()     # nodes started at once each name a folder
 
     def __iter__(self) -> Iterator:
         return iter((self.net, self.address, self.topology))
@@ -119,10 +122,12 @@ class RayTestCluster:
 
     def start_node(self, i: int) -> None:
         """``ray start`` in host i, as a user starts node i (short --temp-dir: Ray's
-        AF_UNIX socket paths under it must fit in 107 bytes)."""
-        temp = f"{self.marker}-{len(self.temps)}"
-        self.temps.append(temp)
-        self.node_temp[i] = temp
+        AF_UNIX socket paths under it must fit in 107 bytes). Nodes may join at once
+        (from threads): each gets a temp folder of its own."""
+        with self._naming:
+            temp = f"{self.marker}-{len(self.temps)}"
+            self.temps.append(temp)
+            self.node_temp[i] = temp
         host, server = self.net.hosts[i], self.topology.servers[i]
         where = (["--head", "--port", str(PORT), "--include-dashboard", "false"] if i == 0
                  else ["--address", self.address])
@@ -170,8 +175,11 @@ def ray_test_cluster(root: Path, topology: str = TOPOLOGY) -> Iterator[RayTestCl
     net = hosts.TestNetwork(len(topo.servers)).__enter__()
     c = RayTestCluster(net, topo, marker, root)
     try:
-        for i in range(len(topo.servers)):
-            c.start_node(i)
+        c.start_node(0)
+        # the other nodes join the head at once: each ``ray start`` mostly waits for its
+        # raylet to register (one after another they were a third of the set-up each)
+        with ThreadPoolExecutor(max(1, len(topo.servers) - 1)) as pool:
+            list(pool.map(c.start_node, range(1, len(topo.servers))))
         yield c
     finally:
         gone = kill_and_wait(marker)
