@@ -133,19 +133,24 @@ class Reference:
             assert torch.equal(got[k], want[k]), k
 
 
-def check_lost_node_run(out: Path, stdout: str) -> None:
-    """The node-loss scenario of the Ray and Slurm tests: S ran on nodes a, b, lost b, and
-    resumed both ranks from a checkpoint on a, c, charged neither as a failure nor a
-    preemption; G (3 devices) ran on a, b, c once b was back."""
-    assert "phalanx: scheduler: server b lost" in stdout, stdout
-    assert "phalanx: scheduler: server b is back" in stdout, stdout
+def check_lost_node_run(out: Path, stdout: str, starts: tuple[str, ...] = ("0,1", "0,2"),
+                        lost: str = "b") -> None:
+    """The node-loss scenario of the Ray and Slurm tests: S ran on the devices of each of
+    ``starts`` in turn (``three-nodes``: device 0 on node a, 1 on b, 2 on c), lost a node
+    of each start but the last, and resumed both ranks from a checkpoint each time,
+    charged neither as a failure nor a preemption; each node of ``lost`` was lost and came
+    back; G (3 devices) ran on a, b, c once every node was back."""
+    for node in lost:
+        assert f"phalanx: scheduler: server {node} lost" in stdout, stdout
+        assert f"phalanx: scheduler: server {node} is back" in stdout, stdout
     assert "2 finished, 0 failed" in stdout, stdout
     rows = rows_of(out)
-    assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == ["0,1", "0,2"]
+    assert [x.split("@")[1] for x in rows["S"]["placements"].split(";")] == list(starts)
     assert rows["S"]["preemptions"] == "0"
     recs = rank_record.read(out / "ranks" / "S.jsonl")
-    assert sorted((x.start, x.node) for x in recs) == [(0, "a"), (0, "b"), (1, "a"), (1, "c")]
-    assert [r for r, _ in resumed(out, "S")] == [0, 1]
+    assert sorted((x.start, x.node) for x in recs) == sorted(
+        (k, "abc"[int(d)]) for k, devs in enumerate(starts) for d in devs.split(","))
+    assert [r for r, _ in resumed(out, "S")] == sorted([0, 1] * (len(starts) - 1))
     assert rows["G"]["placements"].split("@")[1] == "0,1,2"
     assert {x.node for x in rank_record.read(out / "ranks" / "G.jsonl")} == {"a", "b", "c"}
 

@@ -9,11 +9,11 @@ its group only if every rank binds where the others connect (issue 33).
 
 * A 2-device sync gang spans hosts 0 and 1 and trains to the parameters of the same job on
   one host; Tiresias with a short quantum preempts and resumes a real sync gang; a node
-  that crashes loses its job to the other nodes and takes its device back when
-  it returns; a scheduler killed with ``kill -9`` is resumed; every rank records where it
-  ran; the ranks listen only on their host's own
-  address (Ray's own daemons listen on ``*`` inside their namespace: recorded, not
-  asserted). The cluster is started once for the module and torn down on every exit path:
+  cut off by a partition and then one that crashes (one schedule) each lose their job to
+  the other nodes and take their device back when they return; a scheduler killed with
+  ``kill -9`` is resumed; every rank records where it ran; the ranks listen only on their
+  host's own address (Ray's own daemons listen on ``*`` inside their namespace: recorded,
+  not asserted). The cluster is started once for the module and torn down on every exit path:
   our Ray processes by their temp folders (never ``ray stop``: it would end every Ray
   process of the machine), then the folders, then the namespaces.
 * The SIGINT test lets the CLI build its own (in-process, loopback) cluster, so the
@@ -152,8 +152,9 @@ def one_host_reference(tmp_path: Path, line: str, name: str) -> dict:
 
 
 # slow (~35 s): preemption and resumption are in the suite on the local engine
-# (test_live.py) and on Slurm, and Ray's stop-and-restart path in the lost-node, cut-off
-# and kill -9 tests here; the suite's 8 minutes on 2 cores do not hold every engine's copy
+# (test_live.py) and on Slurm, and Ray's stop-and-restart path in the node-loss (cut off,
+# then crashed) and kill -9 tests here; the suite's 8 minutes on 2 cores do not hold every
+# engine's copy
 @pytest.mark.slow
 def test_tiresias_preempts_and_resumes_a_gang(cluster, tmp_path):
     net, address, topology = cluster
@@ -227,83 +228,50 @@ def test_sigint_mid_run_leaves_no_process(tmp_path):
         assert not folder.exists(), "Ray's temp folder left behind"
 
 
-def test_a_lost_node_s_job_resumes_elsewhere_and_the_node_comes_back(cluster, tmp_path):
-    """S (2 devices, first-fit: nodes a and b) checkpoints every 30 steps; node b crashes
-    while S runs (every process of host b is killed). The scheduler marks b's device lost,
-    S resumes from its checkpoint on a and c (all that is left), and G (3 devices: every
-    node) can run only once b is back (``ray start`` again). Both finish; S ends with the
-    parameters of an uninterrupted run; nothing is left behind.
-
-    It is also the test of a gang spanning hosts: each of S's starts forms its group across
-    two hosts (0 and 1, then 0 and 2: every rank in its own network namespace, as the rank
-    itself read it) and the ranks listen on their host's own address only; S still ends
-    with the parameters of the same job run on one host, bit for bit."""
-    t_test = time.monotonic()
-    c = cluster
-    net = c.net
-    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 240, "
-              "checkpoint_every: 30}}")
-    jobs = tmp_path / "jobs.yaml"
-    jobs.write_text(f"jobs:\n{s_line}\n  - {{name: G, arrival: 0, gpus: 3, config: {SYNC}, "
-                    "max_steps: 10}}\n")
-    ref = Reference(tmp_path, s_line, "S", _env())
-    out = tmp_path / "out"
-    p = net.hosts[0].popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
-                            str(jobs), "--cluster", TOPOLOGY, "--engine", "ray",
-                            "--placement", "first-fit", "--ray-address", c.address, "--out",
-                            str(out)], env=_env(), cwd=REPO, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    crashed = back = False
-    with contextlib.ExitStack() as stack:
-        seen = stack.enter_context(watching_listeners(net))
-        # on the way out, whatever happened: node b up again (the next tests need every
-        # node), then the scheduler gone
-        stack.callback(lambda: c.start_node(1) if crashed and not back else None)
-        stack.callback(lambda: p.kill() if p.poll() is None else None)
-        wait_for_checkpoint(out, "S", p)
-        t_kill = time.monotonic()
-        crashed = True
-        assert c.raylet(1) is not None, "no raylet in host 1"
-        c.crash_node(1)
-        # S's second start: on a and c
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and p.poll() is None and not any(
-                x.start == 1 for x in rank_record.read(out / "ranks" / "S.jsonl")):
-            time.sleep(0.1)
-        resumed_after = time.monotonic() - t_kill
-        c.start_node(1)
-        back = True
-        stdout, stderr = p.communicate(timeout=240)
-    assert p.returncode == 0, stdout + stderr
-    check_lost_node_run(out, stdout)
-    ref.assert_same_parameters(out)   # bit for bit
-    recs = rank_record.read(out / "ranks" / "S.jsonl")
-    ns = {h.netns(): i for i, h in enumerate(net.hosts)}
-    assert sorted((x.start, x.rank, ns.get(x.netns)) for x in recs) == [
-        (0, 0, 0), (0, 1, 1), (1, 0, 0), (1, 1, 2)]
-    ranks_listen_on_their_host_only(net, seen)
-    assert not _pids_with(str(out)), "rank processes left behind"
-    print(f"S resumed {resumed_after:.1f} s after the kill; test {time.monotonic() - t_test:.1f} s")
+# S of the node-loss and kill -9 tests (one reference run serves both): 480 steps, so that
+# each start still trains for a few seconds after the test saw it resume
+S_LINE = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 480, "
+          "checkpoint_every: 30}}")
 
 
-def test_a_cut_off_node_is_fenced_and_its_job_resumes_elsewhere(cluster, tmp_path):
-    """The lost-node scenario with a network partition instead of a crash: host b's link
-    goes down while S runs on a, b (``ip link set eth0 down`` in b: its processes run on,
-    nobody hears them). The GCS calls b dead within ``verdict_s()``; S's rank on b has
-    already killed itself (its actor's lease on b's life ran out: ``ray_fence``), before S
-    resumes from its checkpoint on a, c; no rank waits out gloo's 120 s. When the link is
-    back, Ray's processes on b leave (the GCS called the node dead), ``ray start`` makes b a
-    node again and G runs on a, b, c. S ends with the parameters of an uninterrupted run and
-    its run folder has nothing written after S finished."""
+def _resumes(out: Path, name: str) -> int:
+    """How many ``resume`` events job ``name``'s run has logged so far (a line being
+    written may be cut short: counted by its text)."""
+    try:
+        return (out / "jobs" / name / "events.jsonl").read_text().count('"kind": "resume"')
+    except OSError:
+        return 0
+
+
+def test_a_cut_off_node_and_a_crashed_one_lose_their_job_to_the_others_and_come_back(
+        cluster, tmp_path):
+    """Both ways a node is lost, in one schedule (one scheduler, one S, one G: a test each
+    started all three again). S (2 devices, first-fit: nodes a and b) checkpoints every 30
+    steps; G (3 devices: every node) can run only once every node is back.
+
+    * A network partition: host b's link goes down while S runs on a, b (``ip link set eth0
+      down`` in b: its processes run on, nobody hears them). The GCS calls b dead within
+      ``verdict_s()``; S's rank on b has already killed itself (its actor's lease on b's
+      life ran out: ``ray_fence``), before S resumes from its checkpoint on a, c; no rank
+      waits out gloo's 120 s. When the link is back, Ray's processes on b leave (the GCS
+      called the node dead).
+    * A crash: once both ranks of S's second start (a, c) have resumed, every process of
+      host c is killed. The scheduler marks c's device lost; ``ray start`` makes b a node
+      again and S resumes from its checkpoint on a, b; then c comes back and G runs on a,
+      b, c.
+
+    Both finish; S ends with the parameters of an uninterrupted run, bit for bit, and its
+    run folder has nothing written after S finished; nothing is left behind. It is also the
+    test of a gang spanning hosts: each of S's starts forms its group across two hosts
+    (0 and 1, then 0 and 2, then 0 and 1: every rank in its own network namespace, as the
+    rank itself read it) and the ranks listen on their host's own address only."""
     t_test = time.monotonic()
     c, net = cluster, cluster.net
     host_b = net.hosts[1]
-    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 240, "
-              "checkpoint_every: 30}}")
     jobs = tmp_path / "jobs.yaml"
-    jobs.write_text(f"jobs:\n{s_line}\n  - {{name: G, arrival: 0, gpus: 3, config: {SYNC}, "
+    jobs.write_text(f"jobs:\n{S_LINE}\n  - {{name: G, arrival: 0, gpus: 3, config: {SYNC}, "
                     "max_steps: 10}}\n")
-    ref = Reference(tmp_path, s_line, "S", _env())
+    ref = Reference(tmp_path, S_LINE, "S", _env())
     out = tmp_path / "out"
     p = net.hosts[0].popen([sys.executable, "-m", "phalanx.cli", "schedule", "--jobs",
                             str(jobs), "--cluster", TOPOLOGY, "--engine", "ray",
@@ -314,27 +282,47 @@ def test_a_cut_off_node_is_fenced_and_its_job_resumes_elsewhere(cluster, tmp_pat
     reader = threading.Thread(target=lambda: said.extend(
         (time.monotonic(), ln) for ln in p.stdout), daemon=True)
     reader.start()
-    cut = back = False
+    cut = b_back = False
+    crashed: list[float] = []   # when c was crashed (Unix time)
+    c_back = False
 
-    def restore_b() -> None:   # on the way out, whatever happened: b a node again
-        if cut and not back:
+    def restore() -> None:   # on the way out, whatever happened: b and c nodes again
+        if cut and not b_back:
             host_b.link_up()
             _kill_and_wait(c.node_temp[1])
             c.start_node(1)
+        if crashed and not c_back:
+            c.start_node(2)
 
+    def crash_c_once_s_resumed_on_it() -> None:
+        # S's second start (a, c) may begin while the test still waits on b: watched here.
+        # Crashed as soon as both its ranks resumed (then ~450 steps from its end)
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and p.poll() is None and not (
+                _resumes(out, "S") >= 2 and {x.node for x in rank_record.read(
+                    out / "ranks" / "S.jsonl") if x.start == 1} == {"a", "c"}):
+            time.sleep(0.02)
+        if p.poll() is None and _resumes(out, "S") >= 2:
+            crashed.append(time.time())
+            c.crash_node(2)
+
+    crasher = threading.Thread(target=crash_c_once_s_resumed_on_it, daemon=True)
     with contextlib.ExitStack() as stack:
-        stack.callback(restore_b)
+        seen = stack.enter_context(watching_listeners(net))
+        stack.callback(restore)
+        stack.callback(lambda: crasher.join(timeout=160) if crasher.is_alive() else None)
         stack.callback(lambda: p.kill() if p.poll() is None else None)
         wait_for_checkpoint(out, "S", p)
         zombie = next(x.pid for x in rank_record.read(out / "ranks" / "S.jsonl")
                       if x.start == 0 and x.node == "b")
         b_temp = Path(c.node_temp[1])   # b's Ray logs (its actor's stderr among them)
+        crasher.start()
         t_cut, cut_unix = time.monotonic(), time.time()
         host_b.link_down()
         cut = True
         zombie_gone = None
         # the link stays down until the scheduler calls b lost (S then resumes on a, c
-        # while b's node leaves and starts again)
+        # while b's node leaves)
         deadline = t_cut + 60
         while time.monotonic() < deadline and p.poll() is None and not any(
                 "server b lost" in ln for _, ln in said):
@@ -352,30 +340,44 @@ def test_a_cut_off_node_is_fenced_and_its_job_resumes_elsewhere(cluster, tmp_pat
         raylet_s = time.monotonic() - t_up
         still_on_b = host_b.processes()
         _kill_and_wait(c.node_temp[1])
-        # S resumes on a, c: b's rank counts as ended only once its lease has surely run
-        # out (ray_fence.dead_rank_ended: seconds after the verdict), so b starts again
-        # once S's second start is under way, as in the lost-node test
+        # b starts again only once c is called lost: S's third start is then on a, b (b
+        # back earlier, and S could go back to a, b before c crashed)
+        crasher.join(timeout=150)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and p.poll() is None and not any(
-                x.start == 1 for x in rank_record.read(out / "ranks" / "S.jsonl")):
+                "server c lost" in ln for _, ln in said):
             time.sleep(0.1)
         c.start_node(1)
-        back = True
+        b_back = True
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None and not any(
+                x.start == 2 for x in rank_record.read(out / "ranks" / "S.jsonl")):
+            time.sleep(0.1)
+        c.start_node(2)
+        c_back = True
         p.wait(timeout=240)
         reader.join(timeout=10)
     stdout = "".join(ln for _, ln in said)
     assert p.returncode == 0, stdout
-    check_lost_node_run(out, stdout)
+    assert crashed, "S's second start never resumed on a, c: nothing crashed"
+    check_lost_node_run(out, stdout, starts=("0,1", "0,2", "0,1"), lost="bc")
     ref.assert_same_parameters(out)   # bit for bit
+    recs = rank_record.read(out / "ranks" / "S.jsonl")
+    ns = {h.netns(): i for i, h in enumerate(net.hosts)}
+    assert sorted((x.start, x.rank, ns.get(x.netns)) for x in recs) == [
+        (0, 0, 0), (0, 1, 1), (1, 0, 0), (1, 1, 2), (2, 0, 0), (2, 1, 1)]
+    ranks_listen_on_their_host_only(net, seen)
 
     check = HealthCheck.from_env(_env())
     lost_s = next(t for t, ln in said if "server b lost" in ln) - t_cut
-    start1 = min(x.unix for x in rank_record.read(out / "ranks" / "S.jsonl") if x.start == 1)
+    start1 = min(x.unix for x in recs if x.start == 1)
+    resumed_after_crash = min(x.unix for x in recs if x.start == 2) - crashed[0]
     figures = (f"b called lost {lost_s:.1f} s after the cut (verdict_s {verdict_s(_env()):g} "
                f"s); its rank killed itself after {zombie_gone:.1f} s (lease "
                f"{check.fence_s():g} s); S resumed {start1 - cut_unix:.1f} s after the cut; "
-               f"Ray's processes on b gone {raylet_s:.1f} s after the link came back; "
-               f"load {os.getloadavg()[0]:.1f}")
+               f"Ray's processes on b gone {raylet_s:.1f} s after the link came back; S "
+               f"resumed {resumed_after_crash:.1f} s after c crashed (b started again "
+               f"meanwhile); load {os.getloadavg()[0]:.1f}")
     print(figures)
     # detected within the cluster's own health-check time, and not before it could be
     assert check.silent_s()[0] - 0.5 <= lost_s <= verdict_s(_env()) + 2, figures
@@ -424,11 +426,9 @@ def test_kill_9_of_the_scheduler_then_resume_on_ray(cluster, tmp_path):
     t_test = time.monotonic()
     c = cluster
     host0 = c.net.hosts[0]
-    s_line = (f"  - {{name: S, arrival: 0, gpus: 2, config: {SYNC}, max_steps: 240, "
-              "checkpoint_every: 30}}")
     jobs = tmp_path / "jobs.yaml"
-    jobs.write_text(f"jobs:\n{s_line}\n")
-    ref = Reference(tmp_path, s_line, "S", _env())
+    jobs.write_text(f"jobs:\n{S_LINE}\n")
+    ref = Reference(tmp_path, S_LINE, "S", _env())
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "phalanx.cli", "schedule", "--jobs", str(jobs), "--cluster",
             TOPOLOGY, "--engine", "ray", "--placement", "first-fit", "--ray-address",

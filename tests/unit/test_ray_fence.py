@@ -1,7 +1,7 @@
 """The Ray engine's fence without Ray: how long the GCS takes to call a silent node dead
 (Ray's health-check arithmetic), the lease rule, and the fence killing a real process
 when its questions go unanswered (the live partition test is
-tests/cluster/test_ray_live.py::test_a_cut_off_node_is_fenced_and_its_job_resumes_elsewhere)."""
+tests/cluster/test_ray_live.py::test_a_cut_off_node_and_a_crashed_one_lose_their_job_to_the_others_and_come_back)."""
 
 from __future__ import annotations
 
