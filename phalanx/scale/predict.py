@@ -242,22 +242,41 @@ def _hogwild(w: Workload, s: Setting, net: Network) -> Prediction:
 
 def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, batch: float
                    ) -> tuple[float, float, float, CommCost]:
-    """(compute per stage, bubble, send time, sends) of GPipe over ``devices`` as stages."""
+    """(compute per stage, bubble, exposed send time, sends) of GPipe over ``devices`` as
+    stages: M micro-batches forward, then backward. The critical path: the first
+    micro-batch through every stage and link, P (f + b) + 2 (P - 1) s (f, b: a stage's
+    forward and backward of one micro-batch; s: one send), then each later one behind
+    the slower of a stage and a link, (M - 1) (max(f, s) + max(b, s)). The bubble is the
+    compute idle in it, (P - 1)(f + b): (P - 1) / (M + P - 1) of the step when sends are
+    free. (Model parallel, M = 1: the compute plus 2 (P - 1) sends; counting a slot's two
+    sends on every stage, as before 2026-11-29, gave 2 P sends.)"""
     p = len(devices)
     per_stage = w.step_compute_s * batch / w.batch / p
+    f = per_stage / micro * (1 - w.backward_fraction)
+    b = per_stage / micro * w.backward_fraction
     act = w.activation_bytes * batch / micro
     pairs = [(devices[i], devices[i + 1]) for i in range(p - 1)]
     send = C.point_to_point(net, pairs, act)
-    slot = per_stage / micro + 2 * send.seconds  # forward send + backward send per micro
-    bubble = (p - 1) * slot
+    # a link's token bucket refills only while that direction rests: one bucket a step at
+    # most, shared by its M sends, and no more than the direction's idle time
+    raw = send.seconds + send.credit_s
+    busy = (p - 1) * (f + b) + micro * (f + b) + 2 * (p - 1) * raw + (micro - 1) * (
+        max(f, raw) - f + max(b, raw) - b)
+    bucket = C.point_to_point(net, pairs, act * micro).credit_s  # the M sends' credit
+    s = raw - min(bucket, max(0.0, busy - micro * raw)) / micro
+    bubble = (p - 1) * (f + b)
+    exposed = 2 * (p - 1) * s + (micro - 1) * (max(f, s) - f + max(b, s) - b)
+    # no bucket outlasts a step that sends faster than the link's rate: a direction's M
+    # sends take at least their bytes at the rate, step after step
+    exposed = max(exposed, micro * raw - micro * (f + b) - bubble)
     # bytes the busiest stage sends: a middle stage sends activations forward and their
     # gradients back; with 2 stages each sends one way only (measured on test hosts:
     # phalanx scale bytes, 33.2 KB a step against 2 x 32.8 KB predicted before)
     ways = 2 if p > 2 else 1
-    sends = CommCost(2 * micro * send.seconds, ways * micro * act,
+    sends = CommCost(2 * micro * s, ways * micro * act,
                      {k: v * ways * micro for k, v in send.bytes_by_level.items()},
                      send.bottleneck)
-    return per_stage, bubble, 2 * micro * send.seconds, sends
+    return per_stage, bubble, exposed, sends
 
 
 def _model_parallel(w: Workload, s: Setting, net: Network) -> Prediction:

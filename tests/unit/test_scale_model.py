@@ -327,3 +327,29 @@ def test_asp_shards_serve_pushes_and_pulls_at_once() -> None:
     one = predict(w, Setting(strategy="asp", workers=1, servers=1, server_msg_s=0.0,
                              server_byte_s=0.0), _ps_net(4, 1e6, 0.0, duplex=0.8))
     assert one.step_s == pytest.approx(2 * grad / 1e6, rel=1e-9)
+
+
+def test_model_parallel_and_pipeline_critical_paths_by_hand() -> None:
+    """1 MB/s links, no bucket, no latency; a batch of 10 samples x 10 KB of activations at
+    a cut = 100 KB a send (0.1 s). Model parallel over P = 3 stages,
+    90 ms of compute: the batch goes forward through both links and back: 90 ms + 4 sends
+    (not 6: each stage's two sends counted once). GPipe, P = 2, M = 4 micro-batches of
+    25 KB (25 ms a send), compute 10 ms a micro-batch on a stage (f 10/3, b 20/3 ms):
+    P (f + b) + 2 (P - 1) s + (M - 1)(max(f, s) + max(b, s)) = 20 + 50 + 150 ms; and a
+    link no faster than its rate: with a 1 MB bucket the sends would be free, but 4 x 25 KB
+    each way a step at 1 MB/s take 100 ms, so the step is at least that."""
+    layer = Layer(name="l", params=1000, compute_share=1.0)
+    w = Workload(name="w", layers=(layer,), batch=10, step_compute_s=0.09,
+                 activation_bytes=10_000)
+    mp = predict(w, Setting(strategy="model-parallel", workers=3), _ps_net(3, 1e6, 0.0))
+    assert mp.step_s == pytest.approx(0.09 + 4 * 0.1, rel=1e-9)
+    w2 = Workload(name="w", layers=(layer,), batch=10, step_compute_s=0.08,
+                  activation_bytes=10_000)
+    pipe = predict(w2, Setting(strategy="pipeline", workers=2, micro_batches=4),
+                   _ps_net(2, 1e6, 0.0))
+    f, b, s = 0.01 / 3, 0.02 / 3, 0.025
+    assert pipe.step_s == pytest.approx(2 * (f + b) + 2 * s + 3 * (s + s), rel=1e-9)
+    assert pipe.bubble_s == pytest.approx(f + b, rel=1e-9)
+    fast = predict(w2, Setting(strategy="pipeline", workers=2, micro_batches=4),
+                   _ps_net(2, 1e6, 1e6))
+    assert fast.step_s == pytest.approx(4 * 0.025, rel=1e-9)
