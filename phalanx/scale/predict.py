@@ -349,15 +349,21 @@ def _sharded(w: Workload, s: Setting, net: Network) -> Prediction:
         return bucket_timeline(w, cap, lambda b: C.allreduce(
             s.allreduce, net, devices, float(b)).seconds * halves / 2).exposed_s
 
-    if stage == 1:
-        comm, exposed = half.scaled(2.0), 2 * half.seconds
+    # a link's token bucket refills only in the gaps its collectives leave: one bucket (at
+    # most a collective's own time) per gap, and no more than the gap
+    raw = half.seconds + half.credit_s
+    bucket = min(C.allreduce(s.allreduce, net, devices, float(w.grad_bytes)).credit_s, raw)
+    forward = w.step_compute_s * (1.0 - w.backward_fraction)
+    if stage == 1:  # reduce-scatter and all-gather back to back after backward
+        comm = half.scaled(2.0)
+        exposed = 2 * raw - min(bucket, w.step_compute_s)
     elif stage == 2:
         comm, exposed = half.scaled(2.0), behind_backward(1) + half.seconds
     else:
         comm = half.scaled(3.0)
-        exposed = comm.seconds
+        # gather, forward, gather, backward, reduce-scatter: two gaps
+        exposed = 3 * raw - min(bucket, forward) - min(bucket, w.step_compute_s - forward)
         if s.strategy == "fsdp":  # forward's gathers behind forward; backward's as sync's
-            forward = w.step_compute_s * (1.0 - w.backward_fraction)
             exposed = max(0.0, half.seconds - forward) + behind_backward(2)
     what = "reduce-scatter + all-gather" if stage < 3 else "two all-gathers + a reduce-scatter"
     notes = (f"stage {stage}: {what} ({s.allreduce}), "

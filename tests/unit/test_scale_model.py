@@ -353,3 +353,26 @@ def test_model_parallel_and_pipeline_critical_paths_by_hand() -> None:
     fast = predict(w2, Setting(strategy="pipeline", workers=2, micro_batches=4),
                    _ps_net(2, 1e6, 1e6))
     assert fast.step_s == pytest.approx(4 * 0.025, rel=1e-9)
+
+
+def test_zero_buckets_refill_only_in_the_gaps_between_its_collectives() -> None:
+    """ZeRO on 2 hosts, 1 MB/s links with a 300 KB bucket, 1 MB of gradient, 100 ms of
+    compute (forward 1/3): each half-collective moves 500 KB a direction (0.5 s). Stage 1
+    runs its reduce-scatter and all-gather back to back after backward: one gap (the
+    compute, 0.1 s) refills 0.1 s of credit: 0.1 + 1.0 - 0.1. Stage 3 gathers, runs
+    forward, gathers, runs backward, reduce-scatters: two gaps (1/30 and 2/30 s):
+    0.1 + 1.5 - 0.1."""
+    layer = Layer(name="l", params=250_000, compute_share=1.0)
+    w = Workload(name="w", layers=(layer,), batch=8, step_compute_s=0.1)
+    net = _ps_net(2, 1e6, 300e3)
+    one = predict(w, Setting(strategy="zero", zero_stage=1, workers=2), net)
+    assert one.step_s == pytest.approx(0.1 + 1.0 - 0.1, rel=1e-9)
+    three = predict(w, Setting(strategy="zero", zero_stage=3, workers=2), net)
+    assert three.step_s == pytest.approx(0.1 + 1.5 - 0.1, rel=1e-9)
+    # with a second of compute each gap refills a whole bucket (0.3 s): one for stage 1,
+    # two for stage 3
+    slow = Workload(name="w", layers=(layer,), batch=8, step_compute_s=1.0)
+    assert predict(slow, Setting(strategy="zero", zero_stage=1, workers=2), net).step_s == \
+        pytest.approx(1.0 + 1.0 - 0.3, rel=1e-9)
+    assert predict(slow, Setting(strategy="zero", zero_stage=3, workers=2), net).step_s == \
+        pytest.approx(1.0 + 1.5 - 0.3 - 0.3, rel=1e-9)
