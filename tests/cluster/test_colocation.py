@@ -82,13 +82,14 @@ def test_a_neighbour_on_the_other_switch_is_the_server_level(tmp_path) -> None:
 
 def test_a_span_across_a_neighbours_arrival_and_the_warm_up_are_not_counted(tmp_path) -> None:
     """a logs every 0.5 s from 0.5 s; b arrives at 10.25, inside a's 10.0-10.5 span: that
-    span is dropped, not split; a's first two spans (0.5-1.5 s) are its start-up."""
+    span is dropped, not split, and so is a's next (10.5-11.0): b was still starting (its
+    first train event at 10.75); a's first two spans (0.5-1.5 s) are its start-up."""
     jobs = {"a": {"placements": [[0, [0]]], "end": 20, "rate": [(0, 20, 100)]},
             "b": {"placements": [[10.25, [1]]], "end": 20, "rate": [(10.25, 20, 50)]}}
     write(tmp_path, jobs, 20.0)
     seen = observe(tmp_path, TOPO, KINDS)
     assert seen["a"][((), ())].seconds[-1] == pytest.approx(10.0 - 1.5)
-    assert seen["a"][(("hot-single-1",), ())].seconds[-1] == pytest.approx(20 - 10.5)
+    assert seen["a"][(("hot-single-1",), ())].seconds[-1] == pytest.approx(20 - 11.0)
 
 
 def test_the_live_table_learns_over_its_prior(tmp_path) -> None:

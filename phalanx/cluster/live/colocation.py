@@ -17,11 +17,11 @@ cluster), for a job across servers the classes of the other jobs across servers 
 share one of its servers (level ``link``: their ranks send over the same servers' links).
 On one machine (the local engine, a Ray cluster started for the run) a job's ranks on
 different "servers" talk over the loopback: there is no link to share, and no link level
-is learned. Each
-pair of a rank's consecutive ``train`` events whose span lies inside one context (no
-neighbour came or went) adds its samples and seconds to that context; the first
-``WARMUP`` spans of each start are start-up, not rate. A job's rate in a context is the
-sum over its ranks of samples / seconds.
+is learned. Each pair of a rank's consecutive ``train`` events whose span lies inside one
+context (no neighbour came or went, and none was still starting: from its placement to its
+ranks' first ``train`` events it is neither beside the job nor not) adds its samples and
+seconds to that context; the first ``WARMUP`` spans of each start are start-up, not rate.
+A job's rate in a context is the sum over its ranks of samples / seconds.
 
 The learned table (:func:`learn`): a class's solo rate is its rate in the empty context
 (all its jobs' alone time pooled; else the prior table's ``solo``). Every other context of
@@ -29,7 +29,10 @@ at least ``MIN_S`` seconds gives one equation, ``solo / rate - 1 = the sum of it
 neighbours' loads`` (time-sharing adds demands), and each class's load from each neighbour
 (class, level) is their least-squares solution weighted by seconds and pulled toward the
 prior's load by ``PRIOR_S`` seconds' worth (:func:`_fit_class`), with a 95% interval:
-``kept = 1 / (1 + load)``. A pair whose other side was not learned takes the prior's (else
+``kept = 1 / (1 + load)``. A neighbour that shared a job's servers in exactly the contexts
+where it shared their links (two jobs across the same servers) has its whole load at level
+``link``: no schedule of them tells the two apart, and the profiler's link level is
+measured the same way. A pair whose other side was not learned takes the prior's (else
 this side's) for it.
 """
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +143,19 @@ def observe(out: Path, topology: Topology, kinds: Mapping[str, str],
     spans = {name: [(anchor + a, anchor + b, devs) for a, b, devs in
                     _intervals(j.get("fields", {}), clock)]
              for name, j in jobs.items() if isinstance(j, dict)}
+    series = {name: events.of(name) for name in spans}
+    for pts in (p for ranks in series.values() for p in ranks.values()):
+        pts.sort()
+
+    def settled(name: str, a: float, b: float) -> float:
+        """When the start [a, b] of ``name`` had every rank training (its ranks' first
+        ``train`` events in it): before that it was starting up (imports, its group) and
+        took no link, a neighbour or not. A start with no train event counts from a."""
+        firsts = [next((u for u, _ in pts if a <= u <= b), None)
+                  for pts in series[name].values()]
+        return max((u for u in firsts if u is not None), default=a)
+
+    ready = {name: [settled(name, a, b) for a, b, _ in iv] for name, iv in spans.items()}
 
     def context(name: str, u0: float, u1: float) -> Key | None:
         """Who shared ``name``'s switches / servers over [u0, u1]; None if it changed."""
@@ -152,7 +169,7 @@ def observe(out: Path, topology: Topology, kinds: Mapping[str, str],
         for other, iv in spans.items():
             if other == name:
                 continue
-            for a, b, odevs in iv:
+            for (a, b, odevs), up in zip(iv, ready[other]):
                 if b <= u0 or a >= u1:
                     continue
                 if not (a <= u0 and u1 <= b):
@@ -162,6 +179,10 @@ def observe(out: Path, topology: Topology, kinds: Mapping[str, str],
                     core.append(kind)
                 elif any(t.device_server[d] in my_srv for d in odevs):
                     server.append(kind)
+                else:
+                    continue          # it shares nothing with ``name``
+                if u0 < up:
+                    return None       # a neighbour still starting: neither beside it nor not
                 o_srv = {t.device_server[d] for d in odevs}
                 if links and len(my_srv) > 1 and len(o_srv) > 1 and o_srv & my_srv:
                     link.append(kind)
@@ -170,10 +191,8 @@ def observe(out: Path, topology: Topology, kinds: Mapping[str, str],
 
     result: dict[str, dict[Key, Context]] = {}
     for name in spans:
-        series = events.of(name)
         ctxs: dict[Key, Context] = {}
-        for rank, pts in series.items():
-            pts.sort()
+        for rank, pts in series[name].items():
             since_start = 0
             for (u0, n0), (u1, n1) in zip(pts, pts[1:]):
                 if n1 <= n0 or u1 <= u0:
@@ -246,16 +265,24 @@ def _fit_class(a: str, solo: float, rows: list[tuple[Key, float, float]],
     ``PRIOR_S`` seconds' worth (toward 0 by ``0.1 s`` without a prior). Returns
     ``{(level, a, b): (load, low, high, contexts)}`` with a 95% interval from the
     residuals, for each neighbour seen."""
-    feats = sorted({(lvl, b) for key, _, _ in rows
-                    for lvl, bs in zip(LEVELS_OBSERVED, key) for b in bs})
+    counts = [Counter((lvl, b) for lvl, bs in zip(LEVELS_OBSERVED, key) for b in bs)
+              for key, _, _ in rows]
+    feats = sorted({f for c in counts for f in c})
+    # a neighbour that shared a's servers and their links in every context where it did
+    # either (two jobs across the same servers share both): the rows cannot tell the two
+    # loads apart, and least squares would split their sum by its penalty alone (evenly
+    # without a prior). The whole load goes to level link, as the profiler measures that
+    # level (two jobs across the same hosts: the hosts' sharing is in it)
+    feats = [(lvl, b) for lvl, b in feats if lvl == "link" or ("link", b) not in feats
+             or any(c[(lvl, b)] != c[("link", b)] for c in counts)]
     index = {f: i for i, f in enumerate(feats)}
     A = np.zeros((len(rows), len(feats)))
     y = np.zeros(len(rows))
     w = np.zeros(len(rows))
-    for i, (key, rate, span) in enumerate(rows):
-        for lvl, bs in zip(LEVELS_OBSERVED, key):
-            for b in bs:
-                A[i, index[(lvl, b)]] += 1.0
+    for i, (c, (_, rate, span)) in enumerate(zip(counts, rows)):
+        for f, k in c.items():
+            if f in index:
+                A[i, index[f]] = k
         y[i] = max(0.0, solo / rate - 1.0)
         w[i] = span
     lam = PRIOR_S if prior is not None else 0.1
@@ -268,9 +295,9 @@ def _fit_class(a: str, solo: float, rows: list[tuple[Key, float, float]],
     var = float(np.sum(w * resid ** 2) / max(np.sum(w), 1e-9))
     half = 1.96 * np.sqrt(np.maximum(np.diag(np.linalg.inv(H)) * max(var, 1e-6)
                                      * np.sum(w) / max(len(rows), 1), 0.0))
-    counts = (A > 0).sum(axis=0)
+    contexts = (A > 0).sum(axis=0)
     return {(lvl, a, b): (float(x[j]), float(max(0.0, x[j] - half[j])),
-                          float(x[j] + half[j]), int(counts[j]))
+                          float(x[j] + half[j]), int(contexts[j]))
             for (lvl, b), j in index.items()}
 
 
