@@ -1,9 +1,9 @@
 """A real Ray cluster on test hosts, started the way a user starts one (docs/cluster.md):
 three test hosts (network namespaces on one bridge, :class:`phalanx.runtime.hosts.TestNetwork`),
 ``ray start --head`` in host 0 and ``ray start --address`` in hosts 1 and 2 as separate
-processes, each node declaring its device of the ``three-nodes`` topology (``--resources
-'{"phx_dev_N": 1}' --labels phalanx.server=a|b|c --num-gpus 0``). A node can crash (every
-process of its host SIGKILLed) and be started again.
+processes, each node declaring its server's devices (the ``three-nodes`` topology: one
+each, ``--resources '{"phx_dev_N": 1}' --labels phalanx.server=a|b|c --num-gpus 0``). A
+node can crash (every process of its host SIGKILLed) and be started again.
 
 Used by ``tests/cluster/test_ray_live.py`` and by ``phalanx chaos --engine ray``. Teardown
 ends our Ray processes by their temp folders (never ``ray stop``: it would end every Ray
@@ -12,6 +12,7 @@ process of the machine), then removes the folders, then the namespaces."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -133,7 +134,7 @@ class RayTestCluster:
                  else ["--address", self.address])
         r = host.run([ray_command(), "start", *where, "--node-ip-address", host.addr,
                       "--num-cpus", "2", "--num-gpus", "0",
-                      "--resources", f'{{"phx_dev_{server.first_device}": 1}}',
+                      "--resources", json.dumps({f"phx_dev_{d}": 1 for d in server.devices}),
                       "--labels", f"phalanx.server={server.name}", "--temp-dir", temp,
                       "--disable-usage-stats"], env=self.env(), timeout=START_TIMEOUT_S,
                      check=False)
