@@ -248,10 +248,7 @@ class GlooTransport:
             try:
                 # posting fails too once a pair broke with a reset (a host lost at once)
                 work = dist.irecv(wire, src=src, tag=tag)
-                if timeout_s is None:
-                    work.wait()
-                else:
-                    work.wait(datetime.timedelta(seconds=timeout_s))
+                _wait_for(work, timeout_s)
             except RuntimeError as e:
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 if "Timed out" not in first:
@@ -326,10 +323,7 @@ class GlooTransport:
 
     def _wait_one(self, work: Any, src: int, timeout_s: float | None) -> None:
         try:
-            if timeout_s is None:
-                work.wait()
-            else:
-                work.wait(datetime.timedelta(seconds=timeout_s))
+            _wait_for(work, timeout_s)
         except RuntimeError as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             if "Timed out" in first:
@@ -442,6 +436,14 @@ class GlooTransport:
         with self._lock:
             self._inflight = [s for s in self._inflight if s[0] not in lost]
             self._dead.update(lost)
+
+
+def _wait_for(work: Any, timeout_s: float | None) -> None:
+    """Wait on a gloo receive, at most ``timeout_s`` (None: for good)."""
+    if timeout_s is None:
+        work.wait()
+    else:
+        work.wait(datetime.timedelta(seconds=timeout_s))
 
 
 def _short(gloo_message: str) -> str:
