@@ -4,10 +4,8 @@ learned from them, and the live table that refits as the schedule runs."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from colocation_events import write
 
 from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.live.colocation import LiveCoLocation, learn, merged, observe
@@ -15,30 +13,6 @@ from phalanx.cluster.model.interference import CoLocation, Pair, PairTable
 
 TOPO = uniform(1, 1, 1, 4, switches=2)      # devices 0,1 on switch 0; 2,3 on switch 1
 KINDS = {"a": "hot-single-1", "b": "hot-single-1", "c": "cold-single-1"}
-UNIX0 = 1_000_000.0
-
-
-def write(out: Path, jobs: dict, clock: float) -> None:
-    """A state (placements/stops on the clock; unix at ``clock``) and per job train events
-    from ``jobs[name]["rate"]``: a list of (from, to, samples/s) on the clock."""
-    out.mkdir(parents=True, exist_ok=True)
-    state = {"clock": clock, "unix": UNIX0 + clock, "jobs": {
-        n: {"fields": {"placements": j["placements"], "stops": j.get("stops", []),
-                       "end": j.get("end", -1)}} for n, j in jobs.items()}}
-    (out / "scheduler-state.json").write_text(json.dumps(state))
-    for n, j in jobs.items():
-        lines, samples = [], 0.0
-        for a, b, rate in j["rate"]:
-            t = a
-            while t < b - 1e-9:
-                t1 = min(b, t + 0.5)
-                samples += rate * (t1 - t)
-                t = t1
-                lines.append(json.dumps({"kind": "train", "rank": -1, "unix": UNIX0 + t,
-                                         "samples": samples}))
-        d = out / "jobs" / n
-        d.mkdir(parents=True)
-        (d / "events.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def test_two_jobs_on_one_core_then_alone_give_the_pair_each_side(tmp_path) -> None:

@@ -6,10 +6,10 @@ link level on one machine (no link there to share)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from colocation_events import write
 
 from phalanx.cluster.core.topology import uniform
 from phalanx.cluster.live.colocation import learn, observe
@@ -17,29 +17,7 @@ from phalanx.cluster.live.colocation import learn, observe
 TOPO = uniform(1, 1, 2, 2, switches=1)    # servers 0 (devices 0, 1) and 1 (devices 2, 3)
 SYNC = "mlp-sync-2"
 KINDS = {"a": SYNC, "b": SYNC}
-UNIX0 = 1_000_000.0
 CORE_X, LINK_X = 1 / 9, 1.0               # a core neighbour: kept 0.9; a link one: 0.5
-
-
-def write(out: Path, jobs: dict, clock: float) -> None:
-    """The state (placements, stops) and each job's train events every 0.5 s at the rates
-    ``jobs[name]["rate"]``: (from, to, samples/s) on the scheduler's clock."""
-    out.mkdir(parents=True, exist_ok=True)
-    state = {"clock": clock, "unix": UNIX0 + clock, "jobs": {
-        n: {"fields": {"placements": j["placements"], "stops": j.get("stops", []),
-                       "end": j.get("end", -1)}} for n, j in jobs.items()}}
-    (out / "scheduler-state.json").write_text(json.dumps(state))
-    for n, j in jobs.items():
-        lines, samples = [], 0.0
-        for a, b, rate in j["rate"]:
-            t = a
-            while t < b - 1e-9:
-                samples += rate * 0.5
-                t += 0.5
-                lines.append(json.dumps({"kind": "train", "rank": 0, "unix": UNIX0 + t,
-                                         "samples": samples}))
-        (out / "jobs" / n).mkdir(parents=True)
-        (out / "jobs" / n / "events.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def schedule(tmp_path: Path) -> Path:
@@ -52,7 +30,7 @@ def schedule(tmp_path: Path) -> Path:
                   "rate": [(0, 20, 100), (20, 40, both), (40, 60, core)]},
             "b": {"placements": [[20, [1, 3]], [40, [1]]], "stops": [40], "end": 60,
                   "rate": [(20, 40, both), (40, 60, core)]}}
-    write(tmp_path, jobs, 60.0)
+    write(tmp_path, jobs, 60.0, rank=0)
     return tmp_path
 
 
@@ -85,7 +63,7 @@ def test_a_neighbour_always_on_the_same_servers_and_links_is_learned_at_level_li
                   "rate": [(0, 20, 100), (20, 40, 100 / (1 + LINK_X))]},
             "b": {"placements": [[20, [1, 3]]], "end": 40,
                   "rate": [(20, 40, 100 / (1 + LINK_X))]}}
-    write(tmp_path, jobs, 40.0)
+    write(tmp_path, jobs, 40.0, rank=0)
     seen = observe(tmp_path, TOPO, KINDS, links=True)
     assert set(seen["a"]) == {((), (), ()), ((SYNC,), (), (SYNC,))}
     table = learn(seen, KINDS)
@@ -105,7 +83,7 @@ def test_a_neighbour_still_starting_is_neither_beside_a_job_nor_not(
     spans."""
     jobs = {"a": {"placements": [[0, [0]]], "end": 20, "rate": [(0, 20, 100)]},
             "b": {"placements": [[10, [device]]], "end": 20, "rate": [(15, 20, 100)]}}
-    write(tmp_path, jobs, 20.0)
+    write(tmp_path, jobs, 20.0, rank=0)
     seen = observe(tmp_path, TOPO, KINDS, links=True)["a"]
     assert seen[((), (), ())].span == pytest.approx(alone_s)
     beside = seen.get(((SYNC,), (), ()))
