@@ -205,7 +205,7 @@ class GlooTransport:
                 works = [dist.isend(wire, dst, tag=tag)]
                 works += [dist.isend(t, dst, tag=PAYLOAD_TAG) for t in flat]
             except RuntimeError as e:  # gloo refuses at once a send to a known-dead peer
-                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                first = _first_line(e)
                 raise PeerLost(f"rank {self.rank}: a send to rank {dst} failed "
                                f"({_short(first)})", rank=dst) from None
             self._inflight.append((dst, works, [wire, *flat]))
@@ -225,7 +225,7 @@ class GlooTransport:
                 for w in works:
                     w.wait()
             except RuntimeError as e:
-                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                first = _first_line(e)
                 lost = lost or (dst, first)
         if lost is not None:
             raise PeerLost(f"rank {self.rank}: a send to rank {lost[0]} failed "
@@ -250,7 +250,7 @@ class GlooTransport:
                 work = dist.irecv(wire, src=src, tag=tag)
                 _wait_for(work, timeout_s)
             except RuntimeError as e:
-                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                first = _first_line(e)
                 if "Timed out" not in first:
                     # gloo's receive from any source fails on every later call once one
                     # pair is broken: from now on receive from each live peer separately
@@ -268,7 +268,7 @@ class GlooTransport:
             for t in tensors:
                 dist.recv(t, src=sender, tag=PAYLOAD_TAG)
         except RuntimeError as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            first = _first_line(e)
             raise PeerLost(f"rank {self.rank}: connection to rank {sender} lost "
                            f"({_short(first)})", rank=sender) from None
         self.counter.on_recv(HEADER_BYTES + nbytes(*tensors))
@@ -280,8 +280,6 @@ class GlooTransport:
         flight at once: each payload's receive is posted as soon as its header is in (a
         worker's pull answered by S shards: one after another, shard 0's answer to two
         workers went at half speed to each while shard 1's waited)."""
-        import torch.distributed as dist
-
         if len(srcs) < 2 or self._broken or any((HEADER_TAG, s) in self._listening
                                                 for s in srcs):
             out = []
@@ -317,7 +315,7 @@ class GlooTransport:
         try:
             return dist.irecv(buf, src=src, tag=tag)
         except RuntimeError as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            first = _first_line(e)
             raise PeerLost(f"rank {self.rank}: connection to rank {src} lost "
                            f"({_short(first)})", rank=src) from None
 
@@ -325,7 +323,7 @@ class GlooTransport:
         try:
             _wait_for(work, timeout_s)
         except RuntimeError as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            first = _first_line(e)
             if "Timed out" in first:
                 raise TransportTimeout(f"rank {self.rank}: nothing arrived from rank {src} "
                                        f"in {timeout_s} s", rank=src) from None
@@ -387,7 +385,7 @@ class GlooTransport:
     def _unpack(self, peer: int, item: Any) -> tuple[int, tuple]:
         if isinstance(item, BaseException):
             self._dead.add(peer)
-            first = str(item).splitlines()[0] if str(item) else type(item).__name__
+            first = _first_line(item)
             raise PeerLost(f"rank {self.rank}: connection to rank {peer} lost "
                            f"({_short(first)})", rank=peer)
         return peer, item
@@ -436,6 +434,11 @@ class GlooTransport:
         with self._lock:
             self._inflight = [s for s in self._inflight if s[0] not in lost]
             self._dead.update(lost)
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of an exception's message, or its type's name."""
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _wait_for(work: Any, timeout_s: float | None) -> None:

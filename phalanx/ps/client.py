@@ -12,6 +12,7 @@ may lose some of them on purpose (``--drop-messages``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -179,17 +180,22 @@ class PSClient:
         if many is None or len(shards) < 2:
             return [self._recv(k) for k in shards]
         ranks = {self.layout.server_rank(k): k for k in shards}
-        return self._recv(-1, lambda: many(list(ranks), timeout_s=self.timeout_s), ranks)
+        with self._named(ranks):
+            return many(list(ranks), timeout_s=self.timeout_s)
 
-    def _recv(self, k: int, how=None, ranks: dict[int, int] | None = None):
-        """The message from shard ``k`` (or what ``how`` receives from the shards
-        ``ranks`` maps from their ranks), failures named by shard."""
+    def _recv(self, k: int):
+        rank = self.layout.server_rank(k)
+        with self._named({rank: k}):
+            return self.transport.recv(src=rank, timeout_s=self.timeout_s)
+
+    @contextlib.contextmanager
+    def _named(self, ranks: dict[int, int]):
+        """A receive from the shards ``ranks`` maps from their ranks: its failure as one
+        error naming the shard (the failure's rank where it has one, else the only one)."""
         try:
-            if how is not None:
-                return how()
-            return self.transport.recv(src=self.layout.server_rank(k), timeout_s=self.timeout_s)
+            yield
         except (TransportTimeout, WireError, PeerLost) as e:
-            k = (ranks or {}).get(getattr(e, "rank", None), k)
+            k = ranks.get(getattr(e, "rank", None), next(iter(ranks.values())))
             if isinstance(e, TransportTimeout):
                 raise PhalanxError(f"worker {self.worker}: parameter server shard {k} did not "
                                    f"answer in {self.timeout_s:g} s") from None

@@ -133,8 +133,8 @@ def _predict(model: str, c: wc.Case, n: int, link: Link, workload, compute: floa
 
 def _predicted(model: str, c: wc.Case, n: int, link: Link, workload, compute: float,
                cores: int) -> tuple[float, float]:
-    """(step seconds, the share of it the prediction spends on exposed communication)."""
-    """The step with ``compute`` seconds of compute, and at least what the cores allow:
+    """(step seconds, the share of it the prediction spends on exposed communication):
+    the step with ``compute`` seconds of compute, and at least what the cores allow:
     the workers' processes share ``cores`` (the shards' mostly wait on their links), so a
     step takes no less than their compute over the cores. A worker that waits on its link
     leaves its core to the others: at 20 Mbit/s three workers on two cores compute as
