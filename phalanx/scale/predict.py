@@ -172,9 +172,9 @@ def _ps_costs(w: Workload, s: Setting, net: Network, workers: list[int]
 
 def _push_then_pull(push: CommCost, pull: CommCost, idle: float) -> float:
     """A worker's push, then its pull: the pull's answers leave a shard once its piece is
-    in, but the S pieces share the worker's link and land together (measured on three
-    test hosts: the first of two 1.6 MB pieces landed at 0.60-0.78 of the whole at 20 and
-    100 Mbit/s), so little of the pull overlaps the push: none here.
+    in, but the S pieces share the worker's link and land together (a one-off probe on
+    three test hosts: the first of two 1.6 MB pieces landed at 0.60-0.78 of the whole at
+    20 and 100 Mbit/s), so little of the pull overlaps the push: none here.
 
     Each direction's token bucket refills while that direction rests, ``idle`` (the
     compute) plus the other direction's turn, so its credit is at most that."""

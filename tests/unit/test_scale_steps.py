@@ -78,6 +78,7 @@ def test_more_processes_than_cores_share_the_compute():
     (("--rates", "0.5"), "--rates: 0.5 is not in 1..10000 Mbit/s"),
     (("--rates", "x"), "--rates: 'x' is not a comma-separated list of numbers"),
     (("--steps", "3"), "--steps: 3 is not in 8..10000"),
+    (("--fit-repeats", "0"), "--fit-repeats: 0 is not in 1..9"),
     (("--calibration", "nope.json"), "--calibration nope.json: cannot read"),
 ])
 def test_bad_input_is_one_line(capsys, tmp_path, args, text):
