@@ -264,7 +264,8 @@ def _cmd_steps(args: argparse.Namespace) -> int:
     rates = _floats(args.rates, "--rates")
     path = step_check.run(Path(args.out), models, _ints(args.sizes, "--sizes"), rates,
                           args.calibration, steps=args.steps, seed=args.seed,
-                          cores=args.cores, reuse=args.reuse, fit_repeats=args.fit_repeats)
+                          cores=args.cores, reuse=args.reuse, fit_repeats=args.fit_repeats,
+                          run_s=args.run_s)
     print(path.read_text())
     print(f"-> {path}")
     return 0
@@ -409,7 +410,11 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
     p.add_argument("--models", default="mlp,gpt,ctr", help="mlp, gpt, ctr (comma-separated)")
     p.add_argument("--sizes", default="2,3", help="worker counts N, 2..8 (must hold 2)")
     p.add_argument("--rates", default="100,20", help="held-out link rates, Mbit/s")
-    p.add_argument("--steps", type=int, default=20, help="steps per run (8..10000)")
+    p.add_argument("--steps", type=int, default=20,
+                   help="steps per run, at least (8..10000)")
+    p.add_argument("--run-s", type=float, default=2.0,
+                   help="size each run to about this many seconds of steps, by the model's "
+                        "guess of its step (0: --steps exactly; at most 2000 steps)")
     p.add_argument("--calibration",
                    default="reports/experiments/scale/calibration-gloo.json")
     p.add_argument("--cores", type=int, default=0,

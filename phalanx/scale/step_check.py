@@ -16,13 +16,19 @@ on test hosts, one process per host, each torchrun group re-shaping its links be
   calibrated rate), nothing fitted to the point.
 
 A run's step time is its steady-state samples/s (``summary.json``) over the samples a step
-takes (``train_samples / steps``: a batch per replica). Step times depend on how busy the
+takes (``train_samples / steps``: a batch per replica). Each run is sized to last about
+``--run-s`` seconds of steps (at least ``--steps``), by the model's guess of its step from
+the compute profiled here and the calibrated link: the MLP's steps take 3-40 ms, and 20 of
+them timed a tenth of a second, where one stall of the shared cores moved a point by a
+third. Averaging's runs are a whole number of its periods: it also averages at a run's last
+step, so 12 steps at period 8 held two averages where the steady state has 1.5. Step times depend on how busy the
 machine is; the bandwidth-bound points (100 and 20 Mbit/s) much less than 1000 Mbit/s.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from dataclasses import asdict, dataclass
@@ -45,6 +51,7 @@ FIT = (2, 1000.0)  # (N, Mbit/s) each strategy's compute is fitted on
 STEP_MODELS = {**wc.MODELS, "ctr": ["--model", "ctr", "--data", "ctr-synthetic",
                                     "--ctr-rows", "4096", "--train-limit", "20000"]}
 STEP_OPTIONS = {"ctr": {"rows": 4096}}
+MAX_RUN_STEPS = 2000
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,7 @@ class Point:
     commit: str = ""
     runs_s: tuple[float, ...] = ()  # every run's step (a fit point's repeats)
     link_share: float = 0.0  # of the predicted step, the exposed communication
+    run_steps: tuple[int, ...] = ()  # every run's steps (runs are sized: --run-s)
 
     @property
     def error(self) -> float:
@@ -68,14 +76,35 @@ class Point:
 def _flags(case: wc.Case, model: str, steps: int, out: Path, seed: int) -> list[str]:
     flags = wc._flags(case, model, steps, out, seed)
     n = len(wc.MODELS[model])
-    return [*STEP_MODELS[model], *flags[n:]]
+    # --max-steps decides, not an epoch of the limited training set (the MLP's 4,000
+    # samples are 62 steps at N = 2)
+    return [*STEP_MODELS[model], *flags[n:], "--epochs", "10000"]
 
 
-def _step_s(run_dir: Path) -> float:
+def _step_s(run_dir: Path, steps_of: list[int] | None = None) -> float:
+    """The run's steady step seconds (its steps appended to ``steps_of``)."""
     s = json.loads((run_dir / "summary.json").read_text())
     if not s.get("samples_per_s") or not s.get("steps"):
         raise ConfigError(f"{run_dir}: the run measured no steady state")
+    if steps_of is not None:
+        steps_of.append(int(s["steps"]))
     return s["train_samples"] / s["steps"] / s["samples_per_s"]
+
+
+def run_steps(c: wc.Case, guess_s: float, steps: int, run_s: float) -> int:
+    """Steps for one run of ``c``: about ``run_s`` seconds at the guessed step, at least
+    ``steps``, at most MAX_RUN_STEPS, and a whole number of averaging's periods."""
+    k = max(steps, min(MAX_RUN_STEPS, math.ceil(run_s / max(guess_s, 1e-4))))
+    period = int(c.setting.get("period") or 1)
+    return -(-k // period) * period
+
+
+def _loads(models, seed: int) -> dict[str, Any]:
+    """Each model's workload, its compute profiled here."""
+    return {m: profile_model(m, wc.BATCHES.get(m, wc.BATCH), repeats=1,
+                             input_shape=wc.INPUT[m],
+                             options=STEP_OPTIONS.get(m, wc.OPTIONS.get(m)), data_seed=seed)
+            for m in models}
 
 
 def _order(rates: list[float], n: int, repeats: int) -> list[float]:
@@ -94,10 +123,15 @@ def _order(rates: list[float], n: int, repeats: int) -> list[float]:
 
 
 def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], steps: int,
-            seed: int = 0, say=print, fit_repeats: int = 1
+            seed: int = 0, say=print, fit_repeats: int = 1, run_s: float = 0.0,
+            fitted: dict[str, Any] | None = None, cores: int = 1,
+            steps_of: dict | None = None
             ) -> dict[tuple[str, str, int, float], list[float]]:
-    """(model, case, N, rate) -> every run's measured step seconds."""
+    """(model, case, N, rate) -> every run's measured step seconds (and into ``steps_of``,
+    its steps). With ``run_s`` (and the calibration ``fitted``), each run's steps are
+    sized by :func:`run_steps`."""
     found: dict[tuple[str, str, int, float], list[float]] = {}
+    loads = _loads(models, seed) if run_s else {}
     for model in models:
         for n in sizes:
             at = _order(rates, n, fit_repeats)
@@ -112,7 +146,13 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
                                f"{c.label.replace(' ', '_').replace('%', 'pc')}"
                                + (f"-{at[:i].count(rate)}" if at.count(rate) > 1 else ""))
                         d = out / "runs" / tag
-                        runs.append(PlannedRun(_flags(c, model, steps, d, seed),
+                        k = steps
+                        if run_s:
+                            w = loads[model]
+                            k = run_steps(c, _predict(model, c, n, cal.link_for(fitted, rate),
+                                                      w, w.step_compute_s, cores),
+                                          steps, run_s)
+                        runs.append(PlannedRun(_flags(c, model, k, d, seed),
                                                rate_mbit=rate))
                         index.append((c, rate, d))
                 say(f"phalanx scale steps: {model}, N={n}, {world} hosts, "
@@ -122,7 +162,9 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
                     run_plan(net, 1, Plan(runs, net.bridge_ns, net.ports()),
                              out / "groups" / f"{model}-n{n}-w{world}", timeout_s=3600)
                 for c, rate, d in index:
-                    found.setdefault((model, c.label, n, rate), []).append(_step_s(d))
+                    key = (model, c.label, n, rate)
+                    found.setdefault(key, []).append(
+                        _step_s(d, None if steps_of is None else steps_of.setdefault(key, [])))
     return found
 
 
@@ -155,15 +197,13 @@ def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: i
 
 
 def points(found: dict[tuple[str, str, int, float], float | list[float]],
-           fitted: dict[str, Any], cores: int, seed: int = 0) -> list[Point]:
+           fitted: dict[str, Any], cores: int, seed: int = 0,
+           steps_of: dict | None = None) -> list[Point]:
     """The fit and held-out points of ``found``'s measurements (a list: several runs of
-    one point, their median taken)."""
+    one point, their median taken; ``steps_of``: each run's steps, kept with it)."""
     runs = {k: tuple(v) if isinstance(v, list) else (v,) for k, v in found.items()}
     found = {k: statistics.median(v) for k, v in runs.items()}
-    loads = {m: profile_model(m, wc.BATCHES.get(m, wc.BATCH), repeats=1,
-                              input_shape=wc.INPUT[m], options=STEP_OPTIONS.get(m,
-                              wc.OPTIONS.get(m)), data_seed=seed)
-             for m in {k[0] for k in found}}
+    loads = _loads({k[0] for k in found}, seed)
     made_by = commit()
     compute: dict[tuple[str, str], float] = {}
     for (model, label, n, rate), step in found.items():
@@ -179,17 +219,22 @@ def points(found: dict[tuple[str, str, int, float], float | list[float]],
         pred, share = _predicted(model, c, n, cal.link_for(fitted, rate), loads[model],
                                  compute[model, label], cores)
         out.append(Point(model, label, n, rate, step, pred, (n, rate) != FIT, made_by,
-                         runs[model, label, n, rate], share))
+                         runs[model, label, n, rate], share,
+                         tuple((steps_of or {}).get((model, label, n, rate), ()))))
     return out
 
 
 def table(pts: list[Point]) -> str:
-    rows = ["| model | strategy | N | Mbit/s | measured step (ms) | predicted | error | link "
-            "share | set |", "|---|---|---|---|---|---|---|---|---|"]
-    rows += [f"| {p.model} | {p.label} | {p.n} | {p.rate:g} | {p.measured_s * 1e3:.0f}"
-             + (f" ({'/'.join(f'{r * 1e3:.0f}' for r in p.runs_s)})" if len(p.runs_s) > 1
-                else "") + " | "
-             f"{p.predicted_s * 1e3:.0f} | {p.error:+.1%} | {p.link_share:.0%} | "
+    def ms(v: float) -> str:
+        return f"{v * 1e3:.1f}" if v < 0.1 else f"{v * 1e3:.0f}"
+
+    rows = ["| model | strategy | N | Mbit/s | steps a run | measured step (ms) | predicted | "
+            "error | link share | set |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows += [f"| {p.model} | {p.label} | {p.n} | {p.rate:g} | "
+             f"{'/'.join(str(k) for k in sorted(set(p.run_steps))) or '-'} | "
+             f"{ms(p.measured_s)}"
+             + (f" ({'/'.join(ms(r) for r in p.runs_s)})" if len(p.runs_s) > 1 else "")
+             + f" | {ms(p.predicted_s)} | {p.error:+.1%} | {p.link_share:.0%} | "
              f"{'held out' if p.held_out else 'fit'} |"
              for p in sorted(pts, key=lambda p: (p.model, p.label, -p.rate, p.n))]
     rows += ["", "| held-out points | n | median abs error | worst |", "|---|---|---|---|"]
@@ -228,7 +273,7 @@ def load_found(path: Path) -> dict[tuple[str, str, int, float], list[float]]:
 
 def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         calibration: str, steps: int = 20, seed: int = 0, cores: int = 0,
-        reuse: str | None = None, fit_repeats: int = 3) -> Path:
+        reuse: str | None = None, fit_repeats: int = 3, run_s: float = 2.0) -> Path:
     for m in models:
         if m not in STEP_MODELS:
             raise ConfigError(f"--models: {m!r} is not one of {', '.join(STEP_MODELS)}")
@@ -245,7 +290,11 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         raise ConfigError(f"--steps: {steps} is not in 8..10000")
     if not 1 <= fit_repeats <= 9:
         raise ConfigError(f"--fit-repeats: {fit_repeats} is not in 1..9")
+    if not 0 <= run_s <= 600:
+        raise ConfigError(f"--run-s: {run_s:g} is not in 0..600 seconds")
+    cores = cores or os.cpu_count() or 1
     fitted = cal.load(calibration)["fitted"]
+    steps_of: dict[tuple[str, str, int, float], list[int]] = {}
     if reuse:
         found = load_found(Path(reuse))
     else:
@@ -253,9 +302,10 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         if reason is not None:
             raise ConfigError(f"scale steps: needs test hosts (run as root): {reason}")
         out.mkdir(parents=True, exist_ok=True)
-        found = measure(out, models, sizes, rates, steps, seed, fit_repeats=fit_repeats)
+        found = measure(out, models, sizes, rates, steps, seed, fit_repeats=fit_repeats,
+                        run_s=run_s, fitted=fitted, cores=cores, steps_of=steps_of)
     out.mkdir(parents=True, exist_ok=True)
-    pts = points(found, fitted, cores or os.cpu_count() or 1, seed)
+    pts = points(found, fitted, cores, seed, steps_of)
     (out / "steps.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "steps.md"
     path.write_text("# Step times: predicted against runs on shaped links\n\n"

@@ -79,6 +79,7 @@ def test_more_processes_than_cores_share_the_compute():
     (("--rates", "x"), "--rates: 'x' is not a comma-separated list of numbers"),
     (("--steps", "3"), "--steps: 3 is not in 8..10000"),
     (("--fit-repeats", "0"), "--fit-repeats: 0 is not in 1..9"),
+    (("--run-s", "-1"), "--run-s: -1 is not in 0..600 seconds"),
     (("--calibration", "nope.json"), "--calibration nope.json: cannot read"),
 ])
 def test_bad_input_is_one_line(capsys, tmp_path, args, text):
@@ -121,4 +122,25 @@ def test_fit_runs_are_spread_over_the_group_and_their_median_is_fitted():
                                         fitted, cores=8)}
     assert pts[1000.0].measured_s == 0.061 and pts[1000.0].runs_s == (0.090, 0.060, 0.061)
     assert pts[20.0].predicted_s == one[20.0].predicted_s  # the median, not the slow first
-    assert "| 61 (90/60/61) |" in sc.table(list(pts.values()))
+    assert "| - | 61.0 (90.0/60.0/61.0) |" in sc.table(list(pts.values()))
+
+
+def test_runs_are_sized_to_a_duration_and_averaging_to_whole_periods():
+    """A run lasts about --run-s at the guessed step (at least --steps, at most
+    MAX_RUN_STEPS); averaging's is a whole number of periods: it also averages at the last
+    step, so a partial period would time an extra average."""
+    ring = next(c for c in wc.cases(2, "mlp") if c.label == "sync ring")
+    avg = next(c for c in wc.cases(2, "mlp") if c.setting["strategy"] == "average")
+    assert avg.setting["period"] == wc.PERIOD == 8
+    assert sc.run_steps(ring, 0.010, 20, 2.0) == 200
+    assert sc.run_steps(ring, 0.5, 20, 2.0) == 20  # slow steps: --steps
+    assert sc.run_steps(ring, 1e-6, 20, 2.0) == sc.MAX_RUN_STEPS
+    assert sc.run_steps(avg, 0.010, 20, 2.0) == 200  # 25 periods
+    assert sc.run_steps(avg, 0.5, 12, 2.0) == 16  # 12 steps would hold two averages
+    assert sc.run_steps(avg, 0.015, 12, 2.0) == 136  # 134 rounded up to 17 periods
+    # the guess: the profiled compute on the calibrated link, slower on a slower link
+    fitted = cal.load(CAL)["fitted"]
+    w = profile_model("mlp", wc.BATCH, repeats=1, input_shape=wc.INPUT["mlp"])
+    fast = sc._predict("mlp", ring, 2, cal.link_for(fitted, 1000.0), w, w.step_compute_s, 2)
+    slow = sc._predict("mlp", ring, 2, cal.link_for(fitted, 20.0), w, w.step_compute_s, 2)
+    assert sc.run_steps(ring, fast, 20, 2.0) > sc.run_steps(ring, slow, 20, 2.0) >= 20
