@@ -21,8 +21,9 @@ takes (``train_samples / steps``: a batch per replica). Each run is sized to las
 the compute profiled here and the calibrated link: the MLP's steps take 3-40 ms, and 20 of
 them timed a tenth of a second, where one stall of the shared cores moved a point by a
 third. Averaging's runs are a whole number of its periods: it also averages at a run's last
-step, so 12 steps at period 8 held two averages where the steady state has 1.5. Step times depend on how busy the
-machine is; the bandwidth-bound points (100 and 20 Mbit/s) much less than 1000 Mbit/s.
+step, so 12 steps at period 8 held two averages where the steady state has 1.5. Step
+times depend on how busy the machine is; the bandwidth-bound points (100 and 20 Mbit/s)
+much less than 1000 Mbit/s.
 """
 
 from __future__ import annotations
