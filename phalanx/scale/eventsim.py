@@ -8,6 +8,14 @@ servers in a row: its NIC's receive side (push bytes / shard bandwidth), its CPU
 message + per byte), its NIC's send side (pull bytes / shard bandwidth). A worker's own NIC
 sends its S pieces at once, so a push takes at least push bytes / worker bandwidth.
 
+Links as calibrated (``burst_bytes``, ``duplex``): each of those servers, and each worker's
+own send and receive side, is a token bucket (tc tbf's, as ``scale/network.py`` has it): a
+transfer of x bytes that finds k bytes of credit takes max(0, x - k) / bandwidth, and the
+credit refills at the bandwidth, up to the burst, only while that side is idle; so the
+bucket pays a worker that waits in compute and not a shard busy back to back, with no rule
+for which. Without BSP's barrier a shard receives one worker's push while another's pull
+leaves: its two sides run at ``duplex`` x the bandwidth (BSP's pushes and pulls take turns).
+
 Shards are symmetric (every worker splits every push evenly over them and pushes to all at
 once), so all S shards see the same arrivals at the same times: one representative shard is
 simulated exactly, with 1/S of the bytes.
@@ -49,6 +57,8 @@ class AsyncSpec:
     worker_bw: float            # bytes/s of a worker's NIC
     shard_bw: float             # bytes/s of a shard's NIC
     latency_s: float = 0.0      # one way, per message
+    burst_bytes: float = 0.0    # each NIC side's token bucket (0: a fluid link)
+    duplex: float = 1.0         # a shard's per-direction share with both directions busy
     server_msg_s: float = 0.0
     server_byte_s: float = 0.0
     consistency: str = "asp"
@@ -71,6 +81,9 @@ class AsyncSpec:
             raise ConfigError("--softsync: must be >= 1")
         if not (self.worker_bw > 0 and self.shard_bw > 0 and self.compute_s > 0):
             raise ConfigError("bandwidths and compute time must be > 0")
+        if not (self.burst_bytes >= 0 and 0 < self.duplex <= 1):
+            raise ConfigError(f"burst must be >= 0 and duplex in (0, 1], got "
+                              f"{self.burst_bytes!r}, {self.duplex!r}")
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,27 @@ class AsyncResult:
                 "shard_busy": round(self.shard_busy, 4)}
 
 
+class _Bucket:
+    """One side of a NIC: a FIFO whose token bucket (``burst`` bytes, refilled at ``bw``
+    while idle) lets a transfer's first bytes pass at once."""
+
+    __slots__ = ("bw", "burst", "free", "tokens")
+
+    def __init__(self, bw: float, burst: float) -> None:
+        self.bw, self.burst, self.free, self.tokens = bw, burst, 0.0, burst
+
+    def serve(self, t: float, nbytes: float) -> tuple[float, float]:
+        """(start, end) of ``nbytes`` arriving at ``t``."""
+        start = max(t, self.free)
+        credit = min(self.burst, self.tokens + (start - self.free) * self.bw)
+        if nbytes <= credit:
+            self.tokens, end = credit - nbytes, start
+        else:
+            self.tokens, end = 0.0, start + (nbytes - credit) / self.bw
+        self.free = end
+        return start, end
+
+
 def simulate(spec: AsyncSpec) -> AsyncResult:  # noqa: C901 - one event loop, kept whole
     n, steps = spec.workers, spec.steps
     rng = random.Random(spec.seed)
@@ -106,16 +140,19 @@ def simulate(spec: AsyncSpec) -> AsyncResult:  # noqa: C901 - one event loop, ke
     mu = -sigma * sigma / 2
     c = spec.compute_s
     push_piece, pull_piece = spec.push_bytes / spec.shards, spec.pull_bytes / spec.shards
-    recv_s = push_piece / spec.shard_bw
-    send_s = pull_piece / spec.shard_bw
-    own_push = spec.push_bytes / spec.worker_bw
-    own_pull = spec.pull_bytes / spec.worker_bw
+    shard_bw = spec.shard_bw * (spec.duplex if spec.consistency != "bsp" else 1.0)
+    burst = spec.burst_bytes
+    # the representative shard's receive and send sides (its 1/S of the bytes, its own
+    # NIC's buckets), and each worker's own
+    inbox, outbox = _Bucket(shard_bw, burst), _Bucket(shard_bw, burst)
+    own_out = [_Bucket(spec.worker_bw, burst) for _ in range(n)]
+    own_in = [_Bucket(spec.worker_bw, burst) for _ in range(n)]
     apply_s = spec.server_msg_s + push_piece * spec.server_byte_s
     lat = spec.latency_s
     mode = spec.consistency
     k_soft = spec.bound if mode == "softsync" else 1
 
-    in_free = cpu_free = out_free = 0.0
+    cpu_free = 0.0
     applies: list[float] = []         # completion times of applied pushes, increasing
     read_at = [0.0] * n               # when each worker's last pull read the weights
     read_version = [0] * n            # bsp: the version read (known at release)
@@ -134,11 +171,10 @@ def simulate(spec: AsyncSpec) -> AsyncResult:  # noqa: C901 - one event loop, ke
 
     def pull(w: int, t: float) -> float:
         """Queue worker w's pull at time t; returns when its weights have arrived."""
-        nonlocal out_free
-        start = max(t + lat, out_free)
-        out_free = start + send_s
+        start, sent = outbox.serve(t + lat, pull_piece)
         read_at[w] = start
-        return max(start + send_s, t + lat + own_pull) + lat
+        _, got = own_in[w].serve(t + lat, spec.pull_bytes)
+        return max(sent, got) + lat
 
     events: list[tuple[float, int]] = [(draw(w), w) for w in range(n)]
     heapq.heapify(events)
@@ -149,11 +185,11 @@ def simulate(spec: AsyncSpec) -> AsyncResult:  # noqa: C901 - one event loop, ke
         if mode != "bsp":
             version = bisect_right(applies, read_at[w]) // k_soft
         arrive = t + lat
-        start = max(arrive, in_free)
+        start, taken = inbox.serve(arrive, push_piece)
         wait_sum += start - arrive
-        in_free = start + recv_s
-        busy += recv_s
-        got = max(in_free, arrive + own_push)
+        busy += taken - start
+        _, sent = own_out[w].serve(t, spec.push_bytes)
+        got = max(taken, sent + lat)
         applied = max(got, cpu_free) + apply_s
         cpu_free = applied
         applies.append(applied)

@@ -98,7 +98,8 @@ def predict_run(w: Workload, run: dict[str, Any], fitted: dict[str, Any], comput
         spec = AsyncSpec(workers=n, shards=2, steps=60, compute_s=c,
                          push_bytes=w.grad_bytes, pull_bytes=w.grad_bytes,
                          worker_bw=link.bandwidth, shard_bw=link.bandwidth,
-                         latency_s=link.latency, server_msg_s=s.server_msg_s,
+                         latency_s=link.latency, burst_bytes=link.burst,
+                         duplex=link.duplex, server_msg_s=s.server_msg_s,
                          server_byte_s=s.server_byte_s, consistency="asp")
         r = simulate(spec)
         # bytes a worker sends per step: its push (the pulls' requests are headers)

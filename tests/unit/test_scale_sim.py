@@ -48,6 +48,36 @@ def test_bsp_step_by_hand() -> None:
     assert r.staleness == {0: 16}
 
 
+def test_token_buckets_pay_an_idle_link_and_not_a_busy_one() -> None:
+    """A 0.4 MB bucket on every NIC side. One worker, BSP, 2 steps: each 1 MB push and pull
+    passes its first 0.4 MB at once, 6 ms at the shard's 100 MB/s instead of 10 (the
+    worker's 1 GB/s side is faster still); the compute refills both: 2.018 s, not 2.03.
+    8 workers pushing together: only the first push finds credit (6 ms), the other 7 queue
+    back to back at 10 ms each: the last is in at 1.076 s, the waits 0, 6, 16, ... 66 ms."""
+    assert simulate(spec(workers=1, steps=2)).wall_s == pytest.approx(2.03, rel=1e-9)
+    assert simulate(spec(workers=1, steps=2, burst_bytes=4e5)).wall_s == \
+        pytest.approx(2.018, rel=1e-9)
+    r = simulate(spec(burst_bytes=4e5))
+    assert r.wall_s == pytest.approx(1.076, rel=1e-9)
+    assert r.push_wait_s == pytest.approx((0 + 6 + 16 + 26 + 36 + 46 + 56 + 66) / 8e3,
+                                          rel=1e-9)
+    # a bucket as large as a push: free at line rate after an idle gap
+    assert simulate(spec(workers=1, steps=2, burst_bytes=1e6)).wall_s == \
+        pytest.approx(2.0, rel=1e-9)
+
+
+def test_without_a_barrier_a_shard_s_two_directions_share_its_nic() -> None:
+    """ASP: a push comes in while another worker's pull goes out, each side at duplex x the
+    bandwidth (0.5: 1 MB in 20 ms); BSP's pushes and pulls take turns at the full rate."""
+    one = dict(workers=1, steps=1, duplex=0.5)
+    assert simulate(spec(**one, consistency="asp")).wall_s == pytest.approx(1.02, rel=1e-9)
+    assert simulate(spec(**one)).wall_s == pytest.approx(1.01, rel=1e-9)
+    with pytest.raises(ConfigError, match="duplex in"):
+        spec(duplex=0.0)
+    with pytest.raises(ConfigError, match="burst must be"):
+        spec(burst_bytes=-1.0)
+
+
 def test_asp_staleness_is_n_minus_one_in_round_robin() -> None:
     """Equal workers, no queueing: pushes interleave round robin, so every update after the
     first round finds the N-1 others applied since its pull."""
