@@ -409,7 +409,8 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
                                        "1000 Mbit/s (root)")
     p.add_argument("--models", default="mlp,gpt,ctr", help="mlp, gpt, ctr (comma-separated)")
     p.add_argument("--sizes", default="2,3", help="worker counts N, 2..8 (must hold 2)")
-    p.add_argument("--rates", default="100,20", help="held-out link rates, Mbit/s")
+    p.add_argument("--rates", default="100,20",
+                   help="held-out link rates, Mbit/s (1000 among them: held out at N > 2)")
     p.add_argument("--steps", type=int, default=20,
                    help="steps per run, at least (8..10000)")
     p.add_argument("--run-s", type=float, default=2.0,

@@ -110,10 +110,11 @@ def _loads(models, seed: int) -> dict[str, Any]:
 
 def _order(rates: list[float], n: int, repeats: int) -> list[float]:
     """The group's rates in run order: at N = 2 the fit rate ``repeats`` times, first,
-    between the held-out rates and last (a fit run early in a group had run slow)."""
-    held = [r for r in rates if r != FIT[1]]
+    between the held-out rates and last (a fit run early in a group had run slow). At other
+    N every rate of ``rates`` is held out, the fit rate too (its compute noise, reported)."""
     if n != FIT[0]:
-        return held
+        return list(rates)
+    held = [r for r in rates if r != FIT[1]]
     slots = [[] for _ in range(len(held) + 1)]
     for i in range(repeats):
         slots[round(i * len(held) / max(repeats - 1, 1))].append(FIT[1])

@@ -113,6 +113,9 @@ def test_fit_runs_are_spread_over_the_group_and_their_median_is_fitted():
     assert sc._order([100.0, 20.0], 2, 3) == [1000.0, 100.0, 1000.0, 20.0, 1000.0]
     assert sc._order([100.0, 20.0], 2, 1) == [1000.0, 100.0, 20.0]
     assert sc._order([100.0, 20.0], 3, 3) == [100.0, 20.0]  # no fit point at N = 3
+    # the fit rate among --rates: held out at N = 3, the fit point's repeats at N = 2
+    assert sc._order([1000.0, 20.0], 3, 3) == [1000.0, 20.0]
+    assert sc._order([1000.0, 20.0], 2, 2) == [1000.0, 20.0, 1000.0]
     fitted = cal.load(CAL)["fitted"]
     runs = {("mlp", "sync ring", 2, 1000.0): [0.090, 0.060, 0.061],
             ("mlp", "sync ring", 2, 20.0): [0.300]}
