@@ -1,9 +1,12 @@
-"""Shared helpers for benchmarks: repo on sys.path, medians, the JSON last line."""
+"""Shared helpers for benchmarks: repo on sys.path, medians, the JSON last line, ranks on
+shaped test hosts."""
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,3 +24,32 @@ def emit(bench: str, results: dict, ratios: dict, targets: dict) -> None:
     met = {k: ratios.get(k, 0.0) >= v for k, v in targets.items()}
     print(json.dumps({"bench": bench, "results": results, "ratios": ratios, "targets": targets,
                       "met": met}))
+
+
+def on_test_hosts(script: str, world: int, rate: float, args: list[str], reader: int,
+                  timeout_s: float = 600) -> dict:
+    """Run ``script --rank R ADDR *args`` as rank R on each of ``world`` test hosts (one
+    process each, links shaped to ``rate`` Mbit/s both ways) and return the JSON object
+    rank ``reader`` prints last. Every process is ended before the hosts go."""
+    from phalanx.runtime.hosts import TestNetwork
+
+    name = Path(script).stem
+    with TestNetwork(world) as net:
+        net.shape(rate)
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": str(ROOT)}
+        procs = [net.hosts[r].popen([sys.executable, script, "--rank", str(r),
+                                     net.hosts[0].addr, *args],
+                                    stdout=subprocess.PIPE, text=True, env=env)
+                 for r in range(world)]
+        try:
+            out = procs[reader].communicate(timeout=timeout_s)[0]
+            for p in procs:
+                p.wait(timeout=60)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+    if procs[reader].returncode != 0:
+        raise SystemExit(f"{name}: rank {reader} exited with {procs[reader].returncode}")
+    return json.loads(out.strip().splitlines()[-1])

@@ -20,15 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from _common import on_test_hosts  # the repo on sys.path; ranks on test hosts
 
 BYTES = 3_200_000  # the GPT's gradient in the steps check
 WORKERS, SHARDS = 2, 2
@@ -113,31 +109,6 @@ def _rank(rank: int, addr: str, reps: int) -> None:
     dist.destroy_process_group()
 
 
-def _measure(rate: float, reps: int) -> dict[str, float]:
-    from phalanx.runtime.hosts import TestNetwork
-
-    world = WORKERS + SHARDS
-    with TestNetwork(world) as net:
-        net.shape(rate)
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(ROOT)}
-        argv = [sys.executable, __file__, "--rank"]
-        procs = [net.hosts[r].popen([*argv, str(r), net.hosts[0].addr, str(reps)],
-                                    stdout=subprocess.PIPE, text=True, env=env)
-                 for r in range(world)]
-        try:
-            out = procs[SHARDS].communicate(timeout=600)[0]
-            for p in procs:
-                p.wait(timeout=60)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-    if procs[SHARDS].returncode != 0:
-        raise SystemExit(f"ps_shaped: a worker exited with {procs[SHARDS].returncode}")
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank":
         _rank(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
@@ -154,7 +125,8 @@ def main() -> None:
         results["skipped"] = f"no test hosts: {reason}"
     for rate in ([] if reason else rates):
         key = f"{rate:g}mbit"
-        got = _measure(rate, 3 if args.quick else 6)
+        got = on_test_hosts(__file__, WORKERS + SHARDS, rate, [str(3 if args.quick else 6)],
+                            reader=SHARDS)
         results[key] = {k: round(v * 1e3, 1) for k, v in got.items()}  # ms per round
         ratios[f"{key} phalanx/gloo time"] = round(got["phalanx"] / got["gloo"], 3)
         targets[f"{key} phalanx/gloo time"] = "<= 1.05"

@@ -15,21 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from _common import on_test_hosts  # the repo on sys.path; ranks on test hosts
 
 BYTES = 943_000  # the bandwidth study's MLP gradient
 PORT = 29561
 
 
-def _rank(rank: int, world: int, addr: str, reps: int) -> None:
+def _rank(rank: int, addr: str, world: int, reps: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -54,33 +50,9 @@ def _rank(rank: int, world: int, addr: str, reps: int) -> None:
     dist.destroy_process_group()
 
 
-def _measure(world: int, rate: float, reps: int) -> dict[str, float]:
-    from phalanx.runtime.hosts import TestNetwork
-
-    with TestNetwork(world) as net:
-        net.shape(rate)
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(ROOT)}
-        argv = [sys.executable, __file__, "--rank"]
-        procs = [net.hosts[r].popen([*argv, str(r), str(world), net.hosts[0].addr, str(reps)],
-                                    stdout=subprocess.PIPE, text=True, env=env)
-                 for r in range(world)]
-        try:
-            out = procs[0].communicate(timeout=300)[0]
-            for p in procs[1:]:
-                p.wait(timeout=60)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-    if procs[0].returncode != 0:
-        raise SystemExit(f"ring_shaped: rank 0 exited with {procs[0].returncode}")
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank":
-        _rank(*(int(a) if i != 2 else a for i, a in enumerate(sys.argv[2:6])))
+        _rank(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 2 at 20 Mbit/s only")
@@ -94,7 +66,8 @@ def main() -> None:
         results["skipped"] = f"no test hosts: {reason}"
     for world, rate in ([] if reason else points):
         key = f"n{world}-{rate:g}mbit"
-        got = _measure(world, rate, 4 if args.quick else 8)
+        got = on_test_hosts(__file__, world, rate, [str(world), str(4 if args.quick else 8)],
+                            reader=0, timeout_s=300)
         results[key] = {k: round(v * 1e3, 1) for k, v in got.items()}  # ms per allreduce
         ratios[f"{key} ring/gloo time"] = round(got["ring"] / got["native"], 3)
         targets[f"{key} ring/gloo time"] = "<= 1.05"
