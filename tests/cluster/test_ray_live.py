@@ -51,7 +51,7 @@ from phalanx.cluster.chaos import raycluster  # noqa: E402
 from phalanx.cluster.chaos.raycluster import TOPOLOGY, ray_env  # noqa: E402
 from phalanx.cluster.chaos.raycluster import kill_and_wait as _kill_and_wait  # noqa: E402
 from phalanx.cluster.live.engines.ray_cluster import HealthCheck, verdict_s  # noqa: E402
-from phalanx.runtime import rank_record  # noqa: E402
+from phalanx.runtime import first_failure, rank_record  # noqa: E402
 from phalanx.runtime.checkpoint import load_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -401,7 +401,14 @@ def test_a_cut_off_node_and_a_crashed_one_lose_their_job_to_the_others_and_come_
     # memory event were, before the fence)
     events = [json.loads(ln) for ln in (out / "jobs" / "S" / "events.jsonl").open()]
     assert events[-1]["kind"] == "summary", events[-3:]
-    assert not (out / "ranks" / "S.0.failed").exists()
+    # the cut-off rank claimed no failure (fenced: killed from outside, it cannot). Its
+    # peer on a may have: on a loaded machine (6.6) rank 0 saw its peer gone and exited 2
+    # before the scheduler's verdict stopped it ("0 2"), a claim the engine weighs as a
+    # consequence (S still resumed on a and c, asserted above)
+    zombie_rank = next(x.rank for x in rank_record.read(out / "ranks" / "S.jsonl")
+                       if x.start == 0 and x.node == "b")
+    claim = first_failure.read(out / "ranks" / "S.0.failed")
+    assert claim is None or claim[0] != zombie_rank, claim
     assert not _pids_with(str(out)), "rank processes left behind"
     print(f"test {time.monotonic() - t_test:.1f} s")
 
