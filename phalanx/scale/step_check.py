@@ -127,13 +127,14 @@ def _order(rates: list[float], n: int, repeats: int) -> list[float]:
 def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], steps: int,
             seed: int = 0, say=print, fit_repeats: int = 1, run_s: float = 0.0,
             fitted: dict[str, Any] | None = None, cores: int = 1,
-            steps_of: dict | None = None
+            steps_of: dict | None = None, loads: dict[str, Any] | None = None
             ) -> dict[tuple[str, str, int, float], list[float]]:
     """(model, case, N, rate) -> every run's measured step seconds (and into ``steps_of``,
     its steps). With ``run_s`` (and the calibration ``fitted``), each run's steps are
-    sized by :func:`run_steps`."""
+    sized by :func:`run_steps` from the models' profiled ``loads`` (:func:`_loads`)."""
     found: dict[tuple[str, str, int, float], list[float]] = {}
-    loads = _loads(models, seed) if run_s else {}
+    if run_s and loads is None:
+        loads = _loads(models, seed)
     for model in models:
         for n in sizes:
             at = _order(rates, n, fit_repeats)
@@ -200,12 +201,14 @@ def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: i
 
 def points(found: dict[tuple[str, str, int, float], float | list[float]],
            fitted: dict[str, Any], cores: int, seed: int = 0,
-           steps_of: dict | None = None) -> list[Point]:
+           steps_of: dict | None = None, loads: dict[str, Any] | None = None
+           ) -> list[Point]:
     """The fit and held-out points of ``found``'s measurements (a list: several runs of
-    one point, their median taken; ``steps_of``: each run's steps, kept with it)."""
+    one point, their median taken; ``steps_of``: each run's steps, kept with it;
+    ``loads``: the models' profiled workloads, profiled here if not given)."""
     runs = {k: tuple(v) if isinstance(v, list) else (v,) for k, v in found.items()}
     found = {k: statistics.median(v) for k, v in runs.items()}
-    loads = _loads({k[0] for k in found}, seed)
+    loads = loads or _loads({k[0] for k in found}, seed)
     made_by = commit()
     compute: dict[tuple[str, str], float] = {}
     for (model, label, n, rate), step in found.items():
@@ -297,6 +300,7 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
     cores = cores or os.cpu_count() or 1
     fitted = cal.load(calibration)["fitted"]
     steps_of: dict[tuple[str, str, int, float], list[int]] = {}
+    loads = None
     if reuse:
         found = load_found(Path(reuse))
     else:
@@ -304,10 +308,12 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         if reason is not None:
             raise ConfigError(f"scale steps: needs test hosts (run as root): {reason}")
         out.mkdir(parents=True, exist_ok=True)
+        loads = _loads(models, seed)  # sizes the runs, then predicts them: profiled once
         found = measure(out, models, sizes, rates, steps, seed, fit_repeats=fit_repeats,
-                        run_s=run_s, fitted=fitted, cores=cores, steps_of=steps_of)
+                        run_s=run_s, fitted=fitted, cores=cores, steps_of=steps_of,
+                        loads=loads)
     out.mkdir(parents=True, exist_ok=True)
-    pts = points(found, fitted, cores, seed, steps_of)
+    pts = points(found, fitted, cores, seed, steps_of, loads)
     (out / "steps.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "steps.md"
     path.write_text("# Step times: predicted against runs on shaped links\n\n"

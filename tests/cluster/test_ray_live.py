@@ -313,8 +313,9 @@ def test_a_cut_off_node_and_a_crashed_one_lose_their_job_to_the_others_and_come_
         stack.callback(lambda: crasher.join(timeout=160) if crasher.is_alive() else None)
         stack.callback(lambda: p.kill() if p.poll() is None else None)
         wait_for_checkpoint(out, "S", p)
-        zombie = next(x.pid for x in rank_record.read(out / "ranks" / "S.jsonl")
-                      if x.start == 0 and x.node == "b")
+        cut_off = next(x for x in rank_record.read(out / "ranks" / "S.jsonl")
+                       if x.start == 0 and x.node == "b")
+        zombie = cut_off.pid
         b_temp = Path(c.node_temp[1])   # b's Ray logs (its actor's stderr among them)
         crasher.start()
         t_cut, cut_unix = time.monotonic(), time.time()
@@ -405,10 +406,8 @@ def test_a_cut_off_node_and_a_crashed_one_lose_their_job_to_the_others_and_come_
     # peer on a may have: on a loaded machine (6.6) rank 0 saw its peer gone and exited 2
     # before the scheduler's verdict stopped it ("0 2"), a claim the engine weighs as a
     # consequence (S still resumed on a and c, asserted above)
-    zombie_rank = next(x.rank for x in rank_record.read(out / "ranks" / "S.jsonl")
-                       if x.start == 0 and x.node == "b")
     claim = first_failure.read(out / "ranks" / "S.0.failed")
-    assert claim is None or claim[0] != zombie_rank, claim
+    assert claim is None or claim[0] != cut_off.rank, claim
     assert not _pids_with(str(out)), "rank processes left behind"
     print(f"test {time.monotonic() - t_test:.1f} s")
 
