@@ -2,12 +2,14 @@
 five test hosts (one process each) at 20 Mbit/s (and 100 with the full run), no compute.
 Each worker pushes the MLP's gradient (400 KB: half to each shard) and takes both shards'
 answers, again and again; a shard answers each push as it comes (ASP). Time per worker
-step, three ways timed in turn in one group:
+step, five ways timed in turn in one group:
 
 * ``phalanx``: phalanx's transport as the PS runs it (a header, then the payload whose
   receive is posted once its header is in; a receive thread per worker at the shard);
 * ``header``: plain ``torch.distributed`` doing the same (a header, then the payload's
   receive): phalanx's protocol without its threads and queues;
+* ``header, shard ahead`` / ``header, both ahead``: the same, the payload's receive posted
+  with its header at the shard / at the shard and the worker (a fix that knows the size);
 * ``gloo``: plain ``torch.distributed`` with every payload's receive posted before it is
   sent (the links' bound for this pattern; what ``phalanx scale`` predicts).
 
@@ -34,7 +36,10 @@ BYTES = 400_000  # the MLP's gradient in the steps check (`--data synthetic`)
 WORKERS, SHARDS = 3, 2
 HEADER = 16  # int64s
 PORT = 29583
-MODES = ("phalanx", "header", "gloo")
+# way -> (a header before each payload, the sides that post a payload's receive with its
+# header rather than once the header is in)
+MODES = {"phalanx": None, "header": (True, ()), "header, shard ahead": (True, ("shard",)),
+         "header, both ahead": (True, ("shard", "worker")), "gloo": (False, ())}
 
 
 def _phalanx(t, rank: int, piece, steps: int) -> None:
@@ -60,9 +65,9 @@ def _phalanx(t, rank: int, piece, steps: int) -> None:
     t.flush()
 
 
-def _plain(rank: int, piece, steps: int, header: bool) -> None:
+def _plain(rank: int, piece, steps: int, header: bool, ahead: tuple[str, ...]) -> None:
     """Plain gloo; ``header``: a small message before each payload, whose receive is
-    posted only once that header is in."""
+    posted once that header is in, or with it on the sides in ``ahead`` (its size known)."""
     import torch
     import torch.distributed as dist
 
@@ -70,9 +75,13 @@ def _plain(rank: int, piece, steps: int, header: bool) -> None:
         def serve(w: int) -> None:
             buf, h = torch.empty_like(piece), torch.zeros(HEADER, dtype=torch.int64)
             for _ in range(steps):
-                if header:
-                    dist.irecv(h, w, tag=1).wait()
-                dist.irecv(buf, w, tag=2).wait()
+                if header and "shard" in ahead:
+                    for r in [dist.irecv(h, w, tag=1), dist.irecv(buf, w, tag=2)]:
+                        r.wait()
+                else:
+                    if header:
+                        dist.irecv(h, w, tag=1).wait()
+                    dist.irecv(buf, w, tag=2).wait()
                 sends = ([dist.isend(h, w, tag=1)] if header else []) + [
                     dist.isend(piece, w, tag=2)]
                 for s in sends:
@@ -93,7 +102,10 @@ def _plain(rank: int, piece, steps: int, header: bool) -> None:
         for k in range(SHARDS):
             reqs += ([dist.isend(h, k, tag=1)] if header else []) + [
                 dist.isend(piece, k, tag=2)]
-        if header:
+        if header and "worker" in ahead:
+            reqs += [dist.irecv(heads[k], k, tag=1) for k in range(SHARDS)]
+            reqs += [dist.irecv(bufs[k], k, tag=2) for k in range(SHARDS)]
+        elif header:
             posted = [dist.irecv(heads[k], k, tag=1) for k in range(SHARDS)]
             for k in range(SHARDS):
                 posted[k].wait()
@@ -116,7 +128,7 @@ def _rank(rank: int, addr: str, steps: int, rounds: int) -> None:
                             world_size=world)
     piece = torch.zeros(BYTES // 4 // SHARDS)
     out: dict[str, list[float]] = {}
-    for name in MODES * rounds:  # interleaved: the machine's drift hits every way alike
+    for name in list(MODES) * rounds:  # interleaved: the machine's drift hits every way alike
         dist.barrier()
         t0 = time.perf_counter()
         if name == "phalanx":
@@ -124,7 +136,7 @@ def _rank(rank: int, addr: str, steps: int, rounds: int) -> None:
                               if rank < SHARDS else ())
             _phalanx(t, rank, piece, steps)
         else:
-            _plain(rank, piece, steps, header=name == "header")
+            _plain(rank, piece, steps, *MODES[name])
         out.setdefault(name, []).append((time.perf_counter() - t0) / steps)
     dist.barrier()
     if rank == SHARDS:  # a worker's view
@@ -155,7 +167,8 @@ def main() -> None:
         results[key] = {k: round(v * 1e3, 1) for k, v in got.items()}  # ms per step
         ratios[f"{key} phalanx/gloo time"] = round(got["phalanx"] / got["gloo"], 3)
         targets[f"{key} phalanx/gloo time"] = "<= 1.05"
-        ratios[f"{key} header/gloo time"] = round(got["header"] / got["gloo"], 3)
+        for way in ("header", "header, shard ahead", "header, both ahead"):
+            ratios[f"{key} {way}/gloo time"] = round(got[way] / got["gloo"], 3)
         print(f"{rate:g} Mbit/s, {WORKERS} workers x {SHARDS} shards: phalanx "
               f"{got['phalanx'] * 1e3:.0f} ms, header then payload {got['header'] * 1e3:.0f}"
               f" ms, gloo {got['gloo'] * 1e3:.0f} ms a step", file=sys.stderr)
