@@ -4,19 +4,22 @@ Each worker pushes the MLP's gradient (400 KB: half to each shard) and takes bot
 answers, again and again; a shard answers each push as it comes (ASP). Time per worker
 step, five ways timed in turn in one group:
 
-* ``phalanx``: phalanx's transport as the PS runs it (a header, then the payload whose
-  receive is posted once its header is in; a receive thread per worker at the shard);
-* ``header``: plain ``torch.distributed`` doing the same (a header, then the payload's
-  receive): phalanx's protocol without its threads and queues;
+* ``phalanx``: phalanx's transport as the PS runs it (each message one frame, header and
+  payload, into a receive posted before it was sent; a receive thread per worker at the
+  shard);
+* ``header``: plain ``torch.distributed`` sending a header, then the payload whose receive
+  is posted once the header is in (phalanx's protocol until 2026-11-29, without its
+  threads and queues);
 * ``header, shard ahead`` / ``header, both ahead``: the same, the payload's receive posted
   with its header at the shard / at the shard and the worker (a fix that knows the size);
 * ``gloo``: plain ``torch.distributed`` with every payload's receive posted before it is
   sent (the links' bound for this pattern; what ``phalanx scale`` predicts).
 
-Ratio: phalanx / gloo time per step; target <= 1.05. **Missed** when measured
-(2026-11-29, docs/scale.md "ASP at N = 3"): gloo's sends wait for their receive to be
-posted, so a payload whose receive waits on its header pays a round trip more, and on a
-busy shard's links that round trip queues behind the other workers' bulk transfers.
+Ratio: phalanx / gloo time per step; target <= 1.05. With a header before each payload it
+was missed (1.03-1.31: gloo sends a message only once its receive is posted, so a payload
+whose receive waits on its header pays a round trip more, and on a busy shard's links that
+round trip queues behind the other workers' transfers); with frames, four ``--quick`` runs
+on 2026-11-29: 0.97-1.04 (docs/scale.md "ASP at N = 3").
 
     python bench/ps_async_shaped.py [--quick]      # needs root (test hosts)
 """

@@ -12,6 +12,18 @@ Two channels: FINAL messages (server -> server 0 at the end of a run) travel on 
 *control* channel, received with ``recv(control=True)``. A gloo receive that timed out
 stays posted and would swallow the next header on its tag, so after a timeout on the
 worker channel a server can still collect its peers' FINAL messages.
+
+Over gloo a message travels as one *frame* where it can: ``[frame bytes][header][payloads,
+each padded to 8 bytes]``, received into a buffer posted before it was sent. gloo sends a
+message only once its receive is posted, so a payload received after its header (the frame
+``[0][header]``, then each payload tensor) costs one more round trip, and on a shard's busy
+links that round trip queues behind the other peers' transfers (bench/ps_async_shaped.py:
+1.13x plain gloo's step with the payload after its header, docs/parameter-server.md). A
+receive buffer must not be smaller than what arrives (gloo aborts the process), so each
+side keeps, per peer and channel, the capacity a receive is posted with: both start at
+:data:`FRAME_START`, both grow to the largest frame the pair has moved (at most
+:data:`FRAME_MAX`), and a sender sends a frame whole only if it fits. A receiver that meets
+a frame it cannot trust posts :data:`FRAME_MAX` from then on, never less than its sender.
 """
 
 from __future__ import annotations
@@ -28,11 +40,14 @@ from typing import Any, Protocol
 import torch
 
 from phalanx.comm.counters import ByteCounter, nbytes
-from phalanx.comm.wire import HEADER_BYTES, HEADER_LEN, Header, Kind, WireError, describe
+from phalanx.comm.wire import DTYPES, HEADER_BYTES, HEADER_LEN, Header, Kind, WireError, describe
 
 HEADER_TAG = 7001  # headers and payloads travel on separate tags so that a receive from
 PAYLOAD_TAG = 7002  # "any source" only ever matches a header, never someone's payload
 CONTROL_TAG = 7003  # headers of FINAL messages (the control channel)
+FRAME_START = 1 << 20  # bytes a receive is first posted with (untouched pages cost nothing)
+FRAME_MAX = 64 << 20  # larger messages send their payload after the header
+_PREFIX_LEN = 1  # int64 words before the header: the frame's bytes, 0 if its payload follows
 
 
 class TransportTimeout(TimeoutError):
@@ -190,6 +205,10 @@ class GlooTransport:
         self._arrived: dict[int, queue.Queue] = {}  # tag -> (peer, header or error)
         # what a receiver thread took while the caller waited for another peer on that tag
         self._stash: dict[int, list[tuple[int, Any]]] = {}
+        # (tag, peer) -> the largest frame this side sends whole / posts a receive with
+        self._send_cap: dict[tuple[int, int], int] = {}
+        self._recv_cap: dict[tuple[int, int], int] = {}
+        self._cap_lock = threading.Lock()  # receiver threads grow their peers' capacities
 
     def send(self, dst: int, header: Header, tensors: Sequence[torch.Tensor] = ()) -> None:
         import torch.distributed as dist
@@ -199,15 +218,21 @@ class GlooTransport:
         header, flat = _with_payload(header, tensors)
         wire = header.encode()
         tag = CONTROL_TAG if _is_control(header) else HEADER_TAG
+        size = frame_bytes(header)
         with self._lock:
+            cap = self._send_cap.get((tag, dst), FRAME_START)
+            whole = size <= cap  # the receive the peer posts for it holds it
+            frame = pack_frame(wire, flat if whole else None)
             try:
-                works = [dist.isend(wire, dst, tag=tag)]
-                works += [dist.isend(t, dst, tag=PAYLOAD_TAG) for t in flat]
+                works = [dist.isend(frame, dst, tag=tag)]
+                if not whole:
+                    works += [dist.isend(t, dst, tag=PAYLOAD_TAG) for t in flat]
             except RuntimeError as e:  # gloo refuses at once a send to a known-dead peer
                 first = _first_line(e)
                 raise PeerLost(f"rank {self.rank}: a send to rank {dst} failed "
                                f"({_short(first)})", rank=dst) from None
-            self._inflight.append((dst, works, [wire, *flat]))
+            self._send_cap[(tag, dst)] = min(FRAME_MAX, max(cap, size))
+            self._inflight.append((dst, works, [frame] if whole else [frame, *flat]))
             self.counter.on_send(HEADER_BYTES + nbytes(*flat))
             if len(self._inflight) > 64:
                 # gloo completes a send only inside wait(); waiting on the oldest sends
@@ -243,10 +268,11 @@ class GlooTransport:
             # here would race it for the message, so take the thread's
             return self._whole(src, self._take_from(tag, src, timeout_s))
         else:
-            wire = torch.empty(HEADER_LEN, dtype=torch.int64)
+            cap = self._cap(tag, src)
+            buf = torch.empty(cap // 8, dtype=torch.int64)
             try:
                 # posting fails too once a pair broke with a reset (a host lost at once)
-                work = dist.irecv(wire, src=src, tag=tag)
+                work = dist.irecv(buf, src=src, tag=tag)
                 _wait_for(work, timeout_s)
             except RuntimeError as e:
                 first = _first_line(e)
@@ -261,11 +287,13 @@ class GlooTransport:
                 raise TransportTimeout(
                     f"rank {self.rank}: nothing arrived in {timeout_s} s") from None
             sender = src if src is not None else work._source_rank()
-        header = Header.decode(wire)  # a bad header: nothing reliable says what follows it
-        tensors = header.payload_buffers()
+        # a bad header: nothing reliable says what follows it (WireError)
+        header, tensors = self._open(sender, tag, buf, cap)
         try:
-            for t in tensors:
-                dist.recv(t, src=sender, tag=PAYLOAD_TAG)
+            if tensors is None:  # its payload follows
+                tensors = header.payload_buffers()
+                for t in tensors:
+                    dist.recv(t, src=sender, tag=PAYLOAD_TAG)
         except RuntimeError as e:
             first = _first_line(e)
             raise PeerLost(f"rank {self.rank}: connection to rank {sender} lost "
@@ -275,10 +303,11 @@ class GlooTransport:
 
     def recv_from(self, srcs: Sequence[int], timeout_s: float | None = None
                   ) -> list[Message]:
-        """One message from each of ``srcs`` (returned in that order), their payloads in
-        flight at once: each payload's receive is posted as soon as its header is in (a
-        worker's pull answered by S shards: one after another, shard 0's answer to two
-        workers went at half speed to each while shard 1's waited)."""
+        """One message from each of ``srcs`` (returned in that order), in flight at once:
+        every frame's receive is posted before any is waited for, and a payload that
+        follows its header has its receive posted as soon as that header is in (a worker's
+        pull answered by S shards: one after another, shard 0's answer to two workers went
+        at half speed to each while shard 1's waited)."""
         if len(srcs) < 2 or self._broken or any((HEADER_TAG, s) in self._listening
                                                 for s in srcs):
             out = []
@@ -289,18 +318,20 @@ class GlooTransport:
                     e.rank = s  # whose message it was
                     raise
             return out
-        wires = [torch.empty(HEADER_LEN, dtype=torch.int64) for _ in srcs]
-        heads = [self._post(wire, s, HEADER_TAG) for wire, s in zip(wires, srcs)]
+        caps = [self._cap(HEADER_TAG, s) for s in srcs]
+        bufs = [torch.empty(cap // 8, dtype=torch.int64) for cap in caps]
+        heads = [self._post(buf, s, HEADER_TAG) for buf, s in zip(bufs, srcs)]
         out, payloads = [], []
-        for s, work, wire in zip(srcs, heads, wires):
+        for s, work, buf, cap in zip(srcs, heads, bufs, caps):
             self._wait_one(work, s, timeout_s)
             try:
-                header = Header.decode(wire)
+                header, tensors = self._open(s, HEADER_TAG, buf, cap)
             except WireError as e:
                 e.rank = s
                 raise
-            tensors = header.payload_buffers()
-            payloads += [(s, self._post(t, s, PAYLOAD_TAG)) for t in tensors]
+            if tensors is None:  # its payload follows
+                tensors = header.payload_buffers()
+                payloads += [(s, self._post(t, s, PAYLOAD_TAG)) for t in tensors]
             out.append(Message(s, header, tensors))
         for s, work in payloads:
             self._wait_one(work, s, timeout_s)
@@ -329,12 +360,39 @@ class GlooTransport:
             raise PeerLost(f"rank {self.rank}: connection to rank {src} lost "
                            f"({_short(first)})", rank=src) from None
 
-    def _whole(self, sender: int, item: tuple[torch.Tensor, list | None]) -> Message:
-        """A message a receiver thread took whole: its payload too, unless its header was
-        bad (``tensors`` None), whose WireError the decode here raises, as a direct
-        receive does."""
-        wire, tensors = item
-        header = Header.decode(wire)
+    def _cap(self, tag: int, src: int | None) -> int:
+        """The bytes to post a receive from ``src`` with (None: from any peer, the most)."""
+        with self._cap_lock:
+            if src is not None:
+                return self._recv_cap.get((tag, src), FRAME_START)
+            return max([FRAME_START] + [c for (t, _), c in self._recv_cap.items() if t == tag])
+
+    def _open(self, peer: int, tag: int, buf: torch.Tensor, cap: int
+              ) -> tuple[Header, list[torch.Tensor] | None]:
+        """The header of the frame received from ``peer`` into ``buf`` (posted with ``cap``
+        bytes), and its payload, or None where the payload follows. A frame that fails
+        :meth:`Header.decode` or whose length is not its header's raises WireError, and
+        this side posts :data:`FRAME_MAX` for that peer from then on (what the peer
+        counted it as is unknown)."""
+        try:
+            header = Header.decode(buf[_PREFIX_LEN:_PREFIX_LEN + HEADER_LEN])
+            size, length = frame_bytes(header), int(buf[0])
+            if length not in (0, size) or (length and size > cap):
+                raise WireError(f"frame length {length} does not match its header's {size}")
+        except WireError:
+            with self._cap_lock:
+                self._recv_cap[(tag, peer)] = FRAME_MAX
+            raise
+        with self._cap_lock:
+            key = (tag, peer)
+            self._recv_cap[key] = min(FRAME_MAX, max(self._recv_cap.get(key, FRAME_START), size))
+        if not length:
+            return header, None
+        return header, unpack_frame(header, buf, copy=4 * size < cap)
+
+    def _whole(self, sender: int, item: tuple[Header, list[torch.Tensor]]) -> Message:
+        """A message a receiver thread took whole, its payload too."""
+        header, tensors = item
         self.counter.on_recv(HEADER_BYTES + nbytes(*tensors))
         return Message(sender, header, tensors)
 
@@ -382,6 +440,8 @@ class GlooTransport:
             stash.append((peer, item))
 
     def _unpack(self, peer: int, item: Any) -> tuple[int, tuple]:
+        if isinstance(item, WireError):
+            raise item  # a bad frame: the next receive reads a frame again
         if isinstance(item, BaseException):
             self._dead.add(peer)
             first = _first_line(item)
@@ -389,28 +449,29 @@ class GlooTransport:
                            f"({_short(first)})", rank=peer)
         return peer, item
 
-    @staticmethod
-    def _listen(tag: int, peer: int, arrived: queue.Queue) -> None:
+    def _listen(self, tag: int, peer: int, arrived: queue.Queue) -> None:
         import torch.distributed as dist
 
         while True:
-            wire = torch.empty(HEADER_LEN, dtype=torch.int64)
+            cap = self._cap(tag, peer)
+            buf = torch.empty(cap // 8, dtype=torch.int64)
             try:
-                dist.irecv(wire, src=peer, tag=tag).wait()
+                dist.irecv(buf, src=peer, tag=tag).wait()
                 try:
-                    header = Header.decode(wire)
-                except WireError:
-                    # nothing reliable says what follows a bad header: the caller decodes
-                    # it again and rejects it; the next receive reads a header again
-                    arrived.put((peer, (wire, None)))
+                    header, tensors = self._open(peer, tag, buf, cap)
+                except WireError as e:
+                    # nothing reliable says what follows a bad frame: the caller rejects
+                    # it; the next receive reads a frame again
+                    arrived.put((peer, e))
                     continue
-                tensors = header.payload_buffers()
-                for t in tensors:
-                    dist.irecv(t, src=peer, tag=PAYLOAD_TAG).wait()
+                if tensors is None:  # its payload follows
+                    tensors = header.payload_buffers()
+                    for t in tensors:
+                        dist.irecv(t, src=peer, tag=PAYLOAD_TAG).wait()
             except RuntimeError as e:
                 arrived.put((peer, e))
                 return
-            arrived.put((peer, (wire, tensors)))
+            arrived.put((peer, (header, tensors)))
             if header.kind == Kind.DONE:
                 return  # a worker's last message to a shard
 
@@ -433,6 +494,49 @@ class GlooTransport:
         with self._lock:
             self._inflight = [s for s in self._inflight if s[0] not in lost]
             self._dead.update(lost)
+
+
+def _pad(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def frame_bytes(header: Header) -> int:
+    """The bytes of ``header``'s message as one frame: its prefix, the header, and each
+    payload tensor padded to 8 bytes."""
+    return 8 * (_PREFIX_LEN + HEADER_LEN) + sum(
+        _pad(numel * DTYPES[code].itemsize) for code, numel in header.payload)
+
+
+def pack_frame(wire: torch.Tensor, flat: Sequence[torch.Tensor] | None) -> torch.Tensor:
+    """One int64 tensor to send: ``[bytes][header][payloads]``, or ``[0][header]`` when
+    ``flat`` is None (the payload is sent after it)."""
+    if flat is None:
+        return torch.cat([torch.zeros(_PREFIX_LEN, dtype=torch.int64), wire])
+    start = 8 * (_PREFIX_LEN + HEADER_LEN)
+    size = start + sum(_pad(t.numel() * t.element_size()) for t in flat)
+    frame = torch.empty(size // 8, dtype=torch.int64)
+    frame[0] = size
+    frame[_PREFIX_LEN:_PREFIX_LEN + HEADER_LEN] = wire
+    raw, at = frame.view(torch.uint8), start
+    for t in flat:
+        n = t.numel() * t.element_size()
+        raw[at:at + n].view(t.dtype).copy_(t)
+        raw[at + n:at + _pad(n)] = 0
+        at += _pad(n)
+    return frame
+
+
+def unpack_frame(header: Header, frame: torch.Tensor, copy: bool) -> list[torch.Tensor]:
+    """The payload tensors of a whole frame: views of it, or copies (``copy``: a small
+    message in a large receive buffer does not keep the buffer alive)."""
+    raw, at, out = frame.view(torch.uint8), 8 * (_PREFIX_LEN + HEADER_LEN), []
+    for code, numel in header.payload:
+        dtype = DTYPES[code]
+        n = numel * dtype.itemsize
+        t = raw[at:at + n].view(dtype)
+        out.append(t.clone() if copy else t)
+        at += _pad(n)
+    return out
 
 
 def _first_line(e: BaseException) -> str:
