@@ -15,6 +15,14 @@ on test hosts, one process per host, each torchrun group re-shaping its links be
   calibrated (``--calibration``: alpha, efficiency, token bucket and duplex at the nearest
   calibrated rate), nothing fitted to the point.
 
+The parameter server's points (BSP, ASP, SSP) are predicted by the event simulation
+(:mod:`phalanx.scale.eventsim`), the rest by :func:`phalanx.scale.predict.predict`. A
+shard's answers leave one after another there, so the first worker answered computes and
+pushes again while the shard still answers the others: BSP at N = 3 on the MLP ran 51 ms a
+step at 100 Mbit/s (fourth rerun, 2026-11-29), the fluid model's two phases (every push,
+then every answer) gave 71 and the simulation 54. Chosen with that rerun in view; the
+figures in docs/scale.md come from a rerun after the change.
+
 A run's step time is its steady-state samples/s (``summary.json``) over the samples a step
 takes (``train_samples / steps``: a batch per replica). Each run is sized to last about
 ``--run-s`` seconds of steps (at least ``--steps``), by the model's guess of its step from
@@ -41,8 +49,9 @@ from phalanx.experiments.hostgroup import Plan, PlannedRun, run_plan
 from phalanx.runtime.hosts import TestNetwork, unavailable
 from phalanx.scale import calibrate as cal
 from phalanx.scale import wire_check as wc
+from phalanx.scale.eventsim import AsyncSpec, simulate
 from phalanx.scale.network import Link, hosts_network
-from phalanx.scale.predict import predict
+from phalanx.scale.predict import predict, ps_bytes
 from phalanx.scale.profile import profile_model
 from phalanx.scale.report import commit
 
@@ -185,9 +194,30 @@ def _predicted(model: str, c: wc.Case, n: int, link: Link, workload, compute: fl
     leaves its core to the others: at 20 Mbit/s three workers on two cores compute as
     fast as one alone."""
     w = workload.with_compute(compute, "fitted")
-    p = predict(w, wc.setting_of(c, n), hosts_network(n, link))
-    step = max(p.step_s, p.compute_s * len(c.workers) / cores) if cores else p.step_s
-    return step, min(1.0, p.exposed_comm_s / step)
+    s = wc.setting_of(c, n)
+    p = predict(w, s, hosts_network(n, link))
+    step, exposed = p.step_s, p.exposed_comm_s
+    if s.strategy in SIMULATED:
+        step = _simulated(w, s, link)
+        exposed = max(0.0, step - p.compute_s)
+    step = max(step, p.compute_s * len(c.workers) / cores) if cores else step
+    return step, min(1.0, exposed / step)
+
+
+SIMULATED = ("bsp", "asp", "ssp")  # the parameter server's: the event simulation's step
+SIM_STEPS = 200  # per worker; the first few (full token buckets) weigh 1/50 or less
+
+
+def _simulated(w, s, link: Link) -> float:
+    """The event simulation's mean step of a PS setting on test hosts (every worker and
+    shard its own host, all links ``link``)."""
+    push, pull = ps_bytes(w, s)
+    return simulate(AsyncSpec(
+        workers=s.workers, shards=s.servers, steps=SIM_STEPS, compute_s=w.step_compute_s,
+        push_bytes=push, pull_bytes=pull, worker_bw=link.bandwidth, shard_bw=link.bandwidth,
+        latency_s=link.latency, burst_bytes=link.burst, duplex=link.duplex,
+        server_msg_s=s.server_msg_s, server_byte_s=s.server_byte_s, consistency=s.strategy,
+        bound=s.staleness if s.strategy == "ssp" else 0, stragglers=s.stragglers)).step_s
 
 
 def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: int) -> float:

@@ -147,3 +147,31 @@ def test_runs_are_sized_to_a_duration_and_averaging_to_whole_periods():
     fast = sc._predict("mlp", ring, 2, cal.link_for(fitted, 1000.0), w, w.step_compute_s, 2)
     slow = sc._predict("mlp", ring, 2, cal.link_for(fitted, 20.0), w, w.step_compute_s, 2)
     assert sc.run_steps(ring, fast, 20, 2.0) > sc.run_steps(ring, slow, 20, 2.0) >= 20
+
+
+def test_the_parameter_server_s_points_come_from_the_event_simulation():
+    """BSP at N = 3, 2 shards, a 100 Mbit/s link without a token bucket: the step is the
+    event simulation's for the same setting. A shard's answers leave one after another
+    there, so the first worker answered pushes again while the others' answers still
+    leave: well under the fluid model's two phases (every push, then every answer), and
+    no less than what one shard's receive side must take per step (3 pieces)."""
+    from phalanx.scale.eventsim import AsyncSpec, simulate
+    from phalanx.scale.network import Link, hosts_network
+    from phalanx.scale.predict import predict, ps_bytes
+
+    link = Link(bandwidth=100e6 / 8)
+    w = profile_model("mlp", wc.BATCH, repeats=1, input_shape=wc.INPUT["mlp"])
+    c = next(c for c in wc.cases(3, "mlp") if c.label == "bsp")
+    got = sc._predict("mlp", c, 3, link, w, 0.003, cores=0)
+    s, ww = wc.setting_of(c, 3), w.with_compute(0.003, "fitted")
+    push, pull = ps_bytes(ww, s)
+    assert got == simulate(AsyncSpec(
+        workers=3, shards=2, steps=sc.SIM_STEPS, compute_s=0.003, push_bytes=push,
+        pull_bytes=pull, worker_bw=link.bandwidth, shard_bw=link.bandwidth,
+        server_msg_s=s.server_msg_s, server_byte_s=s.server_byte_s,
+        consistency="bsp")).step_s
+    assert got < 0.85 * predict(ww, s, hosts_network(3, link)).step_s
+    assert got > 3 * (push / 2) / link.bandwidth
+    # SSP's bound: the runs' and the prediction's the same
+    ssp = next(c for c in wc.cases(3, "mlp") if c.label == "ssp")
+    assert ssp.flags[-2:] == ("--staleness", "3") and ssp.setting["staleness"] == 3
