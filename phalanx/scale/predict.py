@@ -334,7 +334,9 @@ def _sharded(w: Workload, s: Setting, net: Network) -> Prediction:
     stage 2 reduce-scatters bucket by bucket in backward (the bucket timeline) and gathers
     the weights after the step; stage 3 (and FSDP2) also gathers every unit's weights
     before its forward and again before its backward: 1.5x the bytes. phalanx's stage 3
-    gathers on the critical path (no prefetch); FSDP2 prefetches the next unit's gather
+    gathers on the critical path (no prefetch), unit by unit where the workload knows
+    phalanx's units (:func:`_stage3_units`: each collective's token-bucket credit is what
+    the compute before it refilled); FSDP2 prefetches the next unit's gather
     during compute: forward's gathers hide behind forward, backward's gathers and
     reduce-scatters behind backward as sync's buckets do."""
     devices = list(range(s.workers))
@@ -361,8 +363,15 @@ def _sharded(w: Workload, s: Setting, net: Network) -> Prediction:
         comm, exposed = half.scaled(2.0), behind_backward(1) + half.seconds
     else:
         comm = half.scaled(3.0)
-        # gather, forward, gather, backward, reduce-scatter: two gaps
-        exposed = 3 * raw - min(bucket, forward) - min(bucket, w.step_compute_s - forward)
+        units = w.units()
+        if units:  # phalanx's units, one collective after another (the compute between)
+            def one(b: float) -> CommCost:  # a reduce-scatter or all-gather of b bytes
+                if s.allreduce == "ring":  # N - 1 steps of b / N: a bucket covers a step
+                    return C.all_gather_ring(net, devices, b / s.workers)
+                return C.allreduce(s.allreduce, net, devices, b).scaled(0.5)
+            exposed = _stage3_units(units, w, one, bucket)
+        else:  # gather, forward, gather, backward, reduce-scatter: two gaps
+            exposed = 3 * raw - min(bucket, forward) - min(bucket, w.step_compute_s - forward)
         if s.strategy == "fsdp":  # forward's gathers behind forward; backward's as sync's
             exposed = max(0.0, half.seconds - forward) + behind_backward(2)
     what = "reduce-scatter + all-gather" if stage < 3 else "two all-gathers + a reduce-scatter"
@@ -370,6 +379,37 @@ def _sharded(w: Workload, s: Setting, net: Network) -> Prediction:
              f"{comm.bytes_per_worker / max(w.grad_bytes, 1):.2f} x the gradient's bytes",)
     return _result(s, w, compute=w.step_compute_s, exposed=exposed, comm=comm,
                    straggler=strag, samples=w.batch * s.workers, notes=notes)
+
+
+def _stage3_units(units: list[tuple[str, int, float]], w: Workload,
+                  half: Callable[[float], CommCost], bucket_s: float) -> float:
+    """Exposed seconds of phalanx's stage 3 (``parallel/zero.py``), on the critical path
+    unit by unit: the root's gather, then each unit's gather before its forward; in
+    backward, last unit first, its gather again, its backward, its reduce-scatter; the
+    root's reduce-scatter last. A collective's token-bucket credit is what the compute
+    since the last collective refilled (at most ``bucket_s``, and at most its own)."""
+    total = sum(share for _, _, share in units) or 1.0
+    fwd = w.step_compute_s * (1.0 - w.backward_fraction) / total
+    bwd = w.step_compute_s * w.backward_fraction / total
+    root = [(b, share) for name, b, share in units if name == "root"]
+    mods = [(b, share) for name, b, share in units if name != "root"]
+    ops: list[tuple[float, float]] = [(0.0, b) for b, _ in root]  # (compute before, bytes)
+    gap = 0.0
+    for b, share in mods:
+        ops.append((gap, b))
+        gap = fwd * share
+    for b, share in reversed(mods):
+        ops += [(gap, b), (bwd * share, b)]  # gather again; reduce-scatter after backward
+        gap = 0.0
+    ops += [(gap, b) for b, _ in root]
+    tokens = exposed = 0.0
+    for gap, b in ops:
+        c = half(b)
+        tokens = min(bucket_s, tokens + gap)
+        used = min(tokens, c.credit_s)
+        tokens -= used
+        exposed += c.seconds + c.credit_s - used
+    return exposed
 
 
 _STRATEGIES: dict[str, Callable[[Workload, Setting, Network], Prediction]] = {

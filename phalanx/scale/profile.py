@@ -36,6 +36,18 @@ def _batch(task: str, shape: tuple[int, ...], classes: int, batch: int) -> torch
     return torch.randn(batch, *shape)
 
 
+def _units(model: torch.nn.Module) -> dict[str, str]:
+    """Parameter name -> the ZeRO-3 unit phalanx's stage 3 gathers it with
+    (``parallel/zero_units.py``); parameters of no unit module are the root's."""
+    from phalanx.parallel.zero_units import unit_modules
+
+    out = {}
+    for unit, module in unit_modules(model):
+        for n, _ in module.named_parameters():
+            out.setdefault(f"{unit}.{n}", unit)
+    return out
+
+
 def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
                   input_shape: tuple[int, ...] | None = None,
                   options: dict | None = None, data_seed: int | None = None) -> Workload:
@@ -69,7 +81,9 @@ def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
         torch.set_num_threads(old)
     params = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
     total = sum(n for _, n in params)
-    layers = tuple(Layer(name=n, params=k, compute_share=k / total) for n, k in params)
+    unit = _units(model)
+    layers = tuple(Layer(name=n, params=k, compute_share=k / total,
+                         unit=unit.get(n, "root")) for n, k in params)
     # activations at a cut (pipeline sends, tensor-parallel allreduces), per sample: a
     # transformer's context x width at every block; otherwise the widest Linear's input
     # (an approximation, labelled in notes)

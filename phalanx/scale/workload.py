@@ -32,6 +32,8 @@ class Layer:
     name: str
     params: int
     compute_share: float  # fraction of the step's compute in this layer (forward = backward)
+    unit: str = ""  # the ZeRO-3 unit phalanx gathers it with ("root": at the step's start;
+    #                 "": not known, e.g. a published model's table)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +152,19 @@ class Workload:
 
     def with_compute(self, step_compute_s: float, source: str) -> Workload:
         return replace(self, step_compute_s=step_compute_s, compute_source=source)
+
+    def units(self) -> list[tuple[str, int, float]]:
+        """(unit, gradient bytes, compute share) of each ZeRO-3 unit, "root" first, the
+        others in forward order; empty where the layers do not say."""
+        if not any(layer.unit for layer in self.layers):
+            return []
+        out: dict[str, list[float]] = {}
+        for layer in self.layers:
+            u = out.setdefault(layer.unit or "root", [0.0, 0.0])
+            u[0] += layer.params * self.element_size
+            u[1] += layer.compute_share
+        root = [("root", int(v[0]), v[1]) for k, v in out.items() if k == "root"]
+        return root + [(k, int(v[0]), v[1]) for k, v in out.items() if k != "root"]
 
     def backward_timeline(self) -> list[tuple[int, float]]:
         """(layer index, time since backward began when its gradient is final), in the order

@@ -376,3 +376,31 @@ def test_zero_buckets_refill_only_in_the_gaps_between_its_collectives() -> None:
         pytest.approx(1.0 + 1.0 - 0.3, rel=1e-9)
     assert predict(slow, Setting(strategy="zero", zero_stage=3, workers=2), net).step_s == \
         pytest.approx(1.0 + 1.5 - 0.3 - 0.3, rel=1e-9)
+
+
+def test_zero_3_runs_phalanx_s_units_one_collective_after_another() -> None:
+    """Stage 3 with the units phalanx gathers (``Layer.unit``): 2 hosts, 1 MB/s links with
+    a 300 KB bucket, two units of 500 KB (each half-collective 250 KB a direction: 0.25 s),
+    0.6 s of compute (forward 0.1 s and backward 0.2 s a unit). In order, with the compute
+    before each (what refills its credit): gather a (0: 0.25 s), gather b (0.1: 0.15),
+    gather b again (0.1: 0.15), reduce-scatter b (0.2: 0.05), gather a again (0: 0.25),
+    reduce-scatter a (0.2: 0.05): 0.9 s. The whole-model formula has two gaps: 1.0 s."""
+    units = tuple(Layer(name=f"{u}.w", params=125_000, compute_share=0.5, unit=u)
+                  for u in "ab")
+    w = Workload(name="w", layers=units, batch=8, step_compute_s=0.6)
+    net = _ps_net(2, 1e6, 300e3)
+    three = predict(w, Setting(strategy="zero", zero_stage=3, workers=2), net)
+    assert three.step_s == pytest.approx(0.6 + 0.9, rel=1e-9)
+    whole = Workload(name="w", layers=tuple(Layer(name=x.name, params=x.params,
+                                                  compute_share=0.5) for x in units),
+                     batch=8, step_compute_s=0.6)
+    assert predict(whole, Setting(strategy="zero", zero_stage=3, workers=2), net).step_s == \
+        pytest.approx(0.6 + 1.5 - 0.2 - 0.3, rel=1e-9)
+    # a root unit (the parameters of no unit module) is gathered first and reduced last,
+    # both with no compute before them: 2 x 0.25 s more for a third 500 KB
+    rooted = Workload(name="w", layers=units + (Layer(name="r", params=125_000,
+                                                      compute_share=0.0, unit="root"),),
+                      batch=8, step_compute_s=0.6)
+    assert [u for u, _, _ in rooted.units()] == ["root", "a", "b"]
+    assert predict(rooted, Setting(strategy="zero", zero_stage=3, workers=2), net).step_s \
+        == pytest.approx(0.6 + 0.9 + 0.5, rel=1e-9)
