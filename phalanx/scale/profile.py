@@ -19,6 +19,7 @@ from phalanx.data.ctr import ZIPF_S, vocab_sizes
 from phalanx.errors import ConfigError
 from phalanx.models import MODELS, build_model
 from phalanx.models.zoo import MODEL_TASKS
+from phalanx.parallel.zero_units import unit_modules
 from phalanx.scale.workload import Layer, Sparse, Workload
 
 # the input each task's models are built for (as `phalanx models` counts them)
@@ -39,8 +40,6 @@ def _batch(task: str, shape: tuple[int, ...], classes: int, batch: int) -> torch
 def _units(model: torch.nn.Module) -> dict[str, str]:
     """Parameter name -> the ZeRO-3 unit phalanx's stage 3 gathers it with
     (``parallel/zero_units.py``); parameters of no unit module are the root's."""
-    from phalanx.parallel.zero_units import unit_modules
-
     out = {}
     for unit, module in unit_modules(model):
         for n, _ in module.named_parameters():
