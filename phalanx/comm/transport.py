@@ -42,9 +42,9 @@ import torch
 from phalanx.comm.counters import ByteCounter, nbytes
 from phalanx.comm.wire import DTYPES, HEADER_BYTES, HEADER_LEN, Header, Kind, WireError, describe
 
-HEADER_TAG = 7001  # headers and payloads travel on separate tags so that a receive from
-PAYLOAD_TAG = 7002  # "any source" only ever matches a header, never someone's payload
-CONTROL_TAG = 7003  # headers of FINAL messages (the control channel)
+HEADER_TAG = 7001  # frames, and payloads sent after their header, travel on separate tags
+PAYLOAD_TAG = 7002  # so a receive from "any source" only ever matches a frame
+CONTROL_TAG = 7003  # frames of FINAL messages (the control channel)
 FRAME_START = 1 << 20  # bytes a receive is first posted with (untouched pages cost nothing)
 FRAME_MAX = 64 << 20  # larger messages send their payload after the header
 _PREFIX_LEN = 1  # int64 words before the header: the frame's bytes, 0 if its payload follows
