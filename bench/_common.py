@@ -8,7 +8,9 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -24,6 +26,27 @@ def emit(bench: str, results: dict, ratios: dict, targets: dict) -> None:
     met = {k: ratios.get(k, 0.0) >= v for k, v in targets.items()}
     print(json.dumps({"bench": bench, "results": results, "ratios": ratios, "targets": targets,
                       "met": met}))
+
+
+def shaped(bench: str, points: list, run: Callable[[Any], tuple[str, dict, dict]]) -> None:
+    """The shaped benches' loop and last line: ``run(point)`` gives the point's key, its
+    seconds by way and its ratios (the first one's target: <= 1.05); without test hosts
+    nothing runs and the results say why."""
+    from phalanx.runtime.hosts import unavailable
+
+    reason = unavailable()
+    results: dict = {}
+    ratios: dict = {}
+    targets: dict = {}
+    if reason is not None:
+        results["skipped"] = f"no test hosts: {reason}"
+    for point in ([] if reason else points):
+        key, got, rated = run(point)
+        results[key] = {k: round(v * 1e3, 1) for k, v in got.items()}  # ms
+        ratios.update({f"{key} {name}": round(v, 3) for name, v in rated.items()})
+        targets[f"{key} {next(iter(rated))}"] = "<= 1.05"
+    print(json.dumps({"bench": bench, "results": results, "ratios": ratios,
+                      "targets": targets}))
 
 
 def on_test_hosts(script: str, world: int, rate: float, args: list[str], reader: int,

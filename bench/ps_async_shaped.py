@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from _common import on_test_hosts  # the repo on sys.path; ranks on test hosts
+from _common import on_test_hosts, shaped  # the repo on sys.path; test hosts
 
 BYTES = 400_000  # the MLP's gradient in the steps check (`--data synthetic`)
 WORKERS, SHARDS = 3, 2
@@ -155,28 +155,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="20 Mbit/s only, 12 steps x 2 rounds of each way")
     args = parser.parse_args()
-    from phalanx.runtime.hosts import unavailable
+    steps, rounds = (12, 2) if args.quick else (20, 3)
 
-    reason = unavailable()
-    rates = [20.0] if args.quick else [20.0, 100.0]
-    results, ratios, targets = {}, {}, {}
-    if reason is not None:
-        results["skipped"] = f"no test hosts: {reason}"
-    for rate in ([] if reason else rates):
-        key = f"{rate:g}mbit"
-        got = on_test_hosts(__file__, WORKERS + SHARDS, rate,
-                            [str(12 if args.quick else 20), str(2 if args.quick else 3)],
+    def run(rate: float) -> tuple[str, dict, dict]:
+        got = on_test_hosts(__file__, WORKERS + SHARDS, rate, [str(steps), str(rounds)],
                             reader=SHARDS)
-        results[key] = {k: round(v * 1e3, 1) for k, v in got.items()}  # ms per step
-        ratios[f"{key} phalanx/gloo time"] = round(got["phalanx"] / got["gloo"], 3)
-        targets[f"{key} phalanx/gloo time"] = "<= 1.05"
-        for way in ("header", "header, shard ahead", "header, both ahead"):
-            ratios[f"{key} {way}/gloo time"] = round(got[way] / got["gloo"], 3)
         print(f"{rate:g} Mbit/s, {WORKERS} workers x {SHARDS} shards: phalanx "
               f"{got['phalanx'] * 1e3:.0f} ms, header then payload {got['header'] * 1e3:.0f}"
               f" ms, gloo {got['gloo'] * 1e3:.0f} ms a step", file=sys.stderr)
-    print(json.dumps({"bench": "ps_async_shaped", "results": results, "ratios": ratios,
-                      "targets": targets}))
+        ways = ("phalanx", "header", "header, shard ahead", "header, both ahead")
+        return f"{rate:g}mbit", got, {f"{w}/gloo time": got[w] / got["gloo"] for w in ways}
+
+    shaped("ps_async_shaped", [20.0] if args.quick else [20.0, 100.0], run)
 
 
 if __name__ == "__main__":

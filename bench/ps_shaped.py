@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 
-from _common import on_test_hosts  # the repo on sys.path; ranks on test hosts
+from _common import on_test_hosts, shaped  # the repo on sys.path; test hosts
 
 BYTES = 3_200_000  # the GPT's gradient in the steps check
 WORKERS, SHARDS = 2, 2
@@ -116,26 +116,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="20 Mbit/s only, 3 rounds")
     args = parser.parse_args()
-    from phalanx.runtime.hosts import unavailable
 
-    reason = unavailable()
-    rates = [20.0] if args.quick else [20.0, 100.0]
-    results, ratios, targets = {}, {}, {}
-    if reason is not None:
-        results["skipped"] = f"no test hosts: {reason}"
-    for rate in ([] if reason else rates):
-        key = f"{rate:g}mbit"
+    def run(rate: float) -> tuple[str, dict, dict]:
         got = on_test_hosts(__file__, WORKERS + SHARDS, rate, [str(3 if args.quick else 6)],
                             reader=SHARDS)
-        results[key] = {k: round(v * 1e3, 1) for k, v in got.items()}  # ms per round
-        ratios[f"{key} phalanx/gloo time"] = round(got["phalanx"] / got["gloo"], 3)
-        targets[f"{key} phalanx/gloo time"] = "<= 1.05"
-        ratios[f"{key} serial/gloo time"] = round(got["serial"] / got["gloo"], 3)
         print(f"{rate:g} Mbit/s: phalanx {got['phalanx'] * 1e3:.0f} ms, one after another "
               f"{got['serial'] * 1e3:.0f} ms, gloo {got['gloo'] * 1e3:.0f} ms a round",
               file=sys.stderr)
-    print(json.dumps({"bench": "ps_shaped", "results": results, "ratios": ratios,
-                      "targets": targets}))
+        return f"{rate:g}mbit", got, {f"{w}/gloo time": got[w] / got["gloo"]
+                                      for w in ("phalanx", "serial")}
+
+    shaped("ps_shaped", [20.0] if args.quick else [20.0, 100.0], run)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from _common import on_test_hosts  # the repo on sys.path; ranks on test hosts
+from _common import on_test_hosts, shaped  # the repo on sys.path; test hosts
 
 BYTES = 943_000  # the bandwidth study's MLP gradient
 PORT = 29561
@@ -57,24 +57,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 2 at 20 Mbit/s only")
     args = parser.parse_args()
-    from phalanx.runtime.hosts import unavailable
 
-    reason = unavailable()
-    points = [(2, 20.0)] if args.quick else [(2, 20.0), (3, 20.0), (2, 100.0), (3, 100.0)]
-    results, ratios, targets = {}, {}, {}
-    if reason is not None:
-        results["skipped"] = f"no test hosts: {reason}"
-    for world, rate in ([] if reason else points):
-        key = f"n{world}-{rate:g}mbit"
+    def run(point: tuple[int, float]) -> tuple[str, dict, dict]:
+        world, rate = point
         got = on_test_hosts(__file__, world, rate, [str(world), str(4 if args.quick else 8)],
                             reader=0, timeout_s=300)
-        results[key] = {k: round(v * 1e3, 1) for k, v in got.items()}  # ms per allreduce
-        ratios[f"{key} ring/gloo time"] = round(got["ring"] / got["native"], 3)
-        targets[f"{key} ring/gloo time"] = "<= 1.05"
         print(f"N={world} {rate:g} Mbit/s: ring {got['ring'] * 1e3:.0f} ms, gloo "
               f"{got['native'] * 1e3:.0f} ms", file=sys.stderr)
-    print(json.dumps({"bench": "ring_shaped", "results": results, "ratios": ratios,
-                      "targets": targets}))
+        return f"n{world}-{rate:g}mbit", got, {"ring/gloo time": got["ring"] / got["native"]}
+
+    shaped("ring_shaped", [(2, 20.0)] if args.quick
+           else [(2, 20.0), (3, 20.0), (2, 100.0), (3, 100.0)], run)
 
 
 if __name__ == "__main__":
