@@ -365,11 +365,7 @@ def _sharded(w: Workload, s: Setting, net: Network) -> Prediction:
         comm = half.scaled(3.0)
         units = w.units()
         if units:  # phalanx's units, one collective after another (the compute between)
-            def one(b: float) -> CommCost:  # a reduce-scatter or all-gather of b bytes
-                if s.allreduce == "ring":  # N - 1 steps of b / N: a bucket covers a step
-                    return C.all_gather_ring(net, devices, b / s.workers)
-                return C.allreduce(s.allreduce, net, devices, b).scaled(0.5)
-            exposed = _stage3_units(units, w, one, bucket)
+            exposed = _stage3_units(units, w, lambda b: _half(s, net, devices, b), bucket)
         else:  # gather, forward, gather, backward, reduce-scatter: two gaps
             exposed = 3 * raw - min(bucket, forward) - min(bucket, w.step_compute_s - forward)
         if s.strategy == "fsdp":  # forward's gathers behind forward; backward's as sync's
@@ -379,6 +375,14 @@ def _sharded(w: Workload, s: Setting, net: Network) -> Prediction:
              f"{comm.bytes_per_worker / max(w.grad_bytes, 1):.2f} x the gradient's bytes",)
     return _result(s, w, compute=w.step_compute_s, exposed=exposed, comm=comm,
                    straggler=strag, samples=w.batch * s.workers, notes=notes)
+
+
+def _half(s: Setting, net: Network, devices: list[int], nbytes: float) -> CommCost:
+    """One reduce-scatter or all-gather of ``nbytes``: on a ring N - 1 steps of 1/N of it
+    (a token bucket covers a step), else half the allreduce."""
+    if s.allreduce == "ring":
+        return C.all_gather_ring(net, devices, nbytes / s.workers)
+    return C.allreduce(s.allreduce, net, devices, nbytes).scaled(0.5)
 
 
 def _stage3_units(units: list[tuple[str, int, float]], w: Workload,

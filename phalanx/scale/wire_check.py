@@ -72,12 +72,15 @@ class Case:
 
 def _ps_cases(n: int) -> list[Case]:
     """BSP, ASP and SSP with 2 shards (ranks 0 and 1); SSP's bound stated on both sides."""
-    ps = tuple(range(2, n + 2))
-    bound = {"ssp": ("--staleness", str(SSP_BOUND))}
-    return [Case(s, ("--strategy", s, "--servers", "2", "--rule", "sgd", *bound.get(s, ())),
-                 n + 2, ps, {"strategy": s, "servers": 2,
-                             **({"staleness": SSP_BOUND} if s == "ssp" else {})})
-            for s in ("bsp", "asp", "ssp")]
+    out = []
+    for s in ("bsp", "asp", "ssp"):
+        flags = ("--strategy", s, "--servers", "2", "--rule", "sgd")
+        setting: dict[str, Any] = {"strategy": s, "servers": 2}
+        if s == "ssp":
+            flags += ("--staleness", str(SSP_BOUND))
+            setting["staleness"] = SSP_BOUND
+        out.append(Case(s, flags, n + 2, tuple(range(2, n + 2)), setting))
+    return out
 
 
 def cases(n: int, model: str) -> list[Case]:
