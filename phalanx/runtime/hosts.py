@@ -124,14 +124,18 @@ class TestHost:
         return pids_in_netns(self.netns())
 
     def processes(self) -> list[str]:
-        """The command lines of the processes running in this host."""
+        """The command lines of the processes running in this host. A process part-way
+        through exiting (its memory already released, its namespaces not yet) has an empty
+        command line: it is not running, and is left out."""
         found = []
         for pid in self.pids():
             try:
-                found.append(Path(f"/proc/{pid}/cmdline").read_bytes()
-                             .replace(b"\0", b" ").decode().strip())
+                line = (Path(f"/proc/{pid}/cmdline").read_bytes()
+                        .replace(b"\0", b" ").decode(errors="replace").strip())
             except OSError:
                 continue
+            if line:
+                found.append(line)
         return found
 
     def kill_all(self) -> list[int]:
