@@ -38,6 +38,9 @@ class CommCost:
     # after an idle gap at least as long (a strategy whose links are busy back to back
     # gives some of it back: predict._sync)
     credit_s: float = 0.0
+    # the bottleneck bucket's whole credit (its burst at the bottleneck's rate): a bound on
+    # what one idle gap can save, however many phases follow it
+    burst_s: float = 0.0
 
     def __add__(self, other: CommCost) -> CommCost:
         levels = defaultdict(float, self.bytes_by_level)
@@ -46,24 +49,27 @@ class CommCost:
         worst = self.bottleneck if self.seconds >= other.seconds else other.bottleneck
         return CommCost(self.seconds + other.seconds,
                         self.bytes_per_worker + other.bytes_per_worker, dict(levels), worst,
-                        self.messages + other.messages, self.credit_s + other.credit_s)
+                        self.messages + other.messages, self.credit_s + other.credit_s,
+                        max(self.burst_s, other.burst_s))
 
     def scaled(self, k: float) -> CommCost:
         """This exchange every 1/k steps (model averaging every k steps: scaled(1/k))."""
         return CommCost(self.seconds * k, self.bytes_per_worker * k,
                         {a: b * k for a, b in self.bytes_by_level.items()}, self.bottleneck,
-                        self.messages, self.credit_s * k)
+                        self.messages, self.credit_s * k, self.burst_s * k)
 
 
 NONE = CommCost(0.0, 0.0)
 
 
 def _repeat(p: PhaseCost, times: int, per_worker: float, messages: int) -> CommCost:
-    """``times`` phases back to back: only the first finds the token buckets full."""
-    credit = p.credit_s if times else 0.0
+    """``times`` phases back to back, after an idle gap that filled the token buckets: the
+    buckets refill only while idle, so the phases share one burst, each taking its bytes
+    from what the ones before it left (a phase as large as the burst leaves nothing)."""
+    credit = min(p.credit_s * times, p.burst_s) if times else 0.0
     return CommCost(p.seconds * times - credit, per_worker,
                     {k: v * times for k, v in p.bytes_by_level.items()},
-                    p.bottleneck if times else "none", messages, credit)
+                    p.bottleneck if times else "none", messages, credit, p.burst_s)
 
 
 # ------------------------------------------------------------------ exact byte formulas

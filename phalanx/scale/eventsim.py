@@ -16,6 +16,12 @@ bucket pays a worker that waits in compute and not a shard busy back to back, wi
 for which. Without BSP's barrier a shard receives one worker's push while another's pull
 leaves: its two sides run at ``duplex`` x the bandwidth (BSP's pushes and pulls take turns).
 
+Shared cores (``cores``, 0 for one core a worker): the workers' processes compute on that
+many cores, time-sliced as the kernel does it (processor sharing: k workers computing at
+once each get min(1, cores / k) of a core). Three workers on two cores that compute at the
+same time, as BSP's release them, each take 1.5 x their compute; a worker that waits on its
+link leaves its core to the others.
+
 Shards are symmetric (every worker splits every push evenly over them and pushes to all at
 once), so all S shards see the same arrivals at the same times: one representative shard is
 simulated exactly, with 1/S of the bytes.
@@ -65,6 +71,7 @@ class AsyncSpec:
     bound: int = 0              # ssp: staleness bound s; softsync: k pushes per version
     stragglers: Stragglers = Stragglers()
     seed: int = 0
+    cores: int = 0              # the workers share this many cores (0: one each)
 
     def __post_init__(self) -> None:
         if self.consistency not in CONSISTENCY:
@@ -74,6 +81,8 @@ class AsyncSpec:
                         ("--steps", self.steps)):
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{flag}: {v!r} is not a positive integer")
+        if not isinstance(self.cores, int) or self.cores < 0:
+            raise ConfigError(f"--cores: {self.cores!r} is not a whole number >= 0")
         if self.workers * self.steps > 50_000_000:
             raise ConfigError(f"--steps: {self.workers} x {self.steps} worker steps is more "
                               f"than 50 million")
@@ -169,6 +178,30 @@ def simulate(spec: AsyncSpec) -> AsyncResult:  # noqa: C901 - one event loop, ke
     def draw(w: int) -> float:
         return c * (rng.lognormvariate(mu, sigma) if lognormal else fixed[w])
 
+    # the workers' compute on ``spec.cores`` shared cores, as the kernel time-slices it
+    # (processor sharing): with k workers computing each runs at min(1, cores / k) of a
+    # core. Virtual time v advances at that rate; a compute of c seconds started at virtual
+    # time v0 ends when v reaches v0 + c, so the jobs end in order of those tags
+    cores = spec.cores
+    cpu: list[tuple[float, int]] = []  # (virtual end, worker)
+    v_now = t_now = 0.0
+
+    def cpu_rate() -> float:
+        return min(1.0, cores / len(cpu)) if cpu else 1.0
+
+    def cpu_advance(t: float) -> None:
+        nonlocal v_now, t_now
+        v_now += (t - t_now) * cpu_rate()
+        t_now = t
+
+    def compute(w: int, t: float) -> None:
+        """Worker w starts its next step's compute at time t."""
+        work = draw(w)
+        if cores:
+            heapq.heappush(events, (t, 1, w, work))   # its compute joins the cores at t
+        else:
+            heapq.heappush(events, (t + work, 0, w, 0.0))   # its push, at the end
+
     def pull(w: int, t: float) -> float:
         """Queue worker w's pull at time t; returns when its weights have arrived."""
         start, sent = outbox.serve(t + lat, pull_piece)
@@ -176,10 +209,22 @@ def simulate(spec: AsyncSpec) -> AsyncResult:  # noqa: C901 - one event loop, ke
         _, got = own_in[w].serve(t + lat, spec.pull_bytes)
         return max(sent, got) + lat
 
-    events: list[tuple[float, int]] = [(draw(w), w) for w in range(n)]
-    heapq.heapify(events)
-    while events:
-        t, w = heapq.heappop(events)
+    # (time, kind, worker, compute seconds): kind 0 a compute's end (the push), 1 its start
+    events: list[tuple[float, int, int, float]] = []
+    for w in range(n):
+        compute(w, 0.0)
+    while events or cpu:
+        t_cpu = t_now + (cpu[0][0] - v_now) / cpu_rate() if cpu else float("inf")
+        if events and events[0][0] <= t_cpu:
+            t, kind, w, work = heapq.heappop(events)
+            if kind == 1:
+                cpu_advance(t)
+                heapq.heappush(cpu, (v_now + work, w))
+                continue
+        else:
+            cpu_advance(t_cpu)
+            _, w = heapq.heappop(cpu)
+            t = t_cpu
         # this push: worker w's clock done_steps[w]; its weights were read at read_at[w]
         clock = done_steps[w]
         if mode != "bsp":
@@ -204,7 +249,7 @@ def simulate(spec: AsyncSpec) -> AsyncResult:  # noqa: C901 - one event loop, ke
                 min_clock += 1
                 for v, since in blocked.pop(min_clock + spec.bound, []):
                     barrier_sum += max(0.0, t - since)
-                    heapq.heappush(events, (max(t, since) + draw(v), v))
+                    compute(v, max(t, since))
         if done_steps[w] == steps:
             finished = max(finished, applied)
         if mode == "bsp":
@@ -216,8 +261,7 @@ def simulate(spec: AsyncSpec) -> AsyncResult:  # noqa: C901 - one event loop, ke
                 barrier_sum += applied - since
                 read_version[v] = bsp_version
                 if done_steps[v] < steps:
-                    ready = pull(v, applied)
-                    heapq.heappush(events, (ready + draw(v), v))
+                    compute(v, pull(v, applied))
             continue
         if done_steps[w] == steps:
             continue
@@ -227,7 +271,7 @@ def simulate(spec: AsyncSpec) -> AsyncResult:  # noqa: C901 - one event loop, ke
             if need > min_clock:
                 blocked.setdefault(done_steps[w], []).append((w, ready))
                 continue
-        heapq.heappush(events, (ready + draw(w), w))
+        compute(w, ready)
     total = n * steps
     counts = sorted(hist.items())
     acc, p99 = 0, 0

@@ -91,12 +91,14 @@ Flow = tuple[int, int, float]
 class PhaseCost:
     """Time of one phase, its bottleneck resource's level, bytes by level, and the time the
     bottleneck's token bucket saves when the phase starts after an idle gap (``credit_s``:
-    the first phase of an exchange that follows compute)."""
+    the first phase of an exchange that follows compute; ``burst_s``: the bucket's whole
+    credit, the burst at the bottleneck's rate: what phases back to back can share)."""
 
     seconds: float
     bottleneck: str
     bytes_by_level: Mapping[str, float] = field(default_factory=dict)
     credit_s: float = 0.0
+    burst_s: float = 0.0
 
 
 class Network:
@@ -198,8 +200,9 @@ class Network:
         burst = self.links.of(key[0]).burst
         if key[0] == "nic" and key[1] >= len(self.topology.servers):
             burst *= self.extra_nic_scale  # S machines merged into one: S buckets
-        credit = min(burst, load[key]) / self.capacity(key[0], key[1]) if burst else 0.0
-        return PhaseCost(latency + worst, key[0], dict(by_level), credit)
+        rate = self.capacity(key[0], key[1])
+        credit = min(burst, load[key]) / rate if burst else 0.0
+        return PhaseCost(latency + worst, key[0], dict(by_level), credit, burst / rate)
 
 
 # ----------------------------------------------------------------------------- YAML

@@ -104,9 +104,12 @@ def _sync(w: Workload, s: Setting, net: Network) -> Prediction:
         # replica's distinct rows, int64 ids + values: nothing to overlap with
         table = C.all_gather_ring(net, devices, w.sparse.unique_rows(w.batch)
                                   * (w.sparse.dim * w.element_size + 8))
-        # right after the buckets' exchange: its links have had no idle time to refill
-        table = CommCost(table.seconds + table.credit_s, table.bytes_per_worker,
-                         table.bytes_by_level, table.bottleneck, table.messages)
+        # right after the buckets' exchange: its links have had no idle time to refill, and
+        # it gets what the step's one refill left (the buckets take their bytes from it)
+        left = max(0.0, min(max(whole.burst_s, table.burst_s), max(idle, 0.0)) - credit)
+        saved = min(table.credit_s, left)
+        table = CommCost(table.seconds + table.credit_s - saved, table.bytes_per_worker,
+                         table.bytes_by_level, table.bottleneck, table.messages, saved)
         comm = comm + table
         exposed += table.seconds
         notes += ("the table's distinct rows all-gathered after backward (--sparse-allreduce)",)
@@ -244,38 +247,62 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
                    ) -> tuple[float, float, float, CommCost]:
     """(compute per stage, bubble, exposed send time, sends) of GPipe over ``devices`` as
     stages: M micro-batches forward, then backward. The critical path: the first
-    micro-batch through every stage and link, P (f + b) + 2 (P - 1) s (f, b: a stage's
-    forward and backward of one micro-batch; s: one send), then each later one behind
-    the slower of a stage and a link, (M - 1) (max(f, s) + max(b, s)). The bubble is the
-    compute idle in it, (P - 1)(f + b): (P - 1) / (M + P - 1) of the step when sends are
-    free. (Model parallel, M = 1: the compute plus 2 (P - 1) sends; counting a slot's two
-    sends on every stage, as before 2026-11-29, gave 2 P sends.)"""
+    micro-batch through every stage and link, P (f + b) + 2 sum_i s_i (f, b: a stage's
+    forward and backward of one micro-batch; s_i: one send across cut i), then each later
+    one behind the slower of a stage and the slowest link, (M - 1) (max(f, s) - f +
+    max(b, s) - b) + M (f + b). The bubble is the compute idle in it, (P - 1)(f + b):
+    (P - 1) / (M + P - 1) of the step when sends are free. (Model parallel, M = 1: the
+    compute plus a send each way across every cut.) Each cut carries what phalanx's
+    partition of the model puts there (``Workload.cuts``: the MLP's 3 stages send 1,024 and
+    512 bytes a sample, not 1,024 at both; measured 50.0 KB a step at its busiest stage,
+    65.7 predicted before 2026-11-30)."""
     p = len(devices)
     per_stage = w.step_compute_s * batch / w.batch / p
     f = per_stage / micro * (1 - w.backward_fraction)
     b = per_stage / micro * w.backward_fraction
-    act = w.activation_bytes * batch / micro
+    acts = [a * batch / micro for a in w.cuts(p)]
     pairs = [(devices[i], devices[i + 1]) for i in range(p - 1)]
-    send = C.point_to_point(net, pairs, act)
-    # a link's token bucket refills only while that direction rests: one bucket a step at
-    # most, shared by its M sends, and no more than the direction's idle time
-    raw = send.seconds + send.credit_s
-    busy = (p - 1) * (f + b) + micro * (f + b) + 2 * (p - 1) * raw + (micro - 1) * (
-        max(f, raw) - f + max(b, raw) - b)
-    bucket = C.point_to_point(net, pairs, act * micro).credit_s  # the M sends' credit
-    s = raw - min(bucket, max(0.0, busy - micro * raw)) / micro
+    # every cut's link busy at once in the steady state (a middle stage receives while it
+    # sends: its two directions share the NIC as calibrated)
+    raw = [(x.seconds + x.credit_s) for x in (C.point_to_point(net, pairs, a) for a in acts)]
+    top = max(raw, default=0.0)
+    busy = (p - 1) * (f + b) + micro * (f + b) + 2 * sum(raw) + (micro - 1) * (
+        max(f, top) - f + max(b, top) - b)
+
+    def sent(k: int) -> float:   # bytes per micro-batch stage k's NIC sends: activations
+        return (acts[k] if k < p - 1 else 0.0) + (acts[k - 1] if k > 0 else 0.0)  # + grads
+
+    # a stage's NIC sends its activations forward and its gradients back: its token bucket
+    # refills only while it rests, one bucket a step at most, shared by its 2M sends by bytes
+    saved = []
+    for k in range(p):
+        out_s = micro * ((raw[k] if k < p - 1 else 0.0) + (raw[k - 1] if k > 0 else 0.0))
+        bucket = C.point_to_point(net, pairs, micro * sent(k)).credit_s
+        saved.append(min(bucket, max(0.0, busy - out_s)) / (micro * sent(k)) if sent(k) else 0)
+    s_f = [raw[i] - saved[i] * acts[i] for i in range(p - 1)]       # stage i -> i + 1
+    s_b = [raw[i] - saved[i + 1] * acts[i] for i in range(p - 1)]   # stage i + 1 -> i
     bubble = (p - 1) * (f + b)
-    exposed = 2 * (p - 1) * s + (micro - 1) * (max(f, s) - f + max(b, s) - b)
-    # no bucket outlasts a step that sends faster than the link's rate: a direction's M
-    # sends take at least their bytes at the rate, step after step
-    exposed = max(exposed, micro * raw - micro * (f + b) - bubble)
-    # bytes the busiest stage sends: a middle stage sends activations forward and their
-    # gradients back; with 2 stages each sends one way only (measured on test hosts:
-    # phalanx scale bytes, 33.2 KB a step against 2 x 32.8 KB predicted before)
-    ways = 2 if p > 2 else 1
-    sends = CommCost(2 * micro * s, ways * micro * act,
-                     {k: v * ways * micro for k, v in send.bytes_by_level.items()},
-                     send.bottleneck)
+    exposed = sum(s_f) + sum(s_b) + (micro - 1) * (
+        max(f, max(s_f, default=0.0)) - f + max(b, max(s_b, default=0.0)) - b)
+    # no bucket outlasts a step that sends faster than the link's rate: a stage's NIC moves
+    # its 2M sends' bytes at least at the rate, step after step (their latencies overlap
+    # the link's work; the MLP's middle stage of three: 48 KB a step, 20.5 ms at 20 Mbit/s;
+    # measured 20.4 ms, predicted 15.2 before)
+    one, two = (C.point_to_point(net, pairs, x) for x in (1.0, 2.0))
+    latency = 2 * (one.seconds + one.credit_s) - (two.seconds + two.credit_s)
+    floor = max((micro * max(0.0, raw[k] - latency) if k < p - 1 else 0.0)
+                + (micro * max(0.0, raw[k - 1] - latency) if k > 0 else 0.0)
+                for k in range(p)) if p > 1 else 0.0
+    exposed = max(exposed, floor - micro * (f + b) - bubble)
+    levels: dict[str, float] = {}
+    for i in range(p - 1):
+        for k, v in C.point_to_point(net, [pairs[i]], acts[i]).bytes_by_level.items():
+            levels[k] = levels.get(k, 0.0) + 2 * micro * v
+    worst = max(range(p - 1), key=lambda i: raw[i], default=None)
+    sends = CommCost(micro * max((s_f[i] + s_b[i] for i in range(p - 1)), default=0.0),
+                     micro * max((sent(k) for k in range(p)), default=0.0), levels,
+                     C.point_to_point(net, pairs, acts[worst]).bottleneck
+                     if worst is not None else "none")
     return per_stage, bubble, exposed, sends
 
 

@@ -19,6 +19,15 @@ from phalanx.data.ctr import ZIPF_S, vocab_sizes
 from phalanx.errors import ConfigError
 from phalanx.models import MODELS, build_model
 from phalanx.models.zoo import MODEL_TASKS
+from phalanx.parallel.partition import (
+    Partition,
+    balance,
+    check_stages,
+    layers_of,
+    measure_layer_costs,
+    parameter_costs,
+)
+from phalanx.parallel.stages import boundary_shapes
 from phalanx.parallel.zero_units import unit_modules
 from phalanx.scale.workload import Layer, Sparse, Workload
 
@@ -45,6 +54,34 @@ def _units(model: torch.nn.Module) -> dict[str, str]:
         for n, _ in module.named_parameters():
             out.setdefault(f"{unit}.{n}", unit)
     return out
+
+
+def _cut_bytes(model: torch.nn.Module, x: torch.Tensor, most: int = 8
+               ) -> tuple[tuple[float, ...], ...]:
+    """Bytes per sample at each cut where phalanx's model-parallel and pipeline strategies
+    cut ``model`` into P = 2 .. ``most`` stages (``parallel/partition.py``: balanced by the
+    layers' times on ``x``, as a run's rank 0 measures them; the cut moves with that
+    timing only where layers of equal output size sit side by side). Empty where the model
+    cannot be cut."""
+    try:
+        layers = [name for name, _ in layers_of(model)]
+        check_stages(model, 2, "--stages")
+    except ConfigError:
+        return ()
+    try:
+        costs = measure_layer_costs(model, x)
+    except RuntimeError:   # as partition_model: a layer that cannot run alone
+        costs = parameter_costs(model)
+    out = []
+    for parts in range(2, min(most, len(layers)) + 1):
+        names, start = [], 0
+        for size in balance(costs, parts):
+            names.append(tuple(layers[start:start + size]))
+            start += size
+        part = Partition(tuple(names), (0.0,) * parts, "time")
+        shapes = boundary_shapes(model, part, tuple(x.shape[1:]), 1, dtype=x.dtype)[:-1]
+        out.append(tuple(float(torch.Size(sh[1:]).numel() * 4) for sh in shapes))
+    return tuple(out)
 
 
 def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
@@ -101,6 +138,7 @@ def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
     return Workload(name=name, layers=layers, batch=batch,
                     step_compute_s=statistics.median(times), sparse=sparse,
                     activation_bytes=float(activation), tp_layers=len(blocks),
+                    cut_bytes=_cut_bytes(model, x),
                     compute_source=f"profile: median of {repeats} passes here, "
                                    f"{threads} thread(s)",
                     notes="per-layer compute split by parameter share; activation bytes "

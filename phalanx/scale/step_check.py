@@ -188,36 +188,48 @@ def _predict(model: str, c: wc.Case, n: int, link: Link, workload, compute: floa
 def _predicted(model: str, c: wc.Case, n: int, link: Link, workload, compute: float,
                cores: int) -> tuple[float, float]:
     """(step seconds, the share of it the prediction spends on exposed communication):
-    the step with ``compute`` seconds of compute, and at least what the cores allow:
-    the workers' processes share ``cores`` (the shards' mostly wait on their links), so a
-    step takes no less than their compute over the cores. A worker that waits on its link
-    leaves its core to the others: at 20 Mbit/s three workers on two cores compute as
-    fast as one alone."""
-    w = workload.with_compute(compute, "fitted")
+    the step with ``compute`` seconds of compute (one worker's, on a core of its own), and
+    at least what the cores allow. The workers' processes share ``cores`` (the shards'
+    mostly wait on their links): where every worker computes the same phase at once
+    (data parallel, ZeRO, tensor parallel: ``TOGETHER``) a worker's compute takes
+    ``compute`` x max(1, workers / cores), as the kernel time-slices them; the parameter
+    server's event simulation shares the cores between the workers computing at each
+    moment (a worker that waits on its link leaves its core to the others); pipeline and
+    model-parallel stages are left one core each (an ordering the stages' sends decide,
+    not modelled). In any case a step takes no less than the workers' compute over the
+    cores."""
     s = wc.setting_of(c, n)
+    workers = len(c.workers)
+    shared = compute * max(1.0, workers / cores) if cores and s.strategy in TOGETHER \
+        else compute
+    w = workload.with_compute(shared, "fitted")
     p = predict(w, s, hosts_network(n, link))
     step, exposed = p.step_s, p.exposed_comm_s
     if s.strategy in SIMULATED:
-        step = _simulated(w, s, link)
+        step = _simulated(w, s, link, cores)
         exposed = max(0.0, step - p.compute_s)
-    step = max(step, p.compute_s * len(c.workers) / cores) if cores else step
+    # (p.compute_s is a stage's compute in a pipeline: the floor is the unshared one's)
+    step = max(step, p.compute_s * compute / shared * workers / cores) if cores else step
     return step, min(1.0, exposed / step)
 
 
 SIMULATED = ("bsp", "asp", "ssp")  # the parameter server's: the event simulation's step
 SIM_STEPS = 200  # per worker; the first few (full token buckets) weigh 1/50 or less
+# strategies whose workers all compute at the same time, each the same work
+TOGETHER = ("sync", "average", "zero", "tensor")
 
 
-def _simulated(w, s, link: Link) -> float:
+def _simulated(w, s, link: Link, cores: int = 0) -> float:
     """The event simulation's mean step of a PS setting on test hosts (every worker and
-    shard its own host, all links ``link``)."""
+    shard its own host, all links ``link``; the workers on ``cores`` cores, 0: one each)."""
     push, pull = ps_bytes(w, s)
     return simulate(AsyncSpec(
         workers=s.workers, shards=s.servers, steps=SIM_STEPS, compute_s=w.step_compute_s,
         push_bytes=push, pull_bytes=pull, worker_bw=link.bandwidth, shard_bw=link.bandwidth,
         latency_s=link.latency, burst_bytes=link.burst, duplex=link.duplex,
         server_msg_s=s.server_msg_s, server_byte_s=s.server_byte_s, consistency=s.strategy,
-        bound=s.staleness if s.strategy == "ssp" else 0, stragglers=s.stragglers)).step_s
+        bound=s.staleness if s.strategy == "ssp" else 0, stragglers=s.stragglers,
+        cores=cores)).step_s
 
 
 def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: int) -> float:

@@ -108,6 +108,10 @@ class Workload:
     sparse: Sparse | None = None
     compute_source: str = "paper"
     notes: str = ""
+    # bytes per sample at each cut of a split into P stages, for P = 2, 3, ... (entry P - 2:
+    # P - 1 cuts), where phalanx's own partition of the model was run (profile); else
+    # ``activation_bytes`` at every cut
+    cut_bytes: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -149,6 +153,13 @@ class Workload:
         """Same model at another per-worker batch: compute scales linearly (the per-sample
         cost of a device already saturated by the reference batch)."""
         return replace(self, batch=batch, step_compute_s=self.step_compute_s * batch / self.batch)
+
+    def cuts(self, stages: int) -> tuple[float, ...]:
+        """Bytes per sample crossing each of the ``stages - 1`` cuts, first to last."""
+        i = stages - 2
+        if 0 <= i < len(self.cut_bytes) and len(self.cut_bytes[i]) == stages - 1:
+            return self.cut_bytes[i]
+        return (self.activation_bytes,) * max(stages - 1, 0)
 
     def with_compute(self, step_compute_s: float, source: str) -> Workload:
         return replace(self, step_compute_s=step_compute_s, compute_source=source)

@@ -355,6 +355,25 @@ def test_model_parallel_and_pipeline_critical_paths_by_hand() -> None:
     assert fast.step_s == pytest.approx(4 * 0.025, rel=1e-9)
 
 
+def test_each_cut_carries_its_own_activations_and_a_stage_s_nic_both_its_sends() -> None:
+    """Model parallel over 3 stages whose cuts carry 10 and 5 KB a sample (the MLP's are
+    1,024 and 512 bytes), a batch of 10, 1 MB/s, no latency, 90 ms of compute: sends of
+    0.1 and 0.05 s, each cut crossed forward and back: 90 ms + 2 x 0.15 s. With a 1 MB
+    bucket every send would be free, but the middle stage's NIC moves 100 KB of
+    activations forward and 50 KB of gradients back a step: 0.15 s at the rate, so the
+    step (30 ms of compute a stage, a 60 ms bubble) is 0.15 s. Its busiest stage sends
+    150 KB (the middle one), not 2 x 100."""
+    layer = Layer(name="l", params=1000, compute_share=1.0)
+    w = Workload(name="w", layers=(layer,), batch=10, step_compute_s=0.09,
+                 activation_bytes=10_000, cut_bytes=((10_000.0,), (10_000.0, 5_000.0)))
+    assert w.cuts(3) == (10_000.0, 5_000.0) and w.cuts(4) == (10_000.0,) * 3
+    mp = predict(w, Setting(strategy="model-parallel", workers=3), _ps_net(3, 1e6, 0.0))
+    assert mp.step_s == pytest.approx(0.09 + 2 * 0.15, rel=1e-9)
+    assert mp.bytes_per_worker == pytest.approx(150_000, rel=1e-9)
+    fast = predict(w, Setting(strategy="model-parallel", workers=3), _ps_net(3, 1e6, 1e6))
+    assert fast.step_s == pytest.approx(0.15, rel=1e-9)
+
+
 def test_zero_buckets_refill_only_in_the_gaps_between_its_collectives() -> None:
     """ZeRO on 2 hosts, 1 MB/s links with a 300 KB bucket, 1 MB of gradient, 100 ms of
     compute (forward 1/3): each half-collective moves 500 KB a direction (0.5 s). Stage 1

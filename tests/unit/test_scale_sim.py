@@ -100,8 +100,27 @@ def test_ssp_bounds_and_softsync_divides_staleness() -> None:
     assert soft.staleness_mean < asp.staleness_mean / 2
 
 
+def test_workers_on_shared_cores_time_slice_their_compute() -> None:
+    """Two workers on one core, BSP, 2 steps. Both compute from 0 at half a core: pushes at
+    2.00, in at 2.01 and 2.02 (incast), the pulls out 10 ms apart: A computes again from 2.03,
+    alone for 10 ms, then both at half a core: A ends at 2.04 + 2 x 0.99 = 4.02, B 10 ms
+    later at 4.03, whose push is applied at 4.04. One core each: 2.05."""
+    two = dict(workers=2, steps=2)
+    assert simulate(spec(**two, cores=1)).wall_s == pytest.approx(4.04, rel=1e-9)
+    assert simulate(spec(**two)).wall_s == pytest.approx(2.05, rel=1e-9)
+    assert simulate(spec(**two, cores=2)).wall_s == pytest.approx(2.05, rel=1e-9)
+    # three workers, two cores, 0.1 s of compute and 0.1 s on their own links a step: they
+    # compute together at 2/3 of a core (0.15 s), so a step is 0.25 s, BSP or not
+    for mode in ("bsp", "asp"):
+        r = simulate(spec(workers=3, steps=100, compute_s=0.1, push_bytes=5e6,
+                          pull_bytes=5e6, worker_bw=1e8, shard_bw=1e15, consistency=mode,
+                          cores=2))
+        assert r.step_s == pytest.approx(0.25, rel=0.01), mode
+
+
 def test_event_simulation_refuses_bad_specs() -> None:
     for kw, flag in (({"consistency": "nope"}, "--consistency"), ({"workers": 0}, "--workers"),
+                     ({"cores": -1}, "--cores"),
                      ({"consistency": "softsync", "bound": 0}, "--softsync")):
         with pytest.raises(ConfigError, match=flag):
             spec(**kw)

@@ -53,23 +53,28 @@ def test_the_fit_point_is_exact_and_held_out_points_follow_the_links():
 
 
 def test_more_processes_than_cores_share_the_compute():
-    """3 workers on 2 cores: a step takes at least their compute over the cores (1.5 x 50
-    ms) where compute dominates (1000 Mbit/s); where the link does (20 Mbit/s) the workers
-    wait on it and leave each other the cores: no slower than on 8 cores."""
+    """3 workers on 2 cores. The sync ring holds them in step: they compute at once, each
+    at 2/3 of a core (1.5 x 50 ms), then exchange, at any rate: the step is the one with
+    75 ms of compute on 8 cores. The parameter server's workers are timed by the event
+    simulation on 2 cores: at least 1.5 x 50 ms, and where they wait on their links no
+    more than all of the compute's slowdown on top."""
     fitted = cal.load(CAL)["fitted"]
     c = next(c for c in wc.cases(3, "mlp") if c.label == "sync ring")
     w = profile_model("mlp", wc.BATCH, repeats=1, input_shape=wc.INPUT["mlp"])
     fast, slow = cal.link_for(fitted, 1000.0), cal.link_for(fitted, 20.0)
-    alone = sc._predict("mlp", c, 3, fast, w, 0.05, cores=8)
-    assert alone < 0.075
-    assert sc._predict("mlp", c, 3, fast, w, 0.05, cores=2) == pytest.approx(0.075, rel=1e-9)
-    waits = sc._predict("mlp", c, 3, slow, w, 0.05, cores=8)
-    assert waits > 0.075
-    assert sc._predict("mlp", c, 3, slow, w, 0.05, cores=2) == waits
+    for link in (fast, slow):
+        alone = sc._predict("mlp", c, 3, link, w, 0.05, cores=8)
+        shared = sc._predict("mlp", c, 3, link, w, 0.05, cores=2)
+        assert shared == pytest.approx(sc._predict("mlp", c, 3, link, w, 0.075, cores=8),
+                                       rel=1e-9)
+        assert shared > alone
+    assert sc._predict("mlp", c, 3, fast, w, 0.05, cores=8) < 0.075
     # a PS run's shards are processes too, but they wait on their links: 3 workers count
     ps = next(c for c in wc.cases(3, "mlp") if c.label == "asp")
-    assert ps.world == 5 and sc._predict("mlp", ps, 3, fast, w, 0.05, cores=2) == \
-        pytest.approx(0.075, rel=1e-9)
+    assert ps.world == 5
+    assert 0.075 <= sc._predict("mlp", ps, 3, fast, w, 0.05, cores=2) < 0.08
+    own = sc._predict("mlp", ps, 3, slow, w, 0.05, cores=8)
+    assert own < sc._predict("mlp", ps, 3, slow, w, 0.05, cores=2) <= own + 0.025
 
 
 @pytest.mark.parametrize("args, text", [
