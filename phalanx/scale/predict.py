@@ -123,6 +123,10 @@ def _sync(w: Workload, s: Setting, net: Network) -> Prediction:
 def _average(w: Workload, s: Setting, net: Network) -> Prediction:
     devices = list(range(s.workers))
     per = C.allreduce(s.allreduce, net, devices, w.grad_bytes * s.compress.dense_scale)
+    # the links' token buckets refill only in the period's compute between two averages
+    credit = min(per.credit_s, s.period * w.step_compute_s)
+    per = CommCost(per.seconds + per.credit_s - credit, per.bytes_per_worker,
+                   per.bytes_by_level, per.bottleneck, per.messages, credit, per.burst_s)
     comm = per.scaled(1.0 / s.period)
     strag = w.step_compute_s * (s.stragglers.expected_max(s.workers) - 1)
     return _result(s, w, compute=w.step_compute_s, exposed=comm.seconds, comm=comm,

@@ -423,3 +423,15 @@ def test_zero_3_runs_phalanx_s_units_one_collective_after_another() -> None:
     assert [u for u, _, _ in rooted.units()] == ["root", "a", "b"]
     assert predict(rooted, Setting(strategy="zero", zero_stage=3, workers=2), net).step_s \
         == pytest.approx(0.6 + 0.9 + 0.5, rel=1e-9)
+
+
+def test_averaging_s_buckets_refill_only_in_the_period_s_compute() -> None:
+    """Averaging every 8 steps on 2 hosts, 1 MB/s links with a 1 MB bucket, 400 KB of
+    parameters, 10 ms of compute: the ring's two half-exchanges move 200 KB each way
+    (0.4 s at the rate); the buckets refill only during the 8 steps' 80 ms of compute, so
+    the exchange takes 0.32 s, 40 ms a step: 50 ms a step (a full bucket: 10 ms)."""
+    grad = 400_000
+    layer = Layer(name="l", params=grad // 4, compute_share=1.0)
+    w = Workload(name="w", layers=(layer,), batch=32, step_compute_s=0.01)
+    p = predict(w, Setting(strategy="average", workers=2, period=8), _ps_net(2, 1e6, 1e6))
+    assert p.step_s == pytest.approx(0.01 + (0.4 - 0.08) / 8, rel=1e-9)
