@@ -277,12 +277,18 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
         return (acts[k] if k < p - 1 else 0.0) + (acts[k - 1] if k > 0 else 0.0)  # + grads
 
     # a stage's NIC sends its activations forward and its gradients back: its token bucket
-    # refills only while it rests, one bucket a step at most, shared by its 2M sends by bytes
+    # refills only while it rests. GPipe's sends come in two runs a step, the M forward
+    # sends, then (after the later stages' work) the M backward ones: a middle stage's NIC
+    # rests before each, and each run gets a bucket's credit, at most its share of the
+    # NIC's idle time (the first and last stages send one run: all of it)
     saved = []
     for k in range(p):
         out_s = micro * ((raw[k] if k < p - 1 else 0.0) + (raw[k - 1] if k > 0 else 0.0))
-        bucket = C.point_to_point(net, pairs, micro * sent(k)).credit_s
-        saved.append(min(bucket, max(0.0, busy - out_s)) / (micro * sent(k)) if sent(k) else 0)
+        runs = [a for a in ((acts[k] if k < p - 1 else 0.0), (acts[k - 1] if k > 0 else 0.0))
+                if a > 0]
+        idle = max(0.0, busy - out_s) / max(len(runs), 1)
+        credit = sum(min(C.point_to_point(net, pairs, micro * a).credit_s, idle) for a in runs)
+        saved.append(credit / (micro * sent(k)) if sent(k) else 0.0)
     s_f = [raw[i] - saved[i] * acts[i] for i in range(p - 1)]       # stage i -> i + 1
     s_b = [raw[i] - saved[i + 1] * acts[i] for i in range(p - 1)]   # stage i + 1 -> i
     bubble = (p - 1) * (f + b)
