@@ -374,6 +374,20 @@ def test_each_cut_carries_its_own_activations_and_a_stage_s_nic_both_its_sends()
     assert fast.step_s == pytest.approx(0.15, rel=1e-9)
 
 
+def test_a_middle_stage_s_nic_refills_before_its_forward_and_its_backward_sends() -> None:
+    """Model parallel over 3 stages, 100 KB a send (0.1 s at 1 MB/s), a 50 KB bucket, 90 ms
+    of compute (30 ms a stage, a 60 ms bubble). Every NIC rests long enough to refill
+    between its runs of sends: the first stage's before its forward send, the last's before
+    its backward one, the middle stage's before each of its two: every send saves 50 ms,
+    0.05 s each of the four: 0.09 + 0.2 s. (One bucket a step for the middle stage, shared
+    by its two sends: 0.075 s each of those, 0.34 s.)"""
+    layer = Layer(name="l", params=1000, compute_share=1.0)
+    w = Workload(name="w", layers=(layer,), batch=10, step_compute_s=0.09,
+                 activation_bytes=10_000)
+    mp = predict(w, Setting(strategy="model-parallel", workers=3), _ps_net(3, 1e6, 50e3))
+    assert mp.step_s == pytest.approx(0.09 + 4 * 0.05, rel=1e-9)
+
+
 def test_zero_buckets_refill_only_in_the_gaps_between_its_collectives() -> None:
     """ZeRO on 2 hosts, 1 MB/s links with a 300 KB bucket, 1 MB of gradient, 100 ms of
     compute (forward 1/3): each half-collective moves 500 KB a direction (0.5 s). Stage 1
