@@ -84,6 +84,20 @@ def _cut_bytes(model: torch.nn.Module, x: torch.Tensor, most: int = 8
     return tuple(out)
 
 
+def cuts_of(name: str, stages: list[list[str]], input_shape: tuple[int, ...],
+            options: dict | None = None) -> tuple[float, ...]:
+    """Bytes per sample at each cut of ``name`` split into ``stages`` (a run's
+    ``partition``: the layer names of each stage, as its summary reports them)."""
+    task = MODEL_TASKS.get(name, "classify")
+    shape, classes, defaults = INPUTS[task]
+    torch.manual_seed(0)
+    model = build_model(name, input_shape, classes, **{**defaults, **(options or {})})
+    part = Partition(tuple(tuple(s) for s in stages), (0.0,) * len(stages), "run")
+    dtype = torch.int64 if task == "lm" else torch.float32
+    shapes = boundary_shapes(model, part, tuple(input_shape), 1, dtype=dtype)[:-1]
+    return tuple(float(torch.Size(sh[1:]).numel() * 4) for sh in shapes)
+
+
 def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
                   input_shape: tuple[int, ...] | None = None,
                   options: dict | None = None, data_seed: int | None = None) -> Workload:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from phalanx.experiments.hostgroup import Plan, PlannedRun, run_plan
 from phalanx.runtime.hosts import TestNetwork, unavailable
 from phalanx.scale.network import Link, hosts_network
 from phalanx.scale.predict import predict
-from phalanx.scale.profile import profile_model
+from phalanx.scale.profile import cuts_of, profile_model
 from phalanx.scale.report import commit
 from phalanx.scale.setting import Compression, Setting
 
@@ -163,9 +163,25 @@ def _tx(run_dir: Path, world: int) -> list[float]:
             for r in range(world)]
 
 
+def partition_of(run_dir: Path) -> list[list[str]] | None:
+    """The layers of each stage a model-parallel or pipeline run cut its model into (its
+    summary's ``partition``), None for other strategies."""
+    got = json.loads((run_dir / "summary.json").read_text()).get("partition")
+    return [str(s).split(",") for s in got] if got else None
+
+
+AGAIN = 2  # times a pair whose two runs cut the model differently is run again
+
+
 def measure(out: Path, models: list[str], sizes: list[int], short: int, long: int,
             seed: int = 0, say=print) -> dict[tuple[str, str, int], list[float]]:
-    """Per (model, case, N): each host's tx bytes per step over the extra steps."""
+    """Per (model, case, N): each host's tx bytes per step over the extra steps.
+
+    phalanx cuts a model into stages where rank 0's timing of its layers balances them
+    (``parallel/partition.py``): where layers cost alike, two runs can cut differently
+    (the MLP in three: after flatten and fc1 in one run, after fc1 and fc2 in the next),
+    and the difference of such a pair is no steady state. Such a pair is run again, up to
+    ``AGAIN`` times, and left out if it never agrees."""
     found: dict[tuple[str, str, int], list[float]] = {}
     for model in models:
         for n in sizes:
@@ -189,9 +205,25 @@ def measure(out: Path, models: list[str], sizes: list[int], short: int, long: in
                     run_plan(net, 1, plan, out / "groups" / f"{model}-n{n}-w{world}",
                              timeout_s=1800)
                 for c, a, b in index:
-                    ta, tb = _tx(a, world), _tx(b, world)
-                    found[(model, c.label, n)] = [(y - x) / (long - short)
-                                                  for x, y in zip(ta, tb)]
+                    for again in range(AGAIN + 1):
+                        if partition_of(a) == partition_of(b):
+                            ta, tb = _tx(a, world), _tx(b, world)
+                            found[(model, c.label, n)] = [(y - x) / (long - short)
+                                                          for x, y in zip(ta, tb)]
+                            break
+                        if again == AGAIN:
+                            say(f"phalanx scale bytes: {model} {c.label} N={n}: its runs "
+                                f"cut the model differently {AGAIN + 1} times; left out")
+                            break
+                        say(f"phalanx scale bytes: {model} {c.label} N={n}: its two runs "
+                            f"cut the model differently ({partition_of(a)} and "
+                            f"{partition_of(b)}); again")
+                        with TestNetwork(world) as net:
+                            pair = [PlannedRun(_flags(c, model, k, d, seed), netstats="eth0")
+                                    for k, d in ((short, a), (long, b))]
+                            run_plan(net, 1, Plan(pair, net.bridge_ns, net.ports()),
+                                     out / "groups" / f"{model}-n{n}-w{world}-{c.label}"
+                                     f"-again{again + 1}".replace(" ", "_"), timeout_s=1800)
     return found
 
 
@@ -208,8 +240,23 @@ def predict_point(model: str, c: Case, n: int, workload) -> float:
     return predict(workload, setting_of(c, n), net).bytes_per_worker * WIRE
 
 
+def with_cuts(workload, model: str, stages: list[list[str]] | None):
+    """``workload`` with the cut a run made (its ``partition``), where it reports one."""
+    if not stages or len(stages) < 2 or INPUT.get(model) is None:
+        return workload
+    cuts = list(workload.cut_bytes)
+    at = len(stages) - 2
+    cuts += [()] * (at + 1 - len(cuts))
+    cuts[at] = cuts_of(model, stages, INPUT[model], OPTIONS.get(model))
+    return replace(workload, cut_bytes=tuple(cuts))
+
+
 def points(found: dict[tuple[str, str, int], list[float]],
-           steps: tuple[int, int] = (0, 0), seed: int = 0) -> list[Point]:
+           steps: tuple[int, int] = (0, 0), seed: int = 0,
+           partitions: dict[tuple[str, str, int], list[list[str]] | None] | None = None
+           ) -> list[Point]:
+    """The points of ``found``, each predicted with the cut its runs made where
+    ``partitions`` has it (else where phalanx's partition cuts the model here)."""
     loads = {m: profile_model(m, BATCHES.get(m, BATCH), repeats=1, input_shape=INPUT[m],
                               options=OPTIONS.get(m), data_seed=seed)
              for m in {k[0] for k in found}}
@@ -218,7 +265,8 @@ def points(found: dict[tuple[str, str, int], list[float]],
     for (model, label, n), per_host in sorted(found.items()):
         c = next(c for c in cases(n, model) if c.label == label)
         measured = max(per_host[r] for r in c.workers)
-        out.append(Point(model, label, n, measured, predict_point(model, c, n, loads[model]),
+        w = with_cuts(loads[model], model, (partitions or {}).get((model, label, n)))
+        out.append(Point(model, label, n, measured, predict_point(model, c, n, w),
                          tuple(per_host), made_by, (*MODELS[model], *c.flags), steps))
     return out
 
@@ -255,7 +303,10 @@ def run(out: Path, models: list[str], sizes: list[int], short: int = 4, long: in
         raise ConfigError(f"scale bytes: needs test hosts (run as root): {reason}")
     out.mkdir(parents=True, exist_ok=True)
     found = measure(out, models, sizes, short, long, seed)
-    pts = points(found, (short, long), seed)
+    parts = {k: partition_of(out / "runs" / (f"{k[0]}-n{k[2]}-"
+                                             f"{k[1].replace(' ', '_').replace('%', 'pc')}"
+                                             f"-{long}")) for k in found}
+    pts = points(found, (short, long), seed, parts)
     (out / "bytes.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "bytes.md"
     path.write_text("# Bytes per step: predicted against the kernel's counters\n\n"
