@@ -72,7 +72,23 @@ def test_predictions_by_hand():
     assert at("asp", 3) == pytest.approx(x)  # its push; the pull comes in
     act = 256 * 4 * wc.BATCH
     assert at("pipeline M=4", 2) == pytest.approx(act)
-    assert at("pipeline M=4", 3) == pytest.approx(2 * act)
+    # three stages: the cut a run made (its summary's partition; phalanx's partition by
+    # measured time cuts the MLP either way): after fc1 (256 floats a sample) and fc2 (128)
+    # the middle stage sends 1.5 x act; after flatten and fc1 (256 each), 2 x act
+    c3 = next(c for c in wc.cases(3, "mlp") if c.label == "pipeline M=4")
+    for stages, sent in (([["flatten", "fc1"], ["relu1", "fc2"], ["relu2", "fc3"]], 1.5),
+                         ([["flatten"], ["fc1"], ["relu1", "fc2", "relu2", "fc3"]], 2.0)):
+        cut = wc.with_cuts(w, "mlp", stages)
+        assert wc.predict_point("mlp", c3, 3, cut) / wc.WIRE == pytest.approx(sent * act)
+
+
+def test_a_run_s_partition_is_read_from_its_summary(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"partition": ["flatten,fc1", "relu1,fc2", "relu2,fc3"]}))
+    assert wc.partition_of(tmp_path) == [["flatten", "fc1"], ["relu1", "fc2"],
+                                         ["relu2", "fc3"]]
+    (tmp_path / "summary.json").write_text(json.dumps({"strategy": "sync"}))
+    assert wc.partition_of(tmp_path) is None
 
 
 def test_ctr_predictions_by_hand():
