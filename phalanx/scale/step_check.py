@@ -77,6 +77,9 @@ class Point:
     runs_s: tuple[float, ...] = ()  # every run's step (a fit point's repeats)
     link_share: float = 0.0  # of the predicted step, the exposed communication
     run_steps: tuple[int, ...] = ()  # every run's steps (runs are sized: --run-s)
+    # the layers of each stage its runs cut the model into (model parallel, pipelines:
+    # phalanx's partition by measured time; the most common of its runs' cuts)
+    partition: tuple[tuple[str, ...], ...] = ()
 
     @property
     def error(self) -> float:
@@ -136,11 +139,13 @@ def _order(rates: list[float], n: int, repeats: int) -> list[float]:
 def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], steps: int,
             seed: int = 0, say=print, fit_repeats: int = 1, run_s: float = 0.0,
             fitted: dict[str, Any] | None = None, cores: int = 1,
-            steps_of: dict | None = None, loads: dict[str, Any] | None = None
+            steps_of: dict | None = None, loads: dict[str, Any] | None = None,
+            parts_of: dict | None = None
             ) -> dict[tuple[str, str, int, float], list[float]]:
     """(model, case, N, rate) -> every run's measured step seconds (and into ``steps_of``,
-    its steps). With ``run_s`` (and the calibration ``fitted``), each run's steps are
-    sized by :func:`run_steps` from the models' profiled ``loads`` (:func:`_loads`)."""
+    its steps; into ``parts_of``, the cut each run made where it reports one). With
+    ``run_s`` (and the calibration ``fitted``), each run's steps are sized by
+    :func:`run_steps` from the models' profiled ``loads`` (:func:`_loads`)."""
     found: dict[tuple[str, str, int, float], list[float]] = {}
     if run_s and loads is None:
         loads = _loads(models, seed)
@@ -177,7 +182,17 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
                     key = (model, c.label, n, rate)
                     found.setdefault(key, []).append(
                         _step_s(d, None if steps_of is None else steps_of.setdefault(key, [])))
+                    if parts_of is not None and wc.partition_of(d):
+                        parts_of.setdefault(key, []).append(wc.partition_of(d))
     return found
+
+
+def _cut(parts: list | None) -> tuple[tuple[str, ...], ...]:
+    """The most common of a point's runs' cuts (the first of equals)."""
+    if not parts:
+        return ()
+    cuts = [tuple(tuple(stage) for stage in p) for p in parts]
+    return max(cuts, key=cuts.count)
 
 
 def _predict(model: str, c: wc.Case, n: int, link: Link, workload, compute: float,
@@ -243,11 +258,13 @@ def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: i
 
 def points(found: dict[tuple[str, str, int, float], float | list[float]],
            fitted: dict[str, Any], cores: int, seed: int = 0,
-           steps_of: dict | None = None, loads: dict[str, Any] | None = None
-           ) -> list[Point]:
+           steps_of: dict | None = None, loads: dict[str, Any] | None = None,
+           parts_of: dict | None = None) -> list[Point]:
     """The fit and held-out points of ``found``'s measurements (a list: several runs of
     one point, their median taken; ``steps_of``: each run's steps, kept with it;
-    ``loads``: the models' profiled workloads, profiled here if not given)."""
+    ``loads``: the models' profiled workloads, profiled here if not given; ``parts_of``:
+    the cuts its runs made, each point predicted with its own, else where phalanx's
+    partition cuts the model here)."""
     runs = {k: tuple(v) if isinstance(v, list) else (v,) for k, v in found.items()}
     found = {k: statistics.median(v) for k, v in runs.items()}
     loads = loads or _loads({k[0] for k in found}, seed)
@@ -256,18 +273,21 @@ def points(found: dict[tuple[str, str, int, float], float | list[float]],
     for (model, label, n, rate), step in found.items():
         if (n, rate) == FIT:
             c = next(c for c in wc.cases(n, model) if c.label == label)
-            compute[model, label] = _fit(model, c, cal.link_for(fitted, rate), loads[model],
-                                         step, cores)
+            cut = _cut((parts_of or {}).get((model, label, n, rate)))
+            compute[model, label] = _fit(model, c, cal.link_for(fitted, rate),
+                                         wc.with_cuts(loads[model], model, cut), step, cores)
     out = []
     for (model, label, n, rate), step in sorted(found.items()):
         if (model, label) not in compute:
             continue  # no fit point for this case (its N=2 run is missing)
         c = next(c for c in wc.cases(n, model) if c.label == label)
-        pred, share = _predicted(model, c, n, cal.link_for(fitted, rate), loads[model],
+        cut = _cut((parts_of or {}).get((model, label, n, rate)))
+        pred, share = _predicted(model, c, n, cal.link_for(fitted, rate),
+                                 wc.with_cuts(loads[model], model, cut),
                                  compute[model, label], cores)
         out.append(Point(model, label, n, rate, step, pred, (n, rate) != FIT, made_by,
                          runs[model, label, n, rate], share,
-                         tuple((steps_of or {}).get((model, label, n, rate), ()))))
+                         tuple((steps_of or {}).get((model, label, n, rate), ())), cut))
     return out
 
 
@@ -318,6 +338,27 @@ def load_found(path: Path) -> dict[tuple[str, str, int, float], list[float]]:
             from None
 
 
+def load_parts(path: Path) -> dict[tuple[str, str, int, float], list]:
+    """The cuts an earlier run's points were made with: as its ``steps.json`` kept them,
+    else from its run folders beside it (``runs/``) where they are still there."""
+    rows = json.loads(path.read_text())
+    out: dict[tuple[str, str, int, float], list] = {}
+    for r in rows:
+        key = (str(r["model"]), str(r["label"]), int(r["n"]), float(r["rate"]))
+        if r.get("partition"):
+            out[key] = [r["partition"]]
+            continue
+        tag = (f"{key[0]}-n{key[2]}-{int(key[3])}-"
+               f"{key[1].replace(' ', '_').replace('%', 'pc')}")
+        runs = [d for d in sorted((path.parent / "runs").glob(tag + "*"))
+                if d.name == tag or d.name[len(tag):].lstrip("-").isdigit()]
+        got = [p for p in (wc.partition_of(d) for d in runs
+                           if (d / "summary.json").is_file()) if p]
+        if got:
+            out[key] = got
+    return out
+
+
 def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         calibration: str, steps: int = 20, seed: int = 0, cores: int = 0,
         reuse: str | None = None, fit_repeats: int = 3, run_s: float = 2.0) -> Path:
@@ -342,9 +383,11 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
     cores = cores or os.cpu_count() or 1
     fitted = cal.load(calibration)["fitted"]
     steps_of: dict[tuple[str, str, int, float], list[int]] = {}
+    parts_of: dict[tuple[str, str, int, float], list] = {}
     loads = None
     if reuse:
         found = load_found(Path(reuse))
+        parts_of = load_parts(Path(reuse))
     else:
         reason = unavailable()
         if reason is not None:
@@ -353,9 +396,9 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         loads = _loads(models, seed)  # sizes the runs, then predicts them: profiled once
         found = measure(out, models, sizes, rates, steps, seed, fit_repeats=fit_repeats,
                         run_s=run_s, fitted=fitted, cores=cores, steps_of=steps_of,
-                        loads=loads)
+                        loads=loads, parts_of=parts_of)
     out.mkdir(parents=True, exist_ok=True)
-    pts = points(found, fitted, cores, seed, steps_of, loads)
+    pts = points(found, fitted, cores, seed, steps_of, loads, parts_of)
     (out / "steps.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "steps.md"
     path.write_text("# Step times: predicted against runs on shaped links\n\n"

@@ -180,3 +180,25 @@ def test_the_parameter_server_s_points_come_from_the_event_simulation():
     # SSP's bound: the runs' and the prediction's the same
     ssp = next(c for c in wc.cases(3, "mlp") if c.label == "ssp")
     assert ssp.flags[-2:] == ("--staleness", "3") and ssp.setting["staleness"] == 3
+
+
+def test_a_point_keeps_the_cut_its_runs_made(tmp_path):
+    """The cut a model-parallel or pipeline run made (its summary's partition) comes back
+    with ``--reuse``: from ``steps.json`` where it was kept, else from the run folders
+    beside it; several runs of a point: the most common."""
+    row = {"model": "mlp", "label": "model-parallel", "n": 3, "rate": 20.0,
+           "measured_s": 0.02, "predicted_s": 0.02, "held_out": True}
+    (tmp_path / "steps.json").write_text(json.dumps([row]))
+    for name, part in (("mlp-n3-20-model-parallel-0", ["flatten", "fc1", "relu1,fc2,relu2,fc3"]),
+                       ("mlp-n3-20-model-parallel-1", ["flatten,fc1", "relu1,fc2", "relu2,fc3"]),
+                       ("mlp-n3-20-model-parallel-2", ["flatten,fc1", "relu1,fc2", "relu2,fc3"])):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "summary.json").write_text(json.dumps({"partition": part}))
+    parts = sc.load_parts(tmp_path / "steps.json")
+    key = ("mlp", "model-parallel", 3, 20.0)
+    assert len(parts[key]) == 3
+    assert sc._cut(parts[key]) == (("flatten", "fc1"), ("relu1", "fc2"), ("relu2", "fc3"))
+    kept = {**row, "partition": [["flatten"], ["fc1"], ["relu1", "fc2", "relu2", "fc3"]]}
+    (tmp_path / "steps.json").write_text(json.dumps([kept]))
+    assert sc._cut(sc.load_parts(tmp_path / "steps.json")[key]) == (
+        ("flatten",), ("fc1",), ("relu1", "fc2", "relu2", "fc3"))
