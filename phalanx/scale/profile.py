@@ -56,46 +56,58 @@ def _units(model: torch.nn.Module) -> dict[str, str]:
     return out
 
 
+def _stage_split(model: torch.nn.Module, part: Partition, shape: tuple[int, ...],
+                 dtype: torch.dtype) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """(bytes per sample at each cut, trainable parameters of each stage) of ``model`` cut
+    as ``part``."""
+    shapes = boundary_shapes(model, part, shape, 1, dtype=dtype)[:-1]
+    modules = dict(layers_of(model))
+    params = tuple(sum(p.numel() for n in names for p in modules[n].parameters()
+                       if p.requires_grad) for names in part.names)
+    return tuple(float(torch.Size(sh[1:]).numel() * 4) for sh in shapes), params
+
+
 def _cut_bytes(model: torch.nn.Module, x: torch.Tensor, most: int = 8
-               ) -> tuple[tuple[float, ...], ...]:
-    """Bytes per sample at each cut where phalanx's model-parallel and pipeline strategies
-    cut ``model`` into P = 2 .. ``most`` stages (``parallel/partition.py``: balanced by the
-    layers' times on ``x``, as a run's rank 0 measures them; the cut moves with that
-    timing only where layers of equal output size sit side by side). Empty where the model
-    cannot be cut."""
+               ) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[int, ...], ...]]:
+    """Bytes per sample at each cut, and each stage's parameters, where phalanx's
+    model-parallel and pipeline strategies cut ``model`` into P = 2 .. ``most`` stages
+    (``parallel/partition.py``: balanced by the layers' times on ``x``, as a run's rank 0
+    measures them; where layers cost alike the cut can move from run to run, so the checks
+    take the cut each run reports). Empty where the model cannot be cut."""
     try:
         layers = [name for name, _ in layers_of(model)]
         check_stages(model, 2, "--stages")
     except ConfigError:
-        return ()
+        return (), ()
     try:
         costs = measure_layer_costs(model, x)
     except RuntimeError:   # as partition_model: a layer that cannot run alone
         costs = parameter_costs(model)
-    out = []
+    cuts, params = [], []
     for parts in range(2, min(most, len(layers)) + 1):
         names, start = [], 0
         for size in balance(costs, parts):
             names.append(tuple(layers[start:start + size]))
             start += size
-        part = Partition(tuple(names), (0.0,) * parts, "time")
-        shapes = boundary_shapes(model, part, tuple(x.shape[1:]), 1, dtype=x.dtype)[:-1]
-        out.append(tuple(float(torch.Size(sh[1:]).numel() * 4) for sh in shapes))
-    return tuple(out)
+        c, k = _stage_split(model, Partition(tuple(names), (0.0,) * parts, "time"),
+                            tuple(x.shape[1:]), x.dtype)
+        cuts.append(c)
+        params.append(k)
+    return tuple(cuts), tuple(params)
 
 
 def cuts_of(name: str, stages: list[list[str]], input_shape: tuple[int, ...],
-            options: dict | None = None) -> tuple[float, ...]:
-    """Bytes per sample at each cut of ``name`` split into ``stages`` (a run's
-    ``partition``: the layer names of each stage, as its summary reports them)."""
+            options: dict | None = None) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """(bytes per sample at each cut, each stage's parameters) of ``name`` split into
+    ``stages`` (a run's ``partition``: the layer names of each stage, as its summary
+    reports them)."""
     task = MODEL_TASKS.get(name, "classify")
     shape, classes, defaults = INPUTS[task]
     torch.manual_seed(0)
     model = build_model(name, input_shape, classes, **{**defaults, **(options or {})})
     part = Partition(tuple(tuple(s) for s in stages), (0.0,) * len(stages), "run")
     dtype = torch.int64 if task == "lm" else torch.float32
-    shapes = boundary_shapes(model, part, tuple(input_shape), 1, dtype=dtype)[:-1]
-    return tuple(float(torch.Size(sh[1:]).numel() * 4) for sh in shapes)
+    return _stage_split(model, part, tuple(input_shape), dtype)
 
 
 def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
@@ -143,6 +155,7 @@ def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
         activation = shape[0] * linears[-1].in_features * 4
     else:
         activation = max((m.in_features for m in linears), default=0) * 4
+    cuts, stage_params = _cut_bytes(model, x)
     sparse = None
     if task == "ctr":
         emb = model.embed
@@ -152,7 +165,7 @@ def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
     return Workload(name=name, layers=layers, batch=batch,
                     step_compute_s=statistics.median(times), sparse=sparse,
                     activation_bytes=float(activation), tp_layers=len(blocks),
-                    cut_bytes=_cut_bytes(model, x),
+                    cut_bytes=cuts, stage_params=stage_params,
                     compute_source=f"profile: median of {repeats} passes here, "
                                    f"{threads} thread(s)",
                     notes="per-layer compute split by parameter share; activation bytes "

@@ -244,11 +244,12 @@ def with_cuts(workload, model: str, stages: list[list[str]] | None):
     """``workload`` with the cut a run made (its ``partition``), where it reports one."""
     if not stages or len(stages) < 2 or INPUT.get(model) is None:
         return workload
-    cuts = list(workload.cut_bytes)
     at = len(stages) - 2
+    cuts, params = list(workload.cut_bytes), list(workload.stage_params)
     cuts += [()] * (at + 1 - len(cuts))
-    cuts[at] = cuts_of(model, stages, INPUT[model], OPTIONS.get(model))
-    return replace(workload, cut_bytes=tuple(cuts))
+    params += [()] * (at + 1 - len(params))
+    cuts[at], params[at] = cuts_of(model, stages, INPUT[model], OPTIONS.get(model))
+    return replace(workload, cut_bytes=tuple(cuts), stage_params=tuple(params))
 
 
 def points(found: dict[tuple[str, str, int], list[float]],

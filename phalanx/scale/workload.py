@@ -112,6 +112,8 @@ class Workload:
     # P - 1 cuts), where phalanx's own partition of the model was run (profile); else
     # ``activation_bytes`` at every cut
     cut_bytes: tuple[tuple[float, ...], ...] = ()
+    # the trainable parameters of each stage of those splits (same entries); else even
+    stage_params: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -160,6 +162,14 @@ class Workload:
         if 0 <= i < len(self.cut_bytes) and len(self.cut_bytes[i]) == stages - 1:
             return self.cut_bytes[i]
         return (self.activation_bytes,) * max(stages - 1, 0)
+
+    def stage_grad_bytes(self, stages: int) -> tuple[float, ...]:
+        """Gradient bytes of each of ``stages`` stages: phalanx's split where known, else
+        the parameters evenly."""
+        i = stages - 2
+        if 0 <= i < len(self.stage_params) and len(self.stage_params[i]) == stages:
+            return tuple(float(k * self.element_size) for k in self.stage_params[i])
+        return (self.grad_bytes / max(stages, 1),) * max(stages, 1)
 
     def with_compute(self, step_compute_s: float, source: str) -> Workload:
         return replace(self, step_compute_s=step_compute_s, compute_source=source)

@@ -82,6 +82,20 @@ def test_predictions_by_hand():
         assert wc.predict_point("mlp", c3, 3, cut) / wc.WIRE == pytest.approx(sent * act)
 
 
+def test_hybrid_allreduces_the_busiest_stage_s_gradient():
+    """The MLP in two stages as phalanx cuts it (flatten, fc1, relu1 | fc2, relu2, fc3):
+    the first holds fc1's 256 x 256 + 256 = 65,792 parameters, the second 34,186; hybrid
+    over 2 replicas allreduces each stage's gradient among its replicas (at N = 2 a ring
+    of two sends all of it), so its busiest worker sends the first stage's 263,168 bytes
+    plus its activations, not half the model's (199,956)."""
+    w = profile_model("mlp", wc.BATCH, repeats=1, input_shape=wc.INPUT["mlp"])
+    cut = wc.with_cuts(w, "mlp", [["flatten", "fc1", "relu1"], ["fc2", "relu2", "fc3"]])
+    assert cut.stage_grad_bytes(2) == (65_792 * 4, 34_186 * 4)
+    c = next(c for c in wc.cases(4, "mlp") if c.label == "hybrid 2 stages")
+    act = 256 * 4 * wc.BATCH
+    assert wc.predict_point("mlp", c, 4, cut) / wc.WIRE == pytest.approx(65_792 * 4 + act)
+
+
 def test_a_run_s_partition_is_read_from_its_summary(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps(
         {"partition": ["flatten,fc1", "relu1,fc2", "relu2,fc3"]}))
