@@ -93,8 +93,11 @@ def _lose_host_and_replace(tmp_path: Path, values: dict, when, *, replace: bool,
 
 def test_asp_finishes_on_the_surviving_host(tmp_path: Path) -> None:
     # plain SGD: server momentum on stale pushes can sit on a plateau for a few hundred steps
+    # 4 epochs of the synthetic set's 83 steps a worker (max 300): host 1 is lost well
+    # before its workers could finish (with one epoch, worker 0 ended 0.2 s after the kill
+    # and, on a loaded machine, a worker on host 1 had sent its DONE before it: not lost)
     values = {**BASE, "strategy": "asp", "workers": 3, "servers": 1, "max_steps": 300,
-              "rule": "sgd", "lr": 0.1,
+              "epochs": 4, "rule": "sgd", "lr": 0.1,
               "train_limit": 20000, "ps_timeout": 5, "heartbeat_s": 1}
     trained = lambda ev: sum(e["kind"] == "train" for e in ev) >= 4  # noqa: E731
     run_dir, (_, log0), seconds = _lose_host_and_replace(tmp_path, values, trained,
