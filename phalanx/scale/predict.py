@@ -266,9 +266,17 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
     b = per_stage / micro * w.backward_fraction
     acts = [a * batch / micro for a in w.cuts(p)]
     pairs = [(devices[i], devices[i + 1]) for i in range(p - 1)]
-    # every cut's link busy at once in the steady state (a middle stage receives while it
-    # sends: its two directions share the NIC as calibrated)
-    raw = [(x.seconds + x.credit_s) for x in (C.point_to_point(net, pairs, a) for a in acts)]
+    memo: dict[float, CommCost] = {}
+
+    def together(nbytes: float) -> CommCost:
+        """Every cut's link busy at once, each with ``nbytes`` (in the steady state a middle
+        stage receives while it sends: its two directions share the NIC as calibrated);
+        cached: a model cut into thousands of stages has a few distinct sizes."""
+        if nbytes not in memo:
+            memo[nbytes] = C.point_to_point(net, pairs, nbytes)
+        return memo[nbytes]
+
+    raw = [(x.seconds + x.credit_s) for x in (together(a) for a in acts)]
     top = max(raw, default=0.0)
     busy = (p - 1) * (f + b) + micro * (f + b) + 2 * sum(raw) + (micro - 1) * (
         max(f, top) - f + max(b, top) - b)
@@ -287,7 +295,7 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
         runs = [a for a in ((acts[k] if k < p - 1 else 0.0), (acts[k - 1] if k > 0 else 0.0))
                 if a > 0]
         idle = max(0.0, busy - out_s) / max(len(runs), 1)
-        credit = sum(min(C.point_to_point(net, pairs, micro * a).credit_s, idle) for a in runs)
+        credit = sum(min(together(micro * a).credit_s, idle) for a in runs)
         saved.append(credit / (micro * sent(k)) if sent(k) else 0.0)
     s_f = [raw[i] - saved[i] * acts[i] for i in range(p - 1)]       # stage i -> i + 1
     s_b = [raw[i] - saved[i + 1] * acts[i] for i in range(p - 1)]   # stage i + 1 -> i
@@ -298,7 +306,7 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
     # its 2M sends' bytes at least at the rate, step after step (their latencies overlap
     # the link's work; the MLP's middle stage of three: 48 KB a step, 20.5 ms at 20 Mbit/s;
     # measured 20.4 ms, predicted 15.2 before)
-    one, two = (C.point_to_point(net, pairs, x) for x in (1.0, 2.0))
+    one, two = (together(x) for x in (1.0, 2.0))
     latency = 2 * (one.seconds + one.credit_s) - (two.seconds + two.credit_s)
     floor = max((micro * max(0.0, raw[k] - latency) if k < p - 1 else 0.0)
                 + (micro * max(0.0, raw[k - 1] - latency) if k > 0 else 0.0)
@@ -311,7 +319,7 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
     worst = max(range(p - 1), key=lambda i: raw[i], default=None)
     sends = CommCost(micro * max((s_f[i] + s_b[i] for i in range(p - 1)), default=0.0),
                      micro * max((sent(k) for k in range(p)), default=0.0), levels,
-                     C.point_to_point(net, pairs, acts[worst]).bottleneck
+                     together(acts[worst]).bottleneck
                      if worst is not None else "none")
     return per_stage, bubble, exposed, sends
 
