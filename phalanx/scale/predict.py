@@ -281,8 +281,11 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
     busy = (p - 1) * (f + b) + micro * (f + b) + 2 * sum(raw) + (micro - 1) * (
         max(f, top) - f + max(b, top) - b)
 
-    def sent(k: int) -> float:   # bytes per micro-batch stage k's NIC sends: activations
-        return (acts[k] if k < p - 1 else 0.0) + (acts[k - 1] if k > 0 else 0.0)  # + grads
+    def own(k: int) -> list[int]:   # the cuts stage k's NIC sends across: its activations
+        return [i for i in (k, k - 1) if 0 <= i < p - 1]  # forward, their gradients back
+
+    def sent(k: int) -> float:   # bytes per micro-batch stage k's NIC sends
+        return sum(acts[i] for i in own(k))
 
     # a stage's NIC sends its activations forward and its gradients back: its token bucket
     # refills only while it rests. GPipe's sends come in two runs a step, the M forward
@@ -291,9 +294,8 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
     # NIC's idle time (the first and last stages send one run: all of it)
     saved = []
     for k in range(p):
-        out_s = micro * ((raw[k] if k < p - 1 else 0.0) + (raw[k - 1] if k > 0 else 0.0))
-        runs = [a for a in ((acts[k] if k < p - 1 else 0.0), (acts[k - 1] if k > 0 else 0.0))
-                if a > 0]
+        out_s = micro * sum(raw[i] for i in own(k))
+        runs = [acts[i] for i in own(k) if acts[i] > 0]
         idle = max(0.0, busy - out_s) / max(len(runs), 1)
         credit = sum(min(together(micro * a).credit_s, idle) for a in runs)
         saved.append(credit / (micro * sent(k)) if sent(k) else 0.0)
@@ -308,9 +310,7 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
     # measured 20.4 ms, predicted 15.2 before)
     one, two = (together(x) for x in (1.0, 2.0))
     latency = 2 * (one.seconds + one.credit_s) - (two.seconds + two.credit_s)
-    floor = max((micro * max(0.0, raw[k] - latency) if k < p - 1 else 0.0)
-                + (micro * max(0.0, raw[k - 1] - latency) if k > 0 else 0.0)
-                for k in range(p)) if p > 1 else 0.0
+    floor = max(micro * sum(max(0.0, raw[i] - latency) for i in own(k)) for k in range(p))
     exposed = max(exposed, floor - micro * (f + b) - bubble)
     levels: dict[str, float] = {}
     for i in range(p - 1):

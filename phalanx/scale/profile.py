@@ -46,6 +46,18 @@ def _batch(task: str, shape: tuple[int, ...], classes: int, batch: int) -> torch
     return torch.randn(batch, *shape)
 
 
+def _build(name: str, input_shape: tuple[int, ...] | None, options: dict | None
+           ) -> tuple[str, tuple[int, ...], int, torch.nn.Module]:
+    """(task, input shape, classes, model) of ``name`` as phalanx builds it for its task's
+    input (or ``input_shape``), seeded."""
+    task = MODEL_TASKS.get(name, "classify")
+    shape, classes, defaults = INPUTS[task]
+    shape = input_shape or shape
+    torch.manual_seed(0)
+    model = build_model(name, shape, classes, **{**defaults, **(options or {})})
+    return task, shape, classes, model
+
+
 def _units(model: torch.nn.Module) -> dict[str, str]:
     """Parameter name -> the ZeRO-3 unit phalanx's stage 3 gathers it with
     (``parallel/zero_units.py``); parameters of no unit module are the root's."""
@@ -101,10 +113,7 @@ def cuts_of(name: str, stages: list[list[str]], input_shape: tuple[int, ...],
     """(bytes per sample at each cut, each stage's parameters) of ``name`` split into
     ``stages`` (a run's ``partition``: the layer names of each stage, as its summary
     reports them)."""
-    task = MODEL_TASKS.get(name, "classify")
-    shape, classes, defaults = INPUTS[task]
-    torch.manual_seed(0)
-    model = build_model(name, input_shape, classes, **{**defaults, **(options or {})})
+    task, _, _, model = _build(name, input_shape, options)
     part = Partition(tuple(tuple(s) for s in stages), (0.0,) * len(stages), "run")
     dtype = torch.int64 if task == "lm" else torch.float32
     return _stage_split(model, part, tuple(input_shape), dtype)
@@ -122,11 +131,7 @@ def profile_model(name: str, batch: int, repeats: int = 7, threads: int = 1,
                           f"({', '.join(MODELS.names())})")
     if not 1 <= batch <= 65536:
         raise ConfigError(f"--batch: {batch} is not in 1..65536")
-    task = MODEL_TASKS.get(name, "classify")
-    shape, classes, defaults = INPUTS[task]
-    shape = input_shape or shape
-    torch.manual_seed(0)
-    model = build_model(name, shape, classes, **{**defaults, **(options or {})})
+    task, shape, classes, model = _build(name, input_shape, options)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -160,7 +160,7 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
                 for i, rate in enumerate(at):
                     for c in group:
                         tag = (f"{model}-n{n}-{int(rate)}-"
-                               f"{c.label.replace(' ', '_').replace('%', 'pc')}"
+                               f"{wc.slug(c.label)}"
                                + (f"-{at[:i].count(rate)}" if at.count(rate) > 1 else ""))
                         d = out / "runs" / tag
                         k = steps
@@ -182,8 +182,9 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
                     key = (model, c.label, n, rate)
                     found.setdefault(key, []).append(
                         _step_s(d, None if steps_of is None else steps_of.setdefault(key, [])))
-                    if parts_of is not None and wc.partition_of(d):
-                        parts_of.setdefault(key, []).append(wc.partition_of(d))
+                    cut = wc.partition_of(d) if parts_of is not None else None
+                    if cut:
+                        parts_of.setdefault(key, []).append(cut)
     return found
 
 
@@ -348,8 +349,7 @@ def load_parts(path: Path) -> dict[tuple[str, str, int, float], list]:
         if r.get("partition"):
             out[key] = [r["partition"]]
             continue
-        tag = (f"{key[0]}-n{key[2]}-{int(key[3])}-"
-               f"{key[1].replace(' ', '_').replace('%', 'pc')}")
+        tag = f"{key[0]}-n{key[2]}-{int(key[3])}-{wc.slug(key[1])}"
         runs = [d for d in sorted((path.parent / "runs").glob(tag + "*"))
                 if d.name == tag or d.name[len(tag):].lstrip("-").isdigit()]
         got = [p for p in (wc.partition_of(d) for d in runs

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,11 @@ def _tx(run_dir: Path, world: int) -> list[float]:
             for r in range(world)]
 
 
+def slug(label: str) -> str:
+    """A case's label as it names its run folders ("sync top-k 1%" -> "sync_top-k_1pc")."""
+    return label.replace(" ", "_").replace("%", "pc")
+
+
 def partition_of(run_dir: Path) -> list[list[str]] | None:
     """The layers of each stage a model-parallel or pipeline run cut its model into (its
     summary's ``partition``), None for other strategies."""
@@ -191,7 +197,7 @@ def measure(out: Path, models: list[str], sizes: list[int], short: int, long: in
             for world, group in sorted(by_world.items()):
                 runs, index = [], []
                 for c in group:
-                    tag = f"{model}-n{n}-{c.label.replace(' ', '_').replace('%', 'pc')}"
+                    tag = f"{model}-n{n}-{slug(c.label)}"
                     for steps in (short, long):
                         d = out / "runs" / f"{tag}-{steps}"
                         runs.append(PlannedRun(_flags(c, model, steps, d, seed),
@@ -206,7 +212,8 @@ def measure(out: Path, models: list[str], sizes: list[int], short: int, long: in
                              timeout_s=1800)
                 for c, a, b in index:
                     for again in range(AGAIN + 1):
-                        if partition_of(a) == partition_of(b):
+                        cut_a, cut_b = partition_of(a), partition_of(b)
+                        if cut_a == cut_b:
                             ta, tb = _tx(a, world), _tx(b, world)
                             found[(model, c.label, n)] = [(y - x) / (long - short)
                                                           for x, y in zip(ta, tb)]
@@ -216,14 +223,13 @@ def measure(out: Path, models: list[str], sizes: list[int], short: int, long: in
                                 f"cut the model differently {AGAIN + 1} times; left out")
                             break
                         say(f"phalanx scale bytes: {model} {c.label} N={n}: its two runs "
-                            f"cut the model differently ({partition_of(a)} and "
-                            f"{partition_of(b)}); again")
+                            f"cut the model differently ({cut_a} and {cut_b}); again")
                         with TestNetwork(world) as net:
                             pair = [PlannedRun(_flags(c, model, k, d, seed), netstats="eth0")
                                     for k, d in ((short, a), (long, b))]
                             run_plan(net, 1, Plan(pair, net.bridge_ns, net.ports()),
-                                     out / "groups" / f"{model}-n{n}-w{world}-{c.label}"
-                                     f"-again{again + 1}".replace(" ", "_"), timeout_s=1800)
+                                     out / "groups" / f"{model}-n{n}-w{world}-{slug(c.label)}"
+                                     f"-again{again + 1}", timeout_s=1800)
     return found
 
 
@@ -240,7 +246,7 @@ def predict_point(model: str, c: Case, n: int, workload) -> float:
     return predict(workload, setting_of(c, n), net).bytes_per_worker * WIRE
 
 
-def with_cuts(workload, model: str, stages: list[list[str]] | None):
+def with_cuts(workload, model: str, stages: Sequence[Sequence[str]] | None):
     """``workload`` with the cut a run made (its ``partition``), where it reports one."""
     if not stages or len(stages) < 2 or INPUT.get(model) is None:
         return workload
@@ -304,9 +310,8 @@ def run(out: Path, models: list[str], sizes: list[int], short: int = 4, long: in
         raise ConfigError(f"scale bytes: needs test hosts (run as root): {reason}")
     out.mkdir(parents=True, exist_ok=True)
     found = measure(out, models, sizes, short, long, seed)
-    parts = {k: partition_of(out / "runs" / (f"{k[0]}-n{k[2]}-"
-                                             f"{k[1].replace(' ', '_').replace('%', 'pc')}"
-                                             f"-{long}")) for k in found}
+    parts = {k: partition_of(out / "runs" / f"{k[0]}-n{k[2]}-{slug(k[1])}-{long}")
+             for k in found}
     pts = points(found, (short, long), seed, parts)
     (out / "bytes.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "bytes.md"
