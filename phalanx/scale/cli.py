@@ -251,7 +251,7 @@ def _cmd_bytes(args: argparse.Namespace) -> int:
         raise ConfigError(f"--steps: {args.steps!r} is not two step counts SHORT,LONG")
     models = [m for m in args.models.split(",") if m]
     path = wire_check.run(Path(args.out), models, _ints(args.sizes, "--sizes"), *steps,
-                          seed=args.seed)
+                          seed=args.seed, reuse=args.reuse)
     print(path.read_text())
     print(f"-> {path}")
     return 0
@@ -402,6 +402,9 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
                         "runs twice; the difference is the steady state's bytes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/scale/bytes")
+    p.add_argument("--reuse", default=None, metavar="BYTES_JSON",
+                   help="predict an earlier run's measurements again, without running (its "
+                        "points, steps and cuts; --models, --sizes, --steps are its own)")
     p.set_defaults(func=_cmd_bytes)
 
     p = inner.add_parser("steps", help="every strategy's step time on shaped test-host links "

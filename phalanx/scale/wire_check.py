@@ -153,6 +153,8 @@ class Point:
     commit: str = ""
     flags: tuple[str, ...] = ()
     steps: tuple[int, int] = (0, 0)
+    # the layers of each stage its runs cut the model into (model parallel, pipelines)
+    partition: tuple[tuple[str, ...], ...] = ()
 
     @property
     def error(self) -> float:
@@ -172,8 +174,14 @@ def slug(label: str) -> str:
 def partition_of(run_dir: Path) -> list[list[str]] | None:
     """The layers of each stage a model-parallel or pipeline run cut its model into (its
     summary's ``partition``), None for other strategies."""
-    got = json.loads((run_dir / "summary.json").read_text()).get("partition")
-    return [str(s).split(",") for s in got] if got else None
+    path = run_dir / "summary.json"
+    try:
+        got = json.loads(path.read_text()).get("partition")
+    except (OSError, ValueError, AttributeError):
+        raise ConfigError(f"{path}: not a run's summary") from None
+    if got and not (isinstance(got, list) and all(isinstance(s, str) for s in got)):
+        raise ConfigError(f"{path}: partition is not a list of stages") from None
+    return [s.split(",") for s in got] if got else None
 
 
 AGAIN = 2  # times a pair whose two runs cut the model differently is run again
@@ -273,8 +281,10 @@ def points(found: dict[tuple[str, str, int], list[float]],
         c = next(c for c in cases(n, model) if c.label == label)
         measured = max(per_host[r] for r in c.workers)
         w = with_cuts(loads[model], model, (partitions or {}).get((model, label, n)))
+        cut = (partitions or {}).get((model, label, n))
         out.append(Point(model, label, n, measured, predict_point(model, c, n, w),
-                         tuple(per_host), made_by, (*MODELS[model], *c.flags), steps))
+                         tuple(per_host), made_by, (*MODELS[model], *c.flags), steps,
+                         tuple(tuple(stage) for stage in cut or ())))
     return out
 
 
@@ -291,8 +301,35 @@ def table(pts: list[Point]) -> str:
     return "\n".join(rows)
 
 
+def load(path: Path) -> tuple[dict, dict, tuple[int, int]]:
+    """An earlier ``bytes.json``'s measurements (each point's hosts' bytes), the cut each
+    point's runs made (kept in it, else from the run folders beside it) and its steps: to
+    predict them again without running."""
+    try:
+        rows = json.loads(path.read_text())
+        found = {(str(r["model"]), str(r["label"]), int(r["n"])):
+                 [float(v) for v in r["per_host"]] for r in rows}
+        steps = tuple(int(v) for v in rows[0]["steps"]) if rows else (0, 0)
+        kept = {(str(r["model"]), str(r["label"]), int(r["n"])): r.get("partition")
+                for r in rows}
+    except OSError as e:
+        raise ConfigError(f"--reuse {path}: cannot read ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError, IndexError):
+        raise ConfigError(f"--reuse {path}: not a bytes.json of 'phalanx scale bytes'") \
+            from None
+    for model, label, n in found:
+        if model not in MODELS or label not in {c.label for c in cases(n, model)}:
+            raise ConfigError(f"--reuse {path}: no case {label!r} of {model!r} at N = {n}")
+    parts = {}
+    for k in found:
+        run_dir = path.parent / "runs" / f"{k[0]}-n{k[2]}-{slug(k[1])}-{steps[1]}"
+        parts[k] = kept[k] or (partition_of(run_dir) if (run_dir / "summary.json").is_file()
+                               else None)
+    return found, parts, (steps[0], steps[1])
+
+
 def run(out: Path, models: list[str], sizes: list[int], short: int = 4, long: int = 12,
-        seed: int = 0) -> Path:
+        seed: int = 0, reuse: str | None = None) -> Path:
     for m in models:
         if m not in MODELS:
             raise ConfigError(f"--models: {m!r} is not one of {', '.join(MODELS)}")
@@ -305,13 +342,17 @@ def run(out: Path, models: list[str], sizes: list[int], short: int = 4, long: in
         raise ConfigError(f"--steps: {short},{long}: the difference must be a multiple of "
                           f"{PERIOD} (averaging's period: it averages once every {PERIOD} "
                           f"steps)")
-    reason = unavailable()
-    if reason is not None:
-        raise ConfigError(f"scale bytes: needs test hosts (run as root): {reason}")
+    if reuse:
+        found, parts, (short, long) = load(Path(reuse))
+    else:
+        reason = unavailable()
+        if reason is not None:
+            raise ConfigError(f"scale bytes: needs test hosts (run as root): {reason}")
+        out.mkdir(parents=True, exist_ok=True)
+        found = measure(out, models, sizes, short, long, seed)
+        parts = {k: partition_of(out / "runs" / f"{k[0]}-n{k[2]}-{slug(k[1])}-{long}")
+                 for k in found}
     out.mkdir(parents=True, exist_ok=True)
-    found = measure(out, models, sizes, short, long, seed)
-    parts = {k: partition_of(out / "runs" / f"{k[0]}-n{k[2]}-{slug(k[1])}-{long}")
-             for k in found}
     pts = points(found, (short, long), seed, parts)
     (out / "bytes.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "bytes.md"

@@ -153,3 +153,29 @@ def test_bad_input_is_one_line(capsys, tmp_path, args, text):
     rc, (_, err) = run_main(capsys, "scale", "bytes", *args, "--out", str(tmp_path / "o"))
     assert rc == 2 and text in err and err.count("\n") == 1, err
     assert not (tmp_path / "o").exists()
+
+
+def test_reuse_predicts_an_earlier_run_again_with_its_cut(tmp_path, capsys):
+    """``--reuse BYTES_JSON``: the same measurements, each point with the cut its runs made
+    (from the run folders beside an older bytes.json); a file that is not one: one line."""
+    rows = [{"model": "mlp", "label": "model-parallel", "n": 3, "measured": 0.0,
+             "predicted": 0.0, "per_host": [49_900.0, 49_800.0, 1_400.0], "steps": [4, 12]}]
+    src = tmp_path / "old" / "bytes.json"
+    (src.parent / "runs" / "mlp-n3-model-parallel-12").mkdir(parents=True)
+    (src.parent / "runs" / "mlp-n3-model-parallel-12" / "summary.json").write_text(
+        json.dumps({"partition": ["flatten,fc1", "relu1,fc2", "relu2,fc3"]}))
+    src.write_text(json.dumps(rows))
+    found, parts, steps = wc.load(src)
+    assert steps == (4, 12) and found[("mlp", "model-parallel", 3)][0] == 49_900.0
+    assert parts[("mlp", "model-parallel", 3)] == [["flatten", "fc1"], ["relu1", "fc2"],
+                                                   ["relu2", "fc3"]]
+    out = wc.run(tmp_path / "new", ["mlp"], [3], reuse=str(src))
+    again = json.loads((out.parent / "bytes.json").read_text())[0]
+    # the middle stage sends 256 + 128 floats a sample, batch 32, times the wire's framing
+    assert again["predicted"] == pytest.approx((1024 + 512) * wc.BATCH * wc.WIRE)
+    assert again["partition"] == [["flatten", "fc1"], ["relu1", "fc2"], ["relu2", "fc3"]]
+    (tmp_path / "bad.json").write_text("[{}]")
+    code, said = run_main(capsys, "scale", "bytes", "--reuse", str(tmp_path / "bad.json"),
+                          "--out", str(tmp_path / "x"))
+    err = said.err.strip()
+    assert code != 0 and len(err.splitlines()) == 1 and "not a bytes.json" in err
