@@ -11,9 +11,10 @@ point would (same interface choice, same ``_main``), with barriers between runs.
 
 Per run, before it starts (behind a barrier): local rank 0 of each host re-shapes its
 host's link in both directions (``tc``: its own ``eth0`` and its port on the bridge) when
-the run names a rate. With ``netstats``, each rank writes the kernel's tx/rx byte counts of
-that interface during the run to ``OUT/netstats-rank<R>.json`` (one process per host: the
-host's count is that rank's).
+the run names a rate. With ``netstats``, each rank writes the kernel's tx/rx byte and packet
+counts of that interface during the run, its MTU, the TCP segments its host sent again
+(retransmissions) and the run's seconds to ``OUT/netstats-rank<R>.json`` (one process per
+host: the host's count is that rank's).
 """
 
 from __future__ import annotations
@@ -58,7 +59,30 @@ class Plan:
 
 
 def _counter(iface: str, what: str) -> int:
-    return int(Path(f"/sys/class/net/{iface}/statistics/{what}").read_text())
+    return _counter_file(iface, f"statistics/{what}")
+
+
+def _counter_file(iface: str, what: str) -> int:
+    return int(Path(f"/sys/class/net/{iface}/{what}").read_text())
+
+
+def _retrans() -> int:
+    """TCP segments this host's network namespace has sent again (``/proc/net/snmp``'s
+    RetransSegs; each is a full segment in practice: 1,448 bytes of payload on a 1,500-byte
+    MTU, measured against ``ss``'s per-connection ``bytes_retrans``)."""
+    lines = [ln.split() for ln in Path("/proc/net/snmp").read_text().splitlines()
+             if ln.startswith("Tcp:")]
+    return int(lines[1][lines[0].index("RetransSegs")])
+
+
+COUNTERS = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
+
+
+def _counters(iface: str) -> dict[str, float]:
+    got: dict[str, float] = {k: _counter(iface, k) for k in COUNTERS}
+    got["retrans_segs"] = _retrans()
+    got["seconds"] = time.perf_counter()
+    return got
 
 
 def _shape(plan: Plan, addr: str, iface: str, rate_mbit: float) -> None:
@@ -77,12 +101,13 @@ def _all(rank: int, world: int, plan: Plan, cfgs: list, binding: netif.Binding,
             _shape(plan, binding.addr, binding.iface, run.rate_mbit)
         dist.barrier()  # sync point: every link shaped; every rank starts the run together
         iface = run.netstats
-        before = (_counter(iface, "tx_bytes"), _counter(iface, "rx_bytes")) if iface else None
+        before = _counters(iface) if iface else None
         torchrun_entry._main(rank, world, cfg, time.perf_counter(), 0)  # ends in a barrier
         if before is not None:
-            after = _counter(iface, "tx_bytes"), _counter(iface, "rx_bytes")
-            Path(cfg.out, f"netstats-rank{rank}.json").write_text(json.dumps(
-                {"tx_bytes": after[0] - before[0], "rx_bytes": after[1] - before[1]}))
+            after = _counters(iface)
+            got = {k: after[k] - before[k] for k in after}
+            got["mtu"] = _counter_file(iface, "mtu")
+            Path(cfg.out, f"netstats-rank{rank}.json").write_text(json.dumps(got))
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from phalanx.errors import ConfigError
 from phalanx.scale.network import Flow, Network, PhaseCost
@@ -27,13 +27,15 @@ ALGORITHMS = ("ring", "tree", "hierarchical", "main")
 class CommCost:
     """Seconds of one exchange, bytes the busiest participant sends, bytes by link level
     (all participants), the level of the bottleneck of the slowest phase, and the number of
-    messages one participant sends (the latency terms)."""
+    messages the busiest participant sends, each answered by one it receives (a ring's
+    steps, a pipeline's sends forward and back, a push and its pull: each message costs
+    its framing on the wire, :data:`phalanx.scale.wire_check.FRAMING`)."""
 
     seconds: float
     bytes_per_worker: float
     bytes_by_level: dict[str, float] = field(default_factory=dict)
     bottleneck: str = "none"
-    messages: int = 0
+    messages: float = 0.0
     # what the token buckets saved, already taken off ``seconds``: they are full only
     # after an idle gap at least as long (a strategy whose links are busy back to back
     # gives some of it back: predict._sync)
@@ -56,13 +58,13 @@ class CommCost:
         """This exchange every 1/k steps (model averaging every k steps: scaled(1/k))."""
         return CommCost(self.seconds * k, self.bytes_per_worker * k,
                         {a: b * k for a, b in self.bytes_by_level.items()}, self.bottleneck,
-                        self.messages, self.credit_s * k, self.burst_s * k)
+                        self.messages * k, self.credit_s * k, self.burst_s * k)
 
 
 NONE = CommCost(0.0, 0.0)
 
 
-def _repeat(p: PhaseCost, times: int, per_worker: float, messages: int) -> CommCost:
+def _repeat(p: PhaseCost, times: int, per_worker: float, messages: float) -> CommCost:
     """``times`` phases back to back, after an idle gap that filled the token buckets: the
     buckets refill only while idle, so the phases share one burst, each taking its bytes
     from what the ones before it left (a phase as large as the burst leaves nothing)."""
@@ -231,7 +233,8 @@ def ps_exchange(net: Network, workers: Sequence[int], shards: Sequence[int],
     """Every worker pushes ``push_bytes * fraction[s]`` to shard s and pulls
     ``pull_bytes * fraction[s]`` back. Returns (push, pull). ``duplex``: pushes and pulls
     run at once (BytePS pipelines them across tensors): one phase, the push carries its
-    time, the pull none; otherwise the pull follows the push (phalanx's worker).
+    time, the pull none; otherwise the pull follows the push (phalanx's worker). A
+    worker's messages are its S pushes; the pull's pieces answer them.
 
     Flows between two servers are summed (the workers of one server share its NIC), and S
     identical dedicated shards (equal fractions, CPU-only machines) are computed as one
@@ -241,8 +244,9 @@ def ps_exchange(net: Network, workers: Sequence[int], shards: Sequence[int],
     dedicated = all(s >= net.devices for s in shards)
     if dedicated and len(set(fractions)) == 1 and len(shards) > 1:
         one = net.with_extra(1, nic_scale=float(len(shards)))
-        return ps_exchange(one, workers, [net.devices], [sum(fractions)], push_bytes,
-                           pull_bytes, duplex=duplex)
+        push, pull = ps_exchange(one, workers, [net.devices], [sum(fractions)], push_bytes,
+                                 pull_bytes, duplex=duplex)
+        return replace(push, messages=len(shards)), pull
     push: dict[tuple[int, int], float] = defaultdict(float)
     pull: dict[tuple[int, int], float] = defaultdict(float)
     rep: dict[int, int] = {}
@@ -262,11 +266,11 @@ def ps_exchange(net: Network, workers: Sequence[int], shards: Sequence[int],
         both = net.phase(push_flows + pull_flows)
         return (CommCost(both.seconds - both.credit_s, per_worker_push, both.bytes_by_level,
                          both.bottleneck, len(shards), both.credit_s),
-                CommCost(0.0, 0.0, {}, "none", len(shards)))
+                CommCost(0.0, 0.0, {}, "none", 0))
     a, b = net.phase(push_flows), net.phase(pull_flows)
     return (CommCost(a.seconds - a.credit_s, per_worker_push, a.bytes_by_level, a.bottleneck,
                      len(shards), a.credit_s),
-            CommCost(b.seconds - b.credit_s, 0.0, b.bytes_by_level, b.bottleneck, len(shards),
+            CommCost(b.seconds - b.credit_s, 0.0, b.bytes_by_level, b.bottleneck, 0,
                      b.credit_s))
 
 

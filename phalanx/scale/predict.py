@@ -14,6 +14,7 @@ gives its queueing and staleness.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from phalanx.errors import ConfigError
 from phalanx.scale import collectives as C
@@ -40,7 +41,7 @@ def _result(s: Setting, w: Workload, *, compute: float, exposed: float, comm: Co
     return Prediction(s.strategy, s.workers, step_s, compute, exposed, comm.seconds, server,
                       bubble, straggler, comm.bytes_per_worker, comm.bytes_by_level,
                       comm.bottleneck, samples, rate, rate / (s.workers * single), staleness,
-                      notes)
+                      notes, comm.messages)
 
 
 def _grad_exchange(s: Setting, net: Network, devices: list[int], w: Workload
@@ -96,7 +97,7 @@ def _sync(w: Workload, s: Setting, net: Network) -> Prediction:
     credit = min(whole.credit_s, max(idle, 0.0))
     strag = w.step_compute_s * (s.stragglers.expected_max(s.workers) - 1)
     comm = CommCost(tl.comm_s - credit, whole.bytes_per_worker, whole.bytes_by_level,
-                    whole.bottleneck, credit_s=credit)
+                    whole.bottleneck, whole.messages * tl.buckets, credit_s=credit)
     notes = (f"{tl.buckets} buckets of <= {s.bucket_mb:g} MB; {s.allreduce} allreduce",)
     exposed = max(0.0, tl.exposed_s - credit)
     if rows:
@@ -317,10 +318,11 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
         for k, v in C.point_to_point(net, [pairs[i]], acts[i]).bytes_by_level.items():
             levels[k] = levels.get(k, 0.0) + 2 * micro * v
     worst = max(range(p - 1), key=lambda i: raw[i], default=None)
+    busiest = max(range(p), key=sent)  # its messages: one a micro-batch per run of sends
     sends = CommCost(micro * max((s_f[i] + s_b[i] for i in range(p - 1)), default=0.0),
-                     micro * max((sent(k) for k in range(p)), default=0.0), levels,
-                     together(acts[worst]).bottleneck
-                     if worst is not None else "none")
+                     micro * sent(busiest), levels,
+                     together(acts[worst]).bottleneck if worst is not None else "none",
+                     micro * sum(1 for i in own(busiest) if acts[i] > 0))
     return per_stage, bubble, exposed, sends
 
 
@@ -413,6 +415,10 @@ def _sharded(w: Workload, s: Setting, net: Network) -> Prediction:
         units = w.units()
         if units:  # phalanx's units, one collective after another (the compute between)
             exposed = _stage3_units(units, w, lambda b: _half(s, net, devices, b), bucket)
+            # each its own messages: the root's gather and reduce-scatter, a unit's two
+            # gathers and its reduce-scatter
+            ops = sum(2 if name == "root" else 3 for name, _, _ in units)
+            comm = replace(comm, messages=ops * _half(s, net, devices, 1.0).messages)
         else:  # gather, forward, gather, backward, reduce-scatter: two gaps
             exposed = 3 * raw - min(bucket, forward) - min(bucket, w.step_compute_s - forward)
         if s.strategy == "fsdp":  # forward's gathers behind forward; backward's as sync's

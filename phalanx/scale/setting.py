@@ -165,6 +165,9 @@ class Prediction:
     efficiency: float
     staleness_mean: float | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # messages the busiest worker sends a step, each answered by one it receives (the
+    # per-message framing of the bytes on the wire: scale/wire_check.py)
+    messages: float = 0.0
 
     def row(self) -> dict[str, object]:
         return {"strategy": self.strategy, "workers": self.workers,

@@ -42,6 +42,20 @@ from phalanx.scale.setting import Compression, Setting
 # the wire's framing and the receiver's ACKs, per payload byte (calibration.json, 2026-11-28:
 # wire overhead 0.11-0.17%, ACKs 0.05-0.16%: their medians' sum)
 WIRE = 1.0025
+# Each message a worker sends and the one that answers it, in bytes on the wire, from gloo's
+# TCP transport (gloo/transport/tcp/pair.cc): a send of an unbound buffer (torch's
+# isend / irecv, on which phalanx's rings, pipelines and PS run) first sends a
+# NOTIFY_SEND_READY op, then the SEND_UNBOUND_BUFFER op with the payload; the receive sends
+# a NOTIFY_RECV_READY op. Each op carries a 48-byte preamble (six size_t) and goes out in
+# its own TCP segment, 66 bytes of Ethernet (14), IPv4 (20) and TCP (20 + 12 of timestamps)
+# headers: 2 x (48 + 66) for the send, 48 + 66 for the receive. Counted, not fitted: the
+# MLP's model parallel at N = 2 sends one activation and receives one gradient a step,
+# 408 bytes over the payload measured, 82 of them its per-byte framing (WIRE).
+FRAMING = 3 * (48 + 66)
+# a segment sent again is a full frame: 1,448 bytes of payload (the MSS on a 1,500-byte MTU
+# with timestamps) and 66 of headers; ``ss``'s bytes_retrans of gloo's connections
+# matched 1,448 x RetransSegs to the byte in the runs of 2026-11-30
+FRAME_OVER_MTU = 14
 BATCH = 32
 MODELS = {
     "mlp": ["--model", "mlp", "--data", "synthetic", "--train-limit", "4000"],
@@ -155,15 +169,36 @@ class Point:
     steps: tuple[int, int] = (0, 0)
     # the layers of each stage its runs cut the model into (model parallel, pipelines)
     partition: tuple[tuple[str, ...], ...] = ()
+    # each host's bytes sent again a step (TCP's retransmissions), taken off per_host
+    resent: tuple[float, ...] = ()
 
     @property
     def error(self) -> float:
         return self.predicted / self.measured - 1 if self.measured else float("inf")
 
 
+def _netstats(run_dir: Path, world: int) -> list[dict[str, float]]:
+    out = []
+    for r in range(world):
+        path = run_dir / f"netstats-rank{r}.json"
+        try:
+            got = json.loads(path.read_text())
+            out.append({k: float(got.get(k, 0)) for k in ("tx_bytes", "retrans_segs", "mtu")})
+        except (OSError, ValueError, TypeError, AttributeError):
+            raise ConfigError(f"{path}: not a run's network counters") from None
+    return out
+
+
+def resent(stats: dict[str, float]) -> float:
+    """Bytes a host put on the wire again: TCP's retransmissions (a loaded host's veth
+    backlog drops segments now and then), each a full frame. They are the network's doing,
+    not the protocol's, and are taken off its tx count."""
+    return stats["retrans_segs"] * (stats["mtu"] + FRAME_OVER_MTU)
+
+
 def _tx(run_dir: Path, world: int) -> list[float]:
-    return [float(json.loads((run_dir / f"netstats-rank{r}.json").read_text())["tx_bytes"])
-            for r in range(world)]
+    """Each host's tx bytes in a run, less what it sent again."""
+    return [x["tx_bytes"] - resent(x) for x in _netstats(run_dir, world)]
 
 
 def slug(label: str) -> str:
@@ -249,9 +284,17 @@ def setting_of(c: Case, n: int) -> Setting:
     return Setting(workers=n, **kw)
 
 
+def payload_and_messages(c: Case, n: int, workload) -> tuple[float, float]:
+    """The busiest worker's payload bytes and messages a step, as the model predicts them."""
+    got = predict(workload, setting_of(c, n), hosts_network(n, Link(bandwidth=1e9 / 8)))
+    return got.bytes_per_worker, got.messages
+
+
 def predict_point(model: str, c: Case, n: int, workload) -> float:
-    net = hosts_network(n, Link(bandwidth=1e9 / 8))
-    return predict(workload, setting_of(c, n), net).bytes_per_worker * WIRE
+    """The busiest worker's bytes on the wire a step: its payload with the per-byte framing
+    (``WIRE``) and each message's own (``FRAMING``)."""
+    payload, messages = payload_and_messages(c, n, workload)
+    return payload * WIRE + messages * FRAMING
 
 
 def with_cuts(workload, model: str, stages: Sequence[Sequence[str]] | None):
@@ -266,10 +309,24 @@ def with_cuts(workload, model: str, stages: Sequence[Sequence[str]] | None):
     return replace(workload, cut_bytes=tuple(cuts), stage_params=tuple(params))
 
 
+def resent_per_step(out: Path, found: dict[tuple[str, str, int], list[float]],
+                    short: int, long: int) -> dict[tuple[str, str, int], list[float]]:
+    """Each point's hosts' bytes sent again a step (over the extra steps), from its runs'
+    counters under ``out``."""
+    got = {}
+    for model, label, n in found:
+        tag = out / "runs" / f"{model}-n{n}-{slug(label)}"
+        world = len(found[model, label, n])
+        a = _netstats(Path(f"{tag}-{short}"), world)
+        b = _netstats(Path(f"{tag}-{long}"), world)
+        got[model, label, n] = [(resent(y) - resent(x)) / (long - short) for x, y in zip(a, b)]
+    return got
+
+
 def points(found: dict[tuple[str, str, int], list[float]],
            steps: tuple[int, int] = (0, 0), seed: int = 0,
-           partitions: dict[tuple[str, str, int], list[list[str]] | None] | None = None
-           ) -> list[Point]:
+           partitions: dict[tuple[str, str, int], list[list[str]] | None] | None = None,
+           resends: dict[tuple[str, str, int], list[float]] | None = None) -> list[Point]:
     """The points of ``found``, each predicted with the cut its runs made where
     ``partitions`` has it (else where phalanx's partition cuts the model here)."""
     loads = {m: profile_model(m, BATCHES.get(m, BATCH), repeats=1, input_shape=INPUT[m],
@@ -284,14 +341,22 @@ def points(found: dict[tuple[str, str, int], list[float]],
         cut = (partitions or {}).get((model, label, n))
         out.append(Point(model, label, n, measured, predict_point(model, c, n, w),
                          tuple(per_host), made_by, (*MODELS[model], *c.flags), steps,
-                         tuple(tuple(stage) for stage in cut or ())))
+                         tuple(tuple(stage) for stage in cut or ()),
+                         tuple((resends or {}).get((model, label, n), ()))))
     return out
 
 
 def table(pts: list[Point]) -> str:
-    rows = ["| model | strategy | N | measured KB/step (busiest worker) | predicted | error |",
-            "|---|---|---|---|---|---|"]
-    rows += [f"| {p.model} | {p.label} | {p.n} | {p.measured / 1e3:.1f} | "
+    def again(p: Point) -> str:   # the busiest worker's retransmissions, taken off
+        if not p.resent:
+            return "-"
+        c = next(c for c in cases(p.n, p.model) if c.label == p.label)
+        busiest = max(c.workers, key=lambda r: p.per_host[r])
+        return f"{p.resent[busiest] / 1e3:.1f}"
+
+    rows = ["| model | strategy | N | measured KB/step (busiest worker) | sent again "
+            "(taken off) | predicted | error |", "|---|---|---|---|---|---|---|"]
+    rows += [f"| {p.model} | {p.label} | {p.n} | {p.measured / 1e3:.1f} | {again(p)} | "
              f"{p.predicted / 1e3:.1f} | {p.error:+.1%} |" for p in pts]
     errs = [abs(p.error) for p in pts]
     within = sum(e <= 0.02 for e in errs)
@@ -301,10 +366,10 @@ def table(pts: list[Point]) -> str:
     return "\n".join(rows)
 
 
-def load(path: Path) -> tuple[dict, dict, tuple[int, int]]:
+def load(path: Path) -> tuple[dict, dict, tuple[int, int], dict]:
     """An earlier ``bytes.json``'s measurements (each point's hosts' bytes), the cut each
-    point's runs made (kept in it, else from the run folders beside it) and its steps: to
-    predict them again without running."""
+    point's runs made (kept in it, else from the run folders beside it), its steps and the
+    bytes its hosts sent again: to predict them again without running."""
     try:
         rows = json.loads(path.read_text())
         found = {(str(r["model"]), str(r["label"]), int(r["n"])):
@@ -312,6 +377,8 @@ def load(path: Path) -> tuple[dict, dict, tuple[int, int]]:
         steps = tuple(int(v) for v in rows[0]["steps"]) if rows else (0, 0)
         kept = {(str(r["model"]), str(r["label"]), int(r["n"])): r.get("partition")
                 for r in rows}
+        again = {(str(r["model"]), str(r["label"]), int(r["n"])):
+                 [float(v) for v in r.get("resent", ())] for r in rows}
     except OSError as e:
         raise ConfigError(f"--reuse {path}: cannot read ({e.strerror})") from None
     except (ValueError, KeyError, TypeError, IndexError):
@@ -325,7 +392,7 @@ def load(path: Path) -> tuple[dict, dict, tuple[int, int]]:
         run_dir = path.parent / "runs" / f"{k[0]}-n{k[2]}-{slug(k[1])}-{steps[1]}"
         parts[k] = kept[k] or (partition_of(run_dir) if (run_dir / "summary.json").is_file()
                                else None)
-    return found, parts, (steps[0], steps[1])
+    return found, parts, (steps[0], steps[1]), again
 
 
 def run(out: Path, models: list[str], sizes: list[int], short: int = 4, long: int = 12,
@@ -343,7 +410,7 @@ def run(out: Path, models: list[str], sizes: list[int], short: int = 4, long: in
                           f"{PERIOD} (averaging's period: it averages once every {PERIOD} "
                           f"steps)")
     if reuse:
-        found, parts, (short, long) = load(Path(reuse))
+        found, parts, (short, long), resends = load(Path(reuse))
     else:
         reason = unavailable()
         if reason is not None:
@@ -352,8 +419,9 @@ def run(out: Path, models: list[str], sizes: list[int], short: int = 4, long: in
         found = measure(out, models, sizes, short, long, seed)
         parts = {k: partition_of(out / "runs" / f"{k[0]}-n{k[2]}-{slug(k[1])}-{long}")
                  for k in found}
+        resends = resent_per_step(out, found, short, long)
     out.mkdir(parents=True, exist_ok=True)
-    pts = points(found, (short, long), seed, parts)
+    pts = points(found, (short, long), seed, parts, resends)
     (out / "bytes.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "bytes.md"
     path.write_text("# Bytes per step: predicted against the kernel's counters\n\n"

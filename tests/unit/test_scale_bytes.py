@@ -12,6 +12,7 @@ import pytest
 from cli_run import run_main
 
 from phalanx.entry.flags import _Parser, add_run_config_flags, config_from_args
+from phalanx.errors import ConfigError
 from phalanx.scale import wire_check as wc
 from phalanx.scale.profile import profile_model
 
@@ -43,6 +44,20 @@ def _netstats(d: Path, tx: list[int]) -> None:
         (d / f"netstats-rank{r}.json").write_text(json.dumps({"tx_bytes": b, "rx_bytes": 0}))
 
 
+def test_retransmitted_segments_are_taken_off_a_host_s_bytes(tmp_path):
+    """TCP's retransmissions are the network's, not the protocol's: each a full frame (a
+    1,500-byte MTU's segment and its 14 bytes of Ethernet header) off the tx count; a
+    counters file that is not one is one line."""
+    tmp_path.joinpath("netstats-rank0.json").write_text(json.dumps(
+        {"tx_bytes": 1_000_000, "rx_bytes": 0, "retrans_segs": 10, "mtu": 1500}))
+    tmp_path.joinpath("netstats-rank1.json").write_text(json.dumps(
+        {"tx_bytes": 500_000, "rx_bytes": 0}))  # an older run's: nothing to take off
+    assert wc._tx(tmp_path, 2) == [1_000_000 - 10 * 1514, 500_000]
+    tmp_path.joinpath("netstats-rank1.json").write_text("[1]")
+    with pytest.raises(ConfigError, match="netstats-rank1.json: not a run's network "):
+        wc._tx(tmp_path, 2)
+
+
 def test_the_steady_state_is_the_difference_of_the_two_runs(tmp_path):
     # start-up (1,000,000 B) and the last evaluation (5,000 B) in both; 8 more steps of
     # 400,000 B (rank 0) and 300,000 B (rank 1) in the long run
@@ -56,14 +71,21 @@ def test_predictions_by_hand():
     """The MLP on 1x16x16 (99,978 parameters, 399,912 B): a ring worker at N=2 sends X, at
     N=4 1.5X; zero-3 1.5 x sync's; a 2-stage pipeline's busiest stage sends the batch's
     activations once (256 floats a sample, the widest Linear's input), a middle stage of
-    three twice; every byte times the wire's framing."""
+    three twice; every byte times the wire's framing, every message its own."""
     w = profile_model("mlp", wc.BATCH, repeats=1, input_shape=wc.INPUT["mlp"])
     x = 99_978 * 4
     assert w.grad_bytes == x
 
     def at(label: str, n: int) -> float:
         c = next(c for c in wc.cases(n, "mlp") if c.label == label)
-        return wc.predict_point("mlp", c, n, w) / wc.WIRE
+        payload, messages = wc.payload_and_messages(c, n, w)
+        assert wc.predict_point("mlp", c, n, w) == pytest.approx(
+            payload * wc.WIRE + messages * wc.FRAMING)
+        return payload
+
+    def sent(label: str, n: int) -> float:
+        c = next(c for c in wc.cases(n, "mlp") if c.label == label)
+        return wc.payload_and_messages(c, n, w)[1]
 
     assert at("sync ring", 2) == pytest.approx(x)
     assert at("sync ring", 4) == pytest.approx(1.5 * x)
@@ -72,6 +94,24 @@ def test_predictions_by_hand():
     assert at("asp", 3) == pytest.approx(x)  # its push; the pull comes in
     act = 256 * 4 * wc.BATCH
     assert at("pipeline M=4", 2) == pytest.approx(act)
+    # messages a step (one bucket): a ring's 2(N - 1) steps; top-k's all-gather N - 1;
+    # averaging's ring every 8th step; a PS worker's push to each of 2 shards (the pulls
+    # answer them); a pipeline's busiest stage, one a micro-batch per run of sends
+    assert [sent("sync ring", n) for n in (2, 3, 4)] == [2, 4, 6]
+    assert [sent("sync top-k 1%", n) for n in (2, 3, 4)] == [1, 2, 3]
+    assert sent("average k=8", 2) == pytest.approx(2 / 8)
+    assert sent("asp", 3) == sent("bsp", 2) == 2
+    assert sent("pipeline M=4", 2) == 4 and sent("model-parallel", 2) == 1
+    assert sent("sync main", 3) == 2  # rank 0's answers to the other two
+    assert gloo_framing() == wc.FRAMING
+
+
+def gloo_framing() -> int:
+    """A message and its answer on gloo's TCP pairs: the sender's NOTIFY_SEND_READY and
+    SEND_UNBOUND_BUFFER ops, the receiver's NOTIFY_RECV_READY, each a 6 x 8-byte preamble
+    in a segment of its own under 14 + 20 + 20 + 12 bytes of headers."""
+    preamble, headers = 6 * 8, 14 + 20 + 20 + 12
+    return 3 * (preamble + headers)
     # three stages: the cut a run made (its summary's partition; phalanx's partition by
     # measured time cuts the MLP either way): after fc1 (256 floats a sample) and fc2 (128)
     # the middle stage sends 1.5 x act; after flatten and fc1 (256 each), 2 x act
@@ -79,7 +119,7 @@ def test_predictions_by_hand():
     for stages, sent in (([["flatten", "fc1"], ["relu1", "fc2"], ["relu2", "fc3"]], 1.5),
                          ([["flatten"], ["fc1"], ["relu1", "fc2", "relu2", "fc3"]], 2.0)):
         cut = wc.with_cuts(w, "mlp", stages)
-        assert wc.predict_point("mlp", c3, 3, cut) / wc.WIRE == pytest.approx(sent * act)
+        assert wc.payload_and_messages(c3, 3, cut) == pytest.approx((sent * act, 8))
 
 
 def test_hybrid_allreduces_the_busiest_stage_s_gradient():
@@ -93,7 +133,7 @@ def test_hybrid_allreduces_the_busiest_stage_s_gradient():
     assert cut.stage_grad_bytes(2) == (65_792 * 4, 34_186 * 4)
     c = next(c for c in wc.cases(4, "mlp") if c.label == "hybrid 2 stages")
     act = 256 * 4 * wc.BATCH
-    assert wc.predict_point("mlp", c, 4, cut) / wc.WIRE == pytest.approx(65_792 * 4 + act)
+    assert wc.payload_and_messages(c, 4, cut)[0] == pytest.approx(65_792 * 4 + act)
 
 
 def test_a_run_s_partition_is_read_from_its_summary(tmp_path):
@@ -119,7 +159,7 @@ def test_ctr_predictions_by_hand():
 
     def at(label: str, n: int) -> float:
         c = next(c for c in wc.cases(n, "ctr") if c.label == label)
-        return wc.predict_point("ctr", c, n, w) / wc.WIRE
+        return wc.payload_and_messages(c, n, w)[0]
 
     assert at("asp", 2) == pytest.approx(dense + rows * (16 * 4 + 8 + 8))
     assert at("sync sparse", 2) == pytest.approx(dense + rows * (16 * 4 + 8))
@@ -165,14 +205,16 @@ def test_reuse_predicts_an_earlier_run_again_with_its_cut(tmp_path, capsys):
     (src.parent / "runs" / "mlp-n3-model-parallel-12" / "summary.json").write_text(
         json.dumps({"partition": ["flatten,fc1", "relu1,fc2", "relu2,fc3"]}))
     src.write_text(json.dumps(rows))
-    found, parts, steps = wc.load(src)
+    found, parts, steps, _ = wc.load(src)
     assert steps == (4, 12) and found[("mlp", "model-parallel", 3)][0] == 49_900.0
     assert parts[("mlp", "model-parallel", 3)] == [["flatten", "fc1"], ["relu1", "fc2"],
                                                    ["relu2", "fc3"]]
     out = wc.run(tmp_path / "new", ["mlp"], [3], reuse=str(src))
     again = json.loads((out.parent / "bytes.json").read_text())[0]
-    # the middle stage sends 256 + 128 floats a sample, batch 32, times the wire's framing
-    assert again["predicted"] == pytest.approx((1024 + 512) * wc.BATCH * wc.WIRE)
+    # the middle stage sends 256 + 128 floats a sample, batch 32, times the wire's framing,
+    # in two messages (forward, back)
+    assert again["predicted"] == pytest.approx((1024 + 512) * wc.BATCH * wc.WIRE
+                                               + 2 * wc.FRAMING)
     assert again["partition"] == [["flatten", "fc1"], ["relu1", "fc2"], ["relu2", "fc3"]]
     (tmp_path / "bad.json").write_text("[{}]")
     code, said = run_main(capsys, "scale", "bytes", "--reuse", str(tmp_path / "bad.json"),
