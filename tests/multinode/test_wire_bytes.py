@@ -63,6 +63,20 @@ def test_ring_per_host_matches_our_counter_and_the_formula(measured) -> None:
         assert abs(tx / formula - 1) <= 0.10
 
 
+def test_each_host_s_counters_name_its_packets_mtu_retransmissions_and_seconds(measured):
+    """What ``phalanx scale bytes`` takes a host's retransmissions off with: the segments
+    it sent again (never more than it sent), its link's MTU (veth: 1,500), its packets
+    (a 0.4 MB step is several full frames: at least tx_bytes / (MTU + 14) of them, GSO's
+    larger frames aside, or one packet per 64 KB) and the run's seconds."""
+    _, result = measured
+    for name in RUNS:
+        for r, k in result[name][1].items():
+            assert k["mtu"] == 1500, (name, r, k)
+            assert 0 <= k["retrans_segs"] < k["tx_packets"], (name, r, k)
+            assert k["tx_packets"] >= k["tx_bytes"] / 65_536, (name, r, k)
+            assert k["rx_packets"] > 0 and 0 < k["seconds"] < 120, (name, r, k)
+
+
 def test_main_node_root_carries_2x_n_minus_1(measured) -> None:
     x, result = measured
     ours, kernel = result["sync-main"]
