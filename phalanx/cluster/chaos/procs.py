@@ -50,8 +50,24 @@ def live(table: dict[int, Proc], pid: int) -> bool:
 
 def children(table: dict[int, Proc], pid: int) -> list[Proc]:
     """``pid``'s live children, oldest first (ranks are forked in rank order)."""
-    return sorted((p for p in table.values() if p.ppid == pid and live(table, p.pid)),
-                  key=lambda p: (p.started, p.pid))
+    return in_start_order([p for p in table.values() if p.ppid == pid and live(table, p.pid)])
+
+
+def in_start_order(procs: list[Proc], pid_max: int | None = None) -> list[Proc]:
+    """``procs`` oldest first: by start time, which counts clock ticks (10 ms), so ranks
+    forked one after another often tie; ties go by pid, which the kernel hands out in
+    increasing order but wraps at ``pid_max`` (32,768 on the CI machine, where a run
+    starts more processes than that): a few processes started within moments span less
+    than half the range, and when they span more the low ones came after the wrap."""
+    if pid_max is None:
+        try:
+            pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+        except (OSError, ValueError):
+            pid_max = 1 << 22
+    pids = [p.pid for p in procs]
+    wrapped = bool(pids) and max(pids) - min(pids) > pid_max // 2
+    return sorted(procs, key=lambda p: (p.started, p.pid + pid_max
+                                        if wrapped and p.pid < pid_max // 2 else p.pid))
 
 
 def fork_servers(table: dict[int, Proc], pid: int) -> list[Proc]:
