@@ -65,6 +65,9 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "nvidia_smi": nvidia_smi(),
         "pytest": _has("pytest"),
+        # whether `phalanx scale steps` / `bytes` could run here (network namespaces, tc):
+        # None, or why not (docs/scale.md; the scale check on the GPU needs them)
+        "test_hosts_unavailable": _test_hosts(),
         "strategies": list(NAMES),
         "models": list(MODELS),
         "datasets": list(DATASETS),
@@ -75,6 +78,15 @@ def environment() -> dict:
                           "memory_gib": round(p.total_memory / 2**30, 1),
                           "multiprocessors": p.multi_processor_count}
     return env
+
+
+def _test_hosts() -> str | None:
+    from phalanx.runtime.hosts import unavailable
+
+    try:
+        return unavailable()
+    except OSError as e:  # no ip at all, a /proc we may not read
+        return f"{type(e).__name__}: {e}"
 
 
 def _has(module: str) -> bool:

@@ -22,6 +22,7 @@ import pytest
 from phalanx.data.idx import write_idx
 from phalanx.models import MODELS
 from phalanx.parallel.registry import NAMES, spec
+from phalanx.runtime.hosts import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = ["nvidia-smi", "env", "data", "pytest", "bench-gpu", "scaling-cuda", "scaling-cpu",
@@ -94,6 +95,8 @@ def test_dry_run_checks_every_step_and_passes(dry):
             assert by_name[name]["reason"] == f"{file} does not exist in this checkout"
     env = json.loads((out / "env.json").read_text())
     assert env["strategies"] == list(NAMES) and env["cores"] >= 1
+    # whether the scale checks could run there (test hosts: root, ip, tc), as here
+    assert env["test_hosts_unavailable"] == unavailable()
     summary = (out / "SUMMARY.txt").read_text()
     assert summary.startswith("phalanx gpu check") and "DRY RUN" in summary
     with tarfile.open(out / "logs.tar.gz") as tar:
