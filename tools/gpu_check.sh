@@ -13,7 +13,8 @@
 # Results in $OUT (default ./out/gpu-check), at most 8 files as the device tool brings back:
 # SUMMARY.txt, steps.json, env.json, runs.json, benches.json, logs.tar.gz.
 # Settings (environment): OUT; GPU_CHECK_DATA (the data folder, .gpu-data);
-# GPU_CHECK_STEPS (comma list: run only these steps, e.g. runs-gpt,bench-gpt for a rerun);
+# GPU_CHECK_STEPS (comma list: run only these steps, e.g. runs-gpt,bench-gpt for a rerun;
+# `scale`, the simulator against real runs at N up to 8, runs only when named here);
 # GPU_CHECK_BUDGET (seconds in all, 480); PYTHON (python3).
 set -u
 
@@ -32,10 +33,14 @@ fi
 # LeNet-5's 13 one at a time), estimated 40, 47 and 35 s with RUN_JOBS at once. The
 # strategy runs come last: an overrun skips single runs (each listed), not a benchmark.
 ORDER=(nvidia-smi env data pytest bench-gpu scaling-cuda scaling-cpu bench-gpt bench-ctr
-       runs-lenet5 runs-gpt runs-ctr)
+       runs-lenet5 runs-gpt runs-ctr scale)
 declare -A SHARE=([nvidia-smi]=5 [env]=15 [data]=5 [pytest]=100 [bench-gpu]=35
                   [scaling-cuda]=35 [scaling-cpu]=65 [bench-gpt]=65 [bench-ctr]=30
-                  [runs-lenet5]=35 [runs-gpt]=40 [runs-ctr]=35)
+                  [runs-lenet5]=35 [runs-gpt]=40 [runs-ctr]=35 [scale]=400)
+# steps that run only when GPU_CHECK_STEPS names them: `scale` (tools/gpu_scale.py, the
+# simulator against real runs at N up to 8 on test hosts, CPU only) takes minutes of its
+# own: GPU_CHECK_STEPS=scale GPU_CHECK_BUDGET=480, in a call of its own
+OPT_IN=(scale)
 RESERVE=15  # the summary and packing the logs
 # strategy runs at once (tools/gpu_runs.py --jobs): a run is a driver and 2-3 ranks, busy
 # mostly with start-up (imports, CUDA init, rendezvous: 5-10 s of its 5-20 s); 6 at once
@@ -73,7 +78,10 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 DRYARG=()
 [ "$DRY" = 1 ] && DRYARG=(--dry)
 
-selected() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+selected() {
+    if [[ " ${OPT_IN[*]} " == *" $1 "* ]]; then [[ ",$ONLY," == *",$1,"* ]]; return; fi
+    [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]
+}
 
 # each selected step's deadline, in seconds since the start ($SECONDS)
 declare -A END
@@ -91,8 +99,10 @@ record() {  # NAME STATUS RC SECONDS BOUND REASON
 }
 
 skip() {  # NAME REASON
-    if selected "$1"; then record "$1" skipped "" 0 0 "$2"; else record "$1" skipped "" 0 0 \
-        "not in GPU_CHECK_STEPS"; fi
+    if selected "$1"; then record "$1" skipped "" 0 0 "$2"
+    elif [[ " ${OPT_IN[*]} " == *" $1 "* ]]; then
+        record "$1" skipped "" 0 0 "opt-in: name it in GPU_CHECK_STEPS (minutes of its own)"
+    else record "$1" skipped "" 0 0 "not in GPU_CHECK_STEPS"; fi
 }
 
 last_line() { grep -v '^[[:space:]]*$' "$1" | tail -n 1 | cut -c 1-300; }
@@ -113,7 +123,8 @@ step() {  # NAME COMMAND... : COMMAND under the step's bound, its output in logs
         124 | 137) status=timeout reason="past its $bound s bound" ;;
         *) status=failed reason=$(last_line "$LOGS/$name.log") ;;
     esac
-    if [[ $name == runs-* && $rc == 3 ]]; then  # tools/gpu_runs.py: the model is not here
+    if [[ ($name == runs-* || $name == scale) && $rc == 3 ]]; then  # not here: the model
+        # (tools/gpu_runs.py), or test hosts (tools/gpu_scale.py)
         status=skipped reason=$(last_line "$LOGS/$name.log")
     fi
     record "$name" "$status" "$rc" "$((SECONDS - t0))" "$bound" "$reason"
@@ -224,5 +235,13 @@ at_once bench bench-ctr bench/ctr.py --device cuda --quick
 at_once runs lenet5
 at_once runs gpt
 at_once runs ctr
+
+# 7. opt-in (GPU_CHECK_STEPS=scale): the scale simulator against real runs at N up to 8,
+# every process on a core of its own (tools/gpu_scale.py; its tables in logs/)
+scale_check() {
+    if ! selected scale; then skip scale ""; return; fi
+    step scale "$PY" tools/gpu_scale.py "$LOGS" "${DRYARG[@]}"
+}
+at_once scale_check scale
 
 finish

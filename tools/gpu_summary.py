@@ -111,7 +111,7 @@ def run_lines(runs: dict) -> list[str]:
 
 
 def summary_text(steps: list[dict], env: dict, benches: dict, runs: dict, *, dry: bool,
-                 budget: int, elapsed: int) -> str:
+                 budget: int, elapsed: int, scale: dict | None = None) -> str:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     mode = "DRY RUN: commands and files checked, nothing measured" if dry else "run"
     bad = [s["name"] for s in steps if s["status"] in ("failed", "timeout")]
@@ -125,8 +125,12 @@ def summary_text(steps: list[dict], env: dict, benches: dict, runs: dict, *, dry
         rc = "" if s["rc"] is None else str(s["rc"])
         lines.append(f"{s['name']:14s} {s['status']:8s} {rc:>4s} {s['seconds']:5d} "
                      f"{s['bound_s']:6d}  {s['reason']}")
-    lines += ["", "benchmarks:", *bench_lines(benches), "", "strategy runs:", *run_lines(runs),
-              "", "logs: logs.tar.gz (one log per step, runs/MODEL-STRATEGY.log per run)"]
+    lines += ["", "benchmarks:", *bench_lines(benches), "", "strategy runs:", *run_lines(runs)]
+    if scale:
+        lines += ["", "scale (the simulator against runs at N up to 8; tables in logs/):",
+                  *(f"  {part}: {json.dumps(scale[part])}" for part in ("bytes", "steps")
+                    if part in scale)]
+    lines += ["", "logs: logs.tar.gz (one log per step, runs/MODEL-STRATEGY.log per run)"]
     return "\n".join(lines) + "\n"
 
 
@@ -152,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         indent=1) + "\n")
     (out / "benches.json").write_text(json.dumps(benches, indent=1) + "\n")
     (out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
+    scale = read_json(logs / "scale.json") if (logs / "scale.json").is_file() else None
     (out / "SUMMARY.txt").write_text(summary_text(steps, env, benches, runs, dry=args.dry,
-                                                  budget=args.budget, elapsed=args.elapsed))
+                                                  budget=args.budget, elapsed=args.elapsed,
+                                                  scale=scale))
     return 0
 
 

@@ -26,7 +26,7 @@ from phalanx.runtime.hosts import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = ["nvidia-smi", "env", "data", "pytest", "bench-gpu", "scaling-cuda", "scaling-cpu",
-         "bench-gpt", "bench-ctr", "runs-lenet5", "runs-gpt", "runs-ctr"]
+         "bench-gpt", "bench-ctr", "runs-lenet5", "runs-gpt", "runs-ctr", "scale"]
 RUN_JOBS = 6  # tools/gpu_check.sh: strategy runs at once
 RESULTS = {"SUMMARY.txt", "steps.json", "env.json", "runs.json", "benches.json",
            "logs.tar.gz"}
@@ -77,6 +77,9 @@ def test_dry_run_checks_every_step_and_passes(dry):
     for name in ("env", "data", "pytest", "bench-gpu", "scaling-cuda", "scaling-cpu",
                  "runs-lenet5"):
         assert by_name[name]["status"] == "ok", by_name[name]
+    # the scale step runs only when named (minutes of its own): not in the default budget
+    assert by_name["scale"]["status"] == "skipped" and by_name["scale"]["bound_s"] == 0
+    assert by_name["scale"]["reason"].startswith("opt-in: name it in GPU_CHECK_STEPS")
     runs = json.loads((out / "runs.json").read_text())
     for model in ("gpt", "ctr"):
         step = by_name[f"runs-{model}"]
@@ -131,6 +134,24 @@ def test_dry_run_plans_every_strategy_with_its_spec(dry):
             assert row["status"] == "refused" and "drop it" in row["reason"], row
         else:  # no CUDA path: skipped with the spec's own reason
             assert row["status"] == "skipped" and s.device.reason in row["reason"]
+
+
+def test_the_opt_in_scale_step_checks_its_plan_when_named(tmp_path):
+    """``GPU_CHECK_STEPS=scale``: tools/gpu_scale.py checks the calibration, the models and
+    the sizes, and that test hosts can be made (here, as root: they can), and writes its
+    plan to logs/scale.json; the summary says so. Nothing else runs."""
+    r = gpu_check(tmp_path, tmp_path / "no-data", GPU_CHECK_DRY="1", GPU_CHECK_STEPS="scale")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "out"
+    steps = {s["name"]: s for s in json.loads((out / "steps.json").read_text())["steps"]}
+    assert steps["scale"]["status"] == "ok", steps["scale"]
+    assert {n for n, s in steps.items() if s["status"] != "skipped"} == {"scale"}
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        plan = json.load(tar.extractfile("logs/scale.json"))
+        log = tar.extractfile("logs/scale.log").read().decode()
+    assert plan["dry"] is True and plan["steps"]["sizes"] == [2, 4, 8]
+    assert plan["bytes"]["sizes"] == [8] and "test hosts can be made here" in log
+    assert "scale (the simulator against runs at N up to 8" in (out / "SUMMARY.txt").read_text()
 
 
 def test_dry_run_reports_a_missing_data_folder(tmp_path):
