@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass, replace
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 

@@ -104,6 +104,15 @@ def test_predictions_by_hand():
     assert sent("pipeline M=4", 2) == 4 and sent("model-parallel", 2) == 1
     assert sent("sync main", 3) == 2  # rank 0's answers to the other two
     assert gloo_framing() == wc.FRAMING
+    # three stages: the cut a run made (its summary's partition; phalanx's partition by
+    # measured time cuts the MLP either way): after fc1 (256 floats a sample) and fc2 (128)
+    # the middle stage sends 1.5 x act; after flatten and fc1 (256 each), 2 x act; in 8
+    # messages (4 micro-batches forward, 4 back)
+    c3 = next(c for c in wc.cases(3, "mlp") if c.label == "pipeline M=4")
+    for stages, share in (([["flatten", "fc1"], ["relu1", "fc2"], ["relu2", "fc3"]], 1.5),
+                          ([["flatten"], ["fc1"], ["relu1", "fc2", "relu2", "fc3"]], 2.0)):
+        cut = wc.with_cuts(w, "mlp", stages)
+        assert wc.payload_and_messages(c3, 3, cut) == pytest.approx((share * act, 8))
 
 
 def gloo_framing() -> int:
@@ -112,14 +121,6 @@ def gloo_framing() -> int:
     in a segment of its own under 14 + 20 + 20 + 12 bytes of headers."""
     preamble, headers = 6 * 8, 14 + 20 + 20 + 12
     return 3 * (preamble + headers)
-    # three stages: the cut a run made (its summary's partition; phalanx's partition by
-    # measured time cuts the MLP either way): after fc1 (256 floats a sample) and fc2 (128)
-    # the middle stage sends 1.5 x act; after flatten and fc1 (256 each), 2 x act
-    c3 = next(c for c in wc.cases(3, "mlp") if c.label == "pipeline M=4")
-    for stages, sent in (([["flatten", "fc1"], ["relu1", "fc2"], ["relu2", "fc3"]], 1.5),
-                         ([["flatten"], ["fc1"], ["relu1", "fc2", "relu2", "fc3"]], 2.0)):
-        cut = wc.with_cuts(w, "mlp", stages)
-        assert wc.payload_and_messages(c3, 3, cut) == pytest.approx((sent * act, 8))
 
 
 def test_hybrid_allreduces_the_busiest_stage_s_gradient():

@@ -12,6 +12,7 @@ from phalanx.errors import ConfigError
 from phalanx.scale.calibrate import fit_bucket, fit_line
 from phalanx.scale.eventsim import AsyncSpec, simulate
 from phalanx.scale.published import (
+    _horovod,
     byteps_allreduce,
     byteps_checks,
     byteps_model,
@@ -21,7 +22,6 @@ from phalanx.scale.published import (
     ring_claim_checks,
     tcp_goodput,
 )
-from phalanx.scale.published import _horovod
 from phalanx.scale.setting import Stragglers
 
 
