@@ -10,6 +10,7 @@ per-layer timing hooks would cost more than the MLP's whole step).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -106,6 +107,14 @@ def _cut_bytes(model: torch.nn.Module, x: torch.Tensor, most: int = 8
         cuts.append(c)
         params.append(k)
     return tuple(cuts), tuple(params)
+
+
+@functools.lru_cache(maxsize=None)
+def layer_count(name: str, input_shape: tuple[int, ...] | None = None) -> int:
+    """How many stages phalanx can cut ``name`` into (``parallel/partition.layers_of``:
+    the MLP 6, the default GPT 7): a pipeline or model-parallel run of more stages is
+    refused."""
+    return len(layers_of(_build(name, input_shape, None)[3]))
 
 
 def cuts_of(name: str, stages: list[list[str]], input_shape: tuple[int, ...],

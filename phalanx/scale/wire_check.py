@@ -35,7 +35,7 @@ from phalanx.experiments.hostgroup import Plan, PlannedRun, run_plan
 from phalanx.runtime.hosts import TestNetwork, unavailable
 from phalanx.scale.network import Link, hosts_network
 from phalanx.scale.predict import predict
-from phalanx.scale.profile import cuts_of, profile_model
+from phalanx.scale.profile import cuts_of, layer_count, profile_model
 from phalanx.scale.report import commit
 from phalanx.scale.setting import Compression, Setting
 
@@ -100,8 +100,9 @@ def _ps_cases(n: int) -> list[Case]:
 
 def cases(n: int, model: str) -> list[Case]:
     """Every strategy phalanx can run across hosts with ``n`` workers (PS: 2 more hosts for
-    the shards, ranks 0 and 1); for the CTR model, those that differ in how its table
-    travels: densified in the buckets, its rows all-gathered, its rows pushed and pulled."""
+    the shards, ranks 0 and 1; pipeline and model parallel up to a stage a layer: the MLP
+    to 6, the GPT to 7); for the CTR model, those that differ in how its table travels:
+    densified in the buckets, its rows all-gathered, its rows pushed and pulled."""
     w = tuple(range(n))
     if model == "ctr":
         return [
@@ -128,11 +129,14 @@ def cases(n: int, model: str) -> list[Case]:
                         "--rule", "adamw"), n, w, {"strategy": "zero", "zero_stage": 1}),
         Case("zero-3", ("--strategy", "zero", "--zero-stage", "3", "--allreduce", "ring",
                         "--rule", "adamw"), n, w, {"strategy": "zero", "zero_stage": 3}),
-        Case("pipeline M=4", ("--strategy", "pipeline", "--stages", str(n), "--microbatches",
-                              "4"), n, w, {"strategy": "pipeline", "micro_batches": 4}),
-        Case("model-parallel", ("--strategy", "model-parallel", "--workers", str(n)), n, w,
-             {"strategy": "model-parallel"}),
     ]
+    if n <= layer_count(model, INPUT[model]):  # a stage a worker: no more than its layers
+        out += [
+            Case("pipeline M=4", ("--strategy", "pipeline", "--stages", str(n),
+                                  "--microbatches", "4"), n, w,
+                 {"strategy": "pipeline", "micro_batches": 4}),
+            Case("model-parallel", ("--strategy", "model-parallel", "--workers", str(n)), n,
+                 w, {"strategy": "model-parallel"})]
     if model == "gpt" and GPT_HEADS % n == 0:  # tensor splits the heads over the ranks
         out.append(Case("tensor", ("--strategy", "tensor", "--workers", str(n)), n, w,
                         {"strategy": "tensor", "tensor": n}))

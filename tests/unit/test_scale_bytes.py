@@ -44,6 +44,18 @@ def _netstats(d: Path, tx: list[int]) -> None:
         (d / f"netstats-rank{r}.json").write_text(json.dumps({"tx_bytes": b, "rx_bytes": 0}))
 
 
+def test_no_more_stages_than_the_model_has_layers():
+    """phalanx refuses a pipeline of more stages than layers (the MLP has 6: flatten, fc1,
+    relu1, fc2, relu2, fc3; the GPT 7): at N = 8 neither is a case (a run at N = 8 had
+    stopped the whole group with '--stages: 8 stages but the model has only 6 layers')."""
+    labels = {n: {c.label for c in wc.cases(n, "mlp")} for n in (6, 7, 8)}
+    assert {"pipeline M=4", "model-parallel"} <= labels[6]
+    assert not {"pipeline M=4", "model-parallel"} & (labels[7] | labels[8])
+    assert "model-parallel" in {c.label for c in wc.cases(7, "gpt")}
+    assert "model-parallel" not in {c.label for c in wc.cases(8, "gpt")}
+    assert "hybrid 2 stages" in labels[8] and "sync ring" in labels[8]
+
+
 def test_retransmitted_segments_are_taken_off_a_host_s_bytes(tmp_path):
     """TCP's retransmissions are the network's, not the protocol's: each a full frame (a
     1,500-byte MTU's segment and its 14 bytes of Ethernet header) off the tx count; a
