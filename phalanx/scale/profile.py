@@ -109,7 +109,7 @@ def _cut_bytes(model: torch.nn.Module, x: torch.Tensor, most: int = 8
     return tuple(cuts), tuple(params)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def layer_count(name: str, input_shape: tuple[int, ...] | None = None) -> int:
     """How many stages phalanx can cut ``name`` into (``parallel/partition.layers_of``:
     the MLP 6, the default GPT 7): a pipeline or model-parallel run of more stages is
