@@ -394,7 +394,13 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_validate)
 
     p = inner.add_parser("bytes", help="every strategy's bytes per step on test hosts (the "
-                                       "kernel's counters) against the prediction (root)")
+                                       "kernel's counters) against the prediction (root)",
+                         description="Runs every strategy on test hosts (one process a "
+                         "host) for SHORT and LONG steps and counts each host's tx bytes "
+                         "(less TCP's retransmissions) over the extra steps; predicts the "
+                         "busiest worker's payload x the bulk framing (+0.25%) + 342 bytes "
+                         "a message (gloo's TCP ops). Writes bytes.md and bytes.json. "
+                         "docs/scale.md")
     p.add_argument("--models", default="mlp,gpt,ctr", help="mlp, gpt, ctr (comma-separated)")
     p.add_argument("--sizes", default="2,3,4", help="worker counts N, 2..8")
     p.add_argument("--steps", default="4,12",
