@@ -100,7 +100,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
                   f"{p.compute_s * 1e3:.2f} + exposed comm {p.exposed_comm_s * 1e3:.2f} + "
                   f"server {p.server_s * 1e3:.2f} + bubble {p.bubble_s * 1e3:.2f} + "
                   f"straggler {p.straggler_s * 1e3:.2f}; {p.bytes_per_worker / 1e6:.2f} MB "
-                  f"per worker; bottleneck {p.bottleneck}; {p.samples_per_s:,.0f} samples/s; "
+                  f"in {p.messages:g} messages per worker; bottleneck {p.bottleneck}; "
+                  f"{p.samples_per_s:,.0f} samples/s; "
                   f"efficiency {p.efficiency:.3f}"
                   + ("" if p.staleness_mean is None else
                      f"; staleness ~{p.staleness_mean:.1f}"))

@@ -32,8 +32,9 @@ def commit() -> str:
 
 def write_csv(path: Path, rows: Sequence[Row], conv: Convergence) -> None:
     fields = ["strategy", "workers", "step_ms", "compute_ms", "exposed_comm_ms", "comm_ms",
-              "server_ms", "bubble_ms", "straggler_ms", "mb_per_worker", "bottleneck",
-              "samples_per_s", "efficiency", "staleness_mean", "time_to_target_s", "skipped"]
+              "server_ms", "bubble_ms", "straggler_ms", "mb_per_worker", "messages_per_worker",
+              "bottleneck", "samples_per_s", "efficiency", "staleness_mean", "time_to_target_s",
+              "skipped"]
     with path.open("w", newline="") as f:
         out = csv.DictWriter(f, fieldnames=fields)
         out.writeheader()

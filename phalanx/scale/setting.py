@@ -179,6 +179,7 @@ class Prediction:
                 "bubble_ms": round(self.bubble_s * 1e3, 4),
                 "straggler_ms": round(self.straggler_s * 1e3, 4),
                 "mb_per_worker": round(self.bytes_per_worker / 1e6, 6),
+                "messages_per_worker": round(self.messages, 4),
                 "bottleneck": self.bottleneck,
                 "samples_per_s": round(self.samples_per_s, 3),
                 "efficiency": round(self.efficiency, 4),
