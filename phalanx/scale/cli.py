@@ -261,6 +261,12 @@ def _cmd_bytes(args: argparse.Namespace) -> int:
 def _cmd_steps(args: argparse.Namespace) -> int:
     from phalanx.scale import step_check  # torch and test hosts: only for this action
 
+    if args.across:
+        path = step_check.across([Path(p) for p in args.across.split(",") if p],
+                                 args.calibration, Path(args.out), cores=args.cores)
+        print(path.read_text())
+        print(f"-> {path}")
+        return 0
     models = [m for m in args.models.split(",") if m]
     rates = _floats(args.rates, "--rates")
     path = step_check.run(Path(args.out), models, _ints(args.sizes, "--sizes"), rates,
@@ -438,5 +444,9 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
     p.add_argument("--reuse", default=None, metavar="STEPS_JSON",
                    help="predict an earlier run's measured steps again (another "
                         "--calibration), without running")
+    p.add_argument("--across", default=None, metavar="STEPS_JSON,STEPS_JSON,...",
+                   help="several reruns' steps.json, each predicted again: how far each "
+                        "held-out point moved between them and the model's error against "
+                        "their median (across.md, across.json), without running")
     p.add_argument("--out", default="runs/scale/steps")
     p.set_defaults(func=_cmd_steps)

@@ -114,6 +114,39 @@ def test_reuse_predicts_measured_steps_again(capsys, tmp_path):
     assert rc == 2 and "not a steps.json" in err and err.count("\n") == 1
 
 
+def test_across_reruns_gives_each_point_s_spread_and_the_error_against_its_median(
+        capsys, tmp_path):
+    """``--across A,B``: the same held-out point in two reruns (300 and 330 ms), each file
+    predicted again with one model: a spread of 10% and the error against their median,
+    315 ms; a point only one file has is left out; fewer than two files, one line."""
+    fitted = cal.load(CAL)["fitted"]
+    fit = ("mlp", "sync ring", 2, 1000.0)
+    files = []
+    for i, (held, extra) in enumerate(((0.300, True), (0.330, False))):
+        found = {fit: [0.065], ("mlp", "sync ring", 2, 20.0): [held]}
+        if extra:
+            found[("mlp", "sync ring", 2, 100.0)] = [0.080]
+        pts = sc.points(found, fitted, cores=8)
+        path = tmp_path / f"r{i}" / "steps.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps([p.__dict__ for p in pts]))
+        files.append(path)
+    rc, (out, _) = run_main(capsys, "scale", "steps", "--across", ",".join(map(str, files)),
+                            "--calibration", CAL, "--cores", "8", "--out", str(tmp_path / "a"))
+    assert rc == 0 and "noise or model" in out
+    got = json.loads((tmp_path / "a" / "across.json").read_text())["points"]
+    assert [(r["rate"], r["measured_s"]) for r in got] == [(20.0, [0.300, 0.330])]
+    (r,) = got
+    assert r["spread"] == pytest.approx(0.1)
+    assert r["error"] == pytest.approx(r["predicted_s"] / 0.315 - 1)
+    again = sc.points({fit: [0.065], ("mlp", "sync ring", 2, 20.0): [0.3]}, fitted, cores=8)
+    assert r["predicted_s"] == pytest.approx(next(p.predicted_s for p in again
+                                                  if p.rate == 20.0))
+    rc, (_, err) = run_main(capsys, "scale", "steps", "--across", str(files[0]),
+                            "--calibration", CAL, "--out", str(tmp_path / "b"))
+    assert rc == 2 and "at least two steps.json" in err and err.count("\n") == 1
+
+
 def test_fit_runs_are_spread_over_the_group_and_their_median_is_fitted():
     assert sc._order([100.0, 20.0], 2, 3) == [1000.0, 100.0, 1000.0, 20.0, 1000.0]
     assert sc._order([100.0, 20.0], 2, 1) == [1000.0, 100.0, 20.0]
