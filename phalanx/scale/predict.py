@@ -415,14 +415,15 @@ def _sharded(w: Workload, s: Setting, net: Network) -> Prediction:
         units = w.units()
         if units:  # phalanx's units, one collective after another (the compute between)
             exposed = _stage3_units(units, w, lambda b: _half(s, net, devices, b), bucket)
-            # each its own messages: the root's gather and reduce-scatter, a unit's two
-            # gathers and its reduce-scatter
-            ops = sum(2 if name == "root" else 3 for name, _, _ in units)
-            comm = replace(comm, messages=ops * _half(s, net, devices, 1.0).messages)
         else:  # gather, forward, gather, backward, reduce-scatter: two gaps
             exposed = 3 * raw - min(bucket, forward) - min(bucket, w.step_compute_s - forward)
         if s.strategy == "fsdp":  # forward's gathers behind forward; backward's as sync's
             exposed = max(0.0, half.seconds - forward) + behind_backward(2)
+    units = w.units()
+    if units:  # phalanx's collectives go unit by unit, each with its own messages: a
+        # unit's reduce-scatter and all-gather (stage 3: two gathers), the root's two
+        ops = sum(2 if name == "root" or stage < 3 else 3 for name, _, _ in units)
+        comm = replace(comm, messages=ops * _half(s, net, devices, 1.0).messages)
     what = "reduce-scatter + all-gather" if stage < 3 else "two all-gathers + a reduce-scatter"
     notes = (f"stage {stage}: {what} ({s.allreduce}), "
              f"{comm.bytes_per_worker / max(w.grad_bytes, 1):.2f} x the gradient's bytes",)

@@ -116,6 +116,10 @@ def test_predictions_by_hand():
     assert sent("asp", 3) == sent("bsp", 2) == 2
     assert sent("pipeline M=4", 2) == 4 and sent("model-parallel", 2) == 1
     assert sent("sync main", 3) == 2  # rank 0's answers to the other two
+    # ZeRO goes unit by unit (the MLP's fc1, fc2, fc3): stage 1 a reduce-scatter and an
+    # all-gather each, stage 3 two gathers and a reduce-scatter, each N - 1 ring steps
+    assert [sent("zero-1", n) for n in (2, 4)] == [6, 18]
+    assert [sent("zero-3", n) for n in (2, 4)] == [9, 27]
     assert gloo_framing() == wc.FRAMING
     # three stages: the cut a run made (its summary's partition; phalanx's partition by
     # measured time cuts the MLP either way): after fc1 (256 floats a sample) and fc2 (128)
