@@ -262,8 +262,10 @@ def _cmd_steps(args: argparse.Namespace) -> int:
     from phalanx.scale import step_check  # torch and test hosts: only for this action
 
     if args.across:
-        path = step_check.across([Path(p) for p in args.across.split(",") if p],
-                                 args.calibration, Path(args.out), cores=args.cores)
+        from phalanx.scale.steps_across import across
+
+        path = across([Path(p) for p in args.across.split(",") if p], args.calibration,
+                      Path(args.out), cores=args.cores)
         print(path.read_text())
         print(f"-> {path}")
         return 0
