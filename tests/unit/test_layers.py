@@ -68,6 +68,7 @@ LAZY = {
     ("phalanx.scale.cli", "phalanx.scale.server_cost"),  # calibrate times a real shard
     ("phalanx.scale.cli", "phalanx.scale.wire_check"),  # bytes runs real ranks on test hosts
     ("phalanx.scale.cli", "phalanx.scale.step_check"),  # steps runs real ranks on test hosts
+    ("phalanx.scale.cli", "phalanx.scale.steps_across"),  # steps --across: step_check's
 }
 
 
