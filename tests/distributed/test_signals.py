@@ -27,8 +27,8 @@ import pytest
 import stacks
 from stacks import communicate_or_dump
 
+from phalanx.cluster.chaos import procs
 from phalanx.comm.shm import SHM_PREFIX, SHM_ROOT
-from phalanx.runtime.command_fork import FORK_SERVER_NAME
 from phalanx.runtime.signals import STACK_DUMP_SIGNAL, sweep_stale_dirs
 
 ASP = ["train", "--strategy", "asp", "--workers", "2", "--data", "synthetic", "--model", "mlp",
@@ -49,56 +49,12 @@ def shm_dirs(pid: int) -> list[Path]:
     return list(Path(SHM_ROOT).glob(f"{SHM_PREFIX}{pid}-*"))
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out
-
-
 def ranks(pid: int) -> list[int]:
     """Pids of the run's rank processes: forks of the driver's pre-loaded fork server
     (phalanx.runtime.supervise: a fresh interpreter under phalanx.train, a fork of the
-    ``phalanx`` command, named so, under the CLI), in start order."""
-    servers = [c for c in children(pid)
-               if "forkserver" in _cmdline(c) or _comm(c) == FORK_SERVER_NAME]
-    return in_start_order([r for s in servers for r in children(s)])
-
-
-def in_start_order(pids: list[int], pid_max: int | None = None) -> list[int]:
-    """``pids`` of processes started one after another, in the order they started. The
-    kernel hands out pids in increasing order and wraps at ``pid_max`` (32,768 here: a CI
-    run starts more processes than that, and a run's server once got 32,7xx and its
-    workers 3xx, so the highest pid was not the last started: the test killed the server).
-    A few processes started within moments of each other span less than half the range:
-    when they span more, the low ones came after the wrap."""
-    if pid_max is None:
-        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    if pids and max(pids) - min(pids) > pid_max // 2:
-        return sorted(pids, key=lambda p: p + pid_max if p < pid_max // 2 else p)
-    return sorted(pids)
-
-
-def test_start_order_survives_the_pid_wrap():
-    assert in_start_order([32_760, 305, 301], pid_max=32_768) == [32_760, 301, 305]
-    assert in_start_order([4_000, 3_990, 4_010], pid_max=32_768) == [3_990, 4_000, 4_010]
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
+    ``phalanx`` command, named so, under the CLI), in start order across the pid wrap
+    (the chaos harness's view of a driver: ``phalanx.cluster.chaos.procs``)."""
+    return [p.pid for p in procs.driver_ranks(procs.scan(), pid)]
 
 
 def alive(pid: int) -> bool:
