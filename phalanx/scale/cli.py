@@ -77,6 +77,7 @@ def _server_costs(args: argparse.Namespace) -> dict[str, float]:
 def _setting(args: argparse.Namespace, strategy: str, n: int) -> Setting:
     return Setting(**_server_costs(args), strategy=strategy, workers=n, servers=args.servers,
                    allreduce=args.allreduce, bucket_mb=args.bucket_mb,
+                   fusion_cycle_ms=args.fusion_cycle_ms,
                    compress=Compression.parse(args.compress), period=args.period,
                    staleness=args.staleness, softsync=args.softsync, nfetch=args.nfetch,
                    npush=args.npush, stages=args.stages, micro_batches=args.micro_batches,
@@ -325,6 +326,9 @@ def _strategy_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--duplex", action="store_true", help="PS pushes and pulls overlap")
     g.add_argument("--allreduce", default="ring", help="ring | tree | hierarchical | main")
     g.add_argument("--bucket-mb", type=float, default=25.0, help="0: no overlap")
+    g.add_argument("--fusion-cycle-ms", type=float, default=0.0,
+                   help="sync: Horovod's tensor fusion, a bucket closes after this much "
+                        "backward or at --bucket-mb (0: buckets by size, as DDP)")
     g.add_argument("--sparse-allreduce", action="store_true",
                    help="sync: the CTR table's distinct rows all-gathered after backward "
                         "(phalanx train --sparse-allreduce), not densified in the buckets")

@@ -81,7 +81,7 @@ def _sync(w: Workload, s: Setting, net: Network) -> Prediction:
         c = exchange(nbytes)
         return c.seconds + c.credit_s
 
-    tl = bucket_timeline(bucketed, cap, busy)
+    tl = bucket_timeline(bucketed, cap, busy, cycle_s=s.fusion_cycle_ms / 1e3)
     whole = exchange(float(bucketed.grad_bytes))  # bytes and levels of one step's gradient
     # the links' token buckets (tc tbf's burst) refill only while the links are idle: in
     # the steady state, the compute the exchange does not overlap (at least the forward
@@ -98,7 +98,10 @@ def _sync(w: Workload, s: Setting, net: Network) -> Prediction:
     strag = w.step_compute_s * (s.stragglers.expected_max(s.workers) - 1)
     comm = CommCost(tl.comm_s - credit, whole.bytes_per_worker, whole.bytes_by_level,
                     whole.bottleneck, whole.messages * tl.buckets, credit_s=credit)
-    notes = (f"{tl.buckets} buckets of <= {s.bucket_mb:g} MB; {s.allreduce} allreduce",)
+    fused = (f"{tl.buckets} buckets (a {s.fusion_cycle_ms:g} ms fusion cycle or "
+             f"{s.bucket_mb:g} MB)" if s.fusion_cycle_ms else
+             f"{tl.buckets} buckets of <= {s.bucket_mb:g} MB")
+    notes = (f"{fused}; {s.allreduce} allreduce",)
     exposed = max(0.0, tl.exposed_s - credit)
     if rows:
         # --sparse-allreduce (sync_dp.sparse_mean): after backward, gloo all-gathers every

@@ -97,6 +97,9 @@ class Setting:
     servers: int = 1
     allreduce: str = "ring"
     bucket_mb: float = 25.0
+    # sync: Horovod's tensor fusion, a bucket closes after this much backward or at
+    # bucket_mb (0: DDP's buckets, by size alone)
+    fusion_cycle_ms: float = 0.0
     compress: Compression = Compression("none")
     period: int = 8
     staleness: int = 4
@@ -129,6 +132,9 @@ class Setting:
                 raise ConfigError(f"{flag}: {v!r} is not an integer in {lo}..{hi}")
         if not 0 <= self.bucket_mb <= 4096:
             raise ConfigError(f"--bucket-mb: {self.bucket_mb} is not in 0..4096 (0: no overlap)")
+        if not 0 <= self.fusion_cycle_ms <= 10_000:
+            raise ConfigError(f"--fusion-cycle-ms: {self.fusion_cycle_ms} is not in "
+                              f"0..10000 (0: buckets by size alone)")
         if self.server_placement not in ("dedicated", "colocated"):
             raise ConfigError(f"--server-placement: {self.server_placement!r} is not "
                               f"dedicated or colocated")

@@ -60,9 +60,9 @@ def default_setting(strategy: str, n: int, base: Setting | None = None) -> Setti
     """A strategy's settings at N for a sweep: PS shards N/4, tensor degree 8, 4 stages
     for the hybrid, micro-batches 2 x stages for pipelines."""
     kw = {} if base is None else {f: getattr(base, f) for f in (
-        "bucket_mb", "compress", "period", "staleness", "softsync", "nfetch", "npush",
-        "server_placement", "duplex", "server_byte_s", "server_msg_s", "stragglers",
-        "allreduce")}
+        "bucket_mb", "fusion_cycle_ms", "compress", "period", "staleness", "softsync",
+        "nfetch", "npush", "server_placement", "duplex", "server_byte_s", "server_msg_s",
+        "stragglers", "allreduce")}
     s = Setting(strategy=strategy, workers=n, servers=max(1, n // 4), **kw)
     if strategy == "tensor":
         s = replace(s, tensor=8 if n % 8 == 0 else 1)

@@ -85,6 +85,26 @@ def test_overlap_timeline_by_hand() -> None:
     assert bucket_timeline(w, 0, lambda b: 0.5).exposed_s == pytest.approx(0.5)
 
 
+def test_horovod_fusion_closes_a_bucket_on_its_cycle_or_its_bytes() -> None:
+    """Backward order 3, 2, 1, 0 taking 2, 2, 4, 1 ms; bytes 10, 10, 10, 100. A 3 ms cycle
+    closes {3, 2} at 4 ms of backward (the layer that crossed stays), then {1} at 8 ms;
+    {0} is left at the end. A 15-byte cap closes {3, 2} at 20 bytes, {1, 0} at 110. By
+    hand on a workload: four layers share a 0.9 s step's 0.6 s backward, 0.15 s each; a
+    0.25 s cycle closes after two: buckets ready at 0.3 and 0.6 s; each costs 0.5 s: 0.3-0.8,
+    0.8-1.3: exposed 0.7 (DDP's 1-byte cap: four buckets, 0.15-0.65 ... 1.65-2.15: 1.55)."""
+    from phalanx.scale.overlap import fusion_buckets
+    sizes, ms = [100, 10, 10, 10], [1e-3, 4e-3, 2e-3, 2e-3]
+    assert fusion_buckets(sizes, ms, 1 << 30, 3e-3) == [[3, 2], [1], [0]]
+    assert fusion_buckets(sizes, ms, 15, 1.0) == [[3, 2], [1, 0]]
+    w = Workload(name="four", layers=tuple(Layer(name=f"l{i}", params=1, compute_share=1.0)
+                                           for i in range(4)), batch=1, step_compute_s=0.9)
+    tl = bucket_timeline(w, 1 << 30, lambda b: 0.5, cycle_s=0.25)
+    assert tl.buckets == 2 and tl.exposed_s == pytest.approx(0.7)
+    assert bucket_timeline(w, 1, lambda b: 0.5).exposed_s == pytest.approx(1.55)
+    with pytest.raises(ConfigError, match="--fusion-cycle-ms"):
+        Setting(strategy="sync", workers=2, fusion_cycle_ms=-1)
+
+
 def hosts(servers: int, devices: int, links: dict | None = None) -> Network:
     data = {**THREE_HOSTS, "zones": [{"name": "z", "racks": [{"name": "r", "servers": [
         {"name": "h", "repeat": servers, "device_type": "v100", "devices": devices,
