@@ -43,6 +43,9 @@ class CommCost:
     # the bottleneck bucket's whole credit (its burst at the bottleneck's rate): a bound on
     # what one idle gap can save, however many phases follow it
     burst_s: float = 0.0
+    # latency hidden behind the bytes (the bucket refilled while it kept the link idle),
+    # already taken off ``seconds``
+    hidden_s: float = 0.0
 
     def __add__(self, other: CommCost) -> CommCost:
         levels = defaultdict(float, self.bytes_by_level)
@@ -52,13 +55,14 @@ class CommCost:
         return CommCost(self.seconds + other.seconds,
                         self.bytes_per_worker + other.bytes_per_worker, dict(levels), worst,
                         self.messages + other.messages, self.credit_s + other.credit_s,
-                        max(self.burst_s, other.burst_s))
+                        max(self.burst_s, other.burst_s), self.hidden_s + other.hidden_s)
 
     def scaled(self, k: float) -> CommCost:
         """This exchange every 1/k steps (model averaging every k steps: scaled(1/k))."""
         return CommCost(self.seconds * k, self.bytes_per_worker * k,
                         {a: b * k for a, b in self.bytes_by_level.items()}, self.bottleneck,
-                        self.messages * k, self.credit_s * k, self.burst_s * k)
+                        self.messages * k, self.credit_s * k, self.burst_s * k,
+                        self.hidden_s * k)
 
 
 NONE = CommCost(0.0, 0.0)
@@ -67,11 +71,17 @@ NONE = CommCost(0.0, 0.0)
 def _repeat(p: PhaseCost, times: int, per_worker: float, messages: float) -> CommCost:
     """``times`` phases back to back, after an idle gap that filled the token buckets: the
     buckets refill only while idle, so the phases share one burst, each taking its bytes
-    from what the ones before it left (a phase as large as the burst leaves nothing)."""
-    credit = min(p.credit_s * times, p.burst_s) if times else 0.0
-    return CommCost(p.seconds * times - credit, per_worker,
+    from what the ones before it left (a phase as large as the burst leaves nothing).
+    Before each phase the link is idle for its latency (the message's software path): the
+    bucket refills that long and the phase's bytes take it back at line rate, so a latency
+    hides behind the bytes that follow it (``refill_s``, whatever came before: the first
+    phase's too, as a gap shorter than the burst takes to refill leaves the bucket short of
+    full). An idle gap's credit is what the bytes have left after that."""
+    refill = min(p.refill_s, p.wire_s) * times
+    credit = min(p.credit_s * times, p.burst_s, p.wire_s * times - refill) if times else 0.0
+    return CommCost(p.seconds * times - credit - refill, per_worker,
                     {k: v * times for k, v in p.bytes_by_level.items()},
-                    p.bottleneck if times else "none", messages, credit, p.burst_s)
+                    p.bottleneck if times else "none", messages, credit, p.burst_s, refill)
 
 
 # ------------------------------------------------------------------ exact byte formulas

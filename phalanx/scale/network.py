@@ -99,6 +99,8 @@ class PhaseCost:
     bytes_by_level: Mapping[str, float] = field(default_factory=dict)
     credit_s: float = 0.0
     burst_s: float = 0.0
+    refill_s: float = 0.0   # tokens (as line-rate time) the latency's idle link refills
+    wire_s: float = 0.0     # the bottleneck's bytes / its rate
 
 
 class Network:
@@ -202,7 +204,12 @@ class Network:
             burst *= self.extra_nic_scale  # S machines merged into one: S buckets
         rate = self.capacity(key[0], key[1])
         credit = min(burst, load[key]) / rate if burst else 0.0
-        return PhaseCost(latency + worst, key[0], dict(by_level), credit, burst / rate)
+        # what the bucket refills while this phase's latency keeps its link idle, and its
+        # bytes take back at line rate (at most the bucket, at most the bytes' time): used
+        # where phases follow one another (collectives._repeat)
+        refill = min(latency, worst, burst / rate) if burst else 0.0
+        return PhaseCost(latency + worst, key[0], dict(by_level), credit, burst / rate,
+                         refill, worst)
 
 
 # ----------------------------------------------------------------------------- YAML

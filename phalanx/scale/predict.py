@@ -303,8 +303,13 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
         idle = max(0.0, busy - out_s) / max(len(runs), 1)
         credit = sum(min(together(micro * a).credit_s, idle) for a in runs)
         saved.append(credit / (micro * sent(k)) if sent(k) else 0.0)
-    s_f = [raw[i] - saved[i] * acts[i] for i in range(p - 1)]       # stage i -> i + 1
-    s_b = [raw[i] - saved[i + 1] * acts[i] for i in range(p - 1)]   # stage i + 1 -> i
+    # a send takes at least its latency, whatever the bucket covers of its bytes
+    one, two = (together(x) for x in (1.0, 2.0))
+    latency = 2 * (one.seconds + one.credit_s) - (two.seconds + two.credit_s)
+    s_f = [max(latency, raw[i] - saved[i] * acts[i]) if acts[i] > 0 else 0.0
+           for i in range(p - 1)]                                     # stage i -> i + 1
+    s_b = [max(latency, raw[i] - saved[i + 1] * acts[i]) if acts[i] > 0 else 0.0
+           for i in range(p - 1)]                                     # stage i + 1 -> i
     bubble = (p - 1) * (f + b)
     exposed = sum(s_f) + sum(s_b) + (micro - 1) * (
         max(f, max(s_f, default=0.0)) - f + max(b, max(s_b, default=0.0)) - b)
@@ -312,9 +317,8 @@ def _pipeline_step(w: Workload, net: Network, devices: list[int], micro: int, ba
     # its 2M sends' bytes at least at the rate, step after step (their latencies overlap
     # the link's work; the MLP's middle stage of three: 48 KB a step, 20.5 ms at 20 Mbit/s;
     # measured 20.4 ms, predicted 15.2 before)
-    one, two = (together(x) for x in (1.0, 2.0))
-    latency = 2 * (one.seconds + one.credit_s) - (two.seconds + two.credit_s)
-    floor = max(micro * sum(max(0.0, raw[i] - latency) for i in own(k)) for k in range(p))
+    wire = [raw[i] + together(acts[i]).hidden_s - latency for i in range(p - 1)]
+    floor = max(micro * sum(max(0.0, wire[i]) for i in own(k)) for k in range(p))
     exposed = max(exposed, floor - micro * (f + b) - bubble)
     levels: dict[str, float] = {}
     for i in range(p - 1):

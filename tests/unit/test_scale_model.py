@@ -63,6 +63,43 @@ def test_ring_bytes_match_comm_allreduce() -> None:
                 assert C.ring_bytes(numel, 4, world, rank) == real(numel, 4, world, rank)
 
 
+def test_a_latency_hides_behind_the_bytes_on_a_token_bucket_link() -> None:
+    """3 test hosts, links of 1 MB/s, 1 ms a message, a 50 KB bucket; a ring of 300 KB:
+    4 phases of 100 KB (0.1 s each). While a phase's latency keeps the link idle the
+    bucket refills 1 ms of tokens, which its bytes take back at line rate: back to back the
+    ring takes 4 x (1 + 100 - 1) ms = 0.4 s, its bytes' time alone (the additive alpha-beta
+    sum: 0.404 s); after a long idle gap the full bucket saves 50 ms more: 0.35 s. What
+    gloo's messages did in calibration (262 KB at 100 Mbit/s: 2.47 ms over a full bucket,
+    2.43 ms of bytes beyond it, none of its 0.8 ms latency). A latency-bound ring (100 B
+    chunks, 0.1 ms of bytes) still pays its latencies: 4 x 1 ms."""
+    from phalanx.scale.network import Link, hosts_network
+    net = hosts_network(3, Link(bandwidth=1e6, latency=1e-3, burst=5e4))
+    big = C.ring(net, [0, 1, 2], 3e5)
+    assert big.seconds + big.credit_s == pytest.approx(0.4, rel=1e-9)
+    assert big.seconds == pytest.approx(0.35, rel=1e-9)
+    assert big.hidden_s == pytest.approx(0.004, rel=1e-9)
+    small = C.ring(net, [0, 1, 2], 300.0)
+    assert small.seconds + small.credit_s == pytest.approx(4e-3, rel=1e-9)
+    # no bucket (a published cluster's links): the plain alpha-beta sum
+    plain = C.ring(hosts_network(3, Link(bandwidth=1e6, latency=1e-3)), [0, 1, 2], 3e5)
+    assert plain.seconds == pytest.approx(0.404, rel=1e-9) and plain.hidden_s == 0.0
+
+
+def test_a_pipeline_send_takes_at_least_its_latency() -> None:
+    """2 stages on the token-bucket hosts above (1 MB/s, 1 ms, 50 KB), 4 micro-batches of
+    500 B activations, no compute to speak of: each of the 8 sends (4 forward, 4 back, one
+    after another on the critical path) has its 0.5 ms of bytes covered by the bucket and
+    costs its 1 ms latency: 8 ms. (A run of four sends shares the idle gap's credit; without
+    the floor a send came out at 0.75 ms, below its own latency.)"""
+    from phalanx.scale.network import Link, hosts_network
+    net = hosts_network(2, Link(bandwidth=1e6, latency=1e-3, burst=5e4))
+    w = Workload(name="two", layers=(Layer(name="a", params=10, compute_share=1.0),
+                                     Layer(name="b", params=10, compute_share=1.0)),
+                 batch=4, step_compute_s=1e-9, activation_bytes=500.0)
+    p = predict(w, Setting(strategy="pipeline", workers=2, micro_batches=4), net)
+    assert p.exposed_comm_s == pytest.approx(8e-3, rel=1e-3)
+
+
 def test_buckets_match_comm_bucketing() -> None:
     import torch
 
