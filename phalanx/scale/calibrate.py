@@ -176,9 +176,11 @@ def fit(measured: dict[str, Any], fit_on: list[str] | None = None) -> dict[str, 
 def gloo_alpha(measured: dict[str, Any], fitted: dict[str, Any]) -> float | None:
     """One latency for every rate: the median time of gloo's messages that fit in every
     rate's token bucket (a message and its one-float answer, as the protocols send it).
-    A message's latency does not depend on the bucket's rate; the per-rate lines'
-    intercepts do, by noise (one calibration: 0.85, 0.05 and -0.24 ms at 1000, 100 and
-    20 Mbit/s), and the fits' bytes are too large to pin it. None without gloo points."""
+    A message's latency does not depend on the bucket's rate. The per-rate lines'
+    intercepts do not give it (one calibration: 0.85, 0.05 and -0.24 ms at 1000, 100 and
+    20 Mbit/s): a message larger than the bucket hides its latency behind its bytes (the
+    same calibration's gloo message of 262 KB at 100 Mbit/s: 2.47 ms, 2.43 of them bytes
+    beyond the bucket; ``collectives._repeat`` models it). None without gloo points."""
     small = min((v["burst_bytes"] for v in fitted.values()), default=0.0)
     times = [p["seconds"] for m in measured.values() for p in m.get("gloo_points") or []
              if p["bytes"] <= small]
