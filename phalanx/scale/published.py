@@ -128,6 +128,31 @@ def _byteps_bucket_cost(b: float, n: int, k: int, g: int, links: Links) -> float
     return inner + byteps_model(n, k, b, links.nic.bandwidth)["optimal"] + links.nic.latency
 
 
+def _byteps_gain(name: str, baseline_gbit: float) -> float:
+    """BytePS's optimum (NICs at line rate) over NCCL's hierarchical allreduce with its
+    NICs at ``baseline_gbit``, end to end, 32 machines x 8 GPUs, k = 32."""
+    n, k, g = 32, 32, 8
+    links = Links(nic=Link(bandwidth=gbit(100), latency=10e-6))
+    w = zhang_workload(name)
+    tl = bucket_timeline(w, 25_000_000, lambda b: _byteps_bucket_cost(b, n, k, g, links))
+    slow = Links(nic=Link(bandwidth=gbit(baseline_gbit), latency=10e-6))
+    ar = predict(w, Setting(strategy="sync", workers=n * g, allreduce="hierarchical"),
+                 uniform_network(n * g, gpus_per_server=g, links=slow)).step_s
+    return ar / (w.step_compute_s + tl.exposed_s) - 1
+
+
+def byteps_baseline_goodput(gain: float = 0.84) -> float:
+    """The allreduce baseline's NIC rate (Gbit/s) at which the model's best gain (VGG-16,
+    the model the network bounds most) reaches the paper's ``gain``: what the headline
+    says of the baseline, since at line rate both run near-linear (bisection; the gain
+    falls as the baseline's rate rises)."""
+    lo, hi = 1.0, 100.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _byteps_gain("vgg16", mid) > gain else (lo, mid)
+    return (lo + hi) / 2
+
+
 def byteps_end_to_end() -> list[Check]:
     """End-to-end speed-up of BytePS's optimum over allreduce and over a colocated PS, the
     model's bucket timeline with each exchange as the cost of a bucket."""
@@ -147,8 +172,11 @@ def byteps_end_to_end() -> list[Check]:
         gains_ar[name], gains_ps[name] = ar / byteps - 1, ps / byteps - 1
     best_ar, best_ps = max(gains_ar.values()), max(gains_ps.values())
     detail = ", ".join(f"{m} {gains_ar[m]:+.0%} / {gains_ps[m]:+.0%}" for m in gains_ar)
+    need = byteps_baseline_goodput()
     return [Check(f"BytePS over allreduce, end to end, 256 GPUs: the best model's gain "
-                  f"({detail} over allreduce / PS)", 0.84, best_ar, "",
+                  f"({detail} over allreduce / PS; the model gives +84% only with the "
+                  f"allreduce baseline's NICs at {need:.0f} of their 100 Gbit/s)", 0.84,
+                  best_ar, "",
                   "BytePS OSDI'20 abstract, §7", abs(best_ar - 0.84) <= 0.084,
                   BYTEPS_ASSUMPTIONS),
             Check("BytePS over a colocated PS, end to end, 256 GPUs: the best model's gain",
