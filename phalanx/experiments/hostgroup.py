@@ -13,8 +13,9 @@ Per run, before it starts (behind a barrier): local rank 0 of each host re-shape
 host's link in both directions (``tc``: its own ``eth0`` and its port on the bridge) when
 the run names a rate. With ``netstats``, each rank writes the kernel's tx/rx byte and packet
 counts of that interface during the run, its MTU, the TCP segments its host sent again
-(retransmissions) and the run's seconds to ``OUT/netstats-rank<R>.json`` (one process per
-host: the host's count is that rank's).
+(retransmissions), the retransmission timeouts it took (TcpExt TCPTimeouts) and the run's
+seconds to ``OUT/netstats-rank<R>.json`` (one process per host: the host's count is that
+rank's).
 """
 
 from __future__ import annotations
@@ -75,12 +76,22 @@ def _retrans() -> int:
     return int(lines[1][lines[0].index("RetransSegs")])
 
 
+def _tcp_timeouts() -> int:
+    """Retransmission timeouts this namespace's TCP took (``/proc/net/netstat``'s TcpExt
+    TCPTimeouts): a lost segment no duplicate ACK recovered, its sender idle 200 ms or
+    more."""
+    lines = [ln.split() for ln in Path("/proc/net/netstat").read_text().splitlines()
+             if ln.startswith("TcpExt:")]
+    return int(lines[1][lines[0].index("TCPTimeouts")])
+
+
 COUNTERS = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
 
 
 def _counters(iface: str) -> dict[str, float]:
     got: dict[str, float] = {k: _counter(iface, k) for k in COUNTERS}
     got["retrans_segs"] = _retrans()
+    got["tcp_timeouts"] = _tcp_timeouts()
     got["seconds"] = time.perf_counter()
     return got
 

@@ -80,6 +80,12 @@ class Point:
     # the layers of each stage its runs cut the model into (model parallel, pipelines:
     # phalanx's partition by measured time; the most common of its runs' cuts)
     partition: tuple[tuple[str, ...], ...] = ()
+    # TCP segments every host of each run sent again (the kernel's RetransSegs, summed):
+    # a run with any lost a segment and waited for its retransmission (a loaded host's
+    # veth drops a burst's tail); () where the runs did not count them
+    resent: tuple[int, ...] = ()
+    # of them, retransmission timeouts (TcpExt TCPTimeouts): each a sender idle >= 200 ms
+    timeouts: tuple[int, ...] = ()
 
     @property
     def error(self) -> float:
@@ -102,6 +108,15 @@ def _step_s(run_dir: Path, steps_of: list[int] | None = None) -> float:
     if steps_of is not None:
         steps_of.append(int(s["steps"]))
     return s["train_samples"] / s["steps"] / s["samples_per_s"]
+
+
+def _resent(run_dir: Path, world: int) -> tuple[int, int]:
+    """TCP segments the run's hosts sent again and the retransmission timeouts they took
+    (their netstats, summed over the ranks; a file from before timeouts were counted: 0)."""
+    segs = int(sum(x["retrans_segs"] for x in wc._netstats(run_dir, world)))
+    timeouts = sum(int(json.loads((run_dir / f"netstats-rank{r}.json").read_text())
+                       .get("tcp_timeouts", 0)) for r in range(world))
+    return segs, timeouts
 
 
 def run_steps(c: wc.Case, guess_s: float, steps: int, run_s: float) -> int:
@@ -140,10 +155,11 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
             seed: int = 0, say=print, fit_repeats: int = 1, run_s: float = 0.0,
             fitted: dict[str, Any] | None = None, cores: int = 1,
             steps_of: dict | None = None, loads: dict[str, Any] | None = None,
-            parts_of: dict | None = None
+            parts_of: dict | None = None, resent_of: dict | None = None
             ) -> dict[tuple[str, str, int, float], list[float]]:
     """(model, case, N, rate) -> every run's measured step seconds (and into ``steps_of``,
-    its steps; into ``parts_of``, the cut each run made where it reports one). With
+    its steps; into ``parts_of``, the cut each run made where it reports one; into
+    ``resent_of``, the TCP segments its hosts sent again). With
     ``run_s`` (and the calibration ``fitted``), each run's steps are sized by
     :func:`run_steps` from the models' profiled ``loads`` (:func:`_loads`)."""
     found: dict[tuple[str, str, int, float], list[float]] = {}
@@ -170,7 +186,7 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
                                                       w, w.step_compute_s, cores),
                                           steps, run_s)
                         runs.append(PlannedRun(_flags(c, model, k, d, seed),
-                                               rate_mbit=rate))
+                                               rate_mbit=rate, netstats="eth0"))
                         index.append((c, rate, d))
                 say(f"phalanx scale steps: {model}, N={n}, {world} hosts, "
                     f"{', '.join(f'{r:g}' for r in at)} Mbit/s: "
@@ -182,6 +198,8 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
                     key = (model, c.label, n, rate)
                     found.setdefault(key, []).append(
                         _step_s(d, None if steps_of is None else steps_of.setdefault(key, [])))
+                    if resent_of is not None:
+                        resent_of.setdefault(key, []).append(list(_resent(d, c.world)))
                     cut = wc.partition_of(d) if parts_of is not None else None
                     if cut:
                         parts_of.setdefault(key, []).append(cut)
@@ -260,7 +278,7 @@ def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: i
 def points(found: dict[tuple[str, str, int, float], float | list[float]],
            fitted: dict[str, Any], cores: int, seed: int = 0,
            steps_of: dict | None = None, loads: dict[str, Any] | None = None,
-           parts_of: dict | None = None) -> list[Point]:
+           parts_of: dict | None = None, resent_of: dict | None = None) -> list[Point]:
     """The fit and held-out points of ``found``'s measurements (a list: several runs of
     one point, their median taken; ``steps_of``: each run's steps, kept with it;
     ``loads``: the models' profiled workloads, profiled here if not given; ``parts_of``:
@@ -288,8 +306,14 @@ def points(found: dict[tuple[str, str, int, float], float | list[float]],
                                  compute[model, label], cores)
         out.append(Point(model, label, n, rate, step, pred, (n, rate) != FIT, made_by,
                          runs[model, label, n, rate], share,
-                         tuple((steps_of or {}).get((model, label, n, rate), ())), cut))
+                         tuple((steps_of or {}).get((model, label, n, rate), ())), cut,
+                         *_lost((resent_of or {}).get((model, label, n, rate), ()))))
     return out
+
+
+def _lost(runs) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each run's (segments resent, timeouts) as the Point's two tuples."""
+    return tuple(int(r[0]) for r in runs), tuple(int(r[1]) for r in runs)
 
 
 def table(pts: list[Point]) -> str:
@@ -297,12 +321,14 @@ def table(pts: list[Point]) -> str:
         return f"{v * 1e3:.1f}" if v < 0.1 else f"{v * 1e3:.0f}"
 
     rows = ["| model | strategy | N | Mbit/s | steps a run | measured step (ms) | predicted | "
-            "error | link share | set |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "error | link share | TCP resent (timeouts) | set |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows += [f"| {p.model} | {p.label} | {p.n} | {p.rate:g} | "
              f"{'/'.join(str(k) for k in sorted(set(p.run_steps))) or '-'} | "
              f"{ms(p.measured_s)}"
              + (f" ({'/'.join(ms(r) for r in p.runs_s)})" if len(p.runs_s) > 1 else "")
              + f" | {ms(p.predicted_s)} | {p.error:+.1%} | {p.link_share:.0%} | "
+             f"{'/'.join(f'{k} ({t})' for k, t in zip(p.resent, p.timeouts)) or '-'} | "
              f"{'held out' if p.held_out else 'fit'} |"
              for p in sorted(pts, key=lambda p: (p.model, p.label, -p.rate, p.n))]
     rows += ["", "| held-out points | n | median abs error | worst |", "|---|---|---|---|"]
@@ -313,6 +339,10 @@ def table(pts: list[Point]) -> str:
               [p for p in slow if p.link_share >= 0.5],
               "of them, the rest (compute, latency, small messages)":
               [p for p in slow if p.link_share < 0.5],
+              "of them, runs without a TCP retransmission timeout":
+              [p for p in slow if p.timeouts and not any(p.timeouts)],
+              "of them, runs that waited for one (>= 200 ms each)":
+              [p for p in slow if any(p.timeouts)],
               "1000 Mbit/s": [p for p in held if p.rate > 100]}
     for m in sorted({p.model for p in pts}):
         groups[f"{m}, 20 + 100 Mbit/s"] = [p for p in held if p.model == m and p.rate <= 100]
@@ -337,6 +367,16 @@ def load_found(path: Path) -> dict[tuple[str, str, int, float], list[float]]:
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"--reuse {path}: not a steps.json of 'phalanx scale steps'") \
             from None
+
+
+def load_resent(path: Path) -> dict[tuple[str, str, int, float], list[list[int]]]:
+    """Each run's (TCP segments sent again, retransmission timeouts) of an earlier
+    ``steps.json``, where it counted them."""
+    rows = json.loads(path.read_text())
+    return {(str(r["model"]), str(r["label"]), int(r["n"]), float(r["rate"])):
+            [[int(k), int(t)] for k, t in zip(r["resent"], r.get("timeouts") or
+                                              [0] * len(r["resent"]))]
+            for r in rows if r.get("resent")}
 
 
 def load_parts(path: Path) -> dict[tuple[str, str, int, float], list]:
@@ -384,10 +424,12 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
     fitted = cal.load(calibration)["fitted"]
     steps_of: dict[tuple[str, str, int, float], list[int]] = {}
     parts_of: dict[tuple[str, str, int, float], list] = {}
+    resent_of: dict[tuple[str, str, int, float], list[list[int]]] = {}
     loads = None
     if reuse:
         found = load_found(Path(reuse))
         parts_of = load_parts(Path(reuse))
+        resent_of = load_resent(Path(reuse))
     else:
         reason = unavailable()
         if reason is not None:
@@ -396,9 +438,9 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         loads = _loads(models, seed)  # sizes the runs, then predicts them: profiled once
         found = measure(out, models, sizes, rates, steps, seed, fit_repeats=fit_repeats,
                         run_s=run_s, fitted=fitted, cores=cores, steps_of=steps_of,
-                        loads=loads, parts_of=parts_of)
+                        loads=loads, parts_of=parts_of, resent_of=resent_of)
     out.mkdir(parents=True, exist_ok=True)
-    pts = points(found, fitted, cores, seed, steps_of, loads, parts_of)
+    pts = points(found, fitted, cores, seed, steps_of, loads, parts_of, resent_of)
     (out / "steps.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "steps.md"
     path.write_text("# Step times: predicted against runs on shaped links\n\n"

@@ -235,3 +235,36 @@ def test_a_point_keeps_the_cut_its_runs_made(tmp_path):
     (tmp_path / "steps.json").write_text(json.dumps([kept]))
     assert sc._cut(sc.load_parts(tmp_path / "steps.json")[key]) == (
         ("flatten",), ("fc1",), ("relu1", "fc2", "relu2", "fc3"))
+
+
+def test_each_run_s_lost_segments_are_kept_and_split_the_table(capsys, tmp_path):
+    """A run's hosts' RetransSegs and TCPTimeouts (hostgroup's netstats, one file a rank)
+    are summed per run, kept in steps.json, read back by --reuse, and split the held-out
+    points into runs without a retransmission timeout and runs that waited for one."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for r, (k, t) in enumerate(((3, 0), (4, 2))):
+        (run / f"netstats-rank{r}.json").write_text(json.dumps(
+            {"tx_bytes": 1e6, "retrans_segs": k, "tcp_timeouts": t, "mtu": 1500}))
+    assert sc._resent(run, 2) == (7, 2)
+    with pytest.raises(Exception, match="network counters"):
+        sc._resent(run, 3)
+    fitted = cal.load(CAL)["fitted"]
+    found = {("mlp", "sync ring", 2, 1000.0): [0.060], ("mlp", "sync ring", 2, 20.0): [0.300],
+             ("mlp", "sync ring", 3, 20.0): [0.400]}
+    lost = {("mlp", "sync ring", 2, 20.0): [[5, 0]], ("mlp", "sync ring", 3, 20.0): [[7, 2]]}
+    pts = sc.points(found, fitted, cores=8, resent_of=lost)
+    by = {(p.n, p.rate): p for p in pts}
+    assert (by[2, 20.0].resent, by[2, 20.0].timeouts) == ((5,), (0,))
+    assert (by[3, 20.0].resent, by[3, 20.0].timeouts) == ((7,), (2,))
+    assert by[2, 1000.0].resent == by[2, 1000.0].timeouts == ()
+    text = sc.table(pts)
+    assert "| 7 (2) | held out |" in text
+    assert "| of them, runs without a TCP retransmission timeout | 1 |" in text
+    assert "| of them, runs that waited for one (>= 200 ms each) | 1 |" in text
+    (tmp_path / "steps.json").write_text(json.dumps([p.__dict__ for p in pts]))
+    assert sc.load_resent(tmp_path / "steps.json") == lost
+    rc, _ = run_main(capsys, "scale", "steps", "--reuse", str(tmp_path / "steps.json"),
+                     "--calibration", CAL, "--out", str(tmp_path / "again"))
+    again = json.loads((tmp_path / "again" / "steps.json").read_text())
+    assert rc == 0 and sorted(tuple(r["timeouts"]) for r in again) == [(), (0,), (2,)]
