@@ -128,17 +128,31 @@ def _byteps_bucket_cost(b: float, n: int, k: int, g: int, links: Links) -> float
     return inner + byteps_model(n, k, b, links.nic.bandwidth)["optimal"] + links.nic.latency
 
 
+BYTEPS_N, BYTEPS_K, BYTEPS_G = 32, 32, 8   # GPU machines, CPU machines, GPUs a machine
+
+
+def _byteps_links(rate_gbit: float) -> Links:
+    return Links(nic=Link(bandwidth=gbit(rate_gbit), latency=10e-6))
+
+
+def _byteps_step(w: Workload) -> float:
+    """BytePS's step: the bucket timeline with each bucket's exchange at the optimum of
+    eq. 3 after the machine's own sum over NVLink (NICs at line rate)."""
+    links = _byteps_links(100)
+    tl = bucket_timeline(w, 25_000_000, lambda b: _byteps_bucket_cost(
+        b, BYTEPS_N, BYTEPS_K, BYTEPS_G, links))
+    return w.step_compute_s + tl.exposed_s
+
+
 def _byteps_gain(name: str, baseline_gbit: float) -> float:
     """BytePS's optimum (NICs at line rate) over NCCL's hierarchical allreduce with its
     NICs at ``baseline_gbit``, end to end, 32 machines x 8 GPUs, k = 32."""
-    n, k, g = 32, 32, 8
-    links = Links(nic=Link(bandwidth=gbit(100), latency=10e-6))
     w = zhang_workload(name)
-    tl = bucket_timeline(w, 25_000_000, lambda b: _byteps_bucket_cost(b, n, k, g, links))
-    slow = Links(nic=Link(bandwidth=gbit(baseline_gbit), latency=10e-6))
-    ar = predict(w, Setting(strategy="sync", workers=n * g, allreduce="hierarchical"),
-                 uniform_network(n * g, gpus_per_server=g, links=slow)).step_s
-    return ar / (w.step_compute_s + tl.exposed_s) - 1
+    net = uniform_network(BYTEPS_N * BYTEPS_G, gpus_per_server=BYTEPS_G,
+                          links=_byteps_links(baseline_gbit))
+    ar = predict(w, Setting(strategy="sync", workers=BYTEPS_N * BYTEPS_G,
+                            allreduce="hierarchical"), net).step_s
+    return ar / _byteps_step(w) - 1
 
 
 def byteps_baseline_goodput(gain: float = 0.84) -> float:
@@ -156,20 +170,15 @@ def byteps_baseline_goodput(gain: float = 0.84) -> float:
 def byteps_end_to_end() -> list[Check]:
     """End-to-end speed-up of BytePS's optimum over allreduce and over a colocated PS, the
     model's bucket timeline with each exchange as the cost of a bucket."""
-    n, k, g = 32, 32, 8
-    links = Links(nic=Link(bandwidth=gbit(100), latency=10e-6))
-    net = uniform_network(n * g, gpus_per_server=g, links=links)
+    net = uniform_network(BYTEPS_N * BYTEPS_G, gpus_per_server=BYTEPS_G,
+                          links=_byteps_links(100))
     gains_ar, gains_ps = {}, {}
     for name in ZHANG_MODELS:
         w = zhang_workload(name)
-        tl = bucket_timeline(w, 25_000_000, lambda b: _byteps_bucket_cost(b, n, k, g, links))
-        byteps = w.step_compute_s + tl.exposed_s
-        ar = predict(w, Setting(strategy="sync", workers=n * g, allreduce="hierarchical"),
-                     net).step_s
-        ps = predict(w, Setting(strategy="bsp", workers=n * g, servers=n,
+        ps = predict(w, Setting(strategy="bsp", workers=BYTEPS_N * BYTEPS_G, servers=BYTEPS_N,
                                 server_placement="colocated", server_msg_s=0.0,
                                 server_byte_s=0.0), net).step_s
-        gains_ar[name], gains_ps[name] = ar / byteps - 1, ps / byteps - 1
+        gains_ar[name], gains_ps[name] = _byteps_gain(name, 100), ps / _byteps_step(w) - 1
     best_ar, best_ps = max(gains_ar.values()), max(gains_ps.values())
     detail = ", ".join(f"{m} {gains_ar[m]:+.0%} / {gains_ps[m]:+.0%}" for m in gains_ar)
     need = byteps_baseline_goodput()

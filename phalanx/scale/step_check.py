@@ -113,10 +113,9 @@ def _step_s(run_dir: Path, steps_of: list[int] | None = None) -> float:
 def _resent(run_dir: Path, world: int) -> tuple[int, int]:
     """TCP segments the run's hosts sent again and the retransmission timeouts they took
     (their netstats, summed over the ranks; a file from before timeouts were counted: 0)."""
-    segs = int(sum(x["retrans_segs"] for x in wc._netstats(run_dir, world)))
-    timeouts = sum(int(json.loads((run_dir / f"netstats-rank{r}.json").read_text())
-                       .get("tcp_timeouts", 0)) for r in range(world))
-    return segs, timeouts
+    stats = wc._netstats(run_dir, world)
+    return (int(sum(x["retrans_segs"] for x in stats)),
+            int(sum(x["tcp_timeouts"] for x in stats)))
 
 
 def run_steps(c: wc.Case, guess_s: float, steps: int, run_s: float) -> int:

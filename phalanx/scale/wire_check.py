@@ -187,7 +187,8 @@ def _netstats(run_dir: Path, world: int) -> list[dict[str, float]]:
         path = run_dir / f"netstats-rank{r}.json"
         try:
             got = json.loads(path.read_text())
-            out.append({k: float(got.get(k, 0)) for k in ("tx_bytes", "retrans_segs", "mtu")})
+            out.append({k: float(got.get(k, 0))
+                        for k in ("tx_bytes", "retrans_segs", "tcp_timeouts", "mtu")})
         except (OSError, ValueError, TypeError, AttributeError):
             raise ConfigError(f"{path}: not a run's network counters") from None
     return out
