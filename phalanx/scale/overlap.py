@@ -71,14 +71,14 @@ def bucket_timeline(workload: Workload, cap_bytes: int, cost: Callable[[float], 
     exchange of everything after backward. ``byte_scale``: bytes on the wire per gradient
     byte (compression). ``cycle_s`` > 0: Horovod's fusion cycle (:func:`fusion_buckets`)."""
     sizes = [layer.params * workload.element_size for layer in workload.layers]
-    done = dict(workload.backward_timeline())
+    timeline = workload.backward_timeline()  # (layer, finished at), last layer first
+    done = dict(timeline)
     bwd = max(done.values())
     if cap_bytes <= 0:
         c = cost(sum(sizes) * byte_scale)
         return Timeline(bwd, c, c, 1)
     end, total = 0.0, 0.0
     if cycle_s > 0:
-        timeline = workload.backward_timeline()  # (layer, finished at), last layer first
         durations = [0.0] * len(sizes)
         before = 0.0
         for i, t in timeline:

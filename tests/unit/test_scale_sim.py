@@ -26,11 +26,9 @@ from phalanx.scale.published import (
     tf_ps_efficiency,
     tf_ps_goodput,
     zhang_checks,
-    zhang_efficiency,
-    zhang_simulator,
-    zhang_workload,
 )
 from phalanx.scale.setting import Stragglers
+from phalanx.scale.zhang import zhang_efficiency, zhang_simulator, zhang_workload
 
 
 def spec(**kw) -> AsyncSpec:
