@@ -55,6 +55,14 @@ def _record_failure(error_dir: str, rank: int, e: BaseException) -> None:
     path.write_text(f"{time.time():.6f} {line}\n")
 
 
+def peer_lost(e: BaseException) -> bool:
+    """Whether a collective failed because a peer's connection closed or reset under it
+    (gloo: "Connection closed by peer [127.0.0.1]:9453", "Connection reset by peer"): the
+    peer's death is the cause, and the driver reports it, in one line."""
+    text = str(e)
+    return "closed by peer" in text or "reset by peer" in text
+
+
 def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, backend: str,
            error_dir: str, args: tuple, parent_pid: int = 0) -> None:
     if parent_pid:
@@ -90,7 +98,10 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
     except BaseException as e:
         _record_failure(error_dir, rank, e)
         # a peer's death or the driver stopping the run is reported once, by the driver
-        if not isinstance(e, PhalanxError) and not Path(error_dir, STOPPING).exists():
+        # (a peer's death can reach this rank before the driver has seen it: a sync rank
+        # whose allreduce lost its peer printed its traceback above the driver's line)
+        if not (isinstance(e, PhalanxError) or peer_lost(e)
+                or Path(error_dir, STOPPING).exists()):
             traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()

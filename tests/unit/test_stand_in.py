@@ -6,7 +6,7 @@ import datetime
 
 import torch.distributed as dist
 
-from phalanx.runtime.launch import _published
+from phalanx.runtime.launch import _published, peer_lost
 
 
 def test_a_stand_in_comes_too_late_only_once_a_peer_may_have_read_the_dead_rank() -> None:
@@ -20,3 +20,16 @@ def test_a_stand_in_comes_too_late_only_once_a_peer_may_have_read_the_dead_rank(
     assert not _published(store, 1, 3)  # rank 1 never wrote its key
     store.set("other/7", b"x")  # a key under another prefix, a rank beyond the world
     assert not _published(store, 1, 3)
+
+
+def test_a_peer_s_lost_connection_is_the_driver_s_to_report() -> None:
+    """A rank whose collective lost its peer prints no traceback (the driver names the dead
+    peer in one line): gloo's messages, as a sync run's rank 0 raised them in CI."""
+    assert peer_lost(RuntimeError(
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+        "closed by peer [127.0.0.1]:9453. This is typically caused by a remote worker "
+        "crashing."))
+    assert peer_lost(RuntimeError("[../gloo/transport/tcp/pair.cc:598] Connection reset by "
+                                  "peer"))
+    assert not peer_lost(ValueError("shapes (3,) and (4,) differ"))
+    assert not peer_lost(RuntimeError("Timed out waiting 30000ms for recv operation"))
