@@ -80,9 +80,9 @@ class Point:
     # the layers of each stage its runs cut the model into (model parallel, pipelines:
     # phalanx's partition by measured time; the most common of its runs' cuts)
     partition: tuple[tuple[str, ...], ...] = ()
-    # TCP segments every host of each run sent again (the kernel's RetransSegs, summed):
-    # a run with any lost a segment and waited for its retransmission (a loaded host's
-    # veth drops a burst's tail); () where the runs did not count them
+    # TCP segments every host of each run sent again (the kernel's RetransSegs, summed: a
+    # loaded host's veth drops a burst's tail; most come back by fast retransmit, at little
+    # cost); () where the runs did not count them
     resent: tuple[int, ...] = ()
     # of them, retransmission timeouts (TcpExt TCPTimeouts): each a sender idle >= 200 ms
     timeouts: tuple[int, ...] = ()
