@@ -45,7 +45,9 @@ def _events(run_dir: Path) -> list[dict]:
     path = run_dir / "events.jsonl"
     if not path.exists():
         return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    # read while the run writes it: only whole lines (a CI run once read half of one)
+    text = path.read_text()
+    return [json.loads(ln) for ln in text[:text.rfind("\n") + 1].splitlines() if ln.strip()]
 
 
 def _wait(condition, timeout_s: float, what: str) -> None:
