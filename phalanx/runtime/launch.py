@@ -34,6 +34,7 @@ from phalanx.runtime.supervise import (
     UP_FILE,
     default_name,
     mark,
+    peer_lost,
     start,
     supervise,
 )
@@ -53,14 +54,6 @@ def _record_failure(error_dir: str, rank: int, e: BaseException) -> None:
         return
     line = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
     path.write_text(f"{time.time():.6f} {line}\n")
-
-
-def peer_lost(e: BaseException) -> bool:
-    """Whether a collective failed because a peer's connection closed or reset under it
-    (gloo: "Connection closed by peer [127.0.0.1]:9453", "Connection reset by peer"): the
-    peer's death is the cause, and the driver reports it, in one line."""
-    text = str(e)
-    return "closed by peer" in text or "reset by peer" in text
 
 
 def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, backend: str,
@@ -100,7 +93,7 @@ def _child(rank: int, fn: Callable, world: int, port: int, timeout_s: float, bac
         # a peer's death or the driver stopping the run is reported once, by the driver
         # (a peer's death can reach this rank before the driver has seen it: a sync rank
         # whose allreduce lost its peer printed its traceback above the driver's line)
-        if not (isinstance(e, PhalanxError) or peer_lost(e)
+        if not (isinstance(e, PhalanxError) or peer_lost(str(e))
                 or Path(error_dir, STOPPING).exists()):
             traceback.print_exc()
         sys.stdout.flush()

@@ -53,6 +53,7 @@ STOPPING = "stopping"  # file in the error folder: the driver is stopping everyo
 ERROR_FILE = "rank{rank}.err"  # where a child records its first error (launch.py)
 UP_FILE = "rank{rank}.up"  # written by a child once its process group has formed
 ORPHAN_GRACE_S = 10.0  # survivable processes left after the others finished: stopped then
+PEER_GRACE_S = 1.0  # a failure that names a lost peer waits this long for the peer's own end
 
 
 def default_name(rank: int) -> str:
@@ -304,6 +305,13 @@ def _survived(rank: int, code: int, error_dir: str, survivable: Callable[[int], 
     return proxy, Death(rank=rank, name=name, exit_code=code, unix=time.time(), how=how)
 
 
+def peer_lost(text: str) -> bool:
+    """Whether an error says a peer's connection closed or reset under a collective
+    (gloo: "Connection closed by peer [127.0.0.1]:9453", "Connection reset by peer"): the
+    peer's end is the cause, and the driver names it, in one line."""
+    return "closed by peer" in text or "reset by peer" in text
+
+
 def _cause(fatal: list[tuple[int, int]], first: Any, error_dir: str,
            name: Callable[[int], str], note: Callable[[int], str] | None = None) -> str:
     """What ended the run, in one line, from the fatal ends and the first error recorded."""
@@ -386,6 +394,14 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
                     fatal.append((rank, code))
             if fatal:
                 first = first_failure(error_dir)
+                if first is not None and peer_lost(first[1]) and waiting:
+                    # the peer it lost may be ending still (a rank killed while the others
+                    # join: its peer's error came first): its end, not the error, is the
+                    # cause (_cause prefers a death by a signal)
+                    multiprocessing.connection.wait(
+                        [p.sentinel for p in waiting.values()], PEER_GRACE_S)
+                    fatal += [(rank, p.exitcode) for rank, p in waiting.items()
+                              if p.exitcode is not None and p.exitcode < 0]
                 stop(procs, error_dir, grace_s)
                 raise fail(_cause(fatal, first, error_dir, name, note))
         return deaths

@@ -67,3 +67,32 @@ def test_a_worker_killed_during_start_up(tmp_path, strategy, world):
         # worker 0 made all 40 steps alone; worker 1 made none and was dropped as dead
         assert summary["steps"] == 40 and summary["pushes_applied"] == 40, summary
         assert summary["workers_lost"] == [1], summary
+
+
+PEER_THEN_KILL = r"""
+import sys, tempfile
+from phalanx.runtime import supervise
+from phalanx.runtime.launch import _first_failure
+err = tempfile.mkdtemp()
+ctx = supervise.process_context()
+lost = ("import os, time; time.sleep(0.2); open(%r + '/rank0.err', 'w').write("
+        "f'{time.time():.6f} RuntimeError: Read error [127.0.0.1]:1953: Connection reset by "
+        "peer\\n'); os._exit(1)" % err)
+killed = "import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)"
+procs = [ctx.Process(target=exec, args=(code,)) for code in (lost, killed)]
+for p in procs:
+    p.start()
+try:
+    supervise.supervise(procs, err, first_failure=_first_failure, fail=RuntimeError)
+except RuntimeError as e:
+    print(e)
+"""
+
+
+def test_a_peer_s_lost_connection_yields_to_the_peer_s_own_death():
+    """Rank 0 records "Connection reset by peer" and exits; rank 1, its peer, is killed
+    0.3 s later (a rank killed as the group forms: its peer's error is seen first). The
+    driver waits a moment for the peer and names its death, not the consequence."""
+    out = subprocess.run([sys.executable, "-c", PEER_THEN_KILL], capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.startswith("process 1 was killed by SIGKILL"), out.stdout + out.stderr
