@@ -126,6 +126,7 @@ def _stand_in(rank: int, world: int, port: int, timeout_s: float, backend: str,
     child_setup(parent_pid)
     try:
         _join(rank, world, port, timeout_s, backend)
+        Path(error_dir, UP_FILE.format(rank=rank)).touch()  # its place in the group formed
         dist.destroy_process_group()
     except BaseException as e:
         _record_failure(error_dir, rank, e)

@@ -4,7 +4,8 @@ Rules, in order, each time a process ends:
 
 * exit 0: done;
 * killed by a signal (``kill -9``, the OOM killer, a segfault) and ``survivable(rank)``,
-  after its process group formed: the run goes on without it, with one line saying so.
+  after its process group formed (every rank past the rendezvous): the run goes on
+  without it, with one line saying so.
   The parameter-server strategies mark their workers survivable: the servers notice the
   silence through heartbeats and drop the worker after ``--ps-timeout``
   (``--on-worker-loss`` decides what then), exactly as they do for an injected
@@ -51,7 +52,7 @@ from phalanx.runtime.stop_flag import PREEMPTED_EXIT
 
 STOPPING = "stopping"  # file in the error folder: the driver is stopping everyone
 ERROR_FILE = "rank{rank}.err"  # where a child records its first error (launch.py)
-UP_FILE = "rank{rank}.up"  # written by a child once its process group has formed
+UP_FILE = "rank{rank}.up"  # written by a child (or stand-in) once past the rendezvous
 ORPHAN_GRACE_S = 10.0  # survivable processes left after the others finished: stopped then
 PEER_GRACE_S = 1.0  # a failure that names a lost peer waits this long for the peer's own end
 
@@ -278,19 +279,23 @@ def stop(procs: list, error_dir: str | None, grace_s: float = 3.0) -> None:
         p.join(1.0)  # reaped
 
 
-def _joined(error_dir: str, rank: int) -> bool:
-    """Whether ``rank`` got past its process group's rendezvous (launch.py writes UP_FILE)."""
-    return Path(error_dir, UP_FILE.format(rank=rank)).exists()
+def _formed(error_dir: str, world: int) -> bool:
+    """Whether the process group formed: every rank (or its stand-in) got past the
+    rendezvous (launch.py writes UP_FILE). One rank past it is not enough: gloo's full mesh
+    returned on its side while a peer was still connecting to it, and its death then
+    failed that peer's rendezvous ("Connection closed by peer"; a CI failure)."""
+    return all(Path(error_dir, UP_FILE.format(rank=rank)).exists() for rank in range(world))
 
 
-def _survived(rank: int, code: int, error_dir: str, survivable: Callable[[int], bool] | None,
+def _survived(rank: int, code: int, error_dir: str, world: int,
+              survivable: Callable[[int], bool] | None,
               stand_in: Callable[[int], Any] | None, name: str) -> tuple[Any, Death | None]:
     """A process that ended with ``code``: (False, None) if that ends the run; else the
     :class:`Death` the run goes on without, beside True or a stand-in process (to watch in
     its place) if one took its place in the group's rendezvous."""
     if code >= 0 or survivable is None or not survivable(rank):
         return False, None
-    if _joined(error_dir, rank):
+    if _formed(error_dir, world):
         said, how = "; the run goes on without it", exits.DIED
         proxy = True
     else:
@@ -312,7 +317,7 @@ def peer_lost(text: str) -> bool:
     return "closed by peer" in text or "reset by peer" in text
 
 
-def _cause(fatal: list[tuple[int, int]], first: Any, error_dir: str,
+def _cause(fatal: list[tuple[int, int]], first: Any, error_dir: str, world: int,
            name: Callable[[int], str], note: Callable[[int], str] | None = None) -> str:
     """What ended the run, in one line, from the fatal ends and the first error recorded."""
     # a death by a signal came from outside (kill, OOM, segfault): it is the cause,
@@ -323,7 +328,7 @@ def _cause(fatal: list[tuple[int, int]], first: Any, error_dir: str,
         rank, code = killed[0]
         # its peers wait for it in the group's rendezvous: the run cannot go on
         return (f"{name(rank)} {describe_exit(code)}"
-                + ("" if _joined(error_dir, rank) else " before its process group formed")
+                + ("" if _formed(error_dir, world) else " before its process group formed")
                 + (note(rank) if note is not None else ""))
     # likewise a process that exited without recording an error (an injected fault,
     # os._exit) caused the errors its peers recorded after it
@@ -352,6 +357,7 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
     rendezvous, or None (see the module). ``note(rank)``: said after a killed process that
     ends the run; ``saves_on_stop`` and ``grace_s``: see the module."""
     procs = list(procs)
+    world = len(procs)
     waiting = dict(enumerate(procs))
     orphaned_since: float | None = None
     deaths: list[Death] = []
@@ -384,8 +390,8 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
                 del waiting[rank]
                 if code == 0:
                     continue
-                survived, death = _survived(rank, code, error_dir, survivable, stand_in,
-                                            name(rank))
+                survived, death = _survived(rank, code, error_dir, world, survivable,
+                                            stand_in, name(rank))
                 if death is not None:
                     went_on_without(death)
                 if survived is not True and survived is not False:  # a stand-in: watch it
@@ -403,7 +409,7 @@ def supervise(procs: list, error_dir: str, *, first_failure: Callable[[str], Any
                     fatal += [(rank, p.exitcode) for rank, p in waiting.items()
                               if p.exitcode is not None and p.exitcode < 0]
                 stop(procs, error_dir, grace_s)
-                raise fail(_cause(fatal, first, error_dir, name, note))
+                raise fail(_cause(fatal, first, error_dir, world, name, note))
         return deaths
     except BaseException as e:
         stop(procs, error_dir, grace_s)  # an interrupt of the driver, or the failure above
