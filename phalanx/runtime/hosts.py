@@ -10,6 +10,14 @@ Names are ``phx-<pid>-...`` (the creating process's id) so parallel runs never c
 later run removes the leftovers of a killed one (only those whose creator is dead).
 ``netem`` (delay, loss) is not available on our kernels; ``tbf`` (a rate) is.
 
+TCP between the hosts runs CUBIC (:data:`TCP_CONGESTION`, set on each host's route to the
+others: a namespace may not choose its own default here), not whatever the machine's
+default is. This machine's is BBR, whose bandwidth estimate collapses now and then on a
+tbf link (a bucket's burst at line rate, then the rate): the MLP's ZeRO-3 at N = 2, 100
+Mbit/s ran 50.4 ms a step with spells of 70-97 ms lasting seconds under BBR, and 50.4 ms
+every step of four runs under CUBIC (docs/scale.md). CUBIC is Linux's own default, and
+what most clusters run.
+
 Needs root (CAP_NET_ADMIN) and ``ip``/``tc``; :func:`unavailable` says why not, for a skip.
 """
 
@@ -27,6 +35,7 @@ from pathlib import Path
 from phalanx.errors import PhalanxError
 
 PREFIX = "phx-"
+TCP_CONGESTION = "cubic"  # between test hosts (the module); the system's if it lacks it
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")
 
 
@@ -81,6 +90,19 @@ def unavailable() -> str | None:
         return f"cannot create a network namespace: {made.stderr.strip() or 'ip netns add failed'}"
     _ip("netns", "delete", probe, check=False)
     return None
+
+
+def congestion_control() -> str:
+    """The TCP congestion control test hosts run: :data:`TCP_CONGESTION` where the kernel
+    has it, else the machine's default (what each run records)."""
+    proc = Path("/proc/sys/net/ipv4")
+    try:
+        have = (proc / "tcp_available_congestion_control").read_text().split()
+        if TCP_CONGESTION in have:
+            return TCP_CONGESTION
+        return (proc / "tcp_congestion_control").read_text().strip()
+    except OSError:
+        return "unknown"
 
 
 def tbf_args(rate_mbit: float) -> list[str]:
@@ -285,6 +307,9 @@ class TestNetwork:
             _no_ipv6(host.name, host.iface)
             _ip("-n", host.name, "addr", "add", f"{host.addr}/24", "dev", host.iface)
             _ip("-n", host.name, "link", "set", host.iface, "up")
+            if congestion_control() == TCP_CONGESTION:  # the route to the other hosts
+                _ip("-n", host.name, "route", "replace", f"10.231.{self.subnet}.0/24", "dev",
+                    host.iface, "congctl", TCP_CONGESTION)
         if self.rate_mbit is not None:
             self.shape(self.rate_mbit)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from phalanx.cluster.core.cluster_file import read_yaml
 from phalanx.errors import ConfigError
-from phalanx.runtime.hosts import TestNetwork, unavailable
+from phalanx.runtime.hosts import TestNetwork, congestion_control, unavailable
 from phalanx.scale.network import Link, Network
 
 PORT = 29555
@@ -189,7 +189,9 @@ def gloo_alpha(measured: dict[str, Any], fitted: dict[str, Any]) -> float | None
 
 def save(path: Path, measured: dict[str, Any], fitted: dict[str, Any],
          server: dict[str, Any] | None = None, refit_of: str | None = None,
-         measured_on: str | None = None) -> None:
+         measured_on: str | None = None, tcp: str | None = None) -> None:
+    """``tcp``: the congestion control the measurements ran under (default: what test
+    hosts run now; a refit passes its measurements' own, "" where they did not say)."""
     from_commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                  text=True, check=False, cwd=Path(__file__).parent)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,6 +200,7 @@ def save(path: Path, measured: dict[str, Any], fitted: dict[str, Any],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": from_commit.stdout.strip(), "how": "phalanx scale calibrate: two test "
         "hosts, tc tbf both directions, one TCP connection, message + 1-byte answer",
+        "tcp": congestion_control() if tcp is None else tcp,
         **({"refit_of": refit_of, "measured_on": measured_on} if refit_of else {}),
         "fitted": fitted, "server": server, "measured": measured}, indent=1))
 

@@ -203,7 +203,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             raise ConfigError(f"--refit {args.refit}: its measurements are not those of "
                               f"'phalanx scale calibrate'") from None
         cal.save(Path(args.out), measured, fitted, server, refit_of=args.refit,
-                 measured_on=old.get("measured_on") or old.get("date"))
+                 measured_on=old.get("measured_on") or old.get("date"),
+                 tcp=str(old.get("tcp") or ""))
         print(cal.summary(fitted))
         print(f"-> {args.out}")
         return 0

@@ -46,7 +46,7 @@ from typing import Any
 
 from phalanx.errors import ConfigError
 from phalanx.experiments.hostgroup import Plan, PlannedRun, run_plan
-from phalanx.runtime.hosts import TestNetwork, unavailable
+from phalanx.runtime.hosts import TestNetwork, congestion_control, unavailable
 from phalanx.scale import calibrate as cal
 from phalanx.scale import wire_check as wc
 from phalanx.scale.eventsim import AsyncSpec, simulate
@@ -86,6 +86,9 @@ class Point:
     resent: tuple[int, ...] = ()
     # of them, retransmission timeouts (TcpExt TCPTimeouts): each a sender idle >= 200 ms
     timeouts: tuple[int, ...] = ()
+    # the TCP congestion control the runs ran under ("": not recorded; runs before
+    # 2026-11-30 ran this machine's default, BBR)
+    tcp: str = ""
 
     @property
     def error(self) -> float:
@@ -277,7 +280,8 @@ def _fit(model: str, c: wc.Case, link: Link, workload, measured: float, cores: i
 def points(found: dict[tuple[str, str, int, float], float | list[float]],
            fitted: dict[str, Any], cores: int, seed: int = 0,
            steps_of: dict | None = None, loads: dict[str, Any] | None = None,
-           parts_of: dict | None = None, resent_of: dict | None = None) -> list[Point]:
+           parts_of: dict | None = None, resent_of: dict | None = None,
+           tcp: str = "") -> list[Point]:
     """The fit and held-out points of ``found``'s measurements (a list: several runs of
     one point, their median taken; ``steps_of``: each run's steps, kept with it;
     ``loads``: the models' profiled workloads, profiled here if not given; ``parts_of``:
@@ -306,7 +310,7 @@ def points(found: dict[tuple[str, str, int, float], float | list[float]],
         out.append(Point(model, label, n, rate, step, pred, (n, rate) != FIT, made_by,
                          runs[model, label, n, rate], share,
                          tuple((steps_of or {}).get((model, label, n, rate), ())), cut,
-                         *_lost((resent_of or {}).get((model, label, n, rate), ()))))
+                         *_lost((resent_of or {}).get((model, label, n, rate), ())), tcp))
     return out
 
 
@@ -368,6 +372,11 @@ def load_found(path: Path) -> dict[tuple[str, str, int, float], list[float]]:
             from None
 
 
+def load_tcp(path: Path) -> str:
+    """The congestion control an earlier ``steps.json``'s runs ran under ("": unrecorded)."""
+    return next((str(r["tcp"]) for r in json.loads(path.read_text()) if r.get("tcp")), "")
+
+
 def load_resent(path: Path) -> dict[tuple[str, str, int, float], list[list[int]]]:
     """Each run's (TCP segments sent again, retransmission timeouts) of an earlier
     ``steps.json``, where it counted them."""
@@ -425,8 +434,10 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
     parts_of: dict[tuple[str, str, int, float], list] = {}
     resent_of: dict[tuple[str, str, int, float], list[list[int]]] = {}
     loads = None
+    tcp = congestion_control()
     if reuse:
         found = load_found(Path(reuse))
+        tcp = load_tcp(Path(reuse))
         parts_of = load_parts(Path(reuse))
         resent_of = load_resent(Path(reuse))
     else:
@@ -439,11 +450,12 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
                         run_s=run_s, fitted=fitted, cores=cores, steps_of=steps_of,
                         loads=loads, parts_of=parts_of, resent_of=resent_of)
     out.mkdir(parents=True, exist_ok=True)
-    pts = points(found, fitted, cores, seed, steps_of, loads, parts_of, resent_of)
+    pts = points(found, fitted, cores, seed, steps_of, loads, parts_of, resent_of, tcp)
     (out / "steps.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "steps.md"
     path.write_text("# Step times: predicted against runs on shaped links\n\n"
                     f"Calibration: {calibration}; compute fitted per strategy at N = "
-                    f"{FIT[0]}, {FIT[1]:g} Mbit/s (the median of its runs).\n\n"
+                    f"{FIT[0]}, {FIT[1]:g} Mbit/s (the median of its runs)"
+                    + (f"; TCP between the hosts: {tcp}" if tcp else "") + ".\n\n"
                     + table(pts) + "\n")
     return path

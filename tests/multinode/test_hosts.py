@@ -7,7 +7,13 @@ import subprocess
 import sys
 import time
 
-from phalanx.runtime.hosts import PREFIX, TestNetwork, remove_stale
+from phalanx.runtime.hosts import (
+    PREFIX,
+    TCP_CONGESTION,
+    TestNetwork,
+    congestion_control,
+    remove_stale,
+)
 
 # inside a test host every port is free: the namespace has its own port space
 PORT = 5001
@@ -52,6 +58,32 @@ def test_hosts_talk_and_the_kernel_counts_the_bytes(network) -> None:
     # payload + TCP/IP headers (~3% at 1500-byte frames), nothing else on the link
     assert 4_000_000 <= sent <= 4_000_000 * 1.06, sent
     assert 4_000_000 <= received <= 4_000_000 * 1.06, received
+
+
+CC = "x.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(bytes(1)).decode()"
+CC_SERVER = f"""
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
+print("ready", flush=True)
+x, _ = s.accept(); print({CC}, flush=True); x.recv(1)
+"""
+CC_CLIENT = f"""
+import socket, sys
+x = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30); print({CC})
+"""
+
+
+def test_tcp_between_test_hosts_runs_cubic_whatever_the_machine_s_default(network) -> None:
+    """This machine's default is BBR, whose estimate collapses now and then on a tbf link
+    (hosts.py): both ends of a connection between test hosts run CUBIC."""
+    assert congestion_control() == TCP_CONGESTION == "cubic"  # the kernel has it here
+    h0, h1 = network(2).hosts
+    server = h1.popen([sys.executable, "-c", CC_SERVER, h1.addr, str(PORT)],
+                      stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "ready"
+    client = h0.run([sys.executable, "-c", CC_CLIENT, h1.addr, str(PORT)], check=True,
+                    timeout=30).stdout
+    assert (client.strip(), server.communicate(timeout=30)[0].strip()) == ("cubic", "cubic")
 
 
 def test_tbf_caps_the_rate_and_listening_sockets_are_seen(network) -> None:

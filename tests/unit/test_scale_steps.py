@@ -253,8 +253,9 @@ def test_each_run_s_lost_segments_are_kept_and_split_the_table(capsys, tmp_path)
     found = {("mlp", "sync ring", 2, 1000.0): [0.060], ("mlp", "sync ring", 2, 20.0): [0.300],
              ("mlp", "sync ring", 3, 20.0): [0.400]}
     lost = {("mlp", "sync ring", 2, 20.0): [[5, 0]], ("mlp", "sync ring", 3, 20.0): [[7, 2]]}
-    pts = sc.points(found, fitted, cores=8, resent_of=lost)
+    pts = sc.points(found, fitted, cores=8, resent_of=lost, tcp="reno")
     by = {(p.n, p.rate): p for p in pts}
+    assert {p.tcp for p in pts} == {"reno"}  # the runs' congestion control, kept
     assert (by[2, 20.0].resent, by[2, 20.0].timeouts) == ((5,), (0,))
     assert (by[3, 20.0].resent, by[3, 20.0].timeouts) == ((7,), (2,))
     assert by[2, 1000.0].resent == by[2, 1000.0].timeouts == ()
@@ -268,3 +269,5 @@ def test_each_run_s_lost_segments_are_kept_and_split_the_table(capsys, tmp_path)
                      "--calibration", CAL, "--out", str(tmp_path / "again"))
     again = json.loads((tmp_path / "again" / "steps.json").read_text())
     assert rc == 0 and sorted(tuple(r["timeouts"]) for r in again) == [(), (0,), (2,)]
+    assert {r["tcp"] for r in again} == {"reno"}  # --reuse: the runs', not this host's
+    assert "TCP between the hosts: reno." in (tmp_path / "again" / "steps.md").read_text()
