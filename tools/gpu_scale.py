@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from phalanx.errors import PhalanxError  # noqa: E402
 from phalanx.runtime.hosts import unavailable  # noqa: E402
 
-CALIBRATION = "reports/experiments/scale/calibration-gloo.json"
+CALIBRATION = "reports/experiments/scale/calibration-cubic.json"
 BYTES = {"models": ["mlp", "gpt"], "sizes": [8]}
 STEPS = {"models": ["mlp"], "sizes": [2, 4, 8], "rates": [100.0, 20.0], "steps": 12,
          "fit_repeats": 1, "run_s": 1.0}

@@ -440,7 +440,7 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
                    help="size each run to about this many seconds of steps, by the model's "
                         "guess of its step (0: --steps exactly; at most 2000 steps)")
     p.add_argument("--calibration",
-                   default="reports/experiments/scale/calibration-gloo.json")
+                   default="reports/experiments/scale/calibration-cubic.json")
     p.add_argument("--cores", type=int, default=0,
                    help="cores the runs share (0: this machine's); a step takes at least "
                         "the workers' compute over them")
