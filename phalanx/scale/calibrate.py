@@ -53,6 +53,11 @@ def _sizes(rate_mbit: float) -> list[int]:
     return sizes
 
 
+# the fan-out probe's messages: a step's bucket of a small model to a GPT's gradient
+FANOUT_SIZES = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
+FANOUT_REPEATS = 5
+
+
 def _probe(net: TestNetwork, sizes: list[int], repeats: int, gap: float, duplex: bool
            ) -> tuple[list[dict], int, int]:
     """One probe run between the first two hosts: its points and the bytes each sent."""
@@ -97,14 +102,36 @@ def _gloo_probe(net: TestNetwork, sizes: list[int], repeats: int, gap: float
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _fanout_probe(net: TestNetwork) -> list[dict]:
+    """The main node's fan-out on the three hosts (:mod:`phalanx.scale.fanout_probe`)."""
+    a = net.hosts[0]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": a.iface, "OMP_NUM_THREADS": "1"}
+    argv = [a.addr, str(PORT + 2), ",".join(map(str, FANOUT_SIZES)), str(FANOUT_REPEATS)]
+    procs = [h.popen([sys.executable, "-m", "phalanx.scale.fanout_probe", str(r), *argv],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for r, h in enumerate(net.hosts[:3])]
+    try:
+        out, err = procs[0].communicate(timeout=900)
+        for p in procs[1:]:
+            p.wait(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if procs[0].returncode != 0:
+        raise ConfigError(f"calibrate: the fan-out probe failed: {err.strip()[-200:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def measure(rates: list[float], repeats: int = 3, gap: float = 0.05) -> dict[str, Any]:
     """Time messages at each rate between two fresh test hosts, one way and both ways at
-    once; needs root."""
+    once, and the main node's fan-out on three; needs root."""
     why = unavailable()
     if why:
         raise ConfigError(f"calibrate: test hosts unavailable: {why}")
     out: dict[str, Any] = {}
-    with TestNetwork(2) as net:
+    with TestNetwork(3) as net:
         for rate in rates:
             net.shape(rate)
             sizes = _sizes(rate)
@@ -116,6 +143,7 @@ def measure(rates: list[float], repeats: int = 3, gap: float = 0.05) -> dict[str
             out[f"{rate:g}"] = {"rate_mbit": rate, "points": rows, "duplex_points": both,
                                 "gloo_points": gloo["points"],
                                 "gloo_duplex_points": gloo["duplex_points"],
+                                "fanout_points": _fanout_probe(net),
                                 "wire_bytes_per_payload_byte": tx / payload,
                                 "ack_bytes_per_payload_byte": back / payload}
     return out
@@ -165,12 +193,21 @@ def fit(measured: dict[str, Any], fit_on: list[str] | None = None) -> dict[str, 
                        "burst_bytes": burst, "duplex": duplex, "duplex_from": source,
                        "efficiency": (1 / beta) / nominal if beta > 0 else 0.0, "r2": r2,
                        "wire_overhead": m["wire_bytes_per_payload_byte"] - 1,
-                       "ack_overhead": m.get("ack_bytes_per_payload_byte", 0.0)}
+                       "ack_overhead": m.get("ack_bytes_per_payload_byte", 0.0),
+                       "fanout": fit_fanout(m.get("fanout_points") or [])}
     alpha = gloo_alpha({k: m for k, m in measured.items() if k in fitted}, fitted)
     if alpha is not None:
         for v in fitted.values():
             v["alpha_s"], v["alpha_from"] = alpha, "gloo small messages, every rate"
     return fitted
+
+
+def fit_fanout(points: list[dict]) -> list[list[float]]:
+    """[bytes, share one after the other] per size of the fan-out probe: 0 where a host's
+    two sends shared its link (the first worker had the sum when the last did: first /
+    last = 1), 1 where they went one after the other (0.5 at two workers): 2 (1 - f)."""
+    return [[float(p["bytes"]), min(1.0, max(0.0, 2 * (1 - p["first_over_last"])))]
+            for p in sorted(points, key=lambda p: p["bytes"])]
 
 
 def gloo_alpha(measured: dict[str, Any], fitted: dict[str, Any]) -> float | None:
@@ -227,7 +264,8 @@ def link_for(fitted: dict[str, Any], rate_mbit: float) -> Link:
     near = min(fitted.values(), key=lambda v: abs(math.log(v["rate_mbit"] / rate_mbit)))
     return Link(bandwidth=rate_mbit * 1e6 / 8 * max(near["efficiency"], 1e-3),
                 latency=max(near["alpha_s"], 0.0), burst=near.get("burst_bytes", 0.0),
-                duplex=max(near.get("duplex", 1.0), 1e-3))
+                duplex=max(near.get("duplex", 1.0), 1e-3),
+                fanout=tuple((float(b), float(x)) for b, x in near.get("fanout") or ()))
 
 
 def apply(net: Network, path: str) -> Network:
@@ -251,12 +289,15 @@ def read_yaml_file(path: str) -> Any:
 
 def summary(fitted: dict[str, Any]) -> str:
     lines = ["| rate (Mbit/s) | alpha (ms) | effective (Mbit/s) | efficiency | burst (KB) | "
-             "duplex | r^2 | wire overhead | ACKs |", "|---|---|---|---|---|---|---|---|---|"]
+             "duplex | r^2 | wire overhead | ACKs | fan-out in turn (by size) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for v in sorted(fitted.values(), key=lambda v: -v["rate_mbit"]):
         lines.append(f"| {v['rate_mbit']:g} | {v['alpha_s'] * 1e3:.3f} | "
                      f"{8 / v['beta_s_per_byte'] / 1e6:.2f} | {v['efficiency']:.3f} | "
                      f"{v['burst_bytes'] / 1e3:.0f} | {v['duplex']:.3f} | {v['r2']:.4f} | "
-                     f"{v['wire_overhead']:+.2%} | {v.get('ack_overhead', 0):+.2%} |")
+                     f"{v['wire_overhead']:+.2%} | {v.get('ack_overhead', 0):+.2%} | "
+                     + (", ".join(f"{b / 1024:.0f} KB {x:.2f}" for b, x in v["fanout"])
+                        if v.get("fanout") else "-") + " |")
     return "\n".join(lines)
 
 

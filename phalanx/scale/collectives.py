@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from phalanx.errors import ConfigError
-from phalanx.scale.network import Flow, Network, PhaseCost
+from phalanx.scale.network import LEVELS, Flow, Network, PhaseCost
 
 ALGORITHMS = ("ring", "tree", "hierarchical", "main")
 
@@ -196,7 +196,15 @@ def hierarchical(net: Network, devices: Sequence[int], nbytes: float) -> CommCos
 
 def main_node(net: Network, devices: Sequence[int], nbytes: float) -> CommCost:
     """The seeds' baseline: everyone sends X to rank 0, rank 0 sends the sum back to
-    everyone. Rank 0 moves X(N-1) each way."""
+    everyone. Rank 0 moves X(N-1) each way.
+
+    Rank 0's sends of the sum do not always share its link fairly: where its link was
+    calibrated with a fan-out (``Link.in_turn``: the share that went one peer after the
+    other) the first worker has the sum before the last, at g = 1 - s + s / (N - 1) of the
+    broadcast's time (s = 1: one after the other, 1 / (N - 1); s = 0: shared, 1), and its
+    next tensor comes in while rank 0 still sends to the others: the next gather keeps
+    rank 0's other direction busy from then on. An exchange costs the gather and g of the
+    broadcast (at N = 3 one after the other: 3X/B a step, where fair sharing takes 4X/B)."""
     n = len(devices)
     if n < 2 or nbytes <= 0:
         return NONE
@@ -207,8 +215,11 @@ def main_node(net: Network, devices: Sequence[int], nbytes: float) -> CommCost:
     for k, v in down.bytes_by_level.items():
         levels[k] += v
     worst = up if up.seconds >= down.seconds else down
+    link = net.links.of(down.bottleneck) if down.bottleneck in LEVELS else net.links.nic
+    s = link.in_turn(nbytes)
+    first = 1 - s + s / (n - 1)  # of the broadcast, when the first worker has the sum
     # up and down use opposite directions (other token buckets): both start full
-    seconds = up.seconds - up.credit_s + down.seconds - down.credit_s
+    seconds = up.seconds - up.credit_s + first * (down.seconds - down.credit_s)
     return CommCost(seconds, nbytes * (n - 1), dict(levels),
                     worst.bottleneck, n - 1, up.credit_s + down.credit_s)
 

@@ -24,6 +24,7 @@ model of SimAI's and ASTRA-sim's analytical back ends, with the topology's shari
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +50,10 @@ class Link:
     # bandwidth left per direction when both directions are busy (1: a full-duplex link;
     # below 1 where the data of one direction queues behind the other's ACKs, as on tbf)
     duplex: float = 1.0
+    # a host's sends of one message to each of several peers at once (the main node's
+    # broadcast): (bytes, the share that went one after the other, 0..1) as calibrated
+    # (``calibrate.fit_fanout``), by size; () : they share the link fairly (fluid)
+    fanout: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0:
@@ -61,6 +66,24 @@ class Link:
         if not self.oversubscription >= 1:
             raise ConfigError(f"link oversubscription must be >= 1, got "
                               f"{self.oversubscription!r}")
+        if not all(b > 0 and 0 <= x <= 1 for b, x in self.fanout):
+            raise ConfigError(f"link fanout must be (bytes > 0, share in [0, 1]) pairs, got "
+                              f"{self.fanout!r}")
+
+    def in_turn(self, nbytes: float) -> float:
+        """The share of a fan-out of ``nbytes`` to each peer that goes one peer after the
+        other (0: fair sharing): the calibrated sizes' shares, linear in log(bytes)
+        between them, the nearest's beyond them."""
+        pts = self.fanout
+        if not pts or nbytes <= 0:
+            return 0.0
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        for (b0, x0), (b1, x1) in zip(pts, pts[1:]):
+            if nbytes <= b1:
+                w = math.log(nbytes / b0) / math.log(b1 / b0)
+                return x0 + w * (x1 - x0)
+        return pts[-1][1]
 
 
 def gbit(rate: float) -> float:

@@ -76,3 +76,23 @@ def test_refit_bad_input_is_one_line(capsys, tmp_path, content, text):
     rc, (_, err) = run_main(capsys, "scale", "calibrate", "--refit", str(p), "--out", str(out))
     assert rc == 2 and text.format(p=p) in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_the_fan_out_probe_is_fitted_per_size_and_reaches_the_link():
+    """first / last = 0.5 (two sends one after the other) -> share 1; 1 -> 0 (shared);
+    0.9 -> 0.2; sorted by size, clamped to [0, 1]; ``link_for`` hands it to the link (a
+    calibration without the probe: none, the fluid sharing)."""
+    measured = {"100": _rate(100, 0.001, [(16384, 0.0008), (1048576, 0.09)])}
+    measured["100"]["fanout_points"] = [
+        {"bytes": 4 << 20, "first_over_last": 0.9}, {"bytes": 256 << 10, "first_over_last": 0.5},
+        {"bytes": 1 << 20, "first_over_last": 1.1}, {"bytes": 64 << 10, "first_over_last": 0.3}]
+    fitted = cal.fit(measured)
+    want = [(64 << 10, 1.0), (256 << 10, 1.0), (1 << 20, 0.0), (4 << 20, 0.2)]
+    assert [b for b, _ in fitted["100"]["fanout"]] == [b for b, _ in want]
+    assert [x for _, x in fitted["100"]["fanout"]] == pytest.approx([x for _, x in want])
+    link = cal.link_for(fitted, 100)
+    assert [b for b, _ in link.fanout] == [b for b, _ in want]
+    assert [x for _, x in link.fanout] == pytest.approx([x for _, x in want])
+    assert link.in_turn(512 << 10) == pytest.approx(0.5)  # log-midway 256 KB - 1 MB
+    del measured["100"]["fanout_points"]
+    assert cal.link_for(cal.fit(measured), 100).fanout == ()

@@ -54,6 +54,38 @@ def test_main_node_incast_on_three_hosts_by_hand() -> None:
     assert cost.bytes_per_worker == 2e6
 
 
+def test_main_node_s_next_gather_overlaps_a_broadcast_sent_in_turn() -> None:
+    """Host 0 sends the sum to each worker in turn (calibrated share 1): the first has it
+    at half the broadcast (2 MB at 125 MB/s: 8 ms of 16) and sends its next tensor while
+    host 0 still sends to the other, so an exchange costs the gather (16.1 ms) and half the
+    broadcast: 3X/B, not 4X/B. Half in turn: 3/4 of it; at N = 2 there is no one to
+    overlap; the share between calibrated sizes is linear in log(bytes)."""
+    from phalanx.scale.network import Link, Links, uniform_network
+
+    def net(n, fanout):
+        return uniform_network(n, gpus_per_server=1, links=Links(
+            nic=Link(bandwidth=125e6, latency=100e-6, fanout=fanout),
+            rack=Link(bandwidth=1e12)))
+    phase = 100e-6 + 2e6 / 125e6
+    shared = C.main_node(net(3, ()), [0, 1, 2], 1e6)
+    assert shared.seconds == pytest.approx(2 * phase, rel=1e-12)  # as before: fluid
+    turn = C.main_node(net(3, ((1e5, 1.0), (1e7, 0.0))), [0, 1, 2], 1e5)
+    assert turn.seconds == pytest.approx(1.5 * (100e-6 + 2e5 / 125e6), rel=1e-12)
+    half = C.main_node(net(3, ((1e5, 1.0), (1e7, 0.0))), [0, 1, 2], 1e6)  # log-midway
+    assert half.seconds == pytest.approx(1.75 * phase, rel=1e-12)
+    assert half.bytes_per_worker == 2e6 and half.messages == 2
+    # 4 workers, in turn: the first has it at a third of the broadcast
+    four = C.main_node(net(4, ((1e6, 1.0),)), [0, 1, 2, 3], 1e6)
+    assert four.seconds == pytest.approx((1 + 1 / 3) * (100e-6 + 3e6 / 125e6), rel=1e-12)
+    two = C.main_node(net(2, ((1e6, 1.0),)), [0, 1], 1e6)
+    assert two.seconds == pytest.approx(2 * (100e-6 + 1e6 / 125e6), rel=1e-12)
+    link = Link(bandwidth=1.0, fanout=((1e5, 0.8), (1e7, 0.2)))
+    assert [link.in_turn(b) for b in (1e4, 1e5, 1e6, 1e7, 1e9)] == pytest.approx(
+        [0.8, 0.8, 0.5, 0.2, 0.2])
+    with pytest.raises(ConfigError, match="fanout"):
+        Link(bandwidth=1.0, fanout=((1e5, 1.5),))
+
+
 def test_ring_bytes_match_comm_allreduce() -> None:
     """The torch-free copy of the byte formula equals phalanx.comm.allreduce.ring_bytes."""
     from phalanx.comm.allreduce import ring_bytes as real
