@@ -83,33 +83,25 @@ def _probe(net: TestNetwork, sizes: list[int], repeats: int, gap: float, duplex:
 def _gloo_probe(net: TestNetwork, sizes: list[int], repeats: int, gap: float
                 ) -> dict[str, list[dict]]:
     """The duplex probe as the protocols move bytes (:mod:`phalanx.scale.gloo_probe`)."""
-    a = net.hosts[0]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": a.iface, "OMP_NUM_THREADS": "1"}
-    argv = [a.addr, str(PORT + 1), ",".join(map(str, sizes)), str(repeats), str(gap)]
-    procs = [h.popen([sys.executable, "-m", "phalanx.scale.gloo_probe", str(r), *argv],
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for r, h in enumerate(net.hosts[:2])]
-    try:
-        out, err = procs[0].communicate(timeout=900)
-        procs[1].wait(timeout=60)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if procs[0].returncode != 0:
-        raise ConfigError(f"calibrate: the gloo probe failed: {err.strip()[-200:]}")
-    return json.loads(out.strip().splitlines()[-1])
+    return _gloo_group(net, 2, "gloo_probe", "gloo probe",
+                       [str(PORT + 1), ",".join(map(str, sizes)), str(repeats), str(gap)])
 
 
-def _fanout_probe(net: TestNetwork) -> list[dict]:
-    """The main node's fan-out on the three hosts (:mod:`phalanx.scale.fanout_probe`)."""
+def fanout_probe(net: TestNetwork, sizes: tuple[int, ...] = FANOUT_SIZES,
+                 repeats: int = FANOUT_REPEATS) -> list[dict]:
+    """The main node's fan-out on the first three hosts (:mod:`phalanx.scale.fanout_probe`)."""
+    return _gloo_group(net, 3, "fanout_probe", "fan-out probe",
+                       [str(PORT + 2), ",".join(map(str, sizes)), str(repeats)])
+
+
+def _gloo_group(net: TestNetwork, k: int, module: str, what: str, args: list[str]) -> Any:
+    """``phalanx.scale.MODULE RANK ADDR *ARGS`` on the first ``k`` hosts (a gloo group, rank
+    0's host the master): rank 0's last line of JSON."""
     a = net.hosts[0]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": a.iface, "OMP_NUM_THREADS": "1"}
-    argv = [a.addr, str(PORT + 2), ",".join(map(str, FANOUT_SIZES)), str(FANOUT_REPEATS)]
-    procs = [h.popen([sys.executable, "-m", "phalanx.scale.fanout_probe", str(r), *argv],
+    procs = [h.popen([sys.executable, "-m", f"phalanx.scale.{module}", str(r), a.addr, *args],
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for r, h in enumerate(net.hosts[:3])]
+             for r, h in enumerate(net.hosts[:k])]
     try:
         out, err = procs[0].communicate(timeout=900)
         for p in procs[1:]:
@@ -120,7 +112,7 @@ def _fanout_probe(net: TestNetwork) -> list[dict]:
                 p.kill()
                 p.wait()
     if procs[0].returncode != 0:
-        raise ConfigError(f"calibrate: the fan-out probe failed: {err.strip()[-200:]}")
+        raise ConfigError(f"calibrate: the {what} failed: {err.strip()[-200:]}")
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -143,7 +135,7 @@ def measure(rates: list[float], repeats: int = 3, gap: float = 0.05) -> dict[str
             out[f"{rate:g}"] = {"rate_mbit": rate, "points": rows, "duplex_points": both,
                                 "gloo_points": gloo["points"],
                                 "gloo_duplex_points": gloo["duplex_points"],
-                                "fanout_points": _fanout_probe(net),
+                                "fanout_points": fanout_probe(net),
                                 "wire_bytes_per_payload_byte": tx / payload,
                                 "ack_bytes_per_payload_byte": back / payload}
     return out
