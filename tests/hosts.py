@@ -21,8 +21,8 @@ def network() -> Iterator[Callable[..., TestNetwork]]:
         pytest.skip(f"no test hosts: {reason}")
     made: list[TestNetwork] = []
 
-    def make(k: int, rate_mbit: float | None = None) -> TestNetwork:
-        net = TestNetwork(k, rate_mbit)
+    def make(k: int, rate_mbit: float | None = None, tcp: str = "") -> TestNetwork:
+        net = TestNetwork(k, rate_mbit, tcp=tcp)
         made.append(net)
         return net.__enter__()
 

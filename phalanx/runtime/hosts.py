@@ -92,15 +92,24 @@ def unavailable() -> str | None:
     return None
 
 
-def congestion_control() -> str:
-    """The TCP congestion control test hosts run: :data:`TCP_CONGESTION` where the kernel
-    has it, else the machine's default (what each run records)."""
-    proc = Path("/proc/sys/net/ipv4")
+def congestion_controls() -> list[str]:
+    """The kernel's TCP congestion controls (what a test network's ``tcp`` may name)."""
     try:
-        have = (proc / "tcp_available_congestion_control").read_text().split()
-        if TCP_CONGESTION in have:
-            return TCP_CONGESTION
-        return (proc / "tcp_congestion_control").read_text().strip()
+        return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    except OSError:
+        return []
+
+
+def congestion_control(tcp: str = "") -> str:
+    """The TCP congestion control test hosts run: ``tcp`` if given, else
+    :data:`TCP_CONGESTION` where the kernel has it, else the machine's default (what each
+    run records)."""
+    if tcp:
+        return tcp
+    if TCP_CONGESTION in congestion_controls():
+        return TCP_CONGESTION
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     except OSError:
         return "unknown"
 
@@ -266,6 +275,8 @@ class TestNetwork:
     hosts: list[TestHost] = field(default_factory=list)
     # the names' prefix; default: this process's (torn down with it, or by a later run)
     tag: str = ""
+    # TCP congestion control between the hosts ("": :func:`congestion_control`'s choice)
+    tcp: str = ""
     _bridge_ns: str = ""
     _made: list[str] = field(default_factory=list)
 
@@ -307,9 +318,10 @@ class TestNetwork:
             _no_ipv6(host.name, host.iface)
             _ip("-n", host.name, "addr", "add", f"{host.addr}/24", "dev", host.iface)
             _ip("-n", host.name, "link", "set", host.iface, "up")
-            if congestion_control() == TCP_CONGESTION:  # the route to the other hosts
+            cc = congestion_control(self.tcp)
+            if cc in congestion_controls():  # on the route to the other hosts
                 _ip("-n", host.name, "route", "replace", f"10.231.{self.subnet}.0/24", "dev",
-                    host.iface, "congctl", TCP_CONGESTION)
+                    host.iface, "congctl", cc)
         if self.rate_mbit is not None:
             self.shape(self.rate_mbit)
 

@@ -276,7 +276,9 @@ def _cmd_steps(args: argparse.Namespace) -> int:
     path = step_check.run(Path(args.out), models, _ints(args.sizes, "--sizes"), rates,
                           args.calibration, steps=args.steps, seed=args.seed,
                           cores=args.cores, reuse=args.reuse, fit_repeats=args.fit_repeats,
-                          run_s=args.run_s)
+                          run_s=args.run_s, tcp=args.tcp,
+                          strategies=[x for x in args.strategies.split(",") if x]
+                          if args.strategies else None)
     print(path.read_text())
     print(f"-> {path}")
     return 0
@@ -439,6 +441,12 @@ def _measuring_actions(inner: argparse._SubParsersAction) -> None:
     p.add_argument("--run-s", type=float, default=2.0,
                    help="size each run to about this many seconds of steps, by the model's "
                         "guess of its step (0: --steps exactly; at most 2000 steps)")
+    p.add_argument("--strategies", default=None, metavar="LABEL,...",
+                   help="only these strategies, as steps.md names them (e.g. 'zero-3,sync "
+                        "main'); default: every one")
+    p.add_argument("--tcp", default="",
+                   help="TCP congestion control between the test hosts (default: cubic; "
+                        "e.g. bbr, this machine's default, to compare: docs/scale.md)")
     p.add_argument("--calibration",
                    default="reports/experiments/scale/calibration-cubic.json")
     p.add_argument("--cores", type=int, default=0,

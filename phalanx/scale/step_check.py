@@ -46,7 +46,12 @@ from typing import Any
 
 from phalanx.errors import ConfigError
 from phalanx.experiments.hostgroup import Plan, PlannedRun, run_plan
-from phalanx.runtime.hosts import TestNetwork, congestion_control, unavailable
+from phalanx.runtime.hosts import (
+    TestNetwork,
+    congestion_control,
+    congestion_controls,
+    unavailable,
+)
 from phalanx.scale import calibrate as cal
 from phalanx.scale import wire_check as wc
 from phalanx.scale.eventsim import AsyncSpec, simulate
@@ -157,7 +162,8 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
             seed: int = 0, say=print, fit_repeats: int = 1, run_s: float = 0.0,
             fitted: dict[str, Any] | None = None, cores: int = 1,
             steps_of: dict | None = None, loads: dict[str, Any] | None = None,
-            parts_of: dict | None = None, resent_of: dict | None = None
+            parts_of: dict | None = None, resent_of: dict | None = None,
+            strategies: list[str] | None = None, tcp: str = ""
             ) -> dict[tuple[str, str, int, float], list[float]]:
     """(model, case, N, rate) -> every run's measured step seconds (and into ``steps_of``,
     its steps; into ``parts_of``, the cut each run made where it reports one; into
@@ -172,7 +178,8 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
             at = _order(rates, n, fit_repeats)
             by_world: dict[int, list[wc.Case]] = {}
             for c in wc.cases(n, model):
-                by_world.setdefault(c.world, []).append(c)
+                if strategies is None or c.label in strategies:
+                    by_world.setdefault(c.world, []).append(c)
             for world, group in sorted(by_world.items()):
                 runs, index = [], []
                 for i, rate in enumerate(at):
@@ -193,7 +200,7 @@ def measure(out: Path, models: list[str], sizes: list[int], rates: list[float], 
                 say(f"phalanx scale steps: {model}, N={n}, {world} hosts, "
                     f"{', '.join(f'{r:g}' for r in at)} Mbit/s: "
                     f"{', '.join(c.label for c in group)}")
-                with TestNetwork(world) as net:
+                with TestNetwork(world, tcp=tcp) as net:
                     run_plan(net, 1, Plan(runs, net.bridge_ns, net.ports()),
                              out / "groups" / f"{model}-n{n}-w{world}", timeout_s=3600)
                 for c, rate, d in index:
@@ -409,7 +416,10 @@ def load_parts(path: Path) -> dict[tuple[str, str, int, float], list]:
 
 def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         calibration: str, steps: int = 20, seed: int = 0, cores: int = 0,
-        reuse: str | None = None, fit_repeats: int = 3, run_s: float = 2.0) -> Path:
+        reuse: str | None = None, fit_repeats: int = 3, run_s: float = 2.0,
+        strategies: list[str] | None = None, tcp: str = "") -> Path:
+    """``strategies``: only these cases (their labels, as steps.md names them); ``tcp``:
+    the congestion control between the test hosts ("": CUBIC, hosts.py)."""
     for m in models:
         if m not in STEP_MODELS:
             raise ConfigError(f"--models: {m!r} is not one of {', '.join(STEP_MODELS)}")
@@ -428,16 +438,25 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         raise ConfigError(f"--fit-repeats: {fit_repeats} is not in 1..9")
     if not 0 <= run_s <= 600:
         raise ConfigError(f"--run-s: {run_s:g} is not in 0..600 seconds")
+    if strategies is not None:
+        known = {c.label for m in models for n in sizes for c in wc.cases(n, m)}
+        for label in strategies:
+            if label not in known:
+                raise ConfigError(f"--strategies: {label!r} is not one of "
+                                  f"{', '.join(sorted(known))}")
+    if tcp and tcp not in congestion_controls():
+        raise ConfigError(f"--tcp: {tcp!r} is not one of this kernel's "
+                          f"({' '.join(congestion_controls()) or 'none listed'})")
     cores = cores or os.cpu_count() or 1
     fitted = cal.load(calibration)["fitted"]
     steps_of: dict[tuple[str, str, int, float], list[int]] = {}
     parts_of: dict[tuple[str, str, int, float], list] = {}
     resent_of: dict[tuple[str, str, int, float], list[list[int]]] = {}
     loads = None
-    tcp = congestion_control()
+    tcp_used = congestion_control(tcp)
     if reuse:
         found = load_found(Path(reuse))
-        tcp = load_tcp(Path(reuse))
+        tcp_used = load_tcp(Path(reuse))
         parts_of = load_parts(Path(reuse))
         resent_of = load_resent(Path(reuse))
     else:
@@ -448,14 +467,15 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
         loads = _loads(models, seed)  # sizes the runs, then predicts them: profiled once
         found = measure(out, models, sizes, rates, steps, seed, fit_repeats=fit_repeats,
                         run_s=run_s, fitted=fitted, cores=cores, steps_of=steps_of,
-                        loads=loads, parts_of=parts_of, resent_of=resent_of)
+                        loads=loads, parts_of=parts_of, resent_of=resent_of,
+                        strategies=strategies, tcp=tcp)
     out.mkdir(parents=True, exist_ok=True)
-    pts = points(found, fitted, cores, seed, steps_of, loads, parts_of, resent_of, tcp)
+    pts = points(found, fitted, cores, seed, steps_of, loads, parts_of, resent_of, tcp_used)
     (out / "steps.json").write_text(json.dumps([asdict(p) for p in pts], indent=1))
     path = out / "steps.md"
     path.write_text("# Step times: predicted against runs on shaped links\n\n"
                     f"Calibration: {calibration}; compute fitted per strategy at N = "
                     f"{FIT[0]}, {FIT[1]:g} Mbit/s (the median of its runs)"
-                    + (f"; TCP between the hosts: {tcp}" if tcp else "") + ".\n\n"
+                    + (f"; TCP between the hosts: {tcp_used}" if tcp_used else "") + ".\n\n"
                     + table(pts) + "\n")
     return path

@@ -86,6 +86,10 @@ def test_more_processes_than_cores_share_the_compute():
     (("--fit-repeats", "0"), "--fit-repeats: 0 is not in 1..9"),
     (("--run-s", "-1"), "--run-s: -1 is not in 0..600 seconds"),
     (("--calibration", "nope.json"), "--calibration nope.json: cannot read"),
+    (("--models", "mlp", "--strategies", "zero-3,zero-9"), "--strategies: 'zero-9' is not "
+     "one of asp, average k=8, bsp, model-parallel, pipeline M=4, ssp, sync main, sync ring, "
+     "sync top-k 1%, zero-1, zero-3"),
+    (("--tcp", "vegas9"), "--tcp: 'vegas9' is not one of this kernel's"),
 ])
 def test_bad_input_is_one_line(capsys, tmp_path, args, text):
     rc, (_, err) = run_main(capsys, "scale", "steps", *args, "--out", str(tmp_path / "o"))
