@@ -306,6 +306,7 @@ class TestNetwork:
         _no_ipv6(br, "br0")
         _ip("-n", br, "link", "set", "br0", "up")
         _ip("-n", br, "link", "set", "lo", "up")
+        cc = congestion_control(self.tcp)  # on each host's route to the others, if known
         for i, host in enumerate(self.hosts):
             _ip("netns", "add", host.name)
             self._made.append(host.name)
@@ -318,8 +319,7 @@ class TestNetwork:
             _no_ipv6(host.name, host.iface)
             _ip("-n", host.name, "addr", "add", f"{host.addr}/24", "dev", host.iface)
             _ip("-n", host.name, "link", "set", host.iface, "up")
-            cc = congestion_control(self.tcp)
-            if cc in congestion_controls():  # on the route to the other hosts
+            if cc in congestion_controls():
                 _ip("-n", host.name, "route", "replace", f"10.231.{self.subnet}.0/24", "dev",
                     host.iface, "congctl", cc)
         if self.rate_mbit is not None:

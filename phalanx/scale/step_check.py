@@ -414,12 +414,9 @@ def load_parts(path: Path) -> dict[tuple[str, str, int, float], list]:
     return out
 
 
-def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
-        calibration: str, steps: int = 20, seed: int = 0, cores: int = 0,
-        reuse: str | None = None, fit_repeats: int = 3, run_s: float = 2.0,
-        strategies: list[str] | None = None, tcp: str = "") -> Path:
-    """``strategies``: only these cases (their labels, as steps.md names them); ``tcp``:
-    the congestion control between the test hosts ("": CUBIC, hosts.py)."""
+def _check(models: list[str], sizes: list[int], rates: list[float], steps: int,
+           fit_repeats: int, run_s: float, strategies: list[str] | None, tcp: str) -> None:
+    """:func:`run`'s inputs, each a one-line error naming its flag."""
     for m in models:
         if m not in STEP_MODELS:
             raise ConfigError(f"--models: {m!r} is not one of {', '.join(STEP_MODELS)}")
@@ -447,6 +444,15 @@ def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
     if tcp and tcp not in congestion_controls():
         raise ConfigError(f"--tcp: {tcp!r} is not one of this kernel's "
                           f"({' '.join(congestion_controls()) or 'none listed'})")
+
+
+def run(out: Path, models: list[str], sizes: list[int], rates: list[float],
+        calibration: str, steps: int = 20, seed: int = 0, cores: int = 0,
+        reuse: str | None = None, fit_repeats: int = 3, run_s: float = 2.0,
+        strategies: list[str] | None = None, tcp: str = "") -> Path:
+    """``strategies``: only these cases (their labels, as steps.md names them); ``tcp``:
+    the congestion control between the test hosts ("": CUBIC, hosts.py)."""
+    _check(models, sizes, rates, steps, fit_repeats, run_s, strategies, tcp)
     cores = cores or os.cpu_count() or 1
     fitted = cal.load(calibration)["fitted"]
     steps_of: dict[tuple[str, str, int, float], list[int]] = {}
