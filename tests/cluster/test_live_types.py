@@ -80,12 +80,13 @@ def test_goodput_moves_a_job_to_the_fast_type_when_it_frees(wide_cluster, tmp_pa
     # policy (it knows s only from what s measured on slow, and the types' declared
     # speeds) moves s to fast: stop, checkpoint, resume there
     jobs = tmp_path / "jobs.yaml"
-    # f trains ~4.5 s (1,860 steps), so s (arriving 0.5 s later) steps on slow for a while
+    # f trains ~9 s (3,720 steps), so s (arriving 0.5 s later) steps on slow for a while
     # before f ends, even when its start-up is slow: with 620 steps (~1.6 s), f once ended
     # while s was still starting (CI, after start-up got faster): s moved at step 2 and had
-    # measured nothing on slow
+    # measured nothing on slow; with 1,860 (~4.5 s) it happened again once the slow type
+    # became 10x slower (a fresh-clone CI run: s reached step 2 at 2.1 s)
     jobs.write_text("jobs:\n"
-                    f"  - {{name: f, arrival: 0, gpus: 1, config: {{{SYNC}, epochs: 30}}}}\n"
+                    f"  - {{name: f, arrival: 0, gpus: 1, config: {{{SYNC}, epochs: 60}}}}\n"
                     f"  - {{name: s, arrival: 0.5, gpus: 1, config: {{{SYNC}, epochs: 20, "
                     f"checkpoint_every: 100}}}}\n")
     out = tmp_path / "out"
